@@ -1,0 +1,38 @@
+// Dense matrix-vector and matrix-matrix products over weights of any supported type.
+//
+// Weights are stored row-major as [rows][cols] (ggml: ne[0] = cols), one output per row.
+// For F32/F16/BF16 weights the activations stay f32; for Q8_0/Q4_0 weights they are first
+// quantized to Q8_0 blocks, as llama.cpp does, so the inner loop is an integer dot product.
+// AVX2/FMA/F16C kernels are used when the CPU has them (see cpu_features.h), else portable C++.
+#pragma once
+
+#include <cstdint>
+
+#include "shared/model/ggml_type.h"
+#include "shared/util/thread_pool.h"
+
+namespace thermocline {
+
+struct MatrixView {
+  GgmlType type = GgmlType::kF32;
+  int64_t rows = 0;
+  int64_t cols = 0;        // a multiple of the type's block size
+  const uint8_t* data = nullptr;
+  int64_t row_bytes = 0;   // RowBytes(type, cols) for a packed tensor
+
+  const uint8_t* row(int64_t r) const { return data + r * row_bytes; }
+};
+
+// y[t * y_stride + r] = sum_c W[r][c] * x[t * x_stride + c] for t < n_tokens, r < w.rows.
+// Work is split over the pool's threads by rows; each thread streams its rows once for all tokens.
+void MatMul(const MatrixView& w, const float* x, int64_t n_tokens, int64_t x_stride, float* y,
+            int64_t y_stride, ThreadPool& pool);
+
+// Single-threaded form over rows [row_begin, row_end), for callers that split work themselves.
+void MatMulRows(const MatrixView& w, const float* x, int64_t n_tokens, int64_t x_stride, float* y,
+                int64_t y_stride, int64_t row_begin, int64_t row_end);
+
+// One row of W dequantized into f32 (used for embedding lookups).
+void DequantizeMatrixRow(const MatrixView& w, int64_t r, float* out);
+
+}  // namespace thermocline

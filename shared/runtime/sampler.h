@@ -1,0 +1,41 @@
+// Token sampling: penalties, temperature, top-k, top-p, min-p, seeded.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace thermocline {
+
+struct SamplingParams {
+  float temperature = 0.8f;  // 0 = greedy (argmax; lowest id wins ties)
+  int32_t top_k = 40;        // 0 = off
+  float top_p = 0.95f;       // 1 = off
+  float min_p = 0.05f;       // 0 = off; drop tokens with p < min_p * p_max
+  float repetition_penalty = 1.0f;  // 1 = off; llama.cpp semantics (divide positive logits)
+  float presence_penalty = 0.0f;    // subtracted once from every token seen in the window
+  float frequency_penalty = 0.0f;   // subtracted per occurrence in the window
+  int32_t penalty_window = 64;      // last N tokens of the sequence (prompt included)
+  uint64_t seed = 0;
+};
+
+// Checks ranges; the error names the field.
+absl::Status ValidateSamplingParams(const SamplingParams& params);
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& params);
+  // Picks the next token from `logits` given the sequence so far (prompt + generated).
+  // Identical params, seed and inputs give identical choices.
+  int32_t Sample(std::span<const float> logits, std::span<const int32_t> history);
+
+ private:
+  SamplingParams params_;
+  std::mt19937_64 rng_;
+  std::vector<std::pair<float, int32_t>> candidates_;
+};
+
+}  // namespace thermocline

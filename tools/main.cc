@@ -1,0 +1,81 @@
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "tools/command.h"
+
+namespace thermocline::tools {
+
+namespace {
+std::vector<Command>& Registry() {
+  static std::vector<Command> commands;
+  return commands;
+}
+}  // namespace
+
+void PrintUsage(std::ostream& os) {
+  os << "usage: thermocline <command> [options]\n\ncommands:\n";
+  for (const Command& c : Commands()) {
+    os << "  " << c.name << std::string(c.name.size() < 16 ? 16 - c.name.size() : 1, ' ')
+       << c.summary << "\n";
+  }
+  os << "\n`thermocline <command> --help` describes each command.\n";
+}
+
+CommandRegistrar::CommandRegistrar(Command command) { Registry().push_back(std::move(command)); }
+
+const std::vector<Command>& Commands() { return Registry(); }
+
+bool ParseOptions(const std::string& command, const std::string& usage,
+                  const po::options_description& options,
+                  const po::positional_options_description& positional,
+                  const std::vector<std::string>& args, po::variables_map& vm, int& exit_code) {
+  po::options_description all;
+  all.add_options()("help,h", "show this help");
+  all.add(options);
+  auto print_usage = [&](std::ostream& os) {
+    os << "usage: thermocline " << command << " " << usage << "\n\n" << all << "\n";
+  };
+  try {
+    po::store(po::command_line_parser(args).options(all).positional(positional).run(), vm);
+    if (vm.count("help")) {
+      print_usage(std::cout);
+      exit_code = 0;
+      return false;
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::cerr << "thermocline " << command << ": " << e.what() << "\n\n";
+    print_usage(std::cerr);
+    exit_code = 2;
+    return false;
+  }
+  return true;
+}
+
+}  // namespace thermocline::tools
+
+int main(int argc, char** argv) {
+  using thermocline::tools::Commands;
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" ||
+      std::string(argv[1]) == "help") {
+    thermocline::tools::PrintUsage(argc < 2 ? std::cerr : std::cout);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string name = argv[1];
+  for (const auto& c : Commands()) {
+    if (c.name == name) {
+      std::vector<std::string> args(argv + 2, argv + argc);
+      try {
+        return c.run(args);
+      } catch (const std::exception& e) {
+        std::cerr << "thermocline " << name << ": " << e.what() << "\n";
+        return 1;
+      }
+    }
+  }
+  std::cerr << "thermocline: unknown command '" << name << "'\n\n";
+  thermocline::tools::PrintUsage(std::cerr);
+  return 2;
+}
