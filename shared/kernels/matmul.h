@@ -35,4 +35,17 @@ void MatMulRows(const MatrixView& w, const float* x, int64_t n_tokens, int64_t x
 // One row of W dequantized into f32 (used for embedding lookups).
 void DequantizeMatrixRow(const MatrixView& w, int64_t r, float* out);
 
+// Sparse forms for the FFN's active neurons; every id must be in [0, w.rows).
+//
+// y[i] = dot(W row row_ids[i], x) for i < n_ids, one token (x has w.cols values). Quantized
+// weights quantize x to Q8_0 once per call, as MatMul does.
+void GatherMatMul(const MatrixView& w, const int32_t* row_ids, int64_t n_ids, const float* x,
+                  float* y, ThreadPool& pool);
+
+// y[c] += sum_i coeffs[i] * W[row_ids[i]][c] for c < w.cols (the down projection stored one row
+// per neuron). Threads split the ids and sum into private partials that are then added to y, so
+// the summation order (and the last bits of y) depend on the pool size, never on timing.
+void AxpyRows(const MatrixView& w, const int32_t* row_ids, const float* coeffs, int64_t n_ids,
+              float* y, ThreadPool& pool);
+
 }  // namespace thermocline

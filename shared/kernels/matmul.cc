@@ -1,0 +1,186 @@
+#include "shared/kernels/matmul.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <vector>
+
+#include "shared/kernels/dispatch.h"
+#include "shared/kernels/matmul_kernels.h"
+#include "shared/model/quant.h"
+#include "shared/util/cpu_features.h"
+
+namespace thermocline {
+namespace {
+
+using matmul_internal::IsQuantized;
+using matmul_internal::KernelSet;
+using matmul_internal::RowSource;
+
+bool CpuRunsAvx2Kernels() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c");
+#else
+  return false;
+#endif
+}
+
+std::atomic<SimdLevel>& LevelSlot() {
+  static std::atomic<SimdLevel> level{DetectSimdLevel()};
+  return level;
+}
+
+const KernelSet& Kernels() {
+  return LevelSlot().load(std::memory_order_relaxed) == SimdLevel::kAvx2
+             ? matmul_internal::Avx2Kernels()
+             : matmul_internal::PortableKernels();
+}
+
+// Chunk boundaries stay multiples of this so threads rarely end on a partial tile.
+constexpr int64_t kRowGrain = 16;
+// Below this much weight traffic per thread, waking another thread costs more than it saves.
+constexpr int64_t kMinBytesPerThread = 64 << 10;
+// Element-wise passes (activation quantization, partial-sum reduction) at or above this size
+// are split over the pool.
+constexpr int64_t kParallelMinElems = 1 << 16;
+
+int64_t RowGrain(const MatrixView& w, int64_t n_tokens) {
+  const int64_t work_per_row = std::max<int64_t>(1, w.row_bytes * std::max<int64_t>(1, n_tokens));
+  const int64_t min_rows = (kMinBytesPerThread + work_per_row - 1) / work_per_row;
+  return (std::max(min_rows, kRowGrain) + kRowGrain - 1) / kRowGrain * kRowGrain;
+}
+
+// Scratch owned by the calling thread: quantized activations and AxpyRows partial sums. Pool
+// workers only read or write it inside a Run that the owner is blocked in.
+struct Scratch {
+  std::vector<uint8_t> q8;
+  std::vector<float> partials;
+};
+Scratch& ThreadScratch() {
+  thread_local Scratch scratch;
+  return scratch;
+}
+
+// The activations as the kernels of w.type read them: x itself, or x quantized to Q8_0 once for
+// all rows and threads (pool == nullptr: on this thread).
+struct PreparedInput {
+  const uint8_t* data;
+  int64_t stride;  // bytes between tokens
+};
+
+PreparedInput PrepareInput(const KernelSet& k, const MatrixView& w, const float* x,
+                           int64_t n_tokens, int64_t x_stride, ThreadPool* pool) {
+  if (!IsQuantized(w.type)) {
+    return {reinterpret_cast<const uint8_t*>(x), x_stride * static_cast<int64_t>(sizeof(float))};
+  }
+  const int64_t row_q8 = w.cols / kQK * static_cast<int64_t>(sizeof(BlockQ8_0));
+  std::vector<uint8_t>& q8 = ThreadScratch().q8;
+  if (q8.size() < static_cast<size_t>(row_q8 * n_tokens)) q8.resize(row_q8 * n_tokens);
+  uint8_t* dst = q8.data();
+  auto quantize = [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) k.quantize_q8_0(x + t * x_stride, dst + t * row_q8, w.cols);
+  };
+  if (pool != nullptr && n_tokens > 1 && n_tokens * w.cols >= kParallelMinElems) {
+    pool->ParallelFor(n_tokens, quantize);
+  } else {
+    quantize(0, n_tokens);
+  }
+  return {dst, row_q8};
+}
+
+}  // namespace
+
+SimdLevel ActiveKernelSimdLevel() { return LevelSlot().load(std::memory_order_relaxed); }
+
+bool SetSimdLevelForTesting(SimdLevel level) {
+  if (level == SimdLevel::kAvx2 && !CpuRunsAvx2Kernels()) return false;
+  LevelSlot().store(level, std::memory_order_relaxed);
+  return true;
+}
+
+void MatMul(const MatrixView& w, const float* x, int64_t n_tokens, int64_t x_stride, float* y,
+            int64_t y_stride, ThreadPool& pool) {
+  if (w.rows <= 0 || n_tokens <= 0) return;
+  const KernelSet& k = Kernels();
+  const PreparedInput in = PrepareInput(k, w, x, n_tokens, x_stride, &pool);
+  const auto dot = k.For(w.type).dot;
+  pool.ParallelFor(
+      w.rows,
+      [&](int64_t r0, int64_t r1) {
+        dot(RowSource{w.row(r0), w.row_bytes, nullptr}, r1 - r0, w.cols, in.data, in.stride,
+            n_tokens, y + r0, y_stride);
+      },
+      RowGrain(w, n_tokens));
+}
+
+void MatMulRows(const MatrixView& w, const float* x, int64_t n_tokens, int64_t x_stride, float* y,
+                int64_t y_stride, int64_t row_begin, int64_t row_end) {
+  if (row_end <= row_begin || n_tokens <= 0) return;
+  const KernelSet& k = Kernels();
+  const PreparedInput in = PrepareInput(k, w, x, n_tokens, x_stride, nullptr);
+  k.For(w.type).dot(RowSource{w.row(row_begin), w.row_bytes, nullptr}, row_end - row_begin,
+                    w.cols, in.data, in.stride, n_tokens, y + row_begin, y_stride);
+}
+
+void DequantizeMatrixRow(const MatrixView& w, int64_t r, float* out) {
+  DequantizeRow(w.type, w.row(r), out, w.cols);
+}
+
+void GatherMatMul(const MatrixView& w, const int32_t* row_ids, int64_t n_ids, const float* x,
+                  float* y, ThreadPool& pool) {
+  if (n_ids <= 0) return;
+  const KernelSet& k = Kernels();
+  const PreparedInput in = PrepareInput(k, w, x, 1, w.cols, nullptr);
+  const auto dot = k.For(w.type).dot;
+  pool.ParallelFor(
+      n_ids,
+      [&](int64_t i0, int64_t i1) {
+        dot(RowSource{w.data, w.row_bytes, row_ids + i0}, i1 - i0, w.cols, in.data, in.stride, 1,
+            y + i0, 0);
+      },
+      RowGrain(w, 1));
+}
+
+void AxpyRows(const MatrixView& w, const int32_t* row_ids, const float* coeffs, int64_t n_ids,
+              float* y, ThreadPool& pool) {
+  if (n_ids <= 0) return;
+  const auto axpy = Kernels().For(w.type).axpy;
+  const int64_t ids_per_thread = RowGrain(w, 1);
+  const int nth = static_cast<int>(
+      std::min<int64_t>(pool.size(), (n_ids + ids_per_thread - 1) / ids_per_thread));
+  if (nth <= 1) {
+    axpy(RowSource{w.data, w.row_bytes, row_ids}, coeffs, n_ids, w.cols, y);
+    return;
+  }
+  // Thread 0 adds straight into y, the others into private partial sums that are added to y
+  // afterwards, in thread order, so the result depends only on the thread count.
+  std::vector<float>& partials = ThreadScratch().partials;
+  const int64_t cols = w.cols;
+  if (partials.size() < static_cast<size_t>((nth - 1) * cols)) partials.resize((nth - 1) * cols);
+  float* part = partials.data();
+  pool.Run([&](int tid, int) {
+    if (tid >= nth) return;
+    const int64_t i0 = n_ids * tid / nth, i1 = n_ids * (tid + 1) / nth;
+    float* acc = y;
+    if (tid > 0) {
+      acc = part + (tid - 1) * cols;
+      std::fill(acc, acc + cols, 0.0f);
+    }
+    axpy(RowSource{w.data, w.row_bytes, row_ids + i0}, coeffs + i0, i1 - i0, cols, acc);
+  });
+  auto reduce = [&](int64_t c0, int64_t c1) {
+    for (int j = 0; j < nth - 1; ++j) {
+      const float* p = part + j * cols;
+      for (int64_t c = c0; c < c1; ++c) y[c] += p[c];
+    }
+  };
+  if ((nth - 1) * cols >= kParallelMinElems) {
+    pool.ParallelFor(cols, reduce, 64);
+  } else {
+    reduce(0, cols);
+  }
+}
+
+}  // namespace thermocline

@@ -1,0 +1,94 @@
+// Internal interface between matmul.cc (threading, activation quantization, dispatch) and the
+// per-ISA kernel files (matmul_portable.cc, matmul_avx2.cc). Not for use outside shared/kernels/
+// and its tests.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "shared/model/ggml_type.h"
+
+namespace thermocline::matmul_internal {
+
+// Rows of a weight matrix addressed either consecutively from `base` or through an id list
+// (the sparse FFN gathers rows by neuron id).
+struct RowSource {
+  const uint8_t* base = nullptr;
+  int64_t row_bytes = 0;
+  const int32_t* ids = nullptr;  // nullptr: row i is base + i * row_bytes
+
+  const uint8_t* row(int64_t i) const { return base + (ids != nullptr ? ids[i] : i) * row_bytes; }
+};
+
+// Kernels for one weight type at one SIMD level.
+struct TypeKernels {
+  // y[t * y_stride + i] = dot(rows.row(i), x_t) for i < n_rows, t < n_tokens, where
+  // x_t = x + t * x_stride bytes holds `cols` f32 values for float weight types and cols / 32
+  // BlockQ8_0 for quantized ones. Every (i, t) dot product is computed with the same sequence of
+  // operations whatever the tile it falls in, so batching tokens never changes a result.
+  void (*dot)(const RowSource& rows, int64_t n_rows, int64_t cols, const uint8_t* x,
+              int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
+  // y[c] += sum_i coeffs[i] * rows.row(i)[c] for c < cols, rows added in order.
+  void (*axpy)(const RowSource& rows, const float* coeffs, int64_t n_rows, int64_t cols,
+               float* y);
+};
+
+struct KernelSet {
+  const char* name;
+  TypeKernels f32, f16, bf16, q8_0, q4_0;
+  // n f32 values to n / 32 BlockQ8_0, bit-identical to QuantizeRow(kQ8_0) for finite input.
+  void (*quantize_q8_0)(const float* x, uint8_t* blocks, int64_t n);
+
+  const TypeKernels& For(GgmlType type) const {
+    switch (type) {
+      case GgmlType::kF16:
+        return f16;
+      case GgmlType::kBF16:
+        return bf16;
+      case GgmlType::kQ8_0:
+        return q8_0;
+      case GgmlType::kQ4_0:
+        return q4_0;
+      case GgmlType::kF32:
+        break;
+    }
+    return f32;
+  }
+};
+
+const KernelSet& PortableKernels();
+// Only valid on a CPU with AVX2, FMA and F16C.
+const KernelSet& Avx2Kernels();
+
+inline bool IsQuantized(GgmlType type) {
+  return type == GgmlType::kQ8_0 || type == GgmlType::kQ4_0;
+}
+
+// A block of rows sized to stay in L2 while every token tile passes over it, so that with many
+// tokens each weight byte comes from memory once (the activations of a token tile stay in L1).
+inline constexpr int64_t kRowBlockBytes = 256 << 10;
+
+// Walks the n_rows x n_tokens output in tiles of at most R rows by T tokens and calls
+// tile(row_ptrs, n_tile_rows, n_tile_tokens, first_row, first_token) for each. With one token
+// tile the rows simply stream; otherwise rows go in L2-sized blocks, all tokens per block.
+template <int R, int T, class TileFn>
+inline void ForEachTile(const RowSource& rows, int64_t n_rows, int64_t n_tokens, TileFn&& tile) {
+  int64_t block = n_rows;
+  if (n_tokens > T) {
+    block = std::max<int64_t>(R, kRowBlockBytes / std::max<int64_t>(1, rows.row_bytes) / R * R);
+  }
+  for (int64_t b0 = 0; b0 < n_rows; b0 += block) {
+    const int64_t b1 = std::min(n_rows, b0 + block);
+    for (int64_t t0 = 0; t0 < n_tokens; t0 += T) {
+      const int nt = static_cast<int>(std::min<int64_t>(T, n_tokens - t0));
+      for (int64_t i = b0; i < b1; i += R) {
+        const int nr = static_cast<int>(std::min<int64_t>(R, b1 - i));
+        const uint8_t* ptrs[R];
+        for (int k = 0; k < nr; ++k) ptrs[k] = rows.row(i + k);
+        tile(ptrs, nr, nt, i, t0);
+      }
+    }
+  }
+}
+
+}  // namespace thermocline::matmul_internal

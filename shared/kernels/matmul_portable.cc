@@ -1,0 +1,152 @@
+// Plain C++ kernels: the fallback for CPUs without AVX2/FMA/F16C and the second opinion the
+// tests compare the SIMD kernels against. Same math as matmul_avx2.cc up to float summation
+// order (and FMA vs. separate multiply-add rounding).
+#include <cstdint>
+#include <cstring>
+
+#include "shared/kernels/matmul_kernels.h"
+#include "shared/model/quant.h"
+#include "shared/util/fp16.h"
+
+namespace thermocline::matmul_internal {
+namespace {
+
+// Rows may sit at any byte offset in a mapped file, so every load goes through memcpy.
+inline uint16_t LoadU16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+struct F32Elem {
+  static constexpr int kBytes = 4;
+  static float Load(const uint8_t* p) {
+    float v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  }
+};
+struct F16Elem {
+  static constexpr int kBytes = 2;
+  static float Load(const uint8_t* p) { return Fp16ToFp32(LoadU16(p)); }
+};
+struct Bf16Elem {
+  static constexpr int kBytes = 2;
+  static float Load(const uint8_t* p) { return Bf16ToFp32(LoadU16(p)); }
+};
+
+// Eight independent partial sums let the compiler use SSE lanes without -ffast-math.
+template <class E>
+float FloatDot(const uint8_t* w, const float* x, int64_t cols) {
+  float acc[8] = {};
+  int64_t c = 0;
+  for (; c + 8 <= cols; c += 8) {
+    for (int j = 0; j < 8; ++j) acc[j] += E::Load(w + (c + j) * E::kBytes) * x[c + j];
+  }
+  for (int j = 0; c + j < cols; ++j) acc[j] += E::Load(w + (c + j) * E::kBytes) * x[c + j];
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+constexpr int64_t kQsOffset = 2;  // both block types start with their fp16 scale
+
+// Weight block -> 32 signed values.
+struct Q8Block {
+  static constexpr int64_t kBytes = sizeof(BlockQ8_0);
+  static void Unpack(const uint8_t* b, int8_t* q) { std::memcpy(q, b + kQsOffset, kQK); }
+};
+struct Q4Block {
+  static constexpr int64_t kBytes = sizeof(BlockQ4_0);
+  static void Unpack(const uint8_t* b, int8_t* q) {
+    for (int j = 0; j < kQK / 2; ++j) {
+      const uint8_t v = b[kQsOffset + j];
+      q[j] = static_cast<int8_t>((v & 0x0F) - 8);
+      q[j + kQK / 2] = static_cast<int8_t>((v >> 4) - 8);
+    }
+  }
+};
+
+// As ggml's scalar vec_dot: an exact integer sum per block, scaled by d_w * d_x in f32.
+template <class B>
+float QuantDot(const uint8_t* w, const uint8_t* x, int64_t cols) {
+  float sum = 0.0f;
+  int8_t qw[kQK];
+  for (int64_t b = 0; b < cols / kQK; ++b) {
+    const uint8_t* wb = w + b * B::kBytes;
+    const uint8_t* xb = x + b * static_cast<int64_t>(sizeof(BlockQ8_0));
+    B::Unpack(wb, qw);
+    int32_t isum = 0;
+    for (int j = 0; j < kQK; ++j) isum += qw[j] * static_cast<int8_t>(xb[kQsOffset + j]);
+    sum += static_cast<float>(isum) * (Fp16ToFp32(LoadU16(wb)) * Fp16ToFp32(LoadU16(xb)));
+  }
+  return sum;
+}
+
+template <class E>
+struct FloatType {
+  static float Dot(const uint8_t* w, const uint8_t* x, int64_t cols) {
+    return FloatDot<E>(w, reinterpret_cast<const float*>(x), cols);
+  }
+  static void Axpy(const uint8_t* w, float coeff, int64_t cols, float* y) {
+    for (int64_t c = 0; c < cols; ++c) y[c] += coeff * E::Load(w + c * E::kBytes);
+  }
+};
+
+template <class B>
+struct QuantType {
+  static float Dot(const uint8_t* w, const uint8_t* x, int64_t cols) {
+    return QuantDot<B>(w, x, cols);
+  }
+  static void Axpy(const uint8_t* w, float coeff, int64_t cols, float* y) {
+    int8_t q[kQK];
+    for (int64_t b = 0; b < cols / kQK; ++b) {
+      const uint8_t* wb = w + b * B::kBytes;
+      B::Unpack(wb, q);
+      const float s = coeff * Fp16ToFp32(LoadU16(wb));
+      for (int j = 0; j < kQK; ++j) y[b * kQK + j] += s * static_cast<float>(q[j]);
+    }
+  }
+};
+
+template <class K>
+void DotRows(const RowSource& rows, int64_t n_rows, int64_t cols, const uint8_t* x,
+             int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
+  ForEachTile<4, 4>(rows, n_rows, n_tokens,
+                    [&](const uint8_t* const* w, int nr, int nt, int64_t i0, int64_t t0) {
+                      for (int t = 0; t < nt; ++t) {
+                        const uint8_t* xt = x + (t0 + t) * x_stride;
+                        float* yt = y + (t0 + t) * y_stride + i0;
+                        for (int r = 0; r < nr; ++r) yt[r] = K::Dot(w[r], xt, cols);
+                      }
+                    });
+}
+
+template <class K>
+void AxpyRows(const RowSource& rows, const float* coeffs, int64_t n_rows, int64_t cols,
+              float* y) {
+  for (int64_t i = 0; i < n_rows; ++i) K::Axpy(rows.row(i), coeffs[i], cols, y);
+}
+
+template <class K>
+constexpr TypeKernels MakeKernels() {
+  return {&DotRows<K>, &AxpyRows<K>};
+}
+
+void QuantizeQ8_0(const float* x, uint8_t* blocks, int64_t n) {
+  QuantizeRow(GgmlType::kQ8_0, x, blocks, n);
+}
+
+constexpr KernelSet kPortable = {
+    "portable",
+    MakeKernels<FloatType<F32Elem>>(),
+    MakeKernels<FloatType<F16Elem>>(),
+    MakeKernels<FloatType<Bf16Elem>>(),
+    MakeKernels<QuantType<Q8Block>>(),
+    MakeKernels<QuantType<Q4Block>>(),
+    &QuantizeQ8_0,
+};
+
+}  // namespace
+
+const KernelSet& PortableKernels() { return kPortable; }
+
+}  // namespace thermocline::matmul_internal

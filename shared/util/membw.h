@@ -1,0 +1,22 @@
+// The machine's memory read bandwidth, measured in the same process as a benchmark so that
+// results can be reported as a fraction of the hardware floor (see docs/performance.md).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "shared/util/thread_pool.h"
+
+namespace thermocline {
+
+// Streams `bytes` (rounded down to whole pages per thread) with every thread of the pool
+// reading its own contiguous share, a few times, and returns the best rate in GB/s (1e9 bytes
+// per second). Use a buffer well above the last-level cache, or this measures the cache.
+double MeasureReadBandwidthGBs(ThreadPool& pool, size_t bytes = size_t{512} << 20);
+
+namespace membw_internal {
+// Sum of n 64-bit words; the AVX2 translation unit's entry point (call only on AVX2 CPUs).
+uint64_t SumWordsAvx2(const uint64_t* p, size_t n);
+}  // namespace membw_internal
+
+}  // namespace thermocline
