@@ -15,6 +15,7 @@
 #include <variant>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "shared/model/ggml_type.h"
@@ -58,8 +59,12 @@ struct GgufValue {
   const GgufArray* AsArray() const { return std::get_if<GgufArray>(&v); }
 };
 
+// "uint8", ..., "string", "array", "float64", as used in error messages and `thermocline info`.
+std::string_view GgufValueTypeName(GgufValueType type);
+
 // Convenience constructors for writers.
 GgufValue GgufU32(uint32_t x);
+GgufValue GgufU64(uint64_t x);
 GgufValue GgufI32(int32_t x);
 GgufValue GgufF32(float x);
 GgufValue GgufBool(bool x);
@@ -67,6 +72,9 @@ GgufValue GgufString(std::string s);
 GgufValue GgufStringArray(std::vector<std::string> items);
 GgufValue GgufF32Array(const std::vector<float>& items);
 GgufValue GgufI32Array(const std::vector<int32_t>& items);
+// Any array, including arrays of arrays; every item must have type `element_type` (checked by
+// the writer).
+GgufValue GgufArrayOf(GgufValueType element_type, std::vector<GgufValue> items);
 
 struct GgufTensorInfo {
   std::string name;
@@ -123,6 +131,9 @@ class GgufFile {
   uint64_t data_offset_ = 0;
   std::vector<std::pair<std::string, GgufValue>> metadata_;
   std::vector<GgufTensorInfo> tensors_;
+  // Views of the names stored above (the vectors never grow after parsing).
+  absl::flat_hash_map<std::string_view, size_t> key_index_;
+  absl::flat_hash_map<std::string_view, size_t> tensor_index_;
 };
 
 // Writes GGUF v3. Tensor bytes are produced on demand while writing, so a model larger than

@@ -1,0 +1,664 @@
+#include "shared/model/gguf.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "shared/util/status_macros.h"
+
+namespace thermocline {
+
+namespace {
+
+constexpr uint64_t kDefaultAlignment = 32;
+
+// This Abseil build has its own string_view type; the public API uses std::string_view.
+absl::string_view Av(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+// Bytes a value of this type occupies at least, used to bound counts read from the file before
+// anything is allocated for them.
+uint64_t MinEncodedSize(GgufValueType t) {
+  switch (t) {
+    case GgufValueType::kUint8:
+    case GgufValueType::kInt8:
+    case GgufValueType::kBool:
+      return 1;
+    case GgufValueType::kUint16:
+    case GgufValueType::kInt16:
+      return 2;
+    case GgufValueType::kUint32:
+    case GgufValueType::kInt32:
+    case GgufValueType::kFloat32:
+      return 4;
+    case GgufValueType::kUint64:
+    case GgufValueType::kInt64:
+    case GgufValueType::kFloat64:
+    case GgufValueType::kString:  // the length
+      return 8;
+    case GgufValueType::kArray:  // element type + count
+      return 12;
+  }
+  return 1;
+}
+
+bool IsValidValueType(uint32_t t) { return t <= static_cast<uint32_t>(GgufValueType::kFloat64); }
+
+// ggml's names for the type ids we do not support, so that an error says "q4_K" rather than 12.
+absl::string_view GgmlTypeIdName(uint32_t id) {
+  static constexpr absl::string_view kNames[] = {
+      "f32",    "f16",    "q4_0",   "q4_1",   "q4_2 (removed)", "q4_3 (removed)", "q5_0",
+      "q5_1",   "q8_0",   "q8_1",   "q2_K",   "q3_K",           "q4_K",           "q5_K",
+      "q6_K",   "q8_K",   "iq2_xxs", "iq2_xs", "iq3_xxs",       "iq1_s",          "iq4_nl",
+      "iq3_s",  "iq2_s",  "iq4_xs", "i8",     "i16",            "i32",            "i64",
+      "f64",    "iq1_m",  "bf16"};
+  if (id < std::size(kNames)) return kNames[id];
+  return "unknown";
+}
+
+bool IsPowerOfTwo(uint64_t x) { return x != 0 && (x & (x - 1)) == 0; }
+
+// Rounds up to a multiple of `alignment` (a power of two); false on overflow.
+bool AlignUp(uint64_t x, uint64_t alignment, uint64_t* out) {
+  if (x > std::numeric_limits<uint64_t>::max() - (alignment - 1)) return false;
+  *out = (x + alignment - 1) & ~(alignment - 1);
+  return true;
+}
+
+std::string Printable(absl::string_view s, size_t max_len = 64) {
+  std::string out;
+  for (size_t i = 0; i < s.size() && i < max_len; ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c < 0x7F && c != '\\' && c != '\'') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      absl::StrAppendFormat(&out, "\\x%02x", c);
+    }
+  }
+  if (s.size() > max_len) out += "...";
+  return out;
+}
+
+// Cursor over the untrusted file image. Every read is bounds-checked, and errors carry the byte
+// offset and the name of the field being read.
+class Reader {
+ public:
+  Reader(const uint8_t* data, uint64_t size) : data_(data), size_(size) {}
+
+  uint64_t pos() const { return pos_; }
+  uint64_t remaining() const { return size_ - pos_; }
+
+  absl::Status Error(uint64_t at, absl::string_view context, absl::string_view what) const {
+    return absl::InvalidArgumentError(absl::StrCat(context, ": ", what, " (at byte ", at, ")"));
+  }
+
+  template <typename T>
+  absl::Status Read(T* out, absl::string_view context, absl::string_view field) {
+    if (remaining() < sizeof(T)) {
+      return Error(pos_, context,
+                   absl::StrCat("file truncated reading ", field, " (needs ", sizeof(T),
+                                " bytes, ", remaining(), " left; file size ", size_, ")"));
+    }
+    std::memcpy(out, data_ + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return absl::OkStatus();
+  }
+
+  absl::Status ReadString(std::string* out, absl::string_view context, absl::string_view field) {
+    const uint64_t at = pos_;
+    uint64_t len = 0;
+    TC_RETURN_IF_ERROR(Read(&len, context, absl::StrCat(field, " length")));
+    if (len > remaining()) {
+      return Error(at, context,
+                   absl::StrCat(field, " length ", len, " exceeds the ", remaining(),
+                                " bytes left in the file (size ", size_, ")"));
+    }
+    out->assign(reinterpret_cast<const char*>(data_ + pos_), len);
+    pos_ += len;
+    return absl::OkStatus();
+  }
+
+ private:
+  const uint8_t* data_;
+  uint64_t size_;
+  uint64_t pos_ = 0;
+};
+
+constexpr int kMaxArrayNesting = 8;
+
+absl::Status ReadValue(Reader& r, GgufValueType type, int depth, absl::string_view context,
+                       GgufValue* out);
+
+template <size_t I, typename T>
+absl::Status ReadScalar(Reader& r, absl::string_view context, GgufValue* out) {
+  T x{};
+  TC_RETURN_IF_ERROR(r.Read(&x, context, "value"));
+  out->v.emplace<I>(x);
+  return absl::OkStatus();
+}
+
+absl::Status ReadValue(Reader& r, GgufValueType type, int depth, absl::string_view context,
+                       GgufValue* out) {
+  switch (type) {
+    case GgufValueType::kUint8:
+      return ReadScalar<0, uint8_t>(r, context, out);
+    case GgufValueType::kInt8:
+      return ReadScalar<1, int8_t>(r, context, out);
+    case GgufValueType::kUint16:
+      return ReadScalar<2, uint16_t>(r, context, out);
+    case GgufValueType::kInt16:
+      return ReadScalar<3, int16_t>(r, context, out);
+    case GgufValueType::kUint32:
+      return ReadScalar<4, uint32_t>(r, context, out);
+    case GgufValueType::kInt32:
+      return ReadScalar<5, int32_t>(r, context, out);
+    case GgufValueType::kFloat32:
+      return ReadScalar<6, float>(r, context, out);
+    case GgufValueType::kBool: {
+      const uint64_t at = r.pos();
+      uint8_t b = 0;
+      TC_RETURN_IF_ERROR(r.Read(&b, context, "bool value"));
+      if (b > 1) return r.Error(at, context, absl::StrCat("bool value ", b, " is not 0 or 1"));
+      out->v.emplace<7>(b == 1);
+      return absl::OkStatus();
+    }
+    case GgufValueType::kString: {
+      std::string s;
+      TC_RETURN_IF_ERROR(r.ReadString(&s, context, "string value"));
+      out->v.emplace<8>(std::move(s));
+      return absl::OkStatus();
+    }
+    case GgufValueType::kArray: {
+      const uint64_t at = r.pos();
+      if (depth >= kMaxArrayNesting) {
+        return r.Error(at, context,
+                       absl::StrCat("arrays nested deeper than ", kMaxArrayNesting, " levels"));
+      }
+      uint32_t elem_type = 0;
+      TC_RETURN_IF_ERROR(r.Read(&elem_type, context, "array element type"));
+      if (!IsValidValueType(elem_type)) {
+        return r.Error(at, context, absl::StrCat("invalid array element type ", elem_type));
+      }
+      const uint64_t count_at = r.pos();
+      uint64_t n = 0;
+      TC_RETURN_IF_ERROR(r.Read(&n, context, "array length"));
+      const GgufValueType et = static_cast<GgufValueType>(elem_type);
+      if (n > r.remaining() / MinEncodedSize(et)) {
+        return r.Error(count_at, context,
+                       absl::StrCat("array of ", n, " ", Av(GgufValueTypeName(et)),
+                                    " items cannot fit in the ", r.remaining(),
+                                    " bytes left in the file"));
+      }
+      GgufArray arr;
+      arr.element_type = et;
+      arr.items.resize(n);
+      for (uint64_t i = 0; i < n; ++i) {
+        TC_RETURN_IF_ERROR(
+            ReadValue(r, et, depth + 1, absl::StrCat(context, " item ", i), &arr.items[i]));
+      }
+      out->v.emplace<9>(std::move(arr));
+      return absl::OkStatus();
+    }
+    case GgufValueType::kUint64:
+      return ReadScalar<10, uint64_t>(r, context, out);
+    case GgufValueType::kInt64:
+      return ReadScalar<11, int64_t>(r, context, out);
+    case GgufValueType::kFloat64:
+      return ReadScalar<12, double>(r, context, out);
+  }
+  return r.Error(r.pos(), context, "invalid value type");
+}
+
+std::string DescribeType(const GgufValue& v) {
+  if (const GgufArray* a = v.AsArray()) {
+    return absl::StrCat("array[", Av(GgufValueTypeName(a->element_type)), "]");
+  }
+  return std::string(Av(GgufValueTypeName(v.type())));
+}
+
+}  // namespace
+
+std::string_view GgufValueTypeName(GgufValueType type) {
+  switch (type) {
+    case GgufValueType::kUint8:
+      return "uint8";
+    case GgufValueType::kInt8:
+      return "int8";
+    case GgufValueType::kUint16:
+      return "uint16";
+    case GgufValueType::kInt16:
+      return "int16";
+    case GgufValueType::kUint32:
+      return "uint32";
+    case GgufValueType::kInt32:
+      return "int32";
+    case GgufValueType::kFloat32:
+      return "float32";
+    case GgufValueType::kBool:
+      return "bool";
+    case GgufValueType::kString:
+      return "string";
+    case GgufValueType::kArray:
+      return "array";
+    case GgufValueType::kUint64:
+      return "uint64";
+    case GgufValueType::kInt64:
+      return "int64";
+    case GgufValueType::kFloat64:
+      return "float64";
+  }
+  return "invalid";
+}
+
+// ---------------------------------------------------------------------------------------------
+// GgufValue
+
+std::optional<int64_t> GgufValue::AsInt() const {
+  switch (type()) {
+    case GgufValueType::kUint8:
+      return std::get<0>(v);
+    case GgufValueType::kInt8:
+      return std::get<1>(v);
+    case GgufValueType::kUint16:
+      return std::get<2>(v);
+    case GgufValueType::kInt16:
+      return std::get<3>(v);
+    case GgufValueType::kUint32:
+      return std::get<4>(v);
+    case GgufValueType::kInt32:
+      return std::get<5>(v);
+    case GgufValueType::kBool:
+      return std::get<7>(v) ? 1 : 0;
+    case GgufValueType::kUint64: {
+      const uint64_t x = std::get<10>(v);
+      if (x > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return std::nullopt;
+      return static_cast<int64_t>(x);
+    }
+    case GgufValueType::kInt64:
+      return std::get<11>(v);
+    default:
+      return std::nullopt;
+  }
+}
+
+std::optional<double> GgufValue::AsDouble() const {
+  switch (type()) {
+    case GgufValueType::kFloat32:
+      return std::get<6>(v);
+    case GgufValueType::kFloat64:
+      return std::get<12>(v);
+    case GgufValueType::kUint64:
+      return static_cast<double>(std::get<10>(v));
+    default: {
+      std::optional<int64_t> i = AsInt();
+      if (!i) return std::nullopt;
+      return static_cast<double>(*i);
+    }
+  }
+}
+
+GgufValue GgufU32(uint32_t x) { return GgufValue{GgufValue::Storage(std::in_place_index<4>, x)}; }
+GgufValue GgufI32(int32_t x) { return GgufValue{GgufValue::Storage(std::in_place_index<5>, x)}; }
+GgufValue GgufF32(float x) { return GgufValue{GgufValue::Storage(std::in_place_index<6>, x)}; }
+GgufValue GgufBool(bool x) { return GgufValue{GgufValue::Storage(std::in_place_index<7>, x)}; }
+GgufValue GgufString(std::string s) {
+  return GgufValue{GgufValue::Storage(std::in_place_index<8>, std::move(s))};
+}
+GgufValue GgufU64(uint64_t x) { return GgufValue{GgufValue::Storage(std::in_place_index<10>, x)}; }
+GgufValue GgufArrayOf(GgufValueType element_type, std::vector<GgufValue> items) {
+  GgufArray a;
+  a.element_type = element_type;
+  a.items = std::move(items);
+  return GgufValue{GgufValue::Storage(std::in_place_index<9>, std::move(a))};
+}
+GgufValue GgufStringArray(std::vector<std::string> items) {
+  std::vector<GgufValue> v;
+  v.reserve(items.size());
+  for (std::string& s : items) v.push_back(GgufString(std::move(s)));
+  return GgufArrayOf(GgufValueType::kString, std::move(v));
+}
+GgufValue GgufF32Array(const std::vector<float>& items) {
+  std::vector<GgufValue> v;
+  v.reserve(items.size());
+  for (float x : items) v.push_back(GgufF32(x));
+  return GgufArrayOf(GgufValueType::kFloat32, std::move(v));
+}
+GgufValue GgufI32Array(const std::vector<int32_t>& items) {
+  std::vector<GgufValue> v;
+  v.reserve(items.size());
+  for (int32_t x : items) v.push_back(GgufI32(x));
+  return GgufArrayOf(GgufValueType::kInt32, std::move(v));
+}
+
+// ---------------------------------------------------------------------------------------------
+// GgufFile
+
+absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
+  auto fail = [&](absl::StatusCode code, absl::string_view what) {
+    return absl::Status(code, absl::StrCat("gguf: ", path, ": ", what));
+  };
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    return fail(err == ENOENT   ? absl::StatusCode::kNotFound
+                : err == EACCES ? absl::StatusCode::kPermissionDenied
+                                : absl::StatusCode::kUnavailable,
+                absl::StrCat("cannot open: ", std::strerror(err)));
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return fail(absl::StatusCode::kUnavailable, absl::StrCat("cannot stat: ", std::strerror(err)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return fail(absl::StatusCode::kInvalidArgument, "not a regular file");
+  }
+  if (st.st_size == 0) {
+    ::close(fd);
+    return fail(absl::StatusCode::kInvalidArgument, "file is empty");
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  const int map_err = errno;
+  ::close(fd);  // the mapping keeps the file alive
+  if (map == MAP_FAILED) {
+    return fail(absl::StatusCode::kUnavailable,
+                absl::StrCat("cannot mmap ", size, " bytes: ", std::strerror(map_err)));
+  }
+  std::unique_ptr<GgufFile> file(new GgufFile());
+  file->path_ = path;
+  file->base_ = static_cast<const uint8_t*>(map);
+  file->size_ = size;
+  file->owns_mapping_ = true;
+  absl::Status s = file->Parse();
+  if (!s.ok()) return fail(s.code(), s.message());
+  return file;
+}
+
+absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::FromBuffer(const uint8_t* data, size_t size) {
+  std::unique_ptr<GgufFile> file(new GgufFile());
+  file->base_ = data;
+  file->size_ = size;
+  absl::Status s = file->Parse();
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat("gguf: ", s.message()));
+  return file;
+}
+
+GgufFile::~GgufFile() {
+  if (owns_mapping_ && base_ != nullptr) {
+    ::munmap(const_cast<uint8_t*>(base_), size_);
+  }
+}
+
+absl::Status GgufFile::Parse() {
+  Reader r(base_, size_);
+
+  // Header.
+  if (size_ < 4 || base_ == nullptr) {
+    return r.Error(0, "header", absl::StrCat("file too small for the magic (", size_, " bytes)"));
+  }
+  const absl::string_view magic(reinterpret_cast<const char*>(base_), 4);
+  if (magic == "GGUF") {
+    powerinfer_ = false;
+  } else if (magic == "PWRI") {
+    powerinfer_ = true;
+  } else {
+    return r.Error(0, "header",
+                   absl::StrCat("bad magic '", Printable(magic),
+                                "' (expected 'GGUF', or 'PWRI' for PowerInfer)"));
+  }
+  uint8_t skip[4] = {};
+  TC_RETURN_IF_ERROR(r.Read(&skip, "header", "magic"));
+  TC_RETURN_IF_ERROR(r.Read(&version_, "header", "version"));
+  if (version_ == 1) {
+    return r.Error(4, "header",
+                   "version 1 is not supported (it uses 32-bit counts; re-convert the model "
+                   "with a current llama.cpp)");
+  }
+  if (version_ != 2 && version_ != 3) {
+    const uint32_t swapped = __builtin_bswap32(version_);
+    if (swapped >= 1 && swapped <= 3) {
+      return r.Error(4, "header",
+                     absl::StrCat("big-endian GGUF (version ", swapped, ") is not supported"));
+    }
+    return r.Error(4, "header",
+                   absl::StrCat("unsupported version ", version_, " (supported: 2 and 3)"));
+  }
+  uint64_t n_tensors = 0, n_kv = 0;
+  TC_RETURN_IF_ERROR(r.Read(&n_tensors, "header", "tensor count"));
+  TC_RETURN_IF_ERROR(r.Read(&n_kv, "header", "metadata count"));
+  // Smallest possible entries: key length + type + 1-byte value; name length + n_dims + one dim
+  // + type + offset.
+  constexpr uint64_t kMinKv = 8 + 4 + 1;
+  constexpr uint64_t kMinTensorInfo = 8 + 4 + 8 + 4 + 8;
+  if (n_kv > r.remaining() / kMinKv) {
+    return r.Error(16, "header",
+                   absl::StrCat("metadata count ", n_kv, " cannot fit in the ", r.remaining(),
+                                " bytes left in the file"));
+  }
+  if (n_tensors > r.remaining() / kMinTensorInfo) {
+    return r.Error(8, "header",
+                   absl::StrCat("tensor count ", n_tensors, " cannot fit in the ", r.remaining(),
+                                " bytes left in the file"));
+  }
+
+  // Metadata. Reserving up front keeps the strings in place, so the index can refer to them.
+  metadata_.reserve(n_kv);
+  key_index_.reserve(n_kv);
+  for (uint64_t i = 0; i < n_kv; ++i) {
+    const uint64_t at = r.pos();
+    const std::string context = absl::StrCat("metadata ", i);
+    std::string key;
+    TC_RETURN_IF_ERROR(r.ReadString(&key, context, "key"));
+    const std::string key_context = absl::StrCat(context, " '", Printable(key), "'");
+    if (key.empty()) return r.Error(at, context, "empty key");
+    const uint64_t type_at = r.pos();
+    uint32_t type = 0;
+    TC_RETURN_IF_ERROR(r.Read(&type, key_context, "value type"));
+    if (!IsValidValueType(type)) {
+      return r.Error(type_at, key_context, absl::StrCat("invalid value type ", type));
+    }
+    GgufValue value;
+    TC_RETURN_IF_ERROR(ReadValue(r, static_cast<GgufValueType>(type), 0, key_context, &value));
+    metadata_.emplace_back(std::move(key), std::move(value));
+    if (!key_index_.emplace(std::string_view(metadata_.back().first), metadata_.size() - 1).second) {
+      return r.Error(at, key_context, "duplicate key");
+    }
+  }
+
+  // Alignment.
+  alignment_ = kDefaultAlignment;
+  if (const GgufValue* a = FindValue("general.alignment")) {
+    std::optional<int64_t> v = a->AsInt();
+    if (!v || a->type() == GgufValueType::kBool) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "metadata 'general.alignment': has type ", DescribeType(*a), ", expected an integer"));
+    }
+    if (*v <= 0 || !IsPowerOfTwo(static_cast<uint64_t>(*v)) ||
+        *v > std::numeric_limits<uint32_t>::max()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "metadata 'general.alignment': ", *v, " is not a nonzero power of two below 2^32"));
+    }
+    alignment_ = static_cast<uint64_t>(*v);
+  }
+
+  // Tensor infos.
+  tensors_.reserve(n_tensors);
+  tensor_index_.reserve(n_tensors);
+  for (uint64_t i = 0; i < n_tensors; ++i) {
+    const uint64_t at = r.pos();
+    const std::string context = absl::StrCat("tensor ", i);
+    GgufTensorInfo t;
+    TC_RETURN_IF_ERROR(r.ReadString(&t.name, context, "name"));
+    if (t.name.empty()) return r.Error(at, context, "empty name");
+    const std::string tc = absl::StrCat(context, " '", Printable(t.name), "'");
+    const uint64_t dims_at = r.pos();
+    uint32_t n_dims = 0;
+    TC_RETURN_IF_ERROR(r.Read(&n_dims, tc, "n_dims"));
+    if (n_dims < 1 || n_dims > 4) {
+      return r.Error(dims_at, tc, absl::StrCat("n_dims ", n_dims, " is not in [1, 4]"));
+    }
+    t.ne.resize(n_dims);
+    int64_t n_elements = 1;
+    for (uint32_t d = 0; d < n_dims; ++d) {
+      const uint64_t ne_at = r.pos();
+      uint64_t ne = 0;
+      TC_RETURN_IF_ERROR(r.Read(&ne, tc, absl::StrCat("ne[", d, "]")));
+      if (ne > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        return r.Error(ne_at, tc,
+                       absl::StrCat("ne[", d, "] = ", static_cast<int64_t>(ne), " is negative"));
+      }
+      t.ne[d] = static_cast<int64_t>(ne);
+      if (t.ne[d] != 0 && n_elements > std::numeric_limits<int64_t>::max() / t.ne[d]) {
+        return r.Error(ne_at, tc, "element count overflows 64 bits");
+      }
+      n_elements *= t.ne[d];
+    }
+    const uint64_t type_at = r.pos();
+    uint32_t type_id = 0;
+    TC_RETURN_IF_ERROR(r.Read(&type_id, tc, "type"));
+    std::optional<GgmlTypeTraits> traits = TypeTraits(type_id);
+    if (!traits) {
+      return r.Error(type_at, tc,
+                     absl::StrCat("unsupported tensor type id ", type_id, " (",
+                                  GgmlTypeIdName(type_id),
+                                  "); supported: f32, f16, bf16, q8_0, q4_0"));
+    }
+    t.type = traits->type;
+    if (t.ne[0] % traits->block_size != 0) {
+      return r.Error(dims_at, tc,
+                     absl::StrCat("ne[0] = ", t.ne[0], " is not a multiple of the ", Av(traits->name),
+                                  " block size ", traits->block_size));
+    }
+    const int64_t n_blocks = n_elements / traits->block_size;
+    if (n_blocks > std::numeric_limits<int64_t>::max() / traits->block_bytes) {
+      return r.Error(dims_at, tc, "byte size overflows 64 bits");
+    }
+    t.n_elements = n_elements;
+    t.n_bytes = n_blocks * traits->block_bytes;
+    const uint64_t offset_at = r.pos();
+    TC_RETURN_IF_ERROR(r.Read(&t.offset, tc, "offset"));
+    if (t.offset % alignment_ != 0) {
+      return r.Error(offset_at, tc,
+                     absl::StrCat("offset ", t.offset, " is not a multiple of the alignment ",
+                                  alignment_));
+    }
+    tensors_.push_back(std::move(t));
+    if (!tensor_index_.emplace(std::string_view(tensors_.back().name), tensors_.size() - 1).second) {
+      return r.Error(at, tc, "duplicate tensor name");
+    }
+  }
+
+  // Tensor data: every range must lie inside the file before any pointer into it is formed.
+  if (!AlignUp(r.pos(), alignment_, &data_offset_)) {
+    return absl::InvalidArgumentError("data section offset overflows 64 bits");
+  }
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    GgufTensorInfo& t = tensors_[i];
+    const std::string tc = absl::StrCat("tensor ", i, " '", Printable(t.name), "'");
+    const uint64_t n_bytes = static_cast<uint64_t>(t.n_bytes);
+    if (t.offset > size_ || data_offset_ > size_ - t.offset ||
+        n_bytes > size_ - t.offset - data_offset_) {
+      const uint64_t begin = data_offset_ + t.offset;  // only for the message; may wrap
+      return absl::InvalidArgumentError(absl::StrCat(
+          tc, ": data [", begin, ", ", begin + n_bytes, ") extends past end of file (size ",
+          size_, ")"));
+    }
+    t.data = base_ + data_offset_ + t.offset;
+  }
+  // Overlapping tensors would let a write through one view (e.g. after conversion) corrupt
+  // another; no writer produces them, so they indicate a damaged file.
+  std::vector<size_t> order;
+  order.reserve(tensors_.size());
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    if (tensors_[i].n_bytes > 0) order.push_back(i);
+  }
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return tensors_[a].offset < tensors_[b].offset; });
+  for (size_t k = 1; k < order.size(); ++k) {
+    const GgufTensorInfo& prev = tensors_[order[k - 1]];
+    const GgufTensorInfo& cur = tensors_[order[k]];
+    if (prev.offset + static_cast<uint64_t>(prev.n_bytes) > cur.offset) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", order[k], " '", Printable(cur.name), "': data at offset ",
+                       cur.offset, " overlaps tensor ", order[k - 1], " '", Printable(prev.name),
+                       "' at [", prev.offset, ", ", prev.offset + prev.n_bytes, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+const GgufValue* GgufFile::FindValue(std::string_view key_sv) const {
+  auto it = key_index_.find(key_sv);
+  return it == key_index_.end() ? nullptr : &metadata_[it->second].second;
+}
+
+namespace {
+absl::Status MissingKey(absl::string_view key) {
+  return absl::NotFoundError(absl::StrCat("gguf: metadata key '", key, "' not found"));
+}
+absl::Status WrongType(absl::string_view key, const GgufValue& v, absl::string_view expected) {
+  return absl::InvalidArgumentError(absl::StrCat("gguf: metadata key '", key, "' has type ",
+                                                 DescribeType(v), ", expected ", expected));
+}
+}  // namespace
+
+absl::StatusOr<int64_t> GgufFile::GetInt(std::string_view key_sv) const {
+  const absl::string_view key = Av(key_sv);
+  const GgufValue* v = FindValue(key_sv);
+  if (v == nullptr) return MissingKey(key);
+  std::optional<int64_t> x = v->AsInt();
+  if (!x) {
+    if (v->type() == GgufValueType::kUint64) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("gguf: metadata key '", key, "' value ", std::get<uint64_t>(v->v),
+                       " does not fit in int64"));
+    }
+    return WrongType(key, *v, "an integer");
+  }
+  return *x;
+}
+
+absl::StatusOr<double> GgufFile::GetDouble(std::string_view key_sv) const {
+  const absl::string_view key = Av(key_sv);
+  const GgufValue* v = FindValue(key_sv);
+  if (v == nullptr) return MissingKey(key);
+  std::optional<double> x = v->AsDouble();
+  if (!x) return WrongType(key, *v, "a number");
+  return *x;
+}
+
+absl::StatusOr<std::string> GgufFile::GetString(std::string_view key_sv) const {
+  const absl::string_view key = Av(key_sv);
+  const GgufValue* v = FindValue(key_sv);
+  if (v == nullptr) return MissingKey(key);
+  const std::string* s = v->AsString();
+  if (s == nullptr) return WrongType(key, *v, "a string");
+  return *s;
+}
+
+absl::StatusOr<const GgufArray*> GgufFile::GetArray(std::string_view key_sv) const {
+  const absl::string_view key = Av(key_sv);
+  const GgufValue* v = FindValue(key_sv);
+  if (v == nullptr) return MissingKey(key);
+  const GgufArray* a = v->AsArray();
+  if (a == nullptr) return WrongType(key, *v, "an array");
+  return a;
+}
+
+const GgufTensorInfo* GgufFile::FindTensor(std::string_view name_sv) const {
+  auto it = tensor_index_.find(name_sv);
+  return it == tensor_index_.end() ? nullptr : &tensors_[it->second];
+}
+
+}  // namespace thermocline
