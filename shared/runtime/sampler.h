@@ -29,13 +29,16 @@ class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);
   // Picks the next token from `logits` given the sequence so far (prompt + generated).
-  // Identical params, seed and inputs give identical choices.
+  // Identical params, seed and inputs give identical choices. The penalties apply before every
+  // mode, greedy included. NaN logits never win; empty `logits` gives -1. `params` are expected
+  // to pass ValidateSamplingParams; other values do not crash but their result is unspecified.
   int32_t Sample(std::span<const float> logits, std::span<const int32_t> history);
 
  private:
   SamplingParams params_;
   std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> candidates_;
+  std::vector<double> probs_;
 };
 
 }  // namespace thermocline
