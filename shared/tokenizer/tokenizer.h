@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -54,6 +55,10 @@ class Tokenizer {
   // becomes a space, the leading space after BOS is dropped, <0xNN> becomes one raw byte,
   // control tokens become "". May be an incomplete UTF-8 sequence.
   std::string TokenBytes(int32_t prev, int32_t id) const;
+
+  // The text of a whole id sequence, exactly what a StreamingDetokenizer fed the same ids and
+  // then flushed gives. Out-of-range ids decode to "".
+  std::string Decode(std::span<const int32_t> ids) const;
 
  private:
   std::vector<std::string> pieces_;
