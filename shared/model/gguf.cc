@@ -87,6 +87,24 @@ std::string Printable(absl::string_view s, size_t max_len = 64) {
   return out;
 }
 
+// Where the reader is ("metadata 0 'tokenizer.ggml.tokens' item 17"), as a chain on the stack so
+// that nothing is formatted unless an error is reported: a vocabulary has 10^5 items.
+struct Where {
+  static constexpr uint64_t kNoIndex = ~0ull;
+  const Where* parent = nullptr;
+  absl::string_view label;
+  uint64_t index = kNoIndex;
+  absl::string_view name;
+
+  std::string Format() const {
+    std::string out = parent != nullptr ? parent->Format() + " " : "";
+    absl::StrAppend(&out, label);
+    if (index != kNoIndex) absl::StrAppend(&out, " ", index);
+    if (!name.empty()) absl::StrAppend(&out, " '", Printable(name), "'");
+    return out;
+  }
+};
+
 // Cursor over the untrusted file image. Every read is bounds-checked, and errors carry the byte
 // offset and the name of the field being read.
 class Reader {
@@ -96,28 +114,31 @@ class Reader {
   uint64_t pos() const { return pos_; }
   uint64_t remaining() const { return size_ - pos_; }
 
-  absl::Status Error(uint64_t at, absl::string_view context, absl::string_view what) const {
-    return absl::InvalidArgumentError(absl::StrCat(context, ": ", what, " (at byte ", at, ")"));
+  absl::Status Error(uint64_t at, const Where& where, absl::string_view what) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where.Format(), ": ", what, " (at byte ", at, ")"));
   }
 
   template <typename T>
-  absl::Status Read(T* out, absl::string_view context, absl::string_view field) {
+  absl::Status Read(T* out, const Where& where, absl::string_view field,
+                    absl::string_view field_suffix = "") {
     if (remaining() < sizeof(T)) {
-      return Error(pos_, context,
-                   absl::StrCat("file truncated reading ", field, " (needs ", sizeof(T),
-                                " bytes, ", remaining(), " left; file size ", size_, ")"));
+      return Error(pos_, where,
+                   absl::StrCat("file truncated reading ", field, field_suffix, " (needs ",
+                                sizeof(T), " bytes, ", remaining(), " left; file size ", size_,
+                                ")"));
     }
     std::memcpy(out, data_ + pos_, sizeof(T));
     pos_ += sizeof(T);
     return absl::OkStatus();
   }
 
-  absl::Status ReadString(std::string* out, absl::string_view context, absl::string_view field) {
+  absl::Status ReadString(std::string* out, const Where& where, absl::string_view field) {
     const uint64_t at = pos_;
     uint64_t len = 0;
-    TC_RETURN_IF_ERROR(Read(&len, context, absl::StrCat(field, " length")));
+    TC_RETURN_IF_ERROR(Read(&len, where, field, " length"));
     if (len > remaining()) {
-      return Error(at, context,
+      return Error(at, where,
                    absl::StrCat(field, " length ", len, " exceeds the ", remaining(),
                                 " bytes left in the file (size ", size_, ")"));
     }
@@ -134,18 +155,18 @@ class Reader {
 
 constexpr int kMaxArrayNesting = 8;
 
-absl::Status ReadValue(Reader& r, GgufValueType type, int depth, absl::string_view context,
+absl::Status ReadValue(Reader& r, GgufValueType type, int depth, const Where& context,
                        GgufValue* out);
 
 template <size_t I, typename T>
-absl::Status ReadScalar(Reader& r, absl::string_view context, GgufValue* out) {
+absl::Status ReadScalar(Reader& r, const Where& context, GgufValue* out) {
   T x{};
   TC_RETURN_IF_ERROR(r.Read(&x, context, "value"));
   out->v.emplace<I>(x);
   return absl::OkStatus();
 }
 
-absl::Status ReadValue(Reader& r, GgufValueType type, int depth, absl::string_view context,
+absl::Status ReadValue(Reader& r, GgufValueType type, int depth, const Where& context,
                        GgufValue* out) {
   switch (type) {
     case GgufValueType::kUint8:
@@ -201,8 +222,8 @@ absl::Status ReadValue(Reader& r, GgufValueType type, int depth, absl::string_vi
       arr.element_type = et;
       arr.items.resize(n);
       for (uint64_t i = 0; i < n; ++i) {
-        TC_RETURN_IF_ERROR(
-            ReadValue(r, et, depth + 1, absl::StrCat(context, " item ", i), &arr.items[i]));
+        const Where item{&context, "item", i, {}};
+        TC_RETURN_IF_ERROR(ReadValue(r, et, depth + 1, item, &arr.items[i]));
       }
       out->v.emplace<9>(std::move(arr));
       return absl::OkStatus();
@@ -402,10 +423,11 @@ GgufFile::~GgufFile() {
 
 absl::Status GgufFile::Parse() {
   Reader r(base_, size_);
+  const Where header{nullptr, "header", Where::kNoIndex, {}};
 
   // Header.
   if (size_ < 4 || base_ == nullptr) {
-    return r.Error(0, "header", absl::StrCat("file too small for the magic (", size_, " bytes)"));
+    return r.Error(0, header, absl::StrCat("file too small for the magic (", size_, " bytes)"));
   }
   const absl::string_view magic(reinterpret_cast<const char*>(base_), 4);
   if (magic == "GGUF") {
@@ -413,41 +435,41 @@ absl::Status GgufFile::Parse() {
   } else if (magic == "PWRI") {
     powerinfer_ = true;
   } else {
-    return r.Error(0, "header",
+    return r.Error(0, header,
                    absl::StrCat("bad magic '", Printable(magic),
                                 "' (expected 'GGUF', or 'PWRI' for PowerInfer)"));
   }
   uint8_t skip[4] = {};
-  TC_RETURN_IF_ERROR(r.Read(&skip, "header", "magic"));
-  TC_RETURN_IF_ERROR(r.Read(&version_, "header", "version"));
+  TC_RETURN_IF_ERROR(r.Read(&skip, header, "magic"));
+  TC_RETURN_IF_ERROR(r.Read(&version_, header, "version"));
   if (version_ == 1) {
-    return r.Error(4, "header",
+    return r.Error(4, header,
                    "version 1 is not supported (it uses 32-bit counts; re-convert the model "
                    "with a current llama.cpp)");
   }
   if (version_ != 2 && version_ != 3) {
     const uint32_t swapped = __builtin_bswap32(version_);
     if (swapped >= 1 && swapped <= 3) {
-      return r.Error(4, "header",
+      return r.Error(4, header,
                      absl::StrCat("big-endian GGUF (version ", swapped, ") is not supported"));
     }
-    return r.Error(4, "header",
+    return r.Error(4, header,
                    absl::StrCat("unsupported version ", version_, " (supported: 2 and 3)"));
   }
   uint64_t n_tensors = 0, n_kv = 0;
-  TC_RETURN_IF_ERROR(r.Read(&n_tensors, "header", "tensor count"));
-  TC_RETURN_IF_ERROR(r.Read(&n_kv, "header", "metadata count"));
+  TC_RETURN_IF_ERROR(r.Read(&n_tensors, header, "tensor count"));
+  TC_RETURN_IF_ERROR(r.Read(&n_kv, header, "metadata count"));
   // Smallest possible entries: key length + type + 1-byte value; name length + n_dims + one dim
   // + type + offset.
   constexpr uint64_t kMinKv = 8 + 4 + 1;
   constexpr uint64_t kMinTensorInfo = 8 + 4 + 8 + 4 + 8;
   if (n_kv > r.remaining() / kMinKv) {
-    return r.Error(16, "header",
+    return r.Error(16, header,
                    absl::StrCat("metadata count ", n_kv, " cannot fit in the ", r.remaining(),
                                 " bytes left in the file"));
   }
   if (n_tensors > r.remaining() / kMinTensorInfo) {
-    return r.Error(8, "header",
+    return r.Error(8, header,
                    absl::StrCat("tensor count ", n_tensors, " cannot fit in the ", r.remaining(),
                                 " bytes left in the file"));
   }
@@ -457,10 +479,10 @@ absl::Status GgufFile::Parse() {
   key_index_.reserve(n_kv);
   for (uint64_t i = 0; i < n_kv; ++i) {
     const uint64_t at = r.pos();
-    const std::string context = absl::StrCat("metadata ", i);
+    const Where context{nullptr, "metadata", i, {}};
     std::string key;
     TC_RETURN_IF_ERROR(r.ReadString(&key, context, "key"));
-    const std::string key_context = absl::StrCat(context, " '", Printable(key), "'");
+    const Where key_context{nullptr, "metadata", i, key};
     if (key.empty()) return r.Error(at, context, "empty key");
     const uint64_t type_at = r.pos();
     uint32_t type = 0;
@@ -470,9 +492,10 @@ absl::Status GgufFile::Parse() {
     }
     GgufValue value;
     TC_RETURN_IF_ERROR(ReadValue(r, static_cast<GgufValueType>(type), 0, key_context, &value));
-    metadata_.emplace_back(std::move(key), std::move(value));
-    if (!key_index_.emplace(std::string_view(metadata_.back().first), metadata_.size() - 1).second) {
-      return r.Error(at, key_context, "duplicate key");
+    metadata_.emplace_back(std::move(key), std::move(value));  // key_context now dangles
+    const std::string& added = metadata_.back().first;
+    if (!key_index_.emplace(std::string_view(added), metadata_.size() - 1).second) {
+      return r.Error(at, Where{nullptr, "metadata", i, added}, "duplicate key");
     }
   }
 
@@ -497,11 +520,11 @@ absl::Status GgufFile::Parse() {
   tensor_index_.reserve(n_tensors);
   for (uint64_t i = 0; i < n_tensors; ++i) {
     const uint64_t at = r.pos();
-    const std::string context = absl::StrCat("tensor ", i);
+    const Where context{nullptr, "tensor", i, {}};
     GgufTensorInfo t;
     TC_RETURN_IF_ERROR(r.ReadString(&t.name, context, "name"));
     if (t.name.empty()) return r.Error(at, context, "empty name");
-    const std::string tc = absl::StrCat(context, " '", Printable(t.name), "'");
+    const Where tc{nullptr, "tensor", i, t.name};
     const uint64_t dims_at = r.pos();
     uint32_t n_dims = 0;
     TC_RETURN_IF_ERROR(r.Read(&n_dims, tc, "n_dims"));
@@ -553,9 +576,10 @@ absl::Status GgufFile::Parse() {
                      absl::StrCat("offset ", t.offset, " is not a multiple of the alignment ",
                                   alignment_));
     }
-    tensors_.push_back(std::move(t));
-    if (!tensor_index_.emplace(std::string_view(tensors_.back().name), tensors_.size() - 1).second) {
-      return r.Error(at, tc, "duplicate tensor name");
+    tensors_.push_back(std::move(t));  // tc's name now refers to a moved-from string
+    const GgufTensorInfo& added = tensors_.back();
+    if (!tensor_index_.emplace(std::string_view(added.name), tensors_.size() - 1).second) {
+      return r.Error(at, Where{nullptr, "tensor", i, added.name}, "duplicate tensor name");
     }
   }
 
