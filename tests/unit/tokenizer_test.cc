@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -340,6 +341,35 @@ TEST(TokenizerTest, FromGgufNeedsTokenizerKeys) {
   absl::StatusOr<Tokenizer> t = Tokenizer::FromGguf(**f);
   ASSERT_FALSE(t.ok());
   EXPECT_THAT(t.status().message(), HasSubstr("tokenizer.ggml.model"));
+}
+
+TEST(TokenizerTest, RandomTextRoundTrips) {
+  // Random mixes of ASCII, spaces, newlines and 2/3/4-byte characters come back exactly; random
+  // bytes come back as their sanitized form, the same streamed or not.
+  std::mt19937 rng(12345);
+  const std::vector<std::string> atoms = {"a", "e", "the", " ", "  ", "\n", "Lily", ".", "\xC3\xA9",
+                                          "\xCE\xBB", "\xE6\x97\xA5", "\xE2\x80\x9C",
+                                          "\xF0\x9F\x99\x82", "~", "\t", "0"};
+  for (int iter = 0; iter < 300; ++iter) {
+    std::string text;
+    const int n = static_cast<int>(rng() % 20);
+    for (int i = 0; i < n; ++i) text += atoms[rng() % atoms.size()];
+    for (const Tokenizer* t : {&Stories(), &Aidreams()}) {
+      ASSERT_EQ(t->Decode(t->Encode(text, true)), text);
+    }
+    std::string bytes;
+    for (int i = 0; i < n; ++i) bytes.push_back(static_cast<char>(rng() % 256));
+    std::vector<int32_t> byte_ids = {1};
+    for (char c : bytes) byte_ids.push_back(3 + static_cast<uint8_t>(c));
+    const std::string sanitized = Stories().Decode(byte_ids);
+    EXPECT_TRUE(IsValidUtf8(sanitized));
+    const std::vector<int32_t> ids = Stories().Encode(bytes, true);
+    EXPECT_EQ(Stories().Decode(ids), sanitized);
+    StreamingDetokenizer d(Stories());
+    std::string streamed;
+    for (int32_t id : ids) streamed += d.Push(id);
+    EXPECT_EQ(streamed + d.Flush(), sanitized);
+  }
 }
 
 TEST(TokenizerTest, LongInputIsFast) {
