@@ -1,0 +1,104 @@
+// Decode throughput against the memory-bandwidth floor, measured in the same run.
+//
+// A decode step must read every weight once, so tokens/s can be at most
+//   read bandwidth / bytes read per token.
+// For each model and thread count this prints the measured read bandwidth, the floor it implies,
+// the measured decode tokens/s, and their ratio (the figure of merit; raw tokens/s are noisy here).
+//
+// Usage: decode_bench --model M.gguf [--model M2.gguf ...] [--threads 1,2] [--tokens 32]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "shared/model/llama_model.h"
+#include "shared/runtime/forward.h"
+#include "shared/util/cpu_features.h"
+#include "shared/util/membw.h"
+
+using namespace thermocline;
+
+int main(int argc, char** argv) {
+  std::vector<std::string> models;
+  std::vector<int> threads = {1, 2};
+  int tokens = 32;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const bool has_value = i + 1 < argc;
+    if (a == "--model" && has_value) {
+      models.push_back(argv[++i]);
+    } else if (a == "--threads" && has_value) {
+      threads.clear();
+      for (auto part : absl::StrSplit(argv[++i], ',')) {
+        int t;
+        if (!absl::SimpleAtoi(part, &t) || t <= 0) {
+          std::fprintf(stderr, "decode_bench: bad --threads\n");
+          return 2;
+        }
+        threads.push_back(t);
+      }
+    } else if (a == "--tokens" && has_value) {
+      if (!absl::SimpleAtoi(argv[++i], &tokens) || tokens <= 0) {
+        std::fprintf(stderr, "decode_bench: bad --tokens\n");
+        return 2;
+      }
+    } else {
+      std::fprintf(stderr,
+                   "usage: decode_bench --model M.gguf [--model ...] [--threads 1,2] [--tokens N]\n");
+      return a == "--help" ? 0 : 2;
+    }
+  }
+  if (models.empty()) {
+    std::fprintf(stderr, "decode_bench: give at least one --model\n");
+    return 2;
+  }
+  std::printf("kernels: %s\n", SimdLevelName(DetectSimdLevel()));
+  std::printf("%-28s %7s %8s %12s %10s %10s %10s %7s\n", "model", "type", "threads", "MB/token",
+              "read GB/s", "floor t/s", "tok/s", "ratio");
+  for (const std::string& path : models) {
+    auto model = LlamaModel::Load(path);
+    if (!model.ok()) {
+      std::fprintf(stderr, "decode_bench: %s\n", std::string(model.status().message()).c_str());
+      return 1;
+    }
+    const LlamaConfig& c = (*model)->config();
+    const int prompt = 8;
+    auto kv = KvCache::Create(c, 1, std::min<int64_t>(c.context_length, prompt + tokens + 1),
+                              GgmlType::kF32);
+    if (!kv.ok()) {
+      std::fprintf(stderr, "decode_bench: %s\n", std::string(kv.status().message()).c_str());
+      return 1;
+    }
+    for (int nt : threads) {
+      ThreadPool pool(nt);
+      ForwardPass pass(**model, *kv, pool);
+      std::vector<float> logits;
+      std::vector<BatchEntry> batch;
+      for (int p = 0; p < prompt; ++p) batch.push_back({0, p, 3 + p, p == prompt - 1});
+      kv->Reset(0);
+      if (!pass.Run(batch, logits).ok()) return 1;
+      // Bandwidth right before the decode loop, with the same threads, so both see the same
+      // machine state.
+      const double bw = MeasureReadBandwidthGBs(pool);
+      // Attention also reads the KV cache: on average half the positions of the run.
+      const double kv_bytes = 2.0 * c.n_layers * c.kv_dim * 4 * (prompt + tokens / 2.0);
+      const double bytes = static_cast<double>((*model)->decode_bytes_per_token()) + kv_bytes;
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < tokens; ++i) {
+        BatchEntry e{0, prompt + i, 3 + (i % 200), true};
+        if (!pass.Run(std::span<const BatchEntry>(&e, 1), logits).ok()) return 1;
+      }
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double tps = tokens / s, floor = bw * 1e9 / bytes;
+      std::string name = path.substr(path.find_last_of('/') + 1);
+      std::printf("%-28s %7s %8d %12.1f %10.2f %10.2f %10.2f %7.3f\n", name.c_str(),
+                  (*model)->weight_type_name().c_str(), nt, bytes / 1e6, bw, floor, tps, tps / floor);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}

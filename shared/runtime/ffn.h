@@ -1,0 +1,34 @@
+// The FFN block of one layer behind an interface: the dense pass computes every neuron; the
+// sparse executors (sparsity/) and the split workers (hot on the GPU side, cold on the CPU side)
+// plug in here without touching attention.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "shared/model/llama_model.h"
+#include "shared/util/thread_pool.h"
+
+namespace thermocline {
+
+class FfnExecutor {
+ public:
+  virtual ~FfnExecutor() = default;
+  // out[t][0..dim) = FFN_layer(h[t]) for t < n_tokens; h is the ffn_norm output.
+  virtual void Compute(int64_t layer, const float* h, int64_t n_tokens, float* out) = 0;
+};
+
+// Every neuron, every token: gate and up as GEMMs, the activation, then down.
+class DenseFfn final : public FfnExecutor {
+ public:
+  DenseFfn(const LlamaModel& model, ThreadPool& pool) : model_(model), pool_(pool) {}
+  void Compute(int64_t layer, const float* h, int64_t n_tokens, float* out) override;
+
+ private:
+  const LlamaModel& model_;
+  ThreadPool& pool_;
+  std::vector<float> gate_, up_;
+  std::vector<int32_t> all_rows_;  // 0..ffn_dim-1, for the transposed-down (axpy) form
+};
+
+}  // namespace thermocline

@@ -1,0 +1,43 @@
+// Prompt processing plus a decode loop for one sequence in one slot: the local (single-process)
+// generation path behind `thermocline generate`.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "shared/runtime/forward.h"
+#include "shared/runtime/sampler.h"
+
+namespace thermocline {
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;  // token ids, BOS included if wanted
+  int32_t max_new_tokens = 128;
+  SamplingParams sampling;
+  bool ignore_eos = false;
+  int32_t prefill_chunk = 256;  // positions per forward call while processing the prompt
+  int32_t slot = 0;
+};
+
+struct GenerationStats {
+  int64_t prompt_tokens = 0;
+  int64_t generated_tokens = 0;
+  double prefill_seconds = 0;
+  int64_t decode_steps = 0;    // single-token forward passes after the prompt
+  double decode_seconds = 0;  // time spent in sampling and those passes
+  bool stopped_at_eos = false;
+};
+
+// Called with each generated token and the logits it was sampled from; return false to stop.
+using TokenCallback = std::function<bool(int32_t token, std::span<const float> logits)>;
+
+// Runs the prompt from position 0 of `request.slot` (the slot is reset), then samples up to
+// max_new_tokens tokens, stopping early at EOS unless ignore_eos. Fails with a clear error when
+// the prompt is empty or prompt + max_new_tokens does not fit the KV cache.
+absl::StatusOr<GenerationStats> Generate(ForwardPass& pass, const GenerationRequest& request,
+                                         const TokenCallback& on_token);
+
+}  // namespace thermocline

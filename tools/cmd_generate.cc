@@ -1,0 +1,108 @@
+// `thermocline generate`: local, single-process generation on the CPU.
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_format.h"
+#include "shared/model/llama_model.h"
+#include "shared/runtime/generate.h"
+#include "shared/tokenizer/tokenizer.h"
+#include "shared/util/cpu_features.h"
+#include "tools/command.h"
+
+namespace thermocline::tools {
+namespace {
+
+int RunGenerate(const std::vector<std::string>& args) {
+  std::string model_path, prompt, kv_type;
+  int32_t max_new_tokens = 0, threads = 0, context = 0;
+  SamplingParams sp;
+  bool ignore_eos = false;
+  po::options_description opts("options");
+  opts.add_options()
+      ("model,m", po::value(&model_path)->required(), "model file (GGUF)")
+      ("prompt,p", po::value(&prompt)->default_value(""), "prompt text (BOS is prepended)")
+      ("max-new-tokens,n", po::value(&max_new_tokens)->default_value(128), "tokens to generate at most")
+      ("temperature,t", po::value(&sp.temperature)->default_value(0.8f, "0.8"), "0 = greedy")
+      ("top-k", po::value(&sp.top_k)->default_value(40), "keep the k most likely tokens (0 = off)")
+      ("top-p", po::value(&sp.top_p)->default_value(0.95f, "0.95"), "nucleus sampling mass (1 = off)")
+      ("min-p", po::value(&sp.min_p)->default_value(0.05f, "0.05"), "drop tokens below min-p * p(top) (0 = off)")
+      ("repeat-penalty", po::value(&sp.repetition_penalty)->default_value(1.0f, "1.0"), "repetition penalty (1 = off)")
+      ("presence-penalty", po::value(&sp.presence_penalty)->default_value(0.0f, "0"), "presence penalty")
+      ("frequency-penalty", po::value(&sp.frequency_penalty)->default_value(0.0f, "0"), "frequency penalty")
+      ("penalty-window", po::value(&sp.penalty_window)->default_value(64), "tokens the penalties look back over")
+      ("seed", po::value(&sp.seed)->default_value(0), "random seed (same seed, same output)")
+      ("threads", po::value(&threads)->default_value(0), "CPU threads (0 = all cores)")
+      ("context", po::value(&context)->default_value(0), "KV cache positions (0 = prompt + max-new-tokens)")
+      ("kv-type", po::value(&kv_type)->default_value("f32"), "KV cache element type: f32 or f16")
+      ("ignore-eos", po::bool_switch(&ignore_eos), "keep generating past the end-of-sequence token");
+  po::positional_options_description pos;
+  po::variables_map vm;
+  int exit_code = 0;
+  if (!ParseOptions("generate", "--model M.gguf --prompt TEXT [options]", opts, pos, args, vm,
+                    exit_code)) {
+    return exit_code;
+  }
+  auto fail = [](const std::string& msg) {
+    std::cerr << "thermocline generate: " << msg << "\n";
+    return 1;
+  };
+  if (threads < 0) return fail("--threads must be >= 0");
+  if (max_new_tokens < 0) return fail("--max-new-tokens must be >= 0");
+  if (context < 0) return fail("--context must be >= 0");
+  if (kv_type != "f32" && kv_type != "f16") return fail("--kv-type must be f32 or f16");
+  if (absl::Status s = ValidateSamplingParams(sp); !s.ok()) return fail(std::string(s.message()));
+
+  auto model_or = LlamaModel::Load(model_path);
+  if (!model_or.ok()) return fail(std::string(model_or.status().message()));
+  const LlamaModel& model = **model_or;
+  const Tokenizer& tok = model.tokenizer();
+
+  GenerationRequest req;
+  req.prompt = tok.Encode(prompt, /*add_bos=*/true);
+  req.max_new_tokens = max_new_tokens;
+  req.sampling = sp;
+  req.ignore_eos = ignore_eos;
+  const int64_t needed = static_cast<int64_t>(req.prompt.size()) + max_new_tokens;
+  int64_t capacity = context > 0 ? context : needed;
+  if (capacity > model.config().context_length) {
+    return fail(absl::StrFormat("prompt (%d tokens) + --max-new-tokens (%d) exceeds the model's "
+                                "context of %d positions",
+                                req.prompt.size(), max_new_tokens, model.config().context_length));
+  }
+  auto kv_or = KvCache::Create(model.config(), 1, capacity,
+                               kv_type == "f16" ? GgmlType::kF16 : GgmlType::kF32);
+  if (!kv_or.ok()) return fail(std::string(kv_or.status().message()));
+  const int n_threads = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
+  ThreadPool pool(n_threads);
+  ForwardPass pass(model, *kv_or, pool);
+
+  std::fwrite(prompt.data(), 1, prompt.size(), stdout);
+  std::fflush(stdout);
+  StreamingDetokenizer detok(tok);
+  auto stats = Generate(pass, req, [&](int32_t token, std::span<const float>) {
+    const std::string text = detok.Push(token);
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+    return true;
+  });
+  const std::string rest = detok.Flush();
+  std::fwrite(rest.data(), 1, rest.size(), stdout);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+  if (!stats.ok()) return fail(std::string(stats.status().message()));
+  std::cerr << absl::StrFormat(
+      "prompt: %d tokens in %.3f s (%.1f tok/s); decode: %d tokens, %.1f tok/s; %d threads, %s "
+      "kernels, %s weights\n",
+      stats->prompt_tokens, stats->prefill_seconds,
+      stats->prompt_tokens / std::max(1e-9, stats->prefill_seconds), stats->generated_tokens,
+      stats->decode_steps / std::max(1e-9, stats->decode_seconds), n_threads,
+      SimdLevelName(DetectSimdLevel()), model.weight_type_name());
+  return 0;
+}
+
+CommandRegistrar reg({"generate", "generate text from a prompt on this machine's CPU", &RunGenerate});
+
+}  // namespace
+}  // namespace thermocline::tools
