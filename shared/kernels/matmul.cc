@@ -17,24 +17,19 @@ using matmul_internal::IsQuantized;
 using matmul_internal::KernelSet;
 using matmul_internal::RowSource;
 
-bool CpuRunsAvx2Kernels() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("f16c");
-#else
-  return false;
-#endif
-}
-
 std::atomic<SimdLevel>& LevelSlot() {
   static std::atomic<SimdLevel> level{DetectSimdLevel()};
   return level;
 }
 
+std::atomic<bool>& VnniSlot() {
+  static std::atomic<bool> vnni{matmul_internal::CpuHasAvxVnni()};
+  return vnni;
+}
+
 const KernelSet& Kernels() {
   return LevelSlot().load(std::memory_order_relaxed) == SimdLevel::kAvx2
-             ? matmul_internal::Avx2Kernels()
+             ? matmul_internal::Avx2Kernels(VnniSlot().load(std::memory_order_relaxed))
              : matmul_internal::PortableKernels();
 }
 
@@ -75,30 +70,62 @@ PreparedInput PrepareInput(const KernelSet& k, const MatrixView& w, const float*
   if (!IsQuantized(w.type)) {
     return {reinterpret_cast<const uint8_t*>(x), x_stride * static_cast<int64_t>(sizeof(float))};
   }
-  const int64_t row_q8 = w.cols / kQK * static_cast<int64_t>(sizeof(BlockQ8_0));
+  // Rounded to whole cache lines so tokens prepared by different threads share none.
+  const int64_t row_bytes = (k.input_bytes(w.cols) + 63) / 64 * 64;
   std::vector<uint8_t>& q8 = ThreadScratch().q8;
-  if (q8.size() < static_cast<size_t>(row_q8 * n_tokens)) q8.resize(row_q8 * n_tokens);
+  if (q8.size() < static_cast<size_t>(row_bytes * n_tokens)) q8.resize(row_bytes * n_tokens);
   uint8_t* dst = q8.data();
   auto quantize = [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) k.quantize_q8_0(x + t * x_stride, dst + t * row_q8, w.cols);
+    for (int64_t t = t0; t < t1; ++t) {
+      k.prepare_input(w.type, x + t * x_stride, w.cols, dst + t * row_bytes);
+    }
   };
   if (pool != nullptr && n_tokens > 1 && n_tokens * w.cols >= kParallelMinElems) {
     pool->ParallelFor(n_tokens, quantize);
   } else {
     quantize(0, n_tokens);
   }
-  return {dst, row_q8};
+  return {dst, row_bytes};
 }
 
 }  // namespace
 
 SimdLevel ActiveKernelSimdLevel() { return LevelSlot().load(std::memory_order_relaxed); }
 
-bool SetSimdLevelForTesting(SimdLevel level) {
-  if (level == SimdLevel::kAvx2 && !CpuRunsAvx2Kernels()) return false;
+bool ActiveKernelUsesVnni() {
+  return ActiveKernelSimdLevel() == SimdLevel::kAvx2 && VnniSlot().load(std::memory_order_relaxed);
+}
+
+bool SetSimdLevelForTesting(SimdLevel level, bool vnni) {
+  if (level == SimdLevel::kAvx2 && !matmul_internal::CpuHasAvx2()) return false;
+  if (vnni && (level != SimdLevel::kAvx2 || !matmul_internal::CpuHasAvxVnni())) return false;
   LevelSlot().store(level, std::memory_order_relaxed);
+  VnniSlot().store(vnni, std::memory_order_relaxed);
   return true;
 }
+
+namespace matmul_internal {
+
+bool CpuHasAvx2() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c");
+#else
+  return false;
+#endif
+}
+
+bool CpuHasAvxVnni() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  return CpuHasAvx2() && __builtin_cpu_supports("avxvnni");
+#else
+  return false;
+#endif
+}
+
+}  // namespace matmul_internal
 
 void MatMul(const MatrixView& w, const float* x, int64_t n_tokens, int64_t x_stride, float* y,
             int64_t y_stride, ThreadPool& pool) {

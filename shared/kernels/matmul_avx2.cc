@@ -9,6 +9,7 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include "shared/kernels/matmul_kernels.h"
@@ -125,35 +126,129 @@ struct FloatKernel {
 };
 
 // ---- Quantized weights against Q8_0 activations: a step is one 32-element block. ----
+//
+// The byte products run unsigned (weights) x signed (activations), which is what maddubs and
+// VNNI's dpbusd take: Q4_0 nibbles are used as stored (0..15), Q8_0 weights offset by +128.
+// The activations are prepared once per call (PrepareInput below) with, per block, a lane-wise
+// integer bias (-offset times the activation sum of each 4-byte lane) that takes the offset
+// back out, so every int32 lane holds exactly the sum of w * x over its four elements whichever
+// engine formed it, and the f32 arithmetic after it is the same too: results are bit-identical
+// across engines.
 
 constexpr int64_t kQsOffset = 2;  // both block types start with their fp16 scale
 constexpr int64_t kQ8Bytes = sizeof(BlockQ8_0);
 
-struct Q8Load {
-  static constexpr int64_t kBytes = sizeof(BlockQ8_0);
-  static __m256i Load(const uint8_t* b) {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + kQsOffset));
-  }
-};
-struct Q4Load {
-  static constexpr int64_t kBytes = sizeof(BlockQ4_0);
-  // Low nibbles are elements 0..15, high nibbles 16..31; values are stored offset by 8.
-  static __m256i Load(const uint8_t* b) {
-    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kQsOffset));
-    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
-    return _mm256_sub_epi8(_mm256_and_si256(both, _mm256_set1_epi8(0x0F)), _mm256_set1_epi8(8));
-  }
-};
+// Prepared activations, per token: for each block 32 quantized values, the int32 lane bias and
+// the per-lane activation scale (f32 of the fp16-rounded scale, see the loaders' kHighScale).
+constexpr int64_t kPreparedBlockBytes = 96;
+constexpr int64_t kBiasAt = 32;
+constexpr int64_t kScaleAt = 64;
 
-// Sum of the 32 products of signed bytes, as 8 int32 lanes. maddubs wants unsigned x signed,
-// so the sign of x moves onto w (|x| <= 127 and w >= -127 keep the int16 pairs from saturating).
-inline __m256i DotBlock(__m256i w, __m256i x_abs, __m256i x) {
-  const __m256i prod16 = _mm256_maddubs_epi16(x_abs, _mm256_sign_epi8(w, x));
-  return _mm256_madd_epi16(prod16, _mm256_set1_epi16(1));
+// fp16 -> f32 of the weight scales by table: two loads instead of three vector-port uops
+// (insert, convert, broadcast) on the ports the block arithmetic saturates. Only entries of
+// scales that occur are ever touched.
+const float* HalfToFloatTable() {
+  static const float* const table = [] {
+    float* t = new float[1 << 16];  // lives as long as the process
+    for (uint32_t h = 0; h < (1u << 16); ++h) t[h] = _cvtsh_ss(static_cast<uint16_t>(h));
+    return t;
+  }();
+  return table;
 }
 
-template <class L>
+inline __m256 BroadcastScale(const float* half_table, const uint8_t* block) {
+  uint16_t h;
+  std::memcpy(&h, block, sizeof h);
+  return _mm256_broadcast_ss(half_table + h);
+}
+
+// Loaders turn a weight block into the unsigned operand. kOffset is what they add to the signed
+// value; kHighScale multiplies the upper four lanes (elements 16..31), which the prepared input
+// undoes exactly with a power-of-two factor in its lane scales. LoadSigned gives the signed
+// values in element order (for AxpyRows).
+//
+// Q4_0, AVX2: low nibbles are elements 0..15, high nibbles 16..31; a 128-bit broadcast load and
+// a per-lane variable shift (no cross-lane shuffle) put them in order.
+struct Q4Shifted {
+  static constexpr int64_t kBytes = sizeof(BlockQ4_0);
+  static constexpr int kOffset = 8;
+  static constexpr int kHighScale = 1;
+  static __m256i Load(const uint8_t* b) {
+    const __m256i both =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2)));
+    const __m256i shifted = _mm256_srlv_epi32(both, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
+    return _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F));
+  }
+  static __m256i LoadSigned(const uint8_t* b) {
+    return _mm256_sub_epi8(Load(b), _mm256_set1_epi8(kOffset));
+  }
+};
+// Q4_0 for VNNI: the high nibbles stay in place (16 x their value; dpbusd has no int16 step to
+// overflow), saving the shift.
+struct Q4Masked {
+  static constexpr int64_t kBytes = sizeof(BlockQ4_0);
+  static constexpr int kOffset = 8;
+  static constexpr int kHighScale = 16;
+  static __m256i Load(const uint8_t* b) {
+    const __m256i both =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2)));
+    return _mm256_and_si256(both, _mm256_setr_epi64x(0x0F0F0F0F0F0F0F0F, 0x0F0F0F0F0F0F0F0F,
+                                                     static_cast<int64_t>(0xF0F0F0F0F0F0F0F0),
+                                                     static_cast<int64_t>(0xF0F0F0F0F0F0F0F0)));
+  }
+  static __m256i LoadSigned(const uint8_t* b) { return Q4Shifted::LoadSigned(b); }
+};
+// Q8_0 + 128 as unsigned bytes, for VNNI (maddubs would saturate at 255 * 127 * 2).
+struct Q8Offset {
+  static constexpr int64_t kBytes = sizeof(BlockQ8_0);
+  static constexpr int kOffset = 128;
+  static constexpr int kHighScale = 1;
+  static __m256i Load(const uint8_t* b) {
+    return _mm256_xor_si256(LoadSigned(b), _mm256_set1_epi8(static_cast<char>(0x80)));
+  }
+  static __m256i LoadSigned(const uint8_t* b) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+  }
+};
+// Q8_0 as stored (signed), for the sign engine.
+struct Q8Signed {
+  static constexpr int64_t kBytes = sizeof(BlockQ8_0);
+  static constexpr int kOffset = 0;
+  static constexpr int kHighScale = 1;
+  static __m256i Load(const uint8_t* b) { return Q8Offset::LoadSigned(b); }
+  static __m256i LoadSigned(const uint8_t* b) { return Q8Offset::LoadSigned(b); }
+};
+
+// Engines: the int32 lanes of one block's dot product, starting from the bias.
+// AVX-VNNI: one instruction. Inline asm rather than the intrinsic keeps this file buildable
+// with plain -mavx2; it is only reached after a run-time check for avxvnni.
+struct VnniEngine {
+  static __m256i Dot(__m256i w_unsigned, __m256i x, __m256i bias) {
+    __m256i acc = bias;
+    asm("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(w_unsigned), "x"(x));
+    return acc;
+  }
+};
+// AVX2: unsigned x signed byte pairs to int16 (15 * 127 * 2 cannot saturate), then int32.
+struct MaddubsEngine {
+  static __m256i Dot(__m256i w_unsigned, __m256i x, __m256i bias) {
+    const __m256i pairs = _mm256_maddubs_epi16(w_unsigned, x);
+    return _mm256_add_epi32(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)), bias);
+  }
+};
+// AVX2 for signed Q8_0 weights: the sign of x moves onto w so that |x| is the unsigned operand
+// (|x| <= 127 and w >= -127 keep the int16 pairs from saturating); no offset, no bias.
+struct SignEngine {
+  static __m256i Dot(__m256i w_signed, __m256i x, __m256i) {
+    const __m256i pairs =
+        _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(w_signed, x));
+    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+  }
+};
+
+template <class L, class E>
 struct QuantKernel {
+  using Loader = L;
   static constexpr int kGemvRows = 4;
   static constexpr int kRows = 4;
   static constexpr int kTokens = 2;
@@ -161,27 +256,27 @@ struct QuantKernel {
   template <int R, int T>
   static void Tile(const uint8_t* const* rows, int64_t cols, const uint8_t* xb, int64_t x_stride,
                    float* y, int64_t y_stride) {
+    const float* half = HalfToFloatTable();
     __m256 acc[R][T];
     for (int r = 0; r < R; ++r) {
       for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
     }
-    const int64_t nb = cols / kQK;
-    for (int64_t b = 0; b < nb; ++b) {
-      __m256i xq[T], xa[T];
-      float xd[T];
+    for (int64_t b = 0; b < cols / kQK; ++b) {
+      __m256i xq[T], xbias[T];
+      __m256 xd[T];
       for (int t = 0; t < T; ++t) {
-        const uint8_t* blk = xb + t * x_stride + b * kQ8Bytes;
-        xq[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kQsOffset));
-        xa[t] = _mm256_sign_epi8(xq[t], xq[t]);
-        xd[t] = LoadScale(blk);
+        const uint8_t* xt = xb + t * x_stride + b * kPreparedBlockBytes;
+        xq[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xt));
+        xbias[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xt + kBiasAt));
+        xd[t] = _mm256_loadu_ps(reinterpret_cast<const float*>(xt + kScaleAt));
       }
       for (int r = 0; r < R; ++r) {
         const uint8_t* wb = rows[r] + b * L::kBytes;
         const __m256i wq = L::Load(wb);
-        const float wd = LoadScale(wb);
+        const __m256 wd = BroadcastScale(half, wb);
         for (int t = 0; t < T; ++t) {
-          const __m256 p = _mm256_cvtepi32_ps(DotBlock(wq, xa[t], xq[t]));
-          acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(wd * xd[t]), p, acc[r][t]);
+          const __m256 p = _mm256_cvtepi32_ps(E::Dot(wq, xq[t], xbias[t]));
+          acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(wd, xd[t]), p, acc[r][t]);
         }
       }
     }
@@ -199,7 +294,7 @@ struct QuantKernel {
       for (int k = 0; k < 4; ++k) yv[k] = _mm256_loadu_ps(yb + 8 * k);
       for (int r = 0; r < R; ++r) {
         const uint8_t* wb = rows[r] + b * L::kBytes;
-        const __m256i q = L::Load(wb);
+        const __m256i q = L::LoadSigned(wb);
         const __m256 s = _mm256_set1_ps(coeffs[r] * LoadScale(wb));
         const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
         const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
@@ -274,51 +369,98 @@ inline __m256 RoundHalfAway(__m256 p) {
   return _mm256_add_ps(t, _mm256_and_ps(away, step));
 }
 
-void QuantizeQ8_0(const float* x, uint8_t* blocks, int64_t n) {
+// One block of ggml's quantize_row_q8_0_ref: the 32 values in order and the fp16 scale.
+inline __m256i QuantizeBlock(const float* x, uint16_t* d_half) {
   const __m256 sign_mask = _mm256_set1_ps(-0.0f);
+  __m256 v[4];
+  __m256 amax = _mm256_setzero_ps();
+  for (int k = 0; k < 4; ++k) {
+    v[k] = _mm256_loadu_ps(x + 8 * k);
+    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign_mask, v[k]));
+  }
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  const float d = _mm_cvtss_f32(m) / 127;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  *d_half = Fp32ToFp16(d);
+  const __m256 idv = _mm256_set1_ps(id);
+  __m256i q[4];
+  for (int k = 0; k < 4; ++k) q[k] = _mm256_cvttps_epi32(RoundHalfAway(_mm256_mul_ps(v[k], idv)));
+  // packs works within 128-bit lanes; the permute restores element order.
+  const __m256i q8 = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+  return _mm256_permutevar8x32_epi32(q8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+void QuantizeQ8_0(const float* x, uint8_t* blocks, int64_t n) {
   for (int64_t b = 0; b < n / kQK; ++b) {
-    const float* xb = x + b * kQK;
     uint8_t* out = blocks + b * kQ8Bytes;
-    __m256 v[4];
-    __m256 amax = _mm256_setzero_ps();
-    for (int k = 0; k < 4; ++k) {
-      v[k] = _mm256_loadu_ps(xb + 8 * k);
-      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign_mask, v[k]));
-    }
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    const float d = _mm_cvtss_f32(m) / 127;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    const uint16_t dh = Fp32ToFp16(d);
+    uint16_t dh;
+    const __m256i q = QuantizeBlock(x + b * kQK, &dh);
     std::memcpy(out, &dh, sizeof dh);
-    const __m256 idv = _mm256_set1_ps(id);
-    __m256i q[4];
-    for (int k = 0; k < 4; ++k) {
-      q[k] = _mm256_cvttps_epi32(RoundHalfAway(_mm256_mul_ps(v[k], idv)));
-    }
-    // packs works within 128-bit lanes; the permute restores element order.
-    const __m256i q16a = _mm256_packs_epi32(q[0], q[1]);
-    const __m256i q16b = _mm256_packs_epi32(q[2], q[3]);
-    const __m256i q8 = _mm256_packs_epi16(q16a, q16b);
-    const __m256i ordered =
-        _mm256_permutevar8x32_epi32(q8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + kQsOffset), ordered);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + kQsOffset), q);
   }
 }
 
-constexpr KernelSet kAvx2 = {
-    "avx2",
-    MakeKernels<FloatKernel<F32Load>>(),
-    MakeKernels<FloatKernel<F16Load>>(),
-    MakeKernels<FloatKernel<Bf16Load>>(),
-    MakeKernels<QuantKernel<Q8Load>>(),
-    MakeKernels<QuantKernel<Q4Load>>(),
-    &QuantizeQ8_0,
-};
+int64_t InputBytes(int64_t cols) { return cols / kQK * kPreparedBlockBytes; }
+
+template <class L>
+void PrepareFor(const float* x, int64_t cols, uint8_t* out) {
+  // Lane scales: the fp16-rounded activation scale, divided by kHighScale in the upper lanes
+  // (exact: a power of two), and the bias that removes the weight offset, times kHighScale there.
+  const __m256i bias_factor =
+      _mm256_setr_epi32(-L::kOffset, -L::kOffset, -L::kOffset, -L::kOffset,
+                        -L::kOffset * L::kHighScale, -L::kOffset * L::kHighScale,
+                        -L::kOffset * L::kHighScale, -L::kOffset * L::kHighScale);
+  const float inv_high = 1.0f / L::kHighScale;
+  const __m256 d_factor = _mm256_setr_ps(1, 1, 1, 1, inv_high, inv_high, inv_high, inv_high);
+  for (int64_t b = 0; b < cols / kQK; ++b) {
+    uint8_t* blk = out + b * kPreparedBlockBytes;
+    uint16_t dh;
+    const __m256i q = QuantizeBlock(x + b * kQK, &dh);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(blk), q);
+    const __m256i lane_sums =
+        _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(blk + kBiasAt),
+                        _mm256_mullo_epi32(lane_sums, bias_factor));
+    _mm256_storeu_ps(reinterpret_cast<float*>(blk + kScaleAt),
+                     _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(dh)), d_factor));
+  }
+}
+
+template <class Q8, class Q4>
+void PrepareInput(GgmlType type, const float* x, int64_t cols, uint8_t* out) {
+  if (type == GgmlType::kQ4_0) {
+    PrepareFor<typename Q4::Loader>(x, cols, out);
+  } else {
+    PrepareFor<typename Q8::Loader>(x, cols, out);
+  }
+}
+
+template <bool kVnni>
+constexpr KernelSet MakeKernelSet() {
+  using Q8 = std::conditional_t<kVnni, QuantKernel<Q8Offset, VnniEngine>,
+                                QuantKernel<Q8Signed, SignEngine>>;
+  using Q4 = std::conditional_t<kVnni, QuantKernel<Q4Masked, VnniEngine>,
+                                QuantKernel<Q4Shifted, MaddubsEngine>>;
+  return {
+      kVnni ? "avx2+vnni" : "avx2",
+      MakeKernels<FloatKernel<F32Load>>(),
+      MakeKernels<FloatKernel<F16Load>>(),
+      MakeKernels<FloatKernel<Bf16Load>>(),
+      MakeKernels<Q8>(),
+      MakeKernels<Q4>(),
+      &InputBytes,
+      &PrepareInput<Q8, Q4>,
+      &QuantizeQ8_0,
+  };
+}
+
+constexpr KernelSet kAvx2 = MakeKernelSet<false>();
+constexpr KernelSet kAvx2Vnni = MakeKernelSet<true>();
 
 }  // namespace
 
-const KernelSet& Avx2Kernels() { return kAvx2; }
+const KernelSet& Avx2Kernels(bool vnni) { return vnni ? kAvx2Vnni : kAvx2; }
 
 }  // namespace thermocline::matmul_internal

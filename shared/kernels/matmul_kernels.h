@@ -23,8 +23,8 @@ struct RowSource {
 // Kernels for one weight type at one SIMD level.
 struct TypeKernels {
   // y[t * y_stride + i] = dot(rows.row(i), x_t) for i < n_rows, t < n_tokens, where
-  // x_t = x + t * x_stride bytes holds `cols` f32 values for float weight types and cols / 32
-  // BlockQ8_0 for quantized ones. Every (i, t) dot product is computed with the same sequence of
+  // x_t = x + t * x_stride bytes holds `cols` f32 values for float weight types and the
+  // set's prepared activations (see KernelSet::prepare_input) for quantized ones. Every (i, t) dot product is computed with the same sequence of
   // operations whatever the tile it falls in, so batching tokens never changes a result.
   void (*dot)(const RowSource& rows, int64_t n_rows, int64_t cols, const uint8_t* x,
               int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
@@ -36,7 +36,12 @@ struct TypeKernels {
 struct KernelSet {
   const char* name;
   TypeKernels f32, f16, bf16, q8_0, q4_0;
-  // n f32 values to n / 32 BlockQ8_0, bit-identical to QuantizeRow(kQ8_0) for finite input.
+  // Activations for quantized weights are prepared once per call in a layout of the set's own
+  // choosing: input_bytes(cols) bytes per token, written by prepare_input for weights of `type`.
+  // The Q8_0 quantization inside is bit-identical to QuantizeRow(kQ8_0) for finite input.
+  int64_t (*input_bytes)(int64_t cols);
+  void (*prepare_input)(GgmlType type, const float* x, int64_t cols, uint8_t* out);
+  // The same quantization written as plain BlockQ8_0 (lets tests compare it with QuantizeRow).
   void (*quantize_q8_0)(const float* x, uint8_t* blocks, int64_t n);
 
   const TypeKernels& For(GgmlType type) const {
@@ -57,8 +62,11 @@ struct KernelSet {
 };
 
 const KernelSet& PortableKernels();
-// Only valid on a CPU with AVX2, FMA and F16C.
-const KernelSet& Avx2Kernels();
+// Only valid on a CPU with AVX2, FMA and F16C; with `vnni`, AVX-VNNI too (it only changes how
+// the quantized kernels form their exact integer block sums, so results are bit-identical).
+const KernelSet& Avx2Kernels(bool vnni);
+bool CpuHasAvx2();
+bool CpuHasAvxVnni();
 
 inline bool IsQuantized(GgmlType type) {
   return type == GgmlType::kQ8_0 || type == GgmlType::kQ4_0;

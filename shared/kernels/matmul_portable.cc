@@ -131,6 +131,13 @@ constexpr TypeKernels MakeKernels() {
   return {&DotRows<K>, &AxpyRows<K>};
 }
 
+// The portable kernels read plain BlockQ8_0 activations.
+int64_t InputBytes(int64_t cols) { return RowBytes(GgmlType::kQ8_0, cols); }
+
+void PrepareInput(GgmlType, const float* x, int64_t cols, uint8_t* out) {
+  QuantizeRow(GgmlType::kQ8_0, x, out, cols);
+}
+
 void QuantizeQ8_0(const float* x, uint8_t* blocks, int64_t n) {
   QuantizeRow(GgmlType::kQ8_0, x, blocks, n);
 }
@@ -142,6 +149,8 @@ constexpr KernelSet kPortable = {
     MakeKernels<FloatType<Bf16Elem>>(),
     MakeKernels<QuantType<Q8Block>>(),
     MakeKernels<QuantType<Q4Block>>(),
+    &InputBytes,
+    &PrepareInput,
     &QuantizeQ8_0,
 };
 

@@ -9,10 +9,15 @@
 
 namespace thermocline {
 
-// Streams `bytes` (rounded down to whole pages per thread) with every thread of the pool
+// Streams `bytes` (rounded down to whole pages) with every thread of the pool
 // reading its own contiguous share, a few times, and returns the best rate in GB/s (1e9 bytes
 // per second). Use a buffer well above the last-level cache, or this measures the cache.
 double MeasureReadBandwidthGBs(ThreadPool& pool, size_t bytes = size_t{512} << 20);
+
+// Seconds the pool takes to read [data, data + bytes) once, each thread summing its own
+// contiguous share (the way MatMul splits rows), so a benchmark can time the plain read of the
+// very bytes a kernel streams, interleaved with the kernel. `data` must be 32-byte aligned.
+double TimeParallelRead(ThreadPool& pool, const void* data, size_t bytes);
 
 namespace membw_internal {
 // Sum of n 64-bit words; the AVX2 translation unit's entry point (call only on AVX2 CPUs).

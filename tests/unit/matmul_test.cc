@@ -20,10 +20,19 @@
 
 namespace thermocline {
 
-// Names the SIMD level in failure messages of parameterized tests.
-void PrintTo(SimdLevel level, std::ostream* os) { *os << SimdLevelName(level); }
-
 namespace {
+
+// A kernel family: SIMD level plus, for AVX2, whether quantized block sums use AVX-VNNI.
+struct Family {
+  SimdLevel level;
+  bool vnni;
+  const char* name;
+};
+constexpr Family kFamilies[] = {{SimdLevel::kPortable, false, "portable"},
+                                {SimdLevel::kAvx2, false, "avx2"},
+                                {SimdLevel::kAvx2, true, "avx2_vnni"}};
+
+void PrintTo(const Family& f, std::ostream* os) { *os << f.name; }
 
 constexpr GgmlType kAllTypes[] = {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16,
                                   GgmlType::kQ8_0, GgmlType::kQ4_0};
@@ -91,16 +100,20 @@ double Tolerance(int64_t n, double sum_abs) {
   return (static_cast<double>(n) + 4.0) * FLT_EPSILON * sum_abs + 1e-30;
 }
 
-class KernelTest : public ::testing::TestWithParam<SimdLevel> {
+class KernelTest : public ::testing::TestWithParam<Family> {
  protected:
   void SetUp() override {
-    saved_ = ActiveKernelSimdLevel();
-    if (!SetSimdLevelForTesting(GetParam())) GTEST_SKIP() << "CPU cannot run this level";
+    saved_level_ = ActiveKernelSimdLevel();
+    saved_vnni_ = ActiveKernelUsesVnni();
+    if (!SetSimdLevelForTesting(GetParam().level, GetParam().vnni)) {
+      GTEST_SKIP() << "this CPU cannot run " << GetParam().name;
+    }
   }
-  void TearDown() override { SetSimdLevelForTesting(saved_); }
+  void TearDown() override { SetSimdLevelForTesting(saved_level_, saved_vnni_); }
 
  private:
-  SimdLevel saved_ = SimdLevel::kPortable;
+  SimdLevel saved_level_ = SimdLevel::kPortable;
+  bool saved_vnni_ = false;
 };
 
 std::string TypeName(GgmlType t) { return std::string(TypeTraits(t).name); }
@@ -273,11 +286,38 @@ TEST_P(KernelTest, DequantizeMatrixRowMatchesReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Levels, KernelTest,
-                         ::testing::Values(SimdLevel::kPortable, SimdLevel::kAvx2),
-                         [](const ::testing::TestParamInfo<SimdLevel>& info) {
-                           return std::string(SimdLevelName(info.param));
+INSTANTIATE_TEST_SUITE_P(Families, KernelTest, ::testing::ValuesIn(kFamilies),
+                         [](const ::testing::TestParamInfo<Family>& info) {
+                           return std::string(info.param.name);
                          });
+
+// AVX-VNNI only changes how the exact integer block sums are formed (see matmul_avx2.cc), so
+// both AVX2 variants must agree bit for bit.
+TEST(VnniTest, SameBitsAsPlainAvx2) {
+  if (!matmul_internal::CpuHasAvxVnni()) GTEST_SKIP() << "no AVX-VNNI";
+  std::mt19937 rng(21);
+  const matmul_internal::KernelSet& plain = matmul_internal::Avx2Kernels(false);
+  const matmul_internal::KernelSet& vnni = matmul_internal::Avx2Kernels(true);
+  for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0}) {
+    const int64_t rows = 37, cols = 640, n_tokens = 5;
+    TestMatrix m = MakeMatrix(type, rows, cols, rng);
+    std::vector<float> x = RandomVector(n_tokens * cols, rng);
+    const int64_t in_bytes = plain.input_bytes(cols);
+    ASSERT_EQ(in_bytes, vnni.input_bytes(cols));
+    std::vector<uint8_t> in_plain(n_tokens * in_bytes), in_vnni(n_tokens * in_bytes);
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      plain.prepare_input(type, x.data() + t * cols, cols, in_plain.data() + t * in_bytes);
+      vnni.prepare_input(type, x.data() + t * cols, cols, in_vnni.data() + t * in_bytes);
+    }
+    std::vector<float> y_plain(n_tokens * rows), y_vnni(n_tokens * rows);
+    const matmul_internal::RowSource src{m.view.data, m.view.row_bytes, nullptr};
+    plain.For(type).dot(src, rows, cols, in_plain.data(), in_bytes, n_tokens, y_plain.data(),
+                        rows);
+    vnni.For(type).dot(src, rows, cols, in_vnni.data(), in_bytes, n_tokens, y_vnni.data(), rows);
+    EXPECT_EQ(std::memcmp(y_plain.data(), y_vnni.data(), y_plain.size() * sizeof(float)), 0)
+        << TypeName(type);
+  }
+}
 
 // The activation quantizer of every kernel family must reproduce ggml's reference rounding
 // (roundf: ties away from zero) bit for bit, or quantized results would drift from llama.cpp's.
@@ -293,9 +333,7 @@ TEST(ActivationQuantizeTest, EveryLevelMatchesQuantizeRow) {
   std::vector<uint8_t> want(RowBytes(GgmlType::kQ8_0, n));
   QuantizeRow(GgmlType::kQ8_0, x.data(), want.data(), n);
   std::vector<const matmul_internal::KernelSet*> sets = {&matmul_internal::PortableKernels()};
-  const SimdLevel saved = ActiveKernelSimdLevel();
-  if (SetSimdLevelForTesting(SimdLevel::kAvx2)) sets.push_back(&matmul_internal::Avx2Kernels());
-  SetSimdLevelForTesting(saved);
+  if (matmul_internal::CpuHasAvx2()) sets.push_back(&matmul_internal::Avx2Kernels(false));
   for (const matmul_internal::KernelSet* k : sets) {
     std::vector<uint8_t> got(want.size(), 0xCD);
     k->quantize_q8_0(x.data(), got.data(), n);

@@ -1,0 +1,256 @@
+// GEMV (decode) and small-GEMM (prompt) throughput of MatMul for every weight type, reported
+// against the memory read bandwidth measured in the same run: a decode step streams every
+// weight byte once per token, so GB/s of weights read / read bandwidth is the figure of merit.
+//
+//   gemv_bench [--threads=1,2] [--working_set_mib=1024] [--rounds=4] [--types=f16,q8_0]
+//              [--cols=4096] [--matrix_mib=64] [--gemm_tokens=64]
+//
+// Each type gets copies of one matrix adding up to the working set, and successive GEMVs walk
+// through them like the layers of a model, so the weights come from DRAM, not from the
+// last-level cache (which is larger than one matrix on current server parts).
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shared/kernels/matmul.h"
+#include "shared/model/ggml_type.h"
+#include "shared/model/quant.h"
+#include "shared/util/cpu_features.h"
+#include "shared/util/membw.h"
+#include "shared/util/thread_pool.h"
+
+namespace thermocline {
+namespace {
+
+struct Options {
+  std::vector<int> threads = {1, 2};
+  int64_t working_set_mib = 1024;
+  int rounds = 4;
+  std::vector<GgmlType> types = {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16,
+                                 GgmlType::kQ8_0, GgmlType::kQ4_0};
+  int64_t cols = 4096;
+  int64_t matrix_mib = 64;
+  int64_t gemm_tokens = 64;
+};
+
+std::vector<std::string_view> Split(std::string_view s) {
+  std::vector<std::string_view> out;
+  while (!s.empty()) {
+    const size_t comma = s.find(',');
+    out.push_back(s.substr(0, comma));
+    if (comma == std::string_view::npos) break;
+    s.remove_prefix(comma + 1);
+  }
+  return out;
+}
+
+bool ParseFlags(int argc, char** argv, Options& o) {
+  for (int i = 1; i < argc; ++i) {
+    std::string_view a = argv[i];
+    const size_t eq = a.find('=');
+    if (a.substr(0, 2) != "--" || eq == std::string_view::npos) return false;
+    const std::string_view key = a.substr(2, eq - 2);
+    const std::string value(a.substr(eq + 1));
+    if (key == "threads") {
+      o.threads.clear();
+      for (std::string_view t : Split(value)) o.threads.push_back(std::atoi(std::string(t).c_str()));
+    } else if (key == "types") {
+      o.types.clear();
+      for (std::string_view t : Split(value)) {
+        auto type = TypeFromName(t);
+        if (!type) return false;
+        o.types.push_back(*type);
+      }
+    } else if (key == "working_set_mib") {
+      o.working_set_mib = std::atoll(value.c_str());
+    } else if (key == "rounds") {
+      o.rounds = std::atoi(value.c_str());
+    } else if (key == "cols") {
+      o.cols = std::atoll(value.c_str());
+    } else if (key == "matrix_mib") {
+      o.matrix_mib = std::atoll(value.c_str());
+    } else if (key == "gemm_tokens") {
+      o.gemm_tokens = std::atoll(value.c_str());
+    } else {
+      return false;
+    }
+  }
+  for (int t : o.threads) {
+    if (t < 1) return false;
+  }
+  return o.rounds >= 1 && o.cols >= 32 && o.cols % 32 == 0 && o.matrix_mib >= 1 &&
+         o.gemm_tokens >= 1 && !o.types.empty() && !o.threads.empty();
+}
+
+struct AlignedFree {
+  void operator()(void* p) const { std::free(p); }
+};
+using Buffer = std::unique_ptr<uint8_t, AlignedFree>;
+
+Buffer Allocate(size_t bytes) {
+  return Buffer(static_cast<uint8_t*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096)));
+}
+
+double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// One quantized matrix replicated to fill the working set. Content does not affect speed, so
+// a few hundred distinct random rows are quantized and tiled over the rows.
+struct Weights {
+  std::vector<Buffer> copies;
+  MatrixView view;  // of copies[0]
+  int64_t bytes = 0;
+};
+
+Weights MakeWeights(GgmlType type, const Options& o) {
+  Weights w;
+  const int64_t row_bytes = RowBytes(type, o.cols);
+  int64_t rows = ((o.matrix_mib << 20) + row_bytes - 1) / row_bytes;
+  rows = (rows + 15) / 16 * 16;
+  w.bytes = rows * row_bytes;
+  constexpr int64_t kDistinctRows = 256;
+  std::vector<uint8_t> distinct(kDistinctRows * row_bytes);
+  std::mt19937 rng(42);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  std::vector<float> src(o.cols);
+  for (int64_t r = 0; r < kDistinctRows; ++r) {
+    for (float& f : src) f = normal(rng);
+    QuantizeRow(type, src.data(), distinct.data() + r * row_bytes, o.cols);
+  }
+  const int64_t n_copies =
+      std::max<int64_t>(1, ((o.working_set_mib << 20) + w.bytes - 1) / w.bytes);
+  for (int64_t k = 0; k < n_copies; ++k) {
+    Buffer b = Allocate(w.bytes);
+    for (int64_t r = 0; r < rows; ++r) {
+      std::memcpy(b.get() + r * row_bytes, distinct.data() + (r % kDistinctRows) * row_bytes,
+                  row_bytes);
+    }
+    w.copies.push_back(std::move(b));
+  }
+  w.view = MatrixView{type, rows, o.cols, w.copies[0].get(), row_bytes};
+  return w;
+}
+
+struct GemvResult {
+  double gemv_best_s = 0, gemv_median_s = 0;  // one GEMV
+  double read_best_s = 0, read_median_s = 0;  // a plain parallel read of one matrix copy
+};
+
+// GEMVs through the copies, each followed by a plain read of the copy half the working set
+// away, so kernel and floor are timed on the same bytes under the same (noisy) conditions and
+// neither finds the other's data in the cache.
+GemvResult TimeGemv(const Weights& w, const std::vector<float>& x, std::vector<float>& y,
+                    int rounds, ThreadPool& pool) {
+  MatrixView v = w.view;
+  const size_t n = w.copies.size();
+  auto gemv = [&](size_t k) {
+    v.data = w.copies[k].get();
+    MatMul(v, x.data(), 1, v.cols, y.data(), v.rows, pool);
+  };
+  for (size_t k = 0; k < n; ++k) gemv(k);  // warm up: page tables, thread wakeup
+  std::vector<double> gemv_s, read_s;
+  for (int round = 0; round < rounds; ++round) {
+    for (size_t k = 0; k < n; ++k) {
+      const auto t0 = std::chrono::steady_clock::now();
+      gemv(k);
+      gemv_s.push_back(Seconds(t0, std::chrono::steady_clock::now()));
+      read_s.push_back(TimeParallelRead(pool, w.copies[(k + n / 2) % n].get(), w.bytes));
+    }
+  }
+  return {*std::min_element(gemv_s.begin(), gemv_s.end()), Median(gemv_s),
+          *std::min_element(read_s.begin(), read_s.end()), Median(read_s)};
+}
+
+// Best of a few runs of one n_tokens-wide MatMul, in GFLOP/s (2 flops per weight x token).
+double TimeGemm(const Weights& w, int64_t n_tokens, ThreadPool& pool) {
+  std::vector<float> x(n_tokens * w.view.cols), y(n_tokens * w.view.rows);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& f : x) f = normal(rng);
+  double best = 1e30;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    MatMul(w.view, x.data(), n_tokens, w.view.cols, y.data(), w.view.rows, pool);
+    best = std::min(best, Seconds(t0, std::chrono::steady_clock::now()));
+  }
+  return 2.0 * static_cast<double>(w.view.rows) * w.view.cols * n_tokens / best / 1e9;
+}
+
+int Main(int argc, char** argv) {
+  Options o;
+  if (!ParseFlags(argc, argv, o)) {
+    std::fprintf(stderr,
+                 "usage: gemv_bench [--threads=1,2] [--working_set_mib=1024] [--rounds=4]\n"
+                 "                  [--types=f32,f16,bf16,q8_0,q4_0] [--cols=4096]\n"
+                 "                  [--matrix_mib=64] [--gemm_tokens=64]\n");
+    return 2;
+  }
+  std::printf("gemv_bench: kernels=%s, working set %lld MiB per type, %d rounds\n",
+              SimdLevelName(DetectSimdLevel()), static_cast<long long>(o.working_set_mib),
+              o.rounds);
+  std::vector<double> floor_gbs;
+  for (int n : o.threads) {
+    ThreadPool pool(n);
+    floor_gbs.push_back(MeasureReadBandwidthGBs(pool, static_cast<size_t>(o.working_set_mib) << 20));
+    std::printf("hardware floor: read bandwidth %.1f GB/s with %d thread(s)\n", floor_gbs.back(),
+                n);
+  }
+  std::printf("\n%-5s %13s %4s %3s %8s %8s %7s %7s %7s %7s %10s\n", "type", "rows x cols", "MiB",
+              "thr", "best ms", "med ms", "GB/s", "read", "best", "median", "GEMM");
+  std::printf("%-5s %13s %4s %3s %8s %8s %7s %7s %7s %7s %10s\n", "", "", "", "", "GEMV", "GEMV",
+              "GEMV", "GB/s", "ratio", "ratio", "GFLOP/s");
+  std::vector<float> x(o.cols);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& f : x) f = normal(rng);
+  for (GgmlType type : o.types) {
+    const Weights w = MakeWeights(type, o);
+    std::vector<float> y(w.view.rows);
+    for (size_t i = 0; i < o.threads.size(); ++i) {
+      ThreadPool pool(o.threads[i]);
+      const GemvResult g = TimeGemv(w, x, y, o.rounds, pool);
+      const double gemm = TimeGemm(w, o.gemm_tokens, pool);
+      const double gb = w.bytes / 1e9;
+      std::printf("%-5s %6lld x %-5lld %4.0f %3d %8.3f %8.3f %7.1f %7.1f %6.0f%% %6.0f%% %10.1f\n",
+                  std::string(TypeTraits(type).name).c_str(),
+                  static_cast<long long>(w.view.rows), static_cast<long long>(w.view.cols),
+                  w.bytes / 1048576.0, o.threads[i], g.gemv_best_s * 1e3, g.gemv_median_s * 1e3,
+                  gb / g.gemv_best_s, gb / g.read_best_s, 100.0 * g.read_best_s / g.gemv_best_s,
+                  100.0 * g.read_median_s / g.gemv_median_s, gemm);
+      std::fflush(stdout);
+    }
+  }
+  std::printf(
+      "\nGEMV GB/s: weight bytes / best GEMV time. read GB/s: best plain read of the same copies, "
+      "timed interleaved with the GEMVs. best ratio = best GEMV rate / best read rate; median "
+      "ratio likewise with medians. GEMM: %lld tokens, best of 3, 2 flops per weight per "
+      "token.\n",
+      static_cast<long long>(o.gemm_tokens));
+  for (size_t i = 0; i < o.threads.size(); ++i) {
+    ThreadPool pool(o.threads[i]);
+    std::printf("hardware floor re-measured at the end: %.1f GB/s with %d thread(s)\n",
+                MeasureReadBandwidthGBs(pool, static_cast<size_t>(o.working_set_mib) << 20),
+                o.threads[i]);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace thermocline
+
+int main(int argc, char** argv) { return thermocline::Main(argc, argv); }
