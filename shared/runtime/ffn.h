@@ -18,15 +18,26 @@ class FfnExecutor {
   virtual void Compute(int64_t layer, const float* h, int64_t n_tokens, float* out) = 0;
 };
 
+// Sees what the dense FFN computes, for the offline tools (profiler, predictor trainer).
+class FfnObserver {
+ public:
+  virtual ~FfnObserver() = default;
+  // h: [n_tokens][dim] FFN inputs; gate: [n_tokens][ffn_dim] gate pre-activations (before
+  // silu/relu). Called from the thread that runs the forward pass.
+  virtual void OnFfn(int64_t layer, const float* h, const float* gate, int64_t n_tokens) = 0;
+};
+
 // Every neuron, every token: gate and up as GEMMs, the activation, then down.
 class DenseFfn final : public FfnExecutor {
  public:
   DenseFfn(const LlamaModel& model, ThreadPool& pool) : model_(model), pool_(pool) {}
   void Compute(int64_t layer, const float* h, int64_t n_tokens, float* out) override;
+  void set_observer(FfnObserver* observer) { observer_ = observer; }
 
  private:
   const LlamaModel& model_;
   ThreadPool& pool_;
+  FfnObserver* observer_ = nullptr;
   std::vector<float> gate_, up_;
   std::vector<int32_t> all_rows_;  // 0..ffn_dim-1, for the transposed-down (axpy) form
 };

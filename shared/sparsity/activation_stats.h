@@ -1,0 +1,53 @@
+// Per-neuron activation statistics from `thermocline profile`, stored as GGUF.
+//
+// Activation magnitude of neuron i for one token is |act(gate_i . h)| with act = relu or silu:
+// it depends on the gate row alone, so a neuron under the cut skips its up and down rows
+// (CATS-style). For ReLU models "active" means magnitude > 0; for SiLU models, magnitude >= the
+// layer's cut for a target sparsity.
+//
+// File layout (GGUF, general.architecture = "thermocline.stats"):
+//   thermocline.stats.tokens            u64   tokens profiled
+//   thermocline.stats.criterion         str   "relu" | "magnitude"
+//   thermocline.stats.targets           f32[] target sparsities, ascending (e.g. 0.3 .. 0.9)
+//   thermocline.stats.frequency_target  f32   for "magnitude": the target whose cut defines
+//                                             the frequencies below (ReLU: ignored)
+//   thermocline.stats.model_dim / model_ffn_dim / block_count   u32   shape checks on load
+//   blk.N.act_freq   F32 [ffn_dim]       share of tokens on which the neuron was active
+//   blk.N.act_cuts   F32 [targets]       per-layer magnitude cut reaching each target sparsity
+//   blk.N.act_hist   F32 [bins] (optional) distribution of log magnitudes, for reports
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "shared/model/llama_model.h"
+
+namespace thermocline {
+
+struct LayerActivationStats {
+  std::vector<float> frequency;  // [ffn_dim]
+  std::vector<float> cuts;       // [targets.size()]
+  std::vector<float> histogram;  // optional
+};
+
+struct ActivationStats {
+  std::string criterion = "relu";  // "relu" or "magnitude"
+  int64_t tokens = 0;
+  std::vector<float> targets;
+  float frequency_target = 0.5f;
+  int64_t dim = 0, ffn_dim = 0;
+  std::vector<LayerActivationStats> layers;
+
+  // The cut of `layer` for `target` (which must be one of `targets`, within 1e-4), or an error
+  // listing the available targets.
+  absl::StatusOr<float> CutFor(int64_t layer, float target) const;
+};
+
+absl::Status WriteActivationStats(const ActivationStats& stats, const std::string& path);
+// Validates shapes against `config` when given.
+absl::StatusOr<ActivationStats> ReadActivationStats(const std::string& path,
+                                                    const LlamaConfig* config = nullptr);
+
+}  // namespace thermocline
