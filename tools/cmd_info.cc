@@ -115,11 +115,14 @@ int RunInfo(const std::vector<std::string>& args) {
   std::string path;
   Limits limits;
   po::options_description opts("options");
+  // One option per line reads as a table.
+  // clang-format off
   opts.add_options()
       ("model,m", po::value(&path)->required(), "GGUF file (also accepted as the first argument)")
       ("items", po::value(&limits.items)->default_value(5), "array items to show per key")
       ("max-string", po::value(&limits.string_len)->default_value(120),
        "bytes of a string value to show (0 = all)");
+  // clang-format on
   po::positional_options_description pos;
   pos.add("model", 1);
   po::variables_map vm;
@@ -166,8 +169,7 @@ int RunInfo(const std::vector<std::string>& args) {
   std::map<std::string, std::pair<int64_t, uint64_t>> by_type;  // count, bytes
   for (const GgufTensorInfo& t : f.tensors()) {
     const std::string_view type_name = TypeTraits(t.type).name;
-    std::cout << absl::StrFormat("  %-*s  %-5s  %-24s  %12d  %12d\n", name_width,
-                                 Escape(t.name, 0),
+    std::cout << absl::StrFormat("  %-*s  %-5s  %-24s  %12d  %12d\n", name_width, Escape(t.name, 0),
                                  std::string(type_name), Shape(t.ne), t.offset, t.n_bytes);
     total_elements += t.n_elements;
     total_bytes += static_cast<uint64_t>(t.n_bytes);
@@ -175,8 +177,8 @@ int RunInfo(const std::vector<std::string>& args) {
     ++entry.first;
     entry.second += static_cast<uint64_t>(t.n_bytes);
   }
-  std::cout << "\ntotal: " << f.tensors().size() << " tensors, " << total_elements
-            << " elements, " << total_bytes << " bytes (" << HumanBytes(total_bytes) << ")\n";
+  std::cout << "\ntotal: " << f.tensors().size() << " tensors, " << total_elements << " elements, "
+            << total_bytes << " bytes (" << HumanBytes(total_bytes) << ")\n";
   for (const auto& [type, stats] : by_type) {
     std::cout << "  " << type << ": " << stats.first << " tensors, " << stats.second << " bytes ("
               << HumanBytes(stats.second) << ")\n";
@@ -184,8 +186,8 @@ int RunInfo(const std::vector<std::string>& args) {
   return 0;
 }
 
-static CommandRegistrar registrar(
-    {"info", "print a GGUF file's header, metadata and tensors", &RunInfo});
+static CommandRegistrar registrar({"info", "print a GGUF file's header, metadata and tensors",
+                                   &RunInfo});
 
 }  // namespace
 }  // namespace thermocline::tools

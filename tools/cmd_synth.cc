@@ -2,9 +2,9 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <optional>
 #include <cstdint>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,6 +22,8 @@ int RunSynth(const std::vector<std::string>& args) {
   SynthOptions o;
   std::string output, type_name, ffn_kind;
   po::options_description opts("options");
+  // One option per line reads as a table.
+  // clang-format off
   opts.add_options()
       ("output,o", po::value(&output)->required(), "output GGUF path")
       ("dim", po::value(&o.dim)->default_value(o.dim), "embedding width")
@@ -39,6 +41,7 @@ int RunSynth(const std::vector<std::string>& args) {
       ("name", po::value(&o.name)->default_value(o.name), "general.name")
       ("threads", po::value(&o.threads)->default_value(0),
        "generator threads (0 = all cores; the output does not depend on it)");
+  // clang-format on
   po::positional_options_description pos;
   po::variables_map vm;
   int exit_code = 0;
@@ -80,16 +83,16 @@ int RunSynth(const std::vector<std::string>& args) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const int64_t head_dim = o.dim / o.heads;
-  const int64_t per_layer = 2 * o.dim + 2 * o.dim * o.dim + 2 * o.dim * head_dim * o.kv_heads +
-                            3 * o.dim * o.ffn;
+  const int64_t per_layer =
+      2 * o.dim + 2 * o.dim * o.dim + 2 * o.dim * head_dim * o.kv_heads + 3 * o.dim * o.ffn;
   const int64_t params = 2 * o.vocab * o.dim + o.dim + o.layers * per_layer;
   std::cerr << absl::StrFormat("synth: wrote %s: %d parameters, type %s, %.1f s\n", output, params,
                                type_name, seconds);
   return 0;
 }
 
-static CommandRegistrar registrar(
-    {"synth", "write a llama-architecture GGUF with random weights", &RunSynth});
+static CommandRegistrar registrar({"synth", "write a llama-architecture GGUF with random weights",
+                                   &RunSynth});
 
 }  // namespace
 }  // namespace thermocline::tools

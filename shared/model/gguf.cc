@@ -54,12 +54,37 @@ bool IsValidValueType(uint32_t t) { return t <= static_cast<uint32_t>(GgufValueT
 
 // ggml's names for the type ids we do not support, so that an error says "q4_K" rather than 12.
 absl::string_view GgmlTypeIdName(uint32_t id) {
-  static constexpr absl::string_view kNames[] = {
-      "f32",    "f16",    "q4_0",   "q4_1",   "q4_2 (removed)", "q4_3 (removed)", "q5_0",
-      "q5_1",   "q8_0",   "q8_1",   "q2_K",   "q3_K",           "q4_K",           "q5_K",
-      "q6_K",   "q8_K",   "iq2_xxs", "iq2_xs", "iq3_xxs",       "iq1_s",          "iq4_nl",
-      "iq3_s",  "iq2_s",  "iq4_xs", "i8",     "i16",            "i32",            "i64",
-      "f64",    "iq1_m",  "bf16"};
+  static constexpr absl::string_view kNames[] = {"f32",
+                                                 "f16",
+                                                 "q4_0",
+                                                 "q4_1",
+                                                 "q4_2 (removed)",
+                                                 "q4_3 (removed)",
+                                                 "q5_0",
+                                                 "q5_1",
+                                                 "q8_0",
+                                                 "q8_1",
+                                                 "q2_K",
+                                                 "q3_K",
+                                                 "q4_K",
+                                                 "q5_K",
+                                                 "q6_K",
+                                                 "q8_K",
+                                                 "iq2_xxs",
+                                                 "iq2_xs",
+                                                 "iq3_xxs",
+                                                 "iq1_s",
+                                                 "iq4_nl",
+                                                 "iq3_s",
+                                                 "iq2_s",
+                                                 "iq4_xs",
+                                                 "i8",
+                                                 "i16",
+                                                 "i32",
+                                                 "i64",
+                                                 "f64",
+                                                 "iq1_m",
+                                                 "bf16"};
   if (id < std::size(kNames)) return kNames[id];
   return "unknown";
 }
@@ -123,10 +148,10 @@ class Reader {
   absl::Status Read(T* out, const Where& where, absl::string_view field,
                     absl::string_view field_suffix = "") {
     if (remaining() < sizeof(T)) {
-      return Error(pos_, where,
-                   absl::StrCat("file truncated reading ", field, field_suffix, " (needs ",
-                                sizeof(T), " bytes, ", remaining(), " left; file size ", size_,
-                                ")"));
+      return Error(
+          pos_, where,
+          absl::StrCat("file truncated reading ", field, field_suffix, " (needs ", sizeof(T),
+                       " bytes, ", remaining(), " left; file size ", size_, ")"));
     }
     std::memcpy(out, data_ + pos_, sizeof(T));
     pos_ += sizeof(T);
@@ -213,10 +238,10 @@ absl::Status ReadValue(Reader& r, GgufValueType type, int depth, const Where& co
       TC_RETURN_IF_ERROR(r.Read(&n, context, "array length"));
       const GgufValueType et = static_cast<GgufValueType>(elem_type);
       if (n > r.remaining() / MinEncodedSize(et)) {
-        return r.Error(count_at, context,
-                       absl::StrCat("array of ", n, " ", Av(GgufValueTypeName(et)),
-                                    " items cannot fit in the ", r.remaining(),
-                                    " bytes left in the file"));
+        return r.Error(
+            count_at, context,
+            absl::StrCat("array of ", n, " ", Av(GgufValueTypeName(et)),
+                         " items cannot fit in the ", r.remaining(), " bytes left in the file"));
       }
       GgufArray arr;
       arr.element_type = et;
@@ -504,13 +529,13 @@ absl::Status GgufFile::Parse() {
   if (const GgufValue* a = FindValue("general.alignment")) {
     std::optional<int64_t> v = a->AsInt();
     if (!v || a->type() == GgufValueType::kBool) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "metadata 'general.alignment': has type ", DescribeType(*a), ", expected an integer"));
+      return absl::InvalidArgumentError(absl::StrCat("metadata 'general.alignment': has type ",
+                                                     DescribeType(*a), ", expected an integer"));
     }
     if (*v <= 0 || !IsPowerOfTwo(static_cast<uint64_t>(*v)) ||
         *v > std::numeric_limits<uint32_t>::max()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "metadata 'general.alignment': ", *v, " is not a nonzero power of two below 2^32"));
+      return absl::InvalidArgumentError(absl::StrCat("metadata 'general.alignment': ", *v,
+                                                     " is not a nonzero power of two below 2^32"));
     }
     alignment_ = static_cast<uint64_t>(*v);
   }
@@ -552,16 +577,16 @@ absl::Status GgufFile::Parse() {
     TC_RETURN_IF_ERROR(r.Read(&type_id, tc, "type"));
     std::optional<GgmlTypeTraits> traits = TypeTraits(type_id);
     if (!traits) {
-      return r.Error(type_at, tc,
-                     absl::StrCat("unsupported tensor type id ", type_id, " (",
-                                  GgmlTypeIdName(type_id),
-                                  "); supported: f32, f16, bf16, q8_0, q4_0"));
+      return r.Error(
+          type_at, tc,
+          absl::StrCat("unsupported tensor type id ", type_id, " (", GgmlTypeIdName(type_id),
+                       "); supported: f32, f16, bf16, q8_0, q4_0"));
     }
     t.type = traits->type;
     if (t.ne[0] % traits->block_size != 0) {
       return r.Error(dims_at, tc,
-                     absl::StrCat("ne[0] = ", t.ne[0], " is not a multiple of the ", Av(traits->name),
-                                  " block size ", traits->block_size));
+                     absl::StrCat("ne[0] = ", t.ne[0], " is not a multiple of the ",
+                                  Av(traits->name), " block size ", traits->block_size));
     }
     const int64_t n_blocks = n_elements / traits->block_size;
     if (n_blocks > std::numeric_limits<int64_t>::max() / traits->block_bytes) {
@@ -572,9 +597,9 @@ absl::Status GgufFile::Parse() {
     const uint64_t offset_at = r.pos();
     TC_RETURN_IF_ERROR(r.Read(&t.offset, tc, "offset"));
     if (t.offset % alignment_ != 0) {
-      return r.Error(offset_at, tc,
-                     absl::StrCat("offset ", t.offset, " is not a multiple of the alignment ",
-                                  alignment_));
+      return r.Error(
+          offset_at, tc,
+          absl::StrCat("offset ", t.offset, " is not a multiple of the alignment ", alignment_));
     }
     tensors_.push_back(std::move(t));  // tc's name now refers to a moved-from string
     const GgufTensorInfo& added = tensors_.back();
@@ -594,9 +619,9 @@ absl::Status GgufFile::Parse() {
     if (t.offset > size_ || data_offset_ > size_ - t.offset ||
         n_bytes > size_ - t.offset - data_offset_) {
       const uint64_t begin = data_offset_ + t.offset;  // only for the message; may wrap
-      return absl::InvalidArgumentError(absl::StrCat(
-          tc, ": data [", begin, ", ", begin + n_bytes, ") extends past end of file (size ",
-          size_, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(tc, ": data [", begin, ", ", begin + n_bytes,
+                                                     ") extends past end of file (size ", size_,
+                                                     ")"));
     }
     t.data = base_ + data_offset_ + t.offset;
   }
@@ -644,9 +669,9 @@ absl::StatusOr<int64_t> GgufFile::GetInt(std::string_view key_sv) const {
   std::optional<int64_t> x = v->AsInt();
   if (!x) {
     if (v->type() == GgufValueType::kUint64) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("gguf: metadata key '", key, "' value ", std::get<uint64_t>(v->v),
-                       " does not fit in int64"));
+      return absl::InvalidArgumentError(absl::StrCat("gguf: metadata key '", key, "' value ",
+                                                     std::get<uint64_t>(v->v),
+                                                     " does not fit in int64"));
     }
     return WrongType(key, *v, "an integer");
   }

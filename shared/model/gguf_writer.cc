@@ -8,9 +8,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <string_view>
 #include <limits>
 #include <memory>
+#include <string_view>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -79,10 +79,10 @@ absl::Status PutValue(std::string& out, const GgufValue& v, int depth, absl::str
       Put<uint64_t>(out, a.items.size());
       for (size_t i = 0; i < a.items.size(); ++i) {
         if (a.items[i].type() != a.element_type) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "gguf writer: ", context, ": array item ", i, " has type ",
-              Av(GgufValueTypeName(a.items[i].type())), ", expected ",
-              Av(GgufValueTypeName(a.element_type))));
+          return absl::InvalidArgumentError(
+              absl::StrCat("gguf writer: ", context, ": array item ", i, " has type ",
+                           Av(GgufValueTypeName(a.items[i].type())), ", expected ",
+                           Av(GgufValueTypeName(a.element_type))));
         }
         TC_RETURN_IF_ERROR(PutValue(out, a.items[i], depth + 1, context));
       }
@@ -208,8 +208,8 @@ absl::Status GgufWriter::AddTensorBytes(std::string name, GgmlType type, std::ve
                                         std::string_view bytes) {
   auto copy = std::make_shared<std::string>(bytes);
   const std::string name_copy = name;
-  TC_RETURN_IF_ERROR(AddTensor(
-      std::move(name), type, std::move(ne), [copy](uint8_t* dst, int64_t n_bytes) {
+  TC_RETURN_IF_ERROR(
+      AddTensor(std::move(name), type, std::move(ne), [copy](uint8_t* dst, int64_t n_bytes) {
         std::memcpy(dst, copy->data(), static_cast<size_t>(n_bytes));
         return absl::OkStatus();
       }));
@@ -217,8 +217,7 @@ absl::Status GgufWriter::AddTensorBytes(std::string name, GgmlType type, std::ve
     const int64_t expected = tensors_.back().n_bytes;
     tensors_.pop_back();
     return absl::InvalidArgumentError(absl::StrCat("gguf writer: tensor '", name_copy, "': got ",
-                                                   bytes.size(), " bytes, shape needs ",
-                                                   expected));
+                                                   bytes.size(), " bytes, shape needs ", expected));
   }
   return absl::OkStatus();
 }
@@ -228,10 +227,10 @@ absl::Status GgufWriter::WriteFile(const std::string& path) const {
     return absl::InvalidArgumentError(
         absl::StrCat("gguf writer: alignment ", alignment_, " is not a nonzero power of two"));
   }
-  const bool write_alignment =
-      alignment_ != kDefaultAlignment ||
-      std::any_of(metadata_.begin(), metadata_.end(),
-                  [](const auto& kv) { return kv.first == "general.alignment"; });
+  const bool write_alignment = alignment_ != kDefaultAlignment ||
+                               std::any_of(metadata_.begin(), metadata_.end(), [](const auto& kv) {
+                                 return kv.first == "general.alignment";
+                               });
 
   std::string header;
   header.append(powerinfer_ ? "PWRI" : "GGUF", 4);
@@ -291,8 +290,8 @@ absl::Status GgufWriter::WriteFile(const std::string& path) const {
     if (n > buf_size) {
       buf.reset(new (std::nothrow) uint8_t[n]);
       if (!buf) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "gguf writer: tensor '", t.name, "': cannot allocate ", n, " bytes"));
+        return absl::ResourceExhaustedError(
+            absl::StrCat("gguf writer: tensor '", t.name, "': cannot allocate ", n, " bytes"));
       }
       buf_size = n;
     }

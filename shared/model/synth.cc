@@ -58,7 +58,9 @@ void FillUniform(uint64_t key, float stddev, int64_t begin, int64_t end, float* 
 void EmbeddingWeights(uint64_t key, int64_t begin, int64_t end, float* out) {
   FillUniform(key, 1.0f, begin, end, out);  // the residual stream starts at rms ~1
 }
-void NormWeights(int64_t begin, int64_t end, float* out) { std::fill(out, out + (end - begin), 1.0f); }
+void NormWeights(int64_t begin, int64_t end, float* out) {
+  std::fill(out, out + (end - begin), 1.0f);
+}
 void ProjectionWeights(uint64_t key, int64_t fan_in, int64_t begin, int64_t end, float* out) {
   FillUniform(key, 1.0f / std::sqrt(static_cast<float>(fan_in)), begin, end, out);
 }
@@ -68,40 +70,40 @@ std::string_view FfnActivationName(SynthFfnKind kind) {
 }
 
 absl::Status Bad(std::string_view flag, int64_t value, std::string_view why) {
-  return absl::InvalidArgumentError(absl::StrCat(
-      "--", absl::string_view(flag.data(), flag.size()), " ", value, ": ",
-      absl::string_view(why.data(), why.size())));
+  return absl::InvalidArgumentError(absl::StrCat("--", absl::string_view(flag.data(), flag.size()),
+                                                 " ", value, ": ",
+                                                 absl::string_view(why.data(), why.size())));
 }
 
 // Common English pieces, commonest first. Words carry the U+2581 word-start marker.
 constexpr std::string_view kSingles[] = {
-    "▁", "e", "t", "a", "o", "i", "n", "s", "h", "r", "d", "l", "c", "u", "m", "w", "f", "g",
+    "▁", "e", "t", "a", "o", "i", "n", "s", "h", "r", "d", "l", "c", "u", "m",  "w", "f", "g",
     "y", "p", "b", "v", "k", "j", "x", "q", "z", ".", ",", "'", "!", "?", "\"", "-", ":", ";",
-    "(", ")", "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "T", "S", "A", "I", "O", "H",
-    "W", "L", "M", "B", "C", "D", "E", "F", "G", "J", "K", "N", "P", "R", "U", "V", "Y"};
+    "(", ")", "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "T", "S", "A",  "I", "O", "H",
+    "W", "L", "M", "B", "C", "D", "E", "F", "G", "J", "K", "N", "P", "R", "U",  "V", "Y"};
 constexpr std::string_view kWords[] = {
-    "the",   "a",      "and",    "to",     "was",    "he",     "she",    "it",     "of",
-    "in",    "is",     "that",   "for",    "on",     "with",   "they",   "his",    "her",
-    "you",   "at",     "be",     "had",    "not",    "but",    "said",   "I",      "The",
-    "day",   "one",    "all",    "so",     "were",   "when",   "we",     "there",  "can",
-    "an",    "your",   "what",   "their",  "if",     "do",     "will",   "about",  "up",
-    "out",   "them",   "then",   "some",   "very",   "would",  "into",   "has",    "more",
-    "two",   "like",   "him",    "see",    "time",   "could",  "no",     "make",   "than",
-    "first", "been",   "its",    "who",    "now",    "my",     "made",   "over",   "did",
-    "down",  "only",   "way",    "find",   "may",    "long",   "little", "after",  "just",
-    "where", "know",   "get",    "back",   "much",   "go",     "good",   "new",    "our",
-    "me",    "man",    "too",    "any",    "same",   "right",  "look",   "think",  "also",
-    "around", "came",  "come",   "work",   "three",  "must",   "because", "even",  "place",
-    "well",  "here",   "take",   "why",    "help",   "put",    "away",   "again",  "off",
-    "went",  "old",    "great",  "tell",   "say",    "small",  "every",  "found",  "still",
-    "name",  "home",   "big",    "give",   "own",    "last",   "never",  "us",     "end",
-    "saw",   "thought", "always", "happy", "play",   "friend", "friends", "mom",  "dad",
-    "dog",   "cat",    "tree",   "park",   "ball",   "sun",    "girl",   "boy",    "Once",
-    "upon",  "One",    "She",    "He",     "They",   "It",     "Lily",   "Tom",    "loved",
-    "wanted", "named", "each",   "other",  "toy",    "fun",    "sad",    "lot",    "red",
-    "bird",  "box",    "car",    "let",    "Mom",    "sky",    "water",  "hat",    "tree",
+    "the",    "a",       "and",    "to",    "was",   "he",     "she",     "it",    "of",
+    "in",     "is",      "that",   "for",   "on",    "with",   "they",    "his",   "her",
+    "you",    "at",      "be",     "had",   "not",   "but",    "said",    "I",     "The",
+    "day",    "one",     "all",    "so",    "were",  "when",   "we",      "there", "can",
+    "an",     "your",    "what",   "their", "if",    "do",     "will",    "about", "up",
+    "out",    "them",    "then",   "some",  "very",  "would",  "into",    "has",   "more",
+    "two",    "like",    "him",    "see",   "time",  "could",  "no",      "make",  "than",
+    "first",  "been",    "its",    "who",   "now",   "my",     "made",    "over",  "did",
+    "down",   "only",    "way",    "find",  "may",   "long",   "little",  "after", "just",
+    "where",  "know",    "get",    "back",  "much",  "go",     "good",    "new",   "our",
+    "me",     "man",     "too",    "any",   "same",  "right",  "look",    "think", "also",
+    "around", "came",    "come",   "work",  "three", "must",   "because", "even",  "place",
+    "well",   "here",    "take",   "why",   "help",  "put",    "away",    "again", "off",
+    "went",   "old",     "great",  "tell",  "say",   "small",  "every",   "found", "still",
+    "name",   "home",    "big",    "give",  "own",   "last",   "never",   "us",    "end",
+    "saw",    "thought", "always", "happy", "play",  "friend", "friends", "mom",   "dad",
+    "dog",    "cat",     "tree",   "park",  "ball",  "sun",    "girl",    "boy",   "Once",
+    "upon",   "One",     "She",    "He",    "They",  "It",     "Lily",    "Tom",   "loved",
+    "wanted", "named",   "each",   "other", "toy",   "fun",    "sad",     "lot",   "red",
+    "bird",   "box",     "car",    "let",   "Mom",   "sky",    "water",   "hat",   "tree",
 };
-constexpr std::string_view kSuffixes[] = {"ed", "ing", "er", "ly", "es", "s", "y", "le", "en",
+constexpr std::string_view kSuffixes[] = {"ed", "ing", "er", "ly", "es", "s",  "y",  "le", "en",
                                           "on", "an",  "in", "at", "or", "ar", "th", "he", "ll"};
 
 // Splits a piece into characters (the ▁ marker is one 3-byte character).
@@ -227,7 +229,9 @@ SynthVocab MakeSynthVocab(int64_t vocab_size) {
     }
   };
   for (std::string_view s : kSingles) want(s);
-  for (std::string_view w : kWords) want(absl::StrCat("▁", absl::string_view(w.data(), w.size())));
+  for (std::string_view w : kWords) {
+    want(absl::StrCat("▁", absl::string_view(w.data(), w.size())));
+  }
   for (std::string_view s : kSuffixes) want(s);
   float score = -1.0f;
   for (std::string& p : pieces) {
@@ -295,8 +299,9 @@ absl::StatusOr<GgufWriter> BuildSynthModel(const SynthOptions& o) {
   specs.push_back({"output_norm.weight", SynthRole::kNorm, o.dim, 0});
   specs.push_back({"output.weight", SynthRole::kOutput, o.dim, o.vocab});
 
-  const int threads =
-      o.threads > 0 ? o.threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const int threads = o.threads > 0
+                          ? o.threads
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   auto pool = std::make_shared<ThreadPool>(threads);
   int64_t total = 0;
   for (const Spec& s : specs) {

@@ -66,7 +66,8 @@ void SynthWeights(SynthRole role, uint64_t seed, uint64_t tensor_index, int64_t 
 struct SynthVocab {
   std::vector<std::string> tokens;
   std::vector<float> scores;
-  std::vector<int32_t> types;  // llama.cpp token types: 1 normal, 2 unknown, 3 control, 5 unused, 6 byte
+  std::vector<int32_t>
+      types;  // llama.cpp token types: 1 normal, 2 unknown, 3 control, 5 unused, 6 byte
 };
 
 // 0 <unk>, 1 <s>, 2 </s>, 3..258 <0x00>..<0xFF>, then common English pieces (spaces as U+2581,

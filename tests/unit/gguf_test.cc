@@ -55,8 +55,7 @@ class RawGguf {
     return Put<uint32_t>(version).Put<uint64_t>(n_tensors).Put<uint64_t>(n_kv);
   }
   RawGguf& KvU32(std::string_view key, uint32_t v) { return Str(key).Put<uint32_t>(4).Put(v); }
-  RawGguf& Tensor(std::string_view name, std::vector<uint64_t> ne, uint32_t type,
-                  uint64_t offset) {
+  RawGguf& Tensor(std::string_view name, std::vector<uint64_t> ne, uint32_t type, uint64_t offset) {
     Str(name).Put<uint32_t>(static_cast<uint32_t>(ne.size()));
     for (uint64_t d : ne) Put<uint64_t>(d);
     return Put<uint32_t>(type).Put<uint64_t>(offset);
@@ -143,12 +142,15 @@ TEST(GgufRawTest, MetadataErrors) {
               "metadata 0: key length 1000 exceeds the 20 bytes left");
   ExpectError(ParseError(RawGguf().Header(0, 1).Str("k").Put<uint32_t>(13).Data(8).bytes()),
               "metadata 0 'k': invalid value type 13 (at byte 33)");
-  ExpectError(
-      ParseError(RawGguf().Header(0, 2).KvU32("dup", 1).KvU32("dup", 2).bytes()),
-      "metadata 1 'dup': duplicate key");
+  ExpectError(ParseError(RawGguf().Header(0, 2).KvU32("dup", 1).KvU32("dup", 2).bytes()),
+              "metadata 1 'dup': duplicate key");
   ExpectError(ParseError(RawGguf().Header(0, 1).Str("").Put<uint32_t>(4).Put<uint32_t>(1).bytes()),
               "metadata 0: empty key");
-  ExpectError(ParseError(RawGguf().Header(0, 1).Str("s").Put<uint32_t>(8).Put<uint64_t>(1ull << 62)
+  ExpectError(ParseError(RawGguf()
+                             .Header(0, 1)
+                             .Str("s")
+                             .Put<uint32_t>(8)
+                             .Put<uint64_t>(1ull << 62)
                              .Data(8)
                              .bytes()),
               "metadata 0 's': string value length 4611686018427387904 exceeds the 8 bytes left");
@@ -183,11 +185,12 @@ TEST(GgufRawTest, AlignmentErrors) {
   auto with_alignment = [](uint32_t a) {
     return RawGguf().Header(0, 1).KvU32("general.alignment", a).bytes();
   };
-  ExpectError(ParseError(with_alignment(0)), "'general.alignment': 0 is not a nonzero power of two");
+  ExpectError(ParseError(with_alignment(0)),
+              "'general.alignment': 0 is not a nonzero power of two");
   ExpectError(ParseError(with_alignment(48)), "'general.alignment': 48 is not a nonzero power");
-  ExpectError(ParseError(RawGguf().Header(0, 1).Str("general.alignment").Put<uint32_t>(8).Str("x")
-                             .bytes()),
-              "'general.alignment': has type string, expected an integer");
+  ExpectError(
+      ParseError(RawGguf().Header(0, 1).Str("general.alignment").Put<uint32_t>(8).Str("x").bytes()),
+      "'general.alignment': has type string, expected an integer");
   auto f = Parse(RawGguf()
                      .Header(1, 1)
                      .KvU32("general.alignment", 64)
@@ -202,7 +205,11 @@ TEST(GgufRawTest, AlignmentErrors) {
 
 TEST(GgufRawTest, TensorInfoErrors) {
   auto one = [](std::vector<uint64_t> ne, uint32_t type, uint64_t offset, size_t data) {
-    return RawGguf().Header(1, 0).Tensor("blk.0.ffn_up.weight", ne, type, offset).Pad().Data(data)
+    return RawGguf()
+        .Header(1, 0)
+        .Tensor("blk.0.ffn_up.weight", ne, type, offset)
+        .Pad()
+        .Data(data)
         .bytes();
   };
   ExpectError(ParseError(one({32}, 12, 0, 1024)),
@@ -218,29 +225,35 @@ TEST(GgufRawTest, TensorInfoErrors) {
   ExpectError(ParseError(one({1ull << 62}, 0, 0, 1024)), "byte size overflows 64 bits");
   ExpectError(ParseError(one({33, 2}, 8, 0, 1024)),
               "ne[0] = 33 is not a multiple of the q8_0 block size 32");
-  ExpectError(ParseError(one({32}, 0, 16, 1024)), "offset 16 is not a multiple of the alignment 32");
+  ExpectError(ParseError(one({32}, 0, 16, 1024)),
+              "offset 16 is not a multiple of the alignment 32");
   // Header: 24 + name (8 + 19) + n_dims 4 + ne 8 + type 4 + offset 8 = 75, padded to 96.
   ExpectError(ParseError(one({32}, 0, 0, 100)),
               "tensor 0 'blk.0.ffn_up.weight': data [96, 224) extends past end of file (size 196)");
   ExpectError(ParseError(one({32}, 0, 1ull << 63, 1024)), "extends past end of file");
   ExpectError(ParseError(one({32}, 0, ~0ull - 31, 1024)), "extends past end of file");
 
-  ExpectError(ParseError(RawGguf().Header(2, 0).Tensor("t", {32}, 0, 0).Tensor("t", {32}, 0, 128)
+  ExpectError(ParseError(RawGguf()
+                             .Header(2, 0)
+                             .Tensor("t", {32}, 0, 0)
+                             .Tensor("t", {32}, 0, 128)
                              .Pad()
                              .Data(256)
                              .bytes()),
               "tensor 1 't': duplicate tensor name");
   ExpectError(ParseError(RawGguf().Header(1, 0).Tensor("", {32}, 0, 0).Pad().Data(128).bytes()),
               "tensor 0: empty name");
-  ExpectError(ParseError(RawGguf().Header(2, 0).Tensor("a", {64}, 0, 0).Tensor("b", {32}, 0, 128)
+  ExpectError(ParseError(RawGguf()
+                             .Header(2, 0)
+                             .Tensor("a", {64}, 0, 0)
+                             .Tensor("b", {32}, 0, 128)
                              .Pad()
                              .Data(512)
                              .bytes()),
               "tensor 1 'b': data at offset 128 overlaps tensor 0 'a' at [0, 256)");
   // Zero-sized tensors are allowed and overlap nothing.
-  auto empty = Parse(RawGguf().Header(2, 0).Tensor("a", {0}, 0, 0).Tensor("b", {32, 0}, 8, 0)
-                         .Pad()
-                         .bytes());
+  auto empty =
+      Parse(RawGguf().Header(2, 0).Tensor("a", {0}, 0, 0).Tensor("b", {32, 0}, 8, 0).Pad().bytes());
   ASSERT_TRUE(empty.ok()) << empty.status();
   EXPECT_EQ((*empty)->tensors()[1].n_bytes, 0);
 }
@@ -307,8 +320,8 @@ TEST(GgufWriterTest, RoundTripsEveryValueAndTensorType) {
     std::vector<int64_t> ne;
   };
   const std::vector<Spec> specs = {
-      {"t.f32", GgmlType::kF32, {32, 3}},       {"t.f16", GgmlType::kF16, {7}},
-      {"t.bf16", GgmlType::kBF16, {5, 2, 1}},   {"t.q8_0", GgmlType::kQ8_0, {64, 3}},
+      {"t.f32", GgmlType::kF32, {32, 3}},         {"t.f16", GgmlType::kF16, {7}},
+      {"t.bf16", GgmlType::kBF16, {5, 2, 1}},     {"t.q8_0", GgmlType::kQ8_0, {64, 3}},
       {"t.q4_0", GgmlType::kQ4_0, {32, 2, 2, 2}}, {"t.empty", GgmlType::kF32, {0, 4}},
   };
   std::vector<std::string> payloads;
@@ -450,9 +463,9 @@ TEST(GgufWriterTest, RejectsBadTensors) {
 
 TEST(GgufWriterTest, FillerErrorLeavesNoFile) {
   GgufWriter w;
-  ASSERT_TRUE(w.AddTensor("t", GgmlType::kF32, {8},
-                          [](uint8_t*, int64_t) { return absl::DataLossError("boom"); })
-                  .ok());
+  ASSERT_TRUE(w.AddTensor("t", GgmlType::kF32, {8}, [](uint8_t*, int64_t) {
+                 return absl::DataLossError("boom");
+               }).ok());
   const std::string path = testing::TempDir() + "/fail.gguf";
   ExpectError(w.WriteFile(path), "tensor 't': boom");
   EXPECT_FALSE(std::filesystem::exists(path));

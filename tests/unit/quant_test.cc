@@ -21,9 +21,9 @@ TEST(GgmlTypeTest, TraitsMatchGgml) {
     int64_t block_size;
     int64_t block_bytes;
   };
-  for (const Expected& e : {Expected{0, "f32", 1, 4}, Expected{1, "f16", 1, 2},
-                            Expected{2, "q4_0", 32, 18}, Expected{8, "q8_0", 32, 34},
-                            Expected{30, "bf16", 1, 2}}) {
+  for (const Expected& e :
+       {Expected{0, "f32", 1, 4}, Expected{1, "f16", 1, 2}, Expected{2, "q4_0", 32, 18},
+        Expected{8, "q8_0", 32, 34}, Expected{30, "bf16", 1, 2}}) {
     auto t = TypeTraits(e.id);
     ASSERT_TRUE(t.has_value()) << e.name;
     EXPECT_EQ(t->name, e.name);
@@ -169,10 +169,12 @@ TEST(QuantTest, ExtremeValueIsExactInQ4_0) {
 }
 
 // Expected bytes were computed independently (Python, float32 emulation) from ggml's reference
-// formulas: Q8_0 d = amax/127, q = roundf(x * (1/d)); Q4_0 d = max/-8, q = min(15, (int8)(x/d + 8.5)).
+// formulas: Q8_0 d = amax/127, q = roundf(x * (1/d)); Q4_0 d = max/-8, q = min(15, (int8)(x/d
+// + 8.5)).
 TEST(QuantTest, Q8_0KnownBlock) {
   std::vector<float> x(32);
-  for (int j = 0; j < 32; ++j) x[j] = static_cast<float>((j - 16) * 0.25 + (j % 3 == 0 ? 0.1 : 0.0));
+  for (int j = 0; j < 32; ++j)
+    x[j] = static_cast<float>((j - 16) * 0.25 + (j % 3 == 0 ? 0.1 : 0.0));
   uint8_t block[34];
   QuantizeRow(GgmlType::kQ8_0, x.data(), block, 32);
   EXPECT_EQ(block[0] | (block[1] << 8), 0x27DD);
@@ -238,8 +240,8 @@ TEST(QuantTest, NonFiniteInputsDoNotCrash) {
 TEST(QuantTest, UnalignedBuffers) {
   // Files with general.alignment 1 can put blocks at odd addresses.
   auto x = RandomRow(64, 5, 1.0f);
-  for (GgmlType t : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0,
-                     GgmlType::kQ4_0}) {
+  for (GgmlType t :
+       {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0}) {
     const int64_t nb = RowBytes(t, 64);
     std::vector<uint8_t> aligned(nb), unaligned(nb + 1);
     QuantizeRow(t, x.data(), aligned.data(), 64);

@@ -1,8 +1,8 @@
 #include "shared/model/synth.h"
 
 #include <cmath>
-#include <fstream>
 #include <cstdint>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -154,9 +154,9 @@ testing::CommandResult Synth(std::vector<std::string> args) {
   return testing::RunCommand(args);
 }
 
-const std::vector<std::string> kSmall = {"--dim",     "64", "--ffn",   "128", "--layers",
-                                         "2",         "--heads", "4",   "--kv-heads", "2",
-                                         "--vocab",   "300", "--context", "96"};
+const std::vector<std::string> kSmall = {"--dim",     "64", "--ffn",      "128", "--layers", "2",
+                                         "--heads",   "4",  "--kv-heads", "2",   "--vocab",  "300",
+                                         "--context", "96"};
 
 std::vector<std::string> SmallArgs(const std::string& path, const std::string& type) {
   std::vector<std::string> args = {"-o", path, "--type", type};
@@ -312,9 +312,9 @@ TEST(SynthCommandTest, BadFlagsAreRejected) {
 }
 
 TEST(InfoCommandTest, PrintsStories260K) {
-  testing::CommandResult r = testing::RunCommand(
-      {testing::BinDir() + "/thermocline", "info",
-       testing::ModelPath("stories260K/stories260K.gguf")});
+  testing::CommandResult r =
+      testing::RunCommand({testing::BinDir() + "/thermocline", "info",
+                           testing::ModelPath("stories260K/stories260K.gguf")});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(Contains(r.out, "version:     3"));
   EXPECT_TRUE(Contains(r.out, "metadata: 19 keys"));
@@ -330,8 +330,7 @@ TEST(InfoCommandTest, ErrorsGoToStderr) {
   const std::string bin = testing::BinDir() + "/thermocline";
   testing::CommandResult r = testing::RunCommand({bin, "info", "/nonexistent/m.gguf"});
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_TRUE(Contains(r.err, "thermocline info: gguf: /nonexistent/m.gguf: cannot open"))
-      << r.err;
+  EXPECT_TRUE(Contains(r.err, "thermocline info: gguf: /nonexistent/m.gguf: cannot open")) << r.err;
   EXPECT_TRUE(r.out.empty());
   EXPECT_EQ(testing::RunCommand({bin, "info", "--help"}).exit_code, 0);
 }
