@@ -201,3 +201,66 @@ TEST(GenerateCommandTest, StdoutEqualsReferenceText) {
 
 }  // namespace
 }  // namespace thermocline
+
+namespace thermocline {
+namespace {
+
+// Reduced-precision conversions of stories260K against the same fp32 reference logits.
+//
+// Derived bound. Model each rounding as independent noise of relative RMS eps per element:
+//   F16:  uniform rounding within a binade, eps = 2^-11 / sqrt(3) = 2.8e-4;
+//   Q8_0: step (block max)/127, i.e. RMS (amax/254)/sqrt(3), and amax ~ 2.5x the block's RMS for
+//         32 roughly Gaussian values: 5.7e-3 per weight; the activations are quantized the same
+//         way, so sqrt(2) x 5.7e-3 = 8.1e-3.
+// A logit passes through M = 7 * n_layers + 1 = 36 quantized matrices; independent relative
+// errors add in quadrature, so a logit moves by about eps * sqrt(M) * L, with L the RMS logit of
+// the reference run (9.3 here). The largest of 64 x 512 such deviations is about 4.5 sigma. So
+//   bound = 4.5 * eps * sqrt(36) * L  ->  F16 0.070, Q8_0 2.0.
+// Measured (printed): ~0.011 and ~0.33, both well inside. The greedy ids are also checked for
+// F16, whose measured error is far below the reference's smallest top-1/top-2 margin (0.071).
+float DerivedBound(const Reference& ref, double eps) {
+  double ss = 0;
+  for (float v : ref.logits) ss += static_cast<double>(v) * v;
+  const double rms_logit = std::sqrt(ss / ref.logits.size());
+  return static_cast<float>(4.5 * eps * std::sqrt(7.0 * 5 + 1) * rms_logit);
+}
+
+TEST(ReducedPrecisionTest, F16AndQ8_0LogitsWithinDerivedBounds) {
+  const Reference& ref = Stories();
+  struct TypeCase {
+    const char* type;
+    double eps;
+    bool check_ids;
+  };
+  for (const TypeCase& tc : {TypeCase{"f16", 2.8e-4, true}, TypeCase{"q8_0", 8.1e-3, false}}) {
+    RunResult r = RunGreedy(Converted(ref, tc.type), ref, 2);
+    ASSERT_EQ(r.logits.size(), ref.logits.size()) << tc.type;
+    const float diff = MaxAbsDiff(r.logits, ref.logits);
+    const float bound = DerivedBound(ref, tc.eps);
+    std::printf("stories260K %s: max |logit - llama2.c| = %.4g (derived bound %.3g)\n", tc.type,
+                diff, bound);
+    EXPECT_LE(diff, bound) << tc.type;
+    EXPECT_GT(diff, 0.0f) << tc.type << ": identical to fp32 means the conversion did nothing";
+    if (tc.check_ids) {
+      r.generated.resize(ref.generated_ids.size());
+      EXPECT_EQ(r.generated, ref.generated_ids) << tc.type;
+    }
+  }
+}
+
+// An f16 KV cache rounds only the stored keys and values (2 per layer, eps 2.8e-4); the same
+// reasoning with M = 10 bounds the logits, and greedy ids must match.
+TEST(ReducedPrecisionTest, F16KvCacheKeepsGreedyOutput) {
+  const Reference& ref = Stories();
+  RunResult r = RunGreedy(ModelPath("stories260K/stories260K.gguf"), ref, 1, GgmlType::kF16);
+  r.generated.resize(ref.generated_ids.size());
+  EXPECT_EQ(r.generated, ref.generated_ids);
+  const float diff = MaxAbsDiff(r.logits, ref.logits);
+  const float bound = DerivedBound(ref, 2.8e-4) * std::sqrt(10.0f / 36.0f);
+  std::printf("stories260K f16 KV cache: max |logit - llama2.c| = %.4g (derived bound %.3g)\n",
+              diff, bound);
+  EXPECT_LE(diff, bound);
+}
+
+}  // namespace
+}  // namespace thermocline
