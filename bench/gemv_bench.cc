@@ -3,7 +3,7 @@
 // weight byte once per token, so GB/s of weights read / read bandwidth is the figure of merit.
 //
 //   gemv_bench [--threads=1,2] [--working_set_mib=1024] [--rounds=4] [--types=f16,q8_0]
-//              [--cols=4096] [--matrix_mib=64] [--gemm_tokens=64]
+//              [--cols=4096] [--matrix_mib=64] [--gemm_tokens=64] [--sparse_fraction=0.25]
 //
 // Each type gets copies of one matrix adding up to the working set, and successive GEMVs walk
 // through them like the layers of a model, so the weights come from DRAM, not from the
@@ -34,12 +34,18 @@ struct Options {
   std::vector<int> threads = {1, 2};
   int64_t working_set_mib = 1024;
   int rounds = 4;
-  std::vector<GgmlType> types = {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16,
-                                 GgmlType::kQ8_0, GgmlType::kQ4_0};
+  std::vector<GgmlType> types = {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0,
+                                 GgmlType::kQ4_0};
   int64_t cols = 4096;
   int64_t matrix_mib = 64;
   int64_t gemm_tokens = 64;
+  double sparse_fraction = 0.25;
 };
+
+bool IsMatrixType(GgmlType t) {
+  return t == GgmlType::kF32 || t == GgmlType::kF16 || t == GgmlType::kBF16 ||
+         t == GgmlType::kQ8_0 || t == GgmlType::kQ4_0;
+}
 
 std::vector<std::string_view> Split(std::string_view s) {
   std::vector<std::string_view> out;
@@ -61,12 +67,13 @@ bool ParseFlags(int argc, char** argv, Options& o) {
     const std::string value(a.substr(eq + 1));
     if (key == "threads") {
       o.threads.clear();
-      for (std::string_view t : Split(value)) o.threads.push_back(std::atoi(std::string(t).c_str()));
+      for (std::string_view t : Split(value))
+        o.threads.push_back(std::atoi(std::string(t).c_str()));
     } else if (key == "types") {
       o.types.clear();
       for (std::string_view t : Split(value)) {
         auto type = TypeFromName(t);
-        if (!type) return false;
+        if (!type || !IsMatrixType(*type)) return false;
         o.types.push_back(*type);
       }
     } else if (key == "working_set_mib") {
@@ -79,6 +86,8 @@ bool ParseFlags(int argc, char** argv, Options& o) {
       o.matrix_mib = std::atoll(value.c_str());
     } else if (key == "gemm_tokens") {
       o.gemm_tokens = std::atoll(value.c_str());
+    } else if (key == "sparse_fraction") {
+      o.sparse_fraction = std::atof(value.c_str());
     } else {
       return false;
     }
@@ -87,7 +96,8 @@ bool ParseFlags(int argc, char** argv, Options& o) {
     if (t < 1) return false;
   }
   return o.rounds >= 1 && o.cols >= 32 && o.cols % 32 == 0 && o.matrix_mib >= 1 &&
-         o.gemm_tokens >= 1 && !o.types.empty() && !o.threads.empty();
+         o.gemm_tokens >= 1 && o.sparse_fraction > 0 && o.sparse_fraction <= 1 &&
+         !o.types.empty() && !o.threads.empty();
 }
 
 struct AlignedFree {
@@ -176,6 +186,45 @@ GemvResult TimeGemv(const Weights& w, const std::vector<float>& x, std::vector<f
           *std::min_element(read_s.begin(), read_s.end()), Median(read_s)};
 }
 
+struct SparseResult {
+  double gather_best_s = 0, axpy_best_s = 0;
+  int64_t bytes = 0;  // weight bytes one call reads
+};
+
+// The sparse FFN's two kernels over a random sorted fraction of the rows (the active neurons),
+// through the copies like the GEMVs, with a full read of a far copy after each call so that
+// the same ids never find their rows still in the last-level cache.
+SparseResult TimeSparse(const Weights& w, double fraction, int rounds, ThreadPool& pool) {
+  const int64_t rows = w.view.rows;
+  std::vector<int32_t> ids;
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    if (u(rng) < fraction) ids.push_back(static_cast<int32_t>(r));
+  }
+  if (ids.empty()) ids.push_back(0);
+  const int64_t n = static_cast<int64_t>(ids.size());
+  std::vector<float> x(w.view.cols, 0.5f), y(n), coeffs(n, 0.25f), acc(w.view.cols, 0.0f);
+  MatrixView v = w.view;
+  double gather = 1e30, axpy = 1e30;
+  const size_t n_copies = w.copies.size();
+  for (int round = 0; round < rounds; ++round) {
+    for (size_t k = 0; k < n_copies; ++k) {
+      v.data = w.copies[k].get();
+      const auto t0 = std::chrono::steady_clock::now();
+      if (k % 2 == 0) {
+        GatherMatMul(v, ids.data(), n, x.data(), y.data(), pool);
+        gather = std::min(gather, Seconds(t0, std::chrono::steady_clock::now()));
+      } else {
+        AxpyRows(v, ids.data(), coeffs.data(), n, acc.data(), pool);
+        axpy = std::min(axpy, Seconds(t0, std::chrono::steady_clock::now()));
+      }
+      TimeParallelRead(pool, w.copies[(k + n_copies / 2) % n_copies].get(), w.bytes);
+    }
+  }
+  return {gather, axpy, n * w.view.row_bytes};
+}
+
 // Best of a few runs of one n_tokens-wide MatMul, in GFLOP/s (2 flops per weight x token).
 double TimeGemm(const Weights& w, int64_t n_tokens, ThreadPool& pool) {
   std::vector<float> x(n_tokens * w.view.cols), y(n_tokens * w.view.rows);
@@ -194,10 +243,11 @@ double TimeGemm(const Weights& w, int64_t n_tokens, ThreadPool& pool) {
 int Main(int argc, char** argv) {
   Options o;
   if (!ParseFlags(argc, argv, o)) {
-    std::fprintf(stderr,
-                 "usage: gemv_bench [--threads=1,2] [--working_set_mib=1024] [--rounds=4]\n"
-                 "                  [--types=f32,f16,bf16,q8_0,q4_0] [--cols=4096]\n"
-                 "                  [--matrix_mib=64] [--gemm_tokens=64]\n");
+    std::fprintf(
+        stderr,
+        "usage: gemv_bench [--threads=1,2] [--working_set_mib=1024] [--rounds=4]\n"
+        "                  [--types=f32,f16,bf16,q8_0,q4_0] [--cols=4096]\n"
+        "                  [--matrix_mib=64] [--gemm_tokens=64] [--sparse_fraction=0.25]\n");
     return 2;
   }
   std::printf("gemv_bench: kernels=%s, working set %lld MiB per type, %d rounds\n",
@@ -206,7 +256,8 @@ int Main(int argc, char** argv) {
   std::vector<double> floor_gbs;
   for (int n : o.threads) {
     ThreadPool pool(n);
-    floor_gbs.push_back(MeasureReadBandwidthGBs(pool, static_cast<size_t>(o.working_set_mib) << 20));
+    floor_gbs.push_back(
+        MeasureReadBandwidthGBs(pool, static_cast<size_t>(o.working_set_mib) << 20));
     std::printf("hardware floor: read bandwidth %.1f GB/s with %d thread(s)\n", floor_gbs.back(),
                 n);
   }
@@ -218,6 +269,7 @@ int Main(int argc, char** argv) {
   std::mt19937 rng(1);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (float& f : x) f = normal(rng);
+  std::vector<std::string> sparse_lines;
   for (GgmlType type : o.types) {
     const Weights w = MakeWeights(type, o);
     std::vector<float> y(w.view.rows);
@@ -225,12 +277,22 @@ int Main(int argc, char** argv) {
       ThreadPool pool(o.threads[i]);
       const GemvResult g = TimeGemv(w, x, y, o.rounds, pool);
       const double gemm = TimeGemm(w, o.gemm_tokens, pool);
+      const SparseResult sp = TimeSparse(w, o.sparse_fraction, o.rounds, pool);
+      char line[256];
+      std::snprintf(line, sizeof line, "%-5s %3d %8lld %9.1f %6.0f%% %9.1f %6.0f%%",
+                    std::string(TypeTraits(type).name).c_str(), o.threads[i],
+                    static_cast<long long>(sp.bytes / w.view.row_bytes),
+                    sp.bytes / sp.gather_best_s / 1e9,
+                    100.0 * g.read_best_s / w.bytes * sp.bytes / sp.gather_best_s,
+                    sp.bytes / sp.axpy_best_s / 1e9,
+                    100.0 * g.read_best_s / w.bytes * sp.bytes / sp.axpy_best_s);
+      sparse_lines.push_back(line);
       const double gb = w.bytes / 1e9;
       std::printf("%-5s %6lld x %-5lld %4.0f %3d %8.3f %8.3f %7.1f %7.1f %6.0f%% %6.0f%% %10.1f\n",
-                  std::string(TypeTraits(type).name).c_str(),
-                  static_cast<long long>(w.view.rows), static_cast<long long>(w.view.cols),
-                  w.bytes / 1048576.0, o.threads[i], g.gemv_best_s * 1e3, g.gemv_median_s * 1e3,
-                  gb / g.gemv_best_s, gb / g.read_best_s, 100.0 * g.read_best_s / g.gemv_best_s,
+                  std::string(TypeTraits(type).name).c_str(), static_cast<long long>(w.view.rows),
+                  static_cast<long long>(w.view.cols), w.bytes / 1048576.0, o.threads[i],
+                  g.gemv_best_s * 1e3, g.gemv_median_s * 1e3, gb / g.gemv_best_s,
+                  gb / g.read_best_s, 100.0 * g.read_best_s / g.gemv_best_s,
                   100.0 * g.read_median_s / g.gemv_median_s, gemm);
       std::fflush(stdout);
     }
@@ -241,6 +303,14 @@ int Main(int argc, char** argv) {
       "ratio likewise with medians. GEMM: %lld tokens, best of 3, 2 flops per weight per "
       "token.\n",
       static_cast<long long>(o.gemm_tokens));
+  std::printf(
+      "\nSparse FFN kernels, %.0f%% of the rows (random, sorted ids), one token; GB/s of "
+      "rows read, best of the rounds; ratio to the best plain read rate above.\n",
+      100.0 * o.sparse_fraction);
+  std::printf("%-5s %3s %8s %9s %7s %9s %7s\n", "type", "thr", "rows", "gather", "ratio", "axpy",
+              "ratio");
+  for (const std::string& line : sparse_lines) std::printf("%s\n", line.c_str());
+  std::printf("\n");
   for (size_t i = 0; i < o.threads.size(); ++i) {
     ThreadPool pool(o.threads[i]);
     std::printf("hardware floor re-measured at the end: %.1f GB/s with %d thread(s)\n",

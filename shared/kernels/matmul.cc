@@ -147,8 +147,8 @@ void MatMulRows(const MatrixView& w, const float* x, int64_t n_tokens, int64_t x
   if (row_end <= row_begin || n_tokens <= 0) return;
   const KernelSet& k = Kernels();
   const PreparedInput in = PrepareInput(k, w, x, n_tokens, x_stride, nullptr);
-  k.For(w.type).dot(RowSource{w.row(row_begin), w.row_bytes, nullptr}, row_end - row_begin,
-                    w.cols, in.data, in.stride, n_tokens, y + row_begin, y_stride);
+  k.For(w.type).dot(RowSource{w.row(row_begin), w.row_bytes, nullptr}, row_end - row_begin, w.cols,
+                    in.data, in.stride, n_tokens, y + row_begin, y_stride);
 }
 
 void DequantizeMatrixRow(const MatrixView& w, int64_t r, float* out) {

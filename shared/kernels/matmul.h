@@ -16,9 +16,9 @@ namespace thermocline {
 struct MatrixView {
   GgmlType type = GgmlType::kF32;
   int64_t rows = 0;
-  int64_t cols = 0;        // a multiple of the type's block size
+  int64_t cols = 0;  // a multiple of the type's block size
   const uint8_t* data = nullptr;
-  int64_t row_bytes = 0;   // RowBytes(type, cols) for a packed tensor
+  int64_t row_bytes = 0;  // RowBytes(type, cols) for a packed tensor
 
   const uint8_t* row(int64_t r) const { return data + r * row_bytes; }
 };

@@ -18,8 +18,14 @@
 namespace thermocline::matmul_internal {
 namespace {
 
-using TileFn = void (*)(const uint8_t* const* rows, int64_t cols, const uint8_t* x,
-                        int64_t x_stride, float* y, int64_t y_stride);
+// rows: the tile's weight rows; next: rows to prefetch meanwhile, or nullptr (see ForEachTile).
+using TileFn = void (*)(const uint8_t* const* rows, const uint8_t* const* next, int64_t cols,
+                        const uint8_t* x, int64_t x_stride, float* y, int64_t y_stride);
+
+// To L2: a tile ahead can be more than L1 holds.
+inline void Prefetch(const uint8_t* p) {
+  _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1);
+}
 
 inline float HorizontalSum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -38,7 +44,9 @@ inline float LoadScale(const uint8_t* block) {
 
 struct F32Load {
   static constexpr int kBytes = 4;
-  static __m256 Load(const uint8_t* p) { return _mm256_loadu_ps(reinterpret_cast<const float*>(p)); }
+  static __m256 Load(const uint8_t* p) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+  }
 };
 struct F16Load {
   static constexpr int kBytes = 2;
@@ -63,23 +71,32 @@ struct FloatKernel {
   static constexpr int kTokens = 2;
 
   template <int R, int T>
-  static void Tile(const uint8_t* const* rows, int64_t cols, const uint8_t* xb, int64_t x_stride,
-                   float* y, int64_t y_stride) {
+  static void Tile(const uint8_t* const* rows, const uint8_t* const* next, int64_t cols,
+                   const uint8_t* xb, int64_t x_stride, float* y, int64_t y_stride) {
     __m256 acc[R][T];
     for (int r = 0; r < R; ++r) {
       for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
     }
     const float* x[T];
     for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<const float*>(xb + t * x_stride);
-    int64_t c = 0;
-    for (; c + 8 <= cols; c += 8) {
+    auto step = [&](int64_t c) {
       __m256 xv[T];
       for (int t = 0; t < T; ++t) xv[t] = _mm256_loadu_ps(x[t] + c);
       for (int r = 0; r < R; ++r) {
         const __m256 w = L::Load(rows[r] + c * L::kBytes);
         for (int t = 0; t < T; ++t) acc[r][t] = _mm256_fmadd_ps(w, xv[t], acc[r][t]);
       }
+    };
+    int64_t c = 0;
+    if (next != nullptr) {
+      // One prefetch per cache line of each row; the steps themselves are unchanged.
+      constexpr int64_t kLineCols = 64 / L::kBytes;
+      for (; c + kLineCols <= cols; c += kLineCols) {
+        for (int r = 0; r < R; ++r) Prefetch(next[r] + c * L::kBytes);
+        for (int64_t k = 0; k < kLineCols; k += 8) step(c + k);
+      }
     }
+    for (; c + 8 <= cols; c += 8) step(c);
     if (c < cols) {
       // The ragged end goes through zero-padded copies so it takes the same vector path.
       const int64_t n = cols - c;
@@ -253,9 +270,12 @@ struct QuantKernel {
   static constexpr int kRows = 4;
   static constexpr int kTokens = 2;
 
+  // About one prefetch per cache line of a row.
+  static constexpr int64_t kBlocksPerPrefetch = 64 / L::kBytes;
+
   template <int R, int T>
-  static void Tile(const uint8_t* const* rows, int64_t cols, const uint8_t* xb, int64_t x_stride,
-                   float* y, int64_t y_stride) {
+  static void Tile(const uint8_t* const* rows, const uint8_t* const* next, int64_t cols,
+                   const uint8_t* xb, int64_t x_stride, float* y, int64_t y_stride) {
     const float* half = HalfToFloatTable();
     __m256 acc[R][T];
     for (int r = 0; r < R; ++r) {
@@ -269,6 +289,9 @@ struct QuantKernel {
         xq[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xt));
         xbias[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xt + kBiasAt));
         xd[t] = _mm256_loadu_ps(reinterpret_cast<const float*>(xt + kScaleAt));
+      }
+      if (next != nullptr && b % kBlocksPerPrefetch == 0) {
+        for (int r = 0; r < R; ++r) Prefetch(next[r] + b * L::kBytes);
       }
       for (int r = 0; r < R; ++r) {
         const uint8_t* wb = rows[r] + b * L::kBytes;
@@ -320,11 +343,13 @@ void RunTiles(const RowSource& rows, int64_t n_rows, int64_t cols, const uint8_t
               int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
   static constexpr auto kTable =
       MakeTileTable<K, kMaxR, kMaxT>(std::make_index_sequence<kMaxR * kMaxT>());
-  ForEachTile<kMaxR, kMaxT>(
-      rows, n_rows, n_tokens, [&](const uint8_t* const* w, int nr, int nt, int64_t i0, int64_t t0) {
-        kTable[(nr - 1) * kMaxT + (nt - 1)](w, cols, x + t0 * x_stride, x_stride,
-                                            y + t0 * y_stride + i0, y_stride);
-      });
+  ForEachTile<kMaxR, kMaxT>(rows, n_rows, n_tokens,
+                            [&](const uint8_t* const* w, const uint8_t* const* next, int nr, int nt,
+                                int64_t i0, int64_t t0) {
+                              kTable[(nr - 1) * kMaxT + (nt - 1)](w, next, cols, x + t0 * x_stride,
+                                                                  x_stride, y + t0 * y_stride + i0,
+                                                                  y_stride);
+                            });
 }
 
 template <class K>
@@ -338,8 +363,7 @@ void DotRows(const RowSource& rows, int64_t n_rows, int64_t cols, const uint8_t*
 }
 
 template <class K>
-void AxpyRows(const RowSource& rows, const float* coeffs, int64_t n_rows, int64_t cols,
-              float* y) {
+void AxpyRows(const RowSource& rows, const float* coeffs, int64_t n_rows, int64_t cols, float* y) {
   // Four rows per pass over y keep y's loads and stores to a quarter of the FMAs.
   constexpr int kR = 4;
   int64_t i = 0;
@@ -388,7 +412,8 @@ inline __m256i QuantizeBlock(const float* x, uint16_t* d_half) {
   __m256i q[4];
   for (int k = 0; k < 4; ++k) q[k] = _mm256_cvttps_epi32(RoundHalfAway(_mm256_mul_ps(v[k], idv)));
   // packs works within 128-bit lanes; the permute restores element order.
-  const __m256i q8 = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+  const __m256i q8 =
+      _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
   return _mm256_permutevar8x32_epi32(q8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
@@ -408,10 +433,9 @@ template <class L>
 void PrepareFor(const float* x, int64_t cols, uint8_t* out) {
   // Lane scales: the fp16-rounded activation scale, divided by kHighScale in the upper lanes
   // (exact: a power of two), and the bias that removes the weight offset, times kHighScale there.
-  const __m256i bias_factor =
-      _mm256_setr_epi32(-L::kOffset, -L::kOffset, -L::kOffset, -L::kOffset,
-                        -L::kOffset * L::kHighScale, -L::kOffset * L::kHighScale,
-                        -L::kOffset * L::kHighScale, -L::kOffset * L::kHighScale);
+  const __m256i bias_factor = _mm256_setr_epi32(
+      -L::kOffset, -L::kOffset, -L::kOffset, -L::kOffset, -L::kOffset * L::kHighScale,
+      -L::kOffset * L::kHighScale, -L::kOffset * L::kHighScale, -L::kOffset * L::kHighScale);
   const float inv_high = 1.0f / L::kHighScale;
   const __m256 d_factor = _mm256_setr_ps(1, 1, 1, 1, inv_high, inv_high, inv_high, inv_high);
   for (int64_t b = 0; b < cols / kQK; ++b) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #include "shared/model/ggml_type.h"
 
@@ -24,13 +25,13 @@ struct RowSource {
 struct TypeKernels {
   // y[t * y_stride + i] = dot(rows.row(i), x_t) for i < n_rows, t < n_tokens, where
   // x_t = x + t * x_stride bytes holds `cols` f32 values for float weight types and the
-  // set's prepared activations (see KernelSet::prepare_input) for quantized ones. Every (i, t) dot product is computed with the same sequence of
-  // operations whatever the tile it falls in, so batching tokens never changes a result.
+  // set's prepared activations (see KernelSet::prepare_input) for quantized ones. Every (i, t) dot
+  // product is computed with the same sequence of operations whatever the tile it falls in, so
+  // batching tokens never changes a result.
   void (*dot)(const RowSource& rows, int64_t n_rows, int64_t cols, const uint8_t* x,
               int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
   // y[c] += sum_i coeffs[i] * rows.row(i)[c] for c < cols, rows added in order.
-  void (*axpy)(const RowSource& rows, const float* coeffs, int64_t n_rows, int64_t cols,
-               float* y);
+  void (*axpy)(const RowSource& rows, const float* coeffs, int64_t n_rows, int64_t cols, float* y);
 };
 
 struct KernelSet {
@@ -46,6 +47,8 @@ struct KernelSet {
 
   const TypeKernels& For(GgmlType type) const {
     switch (type) {
+      case GgmlType::kF32:
+        return f32;
       case GgmlType::kF16:
         return f16;
       case GgmlType::kBF16:
@@ -54,10 +57,12 @@ struct KernelSet {
         return q8_0;
       case GgmlType::kQ4_0:
         return q4_0;
-      case GgmlType::kF32:
+      default:
         break;
     }
-    return f32;
+    // Matrices are only built over weight types (loaders validate them); anything else is a
+    // programming error, stopped here rather than computed as garbage.
+    std::abort();
   }
 };
 
@@ -77,8 +82,12 @@ inline bool IsQuantized(GgmlType type) {
 inline constexpr int64_t kRowBlockBytes = 256 << 10;
 
 // Walks the n_rows x n_tokens output in tiles of at most R rows by T tokens and calls
-// tile(row_ptrs, n_tile_rows, n_tile_tokens, first_row, first_token) for each. With one token
-// tile the rows simply stream; otherwise rows go in L2-sized blocks, all tokens per block.
+// tile(row_ptrs, next_ptrs, n_tile_rows, n_tile_tokens, first_row, first_token) for each. With
+// one token tile the rows simply stream; otherwise rows go in L2-sized blocks, all tokens per
+// block. While the weights still come from memory (the first token tile) next_ptrs holds the R
+// rows of the following row tile for the kernel to prefetch: a whole tile ahead hides DRAM
+// latency even for short or gathered (scattered) rows, where the hardware prefetcher has no
+// long stream to follow. Elsewhere it is nullptr.
 template <int R, int T, class TileFn>
 inline void ForEachTile(const RowSource& rows, int64_t n_rows, int64_t n_tokens, TileFn&& tile) {
   int64_t block = n_rows;
@@ -92,8 +101,13 @@ inline void ForEachTile(const RowSource& rows, int64_t n_rows, int64_t n_tokens,
       for (int64_t i = b0; i < b1; i += R) {
         const int nr = static_cast<int>(std::min<int64_t>(R, b1 - i));
         const uint8_t* ptrs[R];
+        const uint8_t* next[R];
         for (int k = 0; k < nr; ++k) ptrs[k] = rows.row(i + k);
-        tile(ptrs, nr, nt, i, t0);
+        const bool prefetch = t0 == 0 && i + R < n_rows;
+        if (prefetch) {
+          for (int k = 0; k < R; ++k) next[k] = rows.row(std::min(i + R + k, n_rows - 1));
+        }
+        tile(ptrs, prefetch ? next : nullptr, nr, nt, i, t0);
       }
     }
   }

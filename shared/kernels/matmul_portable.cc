@@ -110,19 +110,19 @@ struct QuantType {
 template <class K>
 void DotRows(const RowSource& rows, int64_t n_rows, int64_t cols, const uint8_t* x,
              int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
-  ForEachTile<4, 4>(rows, n_rows, n_tokens,
-                    [&](const uint8_t* const* w, int nr, int nt, int64_t i0, int64_t t0) {
-                      for (int t = 0; t < nt; ++t) {
-                        const uint8_t* xt = x + (t0 + t) * x_stride;
-                        float* yt = y + (t0 + t) * y_stride + i0;
-                        for (int r = 0; r < nr; ++r) yt[r] = K::Dot(w[r], xt, cols);
-                      }
-                    });
+  ForEachTile<4, 4>(
+      rows, n_rows, n_tokens,
+      [&](const uint8_t* const* w, const uint8_t* const*, int nr, int nt, int64_t i0, int64_t t0) {
+        for (int t = 0; t < nt; ++t) {
+          const uint8_t* xt = x + (t0 + t) * x_stride;
+          float* yt = y + (t0 + t) * y_stride + i0;
+          for (int r = 0; r < nr; ++r) yt[r] = K::Dot(w[r], xt, cols);
+        }
+      });
 }
 
 template <class K>
-void AxpyRows(const RowSource& rows, const float* coeffs, int64_t n_rows, int64_t cols,
-              float* y) {
+void AxpyRows(const RowSource& rows, const float* coeffs, int64_t n_rows, int64_t cols, float* y) {
   for (int64_t i = 0; i < n_rows; ++i) K::Axpy(rows.row(i), coeffs[i], cols, y);
 }
 

@@ -34,8 +34,8 @@ constexpr Family kFamilies[] = {{SimdLevel::kPortable, false, "portable"},
 
 void PrintTo(const Family& f, std::ostream* os) { *os << f.name; }
 
-constexpr GgmlType kAllTypes[] = {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16,
-                                  GgmlType::kQ8_0, GgmlType::kQ4_0};
+constexpr GgmlType kAllTypes[] = {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0,
+                                  GgmlType::kQ4_0};
 
 bool IsQuant(GgmlType t) { return t == GgmlType::kQ8_0 || t == GgmlType::kQ4_0; }
 
@@ -311,8 +311,7 @@ TEST(VnniTest, SameBitsAsPlainAvx2) {
     }
     std::vector<float> y_plain(n_tokens * rows), y_vnni(n_tokens * rows);
     const matmul_internal::RowSource src{m.view.data, m.view.row_bytes, nullptr};
-    plain.For(type).dot(src, rows, cols, in_plain.data(), in_bytes, n_tokens, y_plain.data(),
-                        rows);
+    plain.For(type).dot(src, rows, cols, in_plain.data(), in_bytes, n_tokens, y_plain.data(), rows);
     vnni.For(type).dot(src, rows, cols, in_vnni.data(), in_bytes, n_tokens, y_vnni.data(), rows);
     EXPECT_EQ(std::memcmp(y_plain.data(), y_vnni.data(), y_plain.size() * sizeof(float)), 0)
         << TypeName(type);
@@ -327,8 +326,8 @@ TEST(ActivationQuantizeTest, EveryLevelMatchesQuantizeRow) {
   std::vector<float> x = RandomVector(n, rng);
   // Block 1 has amax 127, so d = 1 and x * id = x: exact .5 ties in both signs.
   for (int j = 0; j < 32; ++j) x[32 + j] = (j == 0) ? 127.0f : (j % 2 ? 1.0f : -1.0f) * (j + 0.5f);
-  std::fill(x.begin() + 64, x.begin() + 96, 0.0f);   // d = 0
-  x[96] = 1e-30f;                                     // subnormal-range scale
+  std::fill(x.begin() + 64, x.begin() + 96, 0.0f);              // d = 0
+  x[96] = 1e-30f;                                               // subnormal-range scale
   for (int j = 128; j < 160; ++j) x[j] = 6.5e4f * (j % 3 - 1);  // large values
   std::vector<uint8_t> want(RowBytes(GgmlType::kQ8_0, n));
   QuantizeRow(GgmlType::kQ8_0, x.data(), want.data(), n);
