@@ -1,0 +1,165 @@
+#include "shared/sparsity/neuron_ffn.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "shared/model/quant.h"
+
+namespace thermocline {
+namespace {
+
+// silu(g) with the float operations of ops.cc's SwiGlu, so that silu(g) * u below rounds
+// exactly as the dense pass's fused loop does.
+inline float Silu(float g) { return g * (1.0f / (1.0f + std::exp(-g))); }
+
+// absl::StrCat here predates std::string_view support.
+std::string TypeName(GgmlType t) { return std::string(TypeTraits(t).name); }
+
+bool IsBlockQuantized(GgmlType t) { return t == GgmlType::kQ8_0 || t == GgmlType::kQ4_0; }
+
+}  // namespace
+
+absl::Status ValidateNeuronWeights(const NeuronWeights& w) {
+  const MatrixView* mats[] = {&w.gate, &w.up, &w.down_t};
+  const char* names[] = {"gate", "up", "down_t"};
+  for (int k = 0; k < 3; ++k) {
+    const MatrixView& m = *mats[k];
+    if (m.data == nullptr || m.rows != w.gate.rows || m.cols != w.gate.cols) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("neuron FFN: ", names[k], " is ", m.rows, "x", m.cols,
+                       (m.data == nullptr ? " (no data)" : ""),
+                       "; every matrix must be [ffn_dim][dim] = ", w.gate.rows, "x", w.gate.cols));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateNeuronIds(std::span<const int32_t> ids, int64_t ffn_dim) {
+  for (size_t k = 0; k < ids.size(); ++k) {
+    if (ids[k] < 0 || ids[k] >= ffn_dim) {
+      return absl::OutOfRangeError(
+          absl::StrCat("neuron id ", ids[k], " at index ", k, " is not in [0, ", ffn_dim, ")"));
+    }
+    if (k > 0 && ids[k] <= ids[k - 1]) {
+      return absl::InvalidArgumentError(absl::StrCat("neuron ids not strictly ascending at index ",
+                                                     k, ": ", ids[k - 1], " then ", ids[k]));
+    }
+  }
+  return absl::OkStatus();
+}
+
+NeuronFfn::NeuronFfn(int64_t max_candidates) { Reserve(static_cast<size_t>(max_candidates)); }
+
+void NeuronFfn::Reserve(size_t n) {
+  if (gate_.size() >= n) return;
+  gate_.resize(n);
+  coeff_.resize(n);
+  up_.resize(n);
+  ids_.resize(n);
+}
+
+int64_t NeuronFfn::Compute(const NeuronWeights& w, const float* h,
+                           std::span<const int32_t> candidates, NeuronFilter filter, float* out,
+                           ThreadPool& pool) {
+  Reserve(candidates.size());
+  GatherMatMul(w.gate, candidates.data(), static_cast<int64_t>(candidates.size()), h, gate_.data(),
+               pool);
+  return ComputeWithGate(w, h, candidates, gate_.data(), filter, out, pool);
+}
+
+int64_t NeuronFfn::ComputeWithGate(const NeuronWeights& w, const float* h,
+                                   std::span<const int32_t> candidates, const float* gate,
+                                   NeuronFilter filter, float* out, ThreadPool& pool) {
+  Reserve(candidates.size());
+  // Compaction: the survivors' ids and activations, in candidate order. One pass on this
+  // thread: it touches 8 bytes per candidate against the dim-sized rows the kernels stream.
+  const bool relu = w.activation == FfnActivation::kRelu;
+  const int64_t n = static_cast<int64_t>(candidates.size());
+  size_t m = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    const float g = gate[k];
+    const float a = relu ? (g > 0.0f ? g : 0.0f) : Silu(g);
+    bool keep = true;
+    switch (filter.kind) {
+      case NeuronFilter::Kind::kNone:
+        break;
+      case NeuronFilter::Kind::kPositive:
+        keep = a > 0.0f;
+        break;
+      case NeuronFilter::Kind::kMagnitude:
+        keep = std::fabs(a) >= filter.cut;
+        break;
+    }
+    ids_[m] = candidates[k];
+    coeff_[m] = a;
+    m += keep ? 1 : 0;  // branch-free: the keep pattern is data-dependent and unpredictable
+  }
+  n_survivors_ = m;
+  if (m == 0) return 0;
+  const int64_t ms = static_cast<int64_t>(m);
+  GatherMatMul(w.up, ids_.data(), ms, h, up_.data(), pool);
+  for (int64_t k = 0; k < ms; ++k) coeff_[k] = coeff_[k] * up_[k];
+  AxpyRows(w.down_t, ids_.data(), coeff_.data(), ms, out, pool);
+  return ms;
+}
+
+absl::StatusOr<DownRows> DownRows::ForLayer(const LlamaModel& model, int64_t layer,
+                                            std::optional<GgmlType> quantized_type,
+                                            ThreadPool& pool) {
+  const LayerWeights& w = model.layer(layer);
+  if (w.has_down_t) {
+    DownRows d;
+    d.view_ = w.down_t;
+    return d;
+  }
+  GgmlType type = w.down.type;
+  if (IsBlockQuantized(type) && quantized_type) type = *quantized_type;
+  return Transpose(w.down, type, pool);
+}
+
+absl::StatusOr<DownRows> DownRows::Transpose(const MatrixView& down, GgmlType type,
+                                             ThreadPool& pool) {
+  const bool src_quant = IsBlockQuantized(down.type);
+  if (!src_quant && type != down.type) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "down_t of a ", TypeName(down.type), " matrix must keep its type, not ", TypeName(type)));
+  }
+  if (src_quant && type == GgmlType::kBF16) {
+    return absl::InvalidArgumentError("down_t of a quantized matrix: bf16 is not offered");
+  }
+  const int64_t dim = down.rows, ffn = down.cols;
+  if (ffn % TypeTraits(down.type).block_size != 0 || dim % TypeTraits(type).block_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "down_t: a ", dim, "x", ffn, " ", TypeName(down.type), " matrix cannot be stored as ", ffn,
+        " rows of ", dim, " ", TypeName(type), " values (block size)"));
+  }
+  DownRows d;
+  const int64_t row_bytes = RowBytes(type, dim);
+  d.owned_.resize(static_cast<size_t>(ffn * row_bytes));
+  d.view_ = MatrixView{type, ffn, dim, d.owned_.data(), row_bytes};
+  // Tiles of 32 neurons (one quantized block of a down row): each down row contributes one
+  // dequantized block, written transposed into 32 f32 rows, which are then stored in `type`.
+  // Every conversion is exact for float types (f16/bf16 -> f32 -> the same type).
+  constexpr int64_t kTile = 32;
+  uint8_t* dst = d.owned_.data();
+  pool.ParallelFor((ffn + kTile - 1) / kTile, [&](int64_t t0, int64_t t1) {
+    std::vector<float> tile(kTile * dim), block(kTile);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t i0 = t * kTile, width = std::min(kTile, ffn - i0);
+      // i0 is a multiple of 32, so it starts a whole block of any type.
+      const int64_t offset = RowBytes(down.type, i0);
+      for (int64_t r = 0; r < dim; ++r) {
+        DequantizeRow(down.type, down.row(r) + offset, block.data(), width);
+        for (int64_t k = 0; k < width; ++k) tile[k * dim + r] = block[k];
+      }
+      for (int64_t k = 0; k < width; ++k) {
+        QuantizeRow(type, tile.data() + k * dim, dst + (i0 + k) * row_bytes, dim);
+      }
+    }
+  });
+  return d;
+}
+
+}  // namespace thermocline

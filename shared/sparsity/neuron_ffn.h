@@ -1,0 +1,131 @@
+// The FFN of one layer over a subset of its neurons, for one token: the unit of work of every
+// sparse executor. SparseFfn runs it over all of a layer's neurons (or the predictor's pick);
+// the split workers run it over the hot subset (GPU side) and the cold subset (CPU worker) and
+// add the two partial outputs.
+//
+// For one token h and candidate neurons C (ids into the layer's ffn_dim rows):
+//   g_i = gate_i . h                     for i in C        (GatherMatMul over the gate rows)
+//   S   = {i in C : filter(act(g_i))}                        (the neurons that run)
+//   u_i = up_i . h                       for i in S        (GatherMatMul over the up rows)
+//   out += sum_{i in S} act(g_i) u_i down_t_i              (AxpyRows over down_t rows)
+// Each g_i and u_i is computed by the same kernel and the same operation sequence as the dense
+// MatMul computes it, and act(g) * u with the same float operations as ops.h's SwiGlu/ReluGlu,
+// so every per-neuron product is bit-identical to the dense pass; only the order in which the
+// down projection sums them differs.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "shared/kernels/matmul.h"
+#include "shared/model/llama_model.h"
+#include "shared/util/thread_pool.h"
+
+namespace thermocline {
+
+// Which candidates run, judged on a = act(gate . h).
+struct NeuronFilter {
+  enum class Kind {
+    kNone,       // every candidate
+    kPositive,   // a > 0: exact for ReLU (the others contribute exactly 0)
+    kMagnitude,  // |a| >= cut (CATS/TEAL; activation_stats.h's definition of "active")
+  };
+  Kind kind = Kind::kNone;
+  float cut = 0.0f;
+
+  static NeuronFilter None() { return {Kind::kNone, 0.0f}; }
+  static NeuronFilter Positive() { return {Kind::kPositive, 0.0f}; }
+  static NeuronFilter Magnitude(float cut) { return {Kind::kMagnitude, cut}; }
+};
+
+// One layer's FFN weights in neuron-major form: gate, up and down_t are all [ffn_dim][dim],
+// row i belonging to neuron i.
+struct NeuronWeights {
+  MatrixView gate, up, down_t;
+  FfnActivation activation = FfnActivation::kSilu;
+
+  int64_t ffn_dim() const { return gate.rows; }
+  int64_t dim() const { return gate.cols; }
+};
+
+// Shapes agree: gate, up and down_t have the same rows and cols.
+absl::Status ValidateNeuronWeights(const NeuronWeights& w);
+
+// For ids from outside the process (a shared-memory message): every id in [0, ffn_dim) and
+// strictly ascending (so none repeats; a repeated id would be added twice).
+absl::Status ValidateNeuronIds(std::span<const int32_t> ids, int64_t ffn_dim);
+
+// Runs NeuronWeights over candidate subsets. Holds the per-call scratch, so one instance per
+// thread that drives a pool; buffers only grow, so a steady decode loop allocates nothing.
+class NeuronFfn {
+ public:
+  NeuronFfn() = default;
+  // Reserves scratch for up to `max_candidates` candidates (optional; calls grow it).
+  explicit NeuronFfn(int64_t max_candidates);
+
+  // Adds the FFN output of the candidates that pass `filter` to out[0..dim) for one token
+  // h[0..dim) (see the top of this file) and returns how many ran. Candidates must be distinct
+  // and in [0, ffn_dim) (ValidateNeuronIds for untrusted lists); any order.
+  int64_t Compute(const NeuronWeights& w, const float* h, std::span<const int32_t> candidates,
+                  NeuronFilter filter, float* out, ThreadPool& pool);
+
+  // The same with the candidates' gate pre-activations given (gate[k] for candidates[k]), for
+  // callers that computed them for many tokens in one MatMul.
+  int64_t ComputeWithGate(const NeuronWeights& w, const float* h,
+                          std::span<const int32_t> candidates, const float* gate,
+                          NeuronFilter filter, float* out, ThreadPool& pool);
+
+  // The neurons that ran in the last call, in candidate order.
+  std::span<const int32_t> survivors() const { return {ids_.data(), n_survivors_}; }
+
+ private:
+  void Reserve(size_t n);
+
+  std::vector<float> gate_, coeff_, up_;
+  std::vector<int32_t> ids_;
+  size_t n_survivors_ = 0;
+};
+
+// The down projection of one layer stored one row per neuron, for AxpyRows: the model's
+// ffn_down_t when it has one (PowerInfer files), else a transposed copy of ffn_down
+// ([dim][ffn_dim] in llama.cpp files) built at construction.
+//
+// The copy costs one more down matrix of memory per layer that needs it. F32, F16 and BF16
+// transpose exactly (elements move, bits unchanged). Q8_0 and Q4_0 blocks run along a row, so
+// the copy dequantizes and requantizes every row to `quantized_type`: the same type as the model
+// keeps the bytes read per active neuron equal to the dense path's but rounds each weight a
+// second time (an error of up to half a quantization step of the new block); kF16 keeps the
+// dequantized values exactly at ~3.6x (vs Q4_0) or ~1.9x (vs Q8_0) the bytes.
+class DownRows {
+ public:
+  DownRows() = default;
+  // Moves keep view() valid (it points into owned storage); copies would not, so none.
+  DownRows(DownRows&&) = default;
+  DownRows& operator=(DownRows&&) = default;
+  DownRows(const DownRows&) = delete;
+  DownRows& operator=(const DownRows&) = delete;
+
+  // Borrows `model.layer(layer).down_t`, or builds the transposed copy. quantized_type applies
+  // to Q8_0/Q4_0 models only and must be kF32, kF16, kQ8_0 or kQ4_0 (default: the model's own).
+  static absl::StatusOr<DownRows> ForLayer(const LlamaModel& model, int64_t layer,
+                                           std::optional<GgmlType> quantized_type,
+                                           ThreadPool& pool);
+  // The transposed copy of `down` ([dim][ffn_dim]) as [ffn_dim][dim] rows of `type` (the same
+  // rules as above; float types must equal down's type).
+  static absl::StatusOr<DownRows> Transpose(const MatrixView& down, GgmlType type,
+                                            ThreadPool& pool);
+
+  const MatrixView& view() const { return view_; }
+  // Bytes this object owns (0 when it borrows the model's ffn_down_t).
+  int64_t owned_bytes() const { return static_cast<int64_t>(owned_.size()); }
+
+ private:
+  MatrixView view_;
+  std::vector<uint8_t> owned_;
+};
+
+}  // namespace thermocline
