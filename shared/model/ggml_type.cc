@@ -8,13 +8,16 @@ namespace thermocline {
 namespace {
 
 // Block sizes and bytes as in ggml's type_traits table.
-constexpr std::array<GgmlTypeTraits, 5> kTraits = {{
+constexpr std::array<GgmlTypeTraits, 6> kTraits = {{
     {GgmlType::kF32, "f32", 1, 4},
     {GgmlType::kF16, "f16", 1, 2},
     {GgmlType::kBF16, "bf16", 1, 2},
     {GgmlType::kQ8_0, "q8_0", kQK, 34},
     {GgmlType::kQ4_0, "q4_0", kQK, 18},
+    {GgmlType::kI32, "i32", 1, 4},
 }};
+
+constexpr uint32_t kPowerInferI32 = 18;
 
 static_assert(sizeof(BlockQ8_0) == 34 && sizeof(BlockQ4_0) == 18);
 
@@ -42,5 +45,22 @@ std::optional<GgmlType> TypeFromName(std::string_view name) {
   }
   return std::nullopt;
 }
+
+std::optional<GgmlTypeTraits> TypeTraitsInFile(uint32_t type_id, bool powerinfer) {
+  if (powerinfer) {
+    // 16 and 17 are PowerInfer's I8/I16, which nothing here reads; today's ids 16..18 are
+    // i-quants that a PowerInfer file cannot contain. 26 is accepted too: it can only mean I32.
+    if (type_id == kPowerInferI32) return TypeTraits(GgmlType::kI32);
+    if (type_id == 16 || type_id == 17) return std::nullopt;
+  }
+  return TypeTraits(type_id);
+}
+
+uint32_t TypeIdInFile(GgmlType type, bool powerinfer) {
+  if (powerinfer && type == GgmlType::kI32) return kPowerInferI32;
+  return static_cast<uint32_t>(type);
+}
+
+bool IsWeightType(GgmlType type) { return type != GgmlType::kI32; }
 
 }  // namespace thermocline

@@ -575,12 +575,12 @@ absl::Status GgufFile::Parse() {
     const uint64_t type_at = r.pos();
     uint32_t type_id = 0;
     TC_RETURN_IF_ERROR(r.Read(&type_id, tc, "type"));
-    std::optional<GgmlTypeTraits> traits = TypeTraits(type_id);
+    std::optional<GgmlTypeTraits> traits = TypeTraitsInFile(type_id, powerinfer_);
     if (!traits) {
       return r.Error(
           type_at, tc,
           absl::StrCat("unsupported tensor type id ", type_id, " (", GgmlTypeIdName(type_id),
-                       "); supported: f32, f16, bf16, q8_0, q4_0"));
+                       "); supported: f32, f16, bf16, q8_0, q4_0, i32"));
     }
     t.type = traits->type;
     if (t.ne[0] % traits->block_size != 0) {

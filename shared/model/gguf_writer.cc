@@ -271,7 +271,7 @@ absl::Status GgufWriter::WriteFile(const std::string& path) const {
     PutString(header, t.name);
     Put<uint32_t>(header, static_cast<uint32_t>(t.ne.size()));
     for (int64_t d : t.ne) Put<uint64_t>(header, static_cast<uint64_t>(d));
-    Put<uint32_t>(header, static_cast<uint32_t>(t.type));
+    Put<uint32_t>(header, TypeIdInFile(t.type, powerinfer_));
     Put<uint64_t>(header, offset);
     offset = AlignUp(offset + static_cast<uint64_t>(t.n_bytes), alignment_);
   }

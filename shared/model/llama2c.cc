@@ -352,6 +352,8 @@ uint32_t LlamaFileType(GgmlType type) {
       return 7;
     case GgmlType::kBF16:
       return 32;
+    case GgmlType::kI32:
+      break;  // never a weight type
   }
   return 0;
 }

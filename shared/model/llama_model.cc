@@ -42,6 +42,10 @@ absl::StatusOr<const GgufTensorInfo*> Tensor(const GgufFile& f, const std::strin
 absl::StatusOr<MatrixView> Matrix(const GgufFile& f, const std::string& name, int64_t cols,
                                   int64_t rows) {
   TC_ASSIGN_OR_RETURN(const GgufTensorInfo* t, Tensor(f, name, {cols, rows}));
+  if (!IsWeightType(t->type)) {
+    return Invalid(f, absl::StrCat("tensor '", name, "' has type ", std::string(TypeTraits(t->type).name),
+                                   ", which is not a weight type"));
+  }
   MatrixView m;
   m.type = t->type;
   m.rows = rows;

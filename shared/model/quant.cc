@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include "shared/util/fp16.h"
 
@@ -113,6 +114,14 @@ void DequantizeRowQ4_0(const uint8_t* x, float* y, int64_t n) {
   }
 }
 
+// Rounds to nearest (ties to even) and saturates; NaN becomes 0, so any float row converts.
+int32_t FloatToI32(float x) {
+  if (std::isnan(x)) return 0;
+  if (x >= 2147483647.0f) return std::numeric_limits<int32_t>::max();
+  if (x <= -2147483648.0f) return std::numeric_limits<int32_t>::min();
+  return static_cast<int32_t>(std::nearbyint(x));
+}
+
 }  // namespace
 
 void DequantizeRow(GgmlType type, const void* src, float* dst, int64_t n) {
@@ -142,6 +151,13 @@ void DequantizeRow(GgmlType type, const void* src, float* dst, int64_t n) {
     case GgmlType::kQ4_0:
       DequantizeRowQ4_0(s, dst, n);
       return;
+    case GgmlType::kI32:
+      for (int64_t i = 0; i < n; ++i) {
+        int32_t v;
+        std::memcpy(&v, s + 4 * i, 4);
+        dst[i] = static_cast<float>(v);
+      }
+      return;
   }
   std::abort();
 }
@@ -169,6 +185,12 @@ void QuantizeRow(GgmlType type, const float* src, void* dst, int64_t n) {
       return;
     case GgmlType::kQ4_0:
       QuantizeRowQ4_0(src, d, n);
+      return;
+    case GgmlType::kI32:
+      for (int64_t i = 0; i < n; ++i) {
+        const int32_t v = FloatToI32(src[i]);
+        std::memcpy(d + 4 * i, &v, 4);
+      }
       return;
   }
   std::abort();

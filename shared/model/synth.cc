@@ -131,6 +131,8 @@ uint32_t SynthFileType(GgmlType type) {
       return 7;  // LLAMA_FTYPE_MOSTLY_Q8_0
     case GgmlType::kBF16:
       return 32;  // LLAMA_FTYPE_MOSTLY_BF16
+    case GgmlType::kI32:
+      break;  // never a weight type
   }
   return 0;
 }
