@@ -134,10 +134,18 @@ struct Where {
 // offset and the name of the field being read.
 class Reader {
  public:
-  Reader(const uint8_t* data, uint64_t size) : data_(data), size_(size) {}
+  Reader(const uint8_t* data, uint64_t size, uint64_t max_array_items)
+      : data_(data), size_(size), array_items_left_(max_array_items) {}
 
   uint64_t pos() const { return pos_; }
   uint64_t remaining() const { return size_ - pos_; }
+
+  // Counts `n` array items against the file's budget; false when it is exhausted.
+  bool TakeArrayItems(uint64_t n) {
+    if (n > array_items_left_) return false;
+    array_items_left_ -= n;
+    return true;
+  }
 
   absl::Status Error(uint64_t at, const Where& where, absl::string_view what) const {
     return absl::InvalidArgumentError(
@@ -176,9 +184,17 @@ class Reader {
   const uint8_t* data_;
   uint64_t size_;
   uint64_t pos_ = 0;
+  uint64_t array_items_left_;
 };
 
 constexpr int kMaxArrayNesting = 8;
+
+// In-memory values are ~40x larger than a 1-byte encoded item, so counts that merely fit in the
+// file could still exhaust memory. Real files stay far below these (the largest vocabularies
+// hold a few hundred thousand tokens and merges; the largest models a few thousand tensors).
+constexpr uint64_t kMaxArrayItemsTotal = 1ull << 24;
+constexpr uint64_t kMaxTensors = 1ull << 20;
+constexpr uint64_t kMaxKeys = 1ull << 20;
 
 absl::Status ReadValue(Reader& r, GgufValueType type, int depth, const Where& context,
                        GgufValue* out);
@@ -242,6 +258,11 @@ absl::Status ReadValue(Reader& r, GgufValueType type, int depth, const Where& co
             count_at, context,
             absl::StrCat("array of ", n, " ", Av(GgufValueTypeName(et)),
                          " items cannot fit in the ", r.remaining(), " bytes left in the file"));
+      }
+      if (!r.TakeArrayItems(n)) {
+        return r.Error(count_at, context,
+                       absl::StrCat("array of ", n, " items takes the metadata past ",
+                                    kMaxArrayItemsTotal, " array items in total"));
       }
       GgufArray arr;
       arr.element_type = et;
@@ -447,7 +468,7 @@ GgufFile::~GgufFile() {
 }
 
 absl::Status GgufFile::Parse() {
-  Reader r(base_, size_);
+  Reader r(base_, size_, kMaxArrayItemsTotal);
   const Where header{nullptr, "header", Where::kNoIndex, {}};
 
   // Header.
@@ -492,6 +513,14 @@ absl::Status GgufFile::Parse() {
     return r.Error(16, header,
                    absl::StrCat("metadata count ", n_kv, " cannot fit in the ", r.remaining(),
                                 " bytes left in the file"));
+  }
+  if (n_kv > kMaxKeys) {
+    return r.Error(16, header,
+                   absl::StrCat("metadata count ", n_kv, " exceeds the limit of ", kMaxKeys));
+  }
+  if (n_tensors > kMaxTensors) {
+    return r.Error(8, header,
+                   absl::StrCat("tensor count ", n_tensors, " exceeds the limit of ", kMaxTensors));
   }
   if (n_tensors > r.remaining() / kMinTensorInfo) {
     return r.Error(8, header,

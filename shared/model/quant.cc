@@ -125,6 +125,7 @@ int32_t FloatToI32(float x) {
 }  // namespace
 
 void DequantizeRow(GgmlType type, const void* src, float* dst, int64_t n) {
+  if (n <= 0) return;  // empty rows may come with null pointers, which memcpy must not see
   // Byte-wise loads: tensor data in a mapped file is only guaranteed the file's alignment.
   const uint8_t* s = static_cast<const uint8_t*>(src);
   switch (type) {
@@ -163,6 +164,7 @@ void DequantizeRow(GgmlType type, const void* src, float* dst, int64_t n) {
 }
 
 void QuantizeRow(GgmlType type, const float* src, void* dst, int64_t n) {
+  if (n <= 0) return;  // empty rows may come with null pointers, which memcpy must not see
   uint8_t* d = static_cast<uint8_t*>(dst);
   switch (type) {
     case GgmlType::kF32:

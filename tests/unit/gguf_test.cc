@@ -181,6 +181,21 @@ TEST(GgufRawTest, MetadataErrors) {
   ExpectError(ParseError(deep.bytes()), "arrays nested deeper than 8 levels");
 }
 
+TEST(GgufRawTest, MemoryLimits) {
+  // Counts that fit in the file can still blow up in memory (a 1-byte item becomes a ~40-byte
+  // value), so totals are capped.
+  const uint64_t items = (1ull << 24) + 1;
+  RawGguf big;
+  big.Header(0, 1).Str("big").Put<uint32_t>(9).Put<uint32_t>(0).Put<uint64_t>(items).Data(items);
+  ExpectError(ParseError(big.bytes()),
+              "metadata 0 'big': array of 16777217 items takes the metadata past 16777216 array "
+              "items in total");
+  const uint64_t keys = (1ull << 20) + 1;
+  RawGguf many;
+  many.Header(0, keys).Data(keys * 13);
+  ExpectError(ParseError(many.bytes()), "metadata count 1048577 exceeds the limit of 1048576");
+}
+
 TEST(GgufRawTest, AlignmentErrors) {
   auto with_alignment = [](uint32_t a) {
     return RawGguf().Header(0, 1).KvU32("general.alignment", a).bytes();
