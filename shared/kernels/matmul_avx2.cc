@@ -6,6 +6,7 @@
 // to one GEMV per token.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
@@ -117,15 +118,24 @@ struct FloatKernel {
   }
 
   template <int R>
-  static void AxpyTile(const uint8_t* const* rows, const float* coeffs, int64_t cols, float* y) {
+  static void AxpyTile(const uint8_t* const* rows, const uint8_t* const* next, const float* coeffs,
+                       int64_t cols, float* y) {
     __m256 cv[R];
     for (int r = 0; r < R; ++r) cv[r] = _mm256_set1_ps(coeffs[r]);
-    int64_t c = 0;
-    for (; c + 8 <= cols; c += 8) {
+    auto step = [&](int64_t c) {
       __m256 yv = _mm256_loadu_ps(y + c);
       for (int r = 0; r < R; ++r) yv = _mm256_fmadd_ps(cv[r], L::Load(rows[r] + c * L::kBytes), yv);
       _mm256_storeu_ps(y + c, yv);
+    };
+    int64_t c = 0;
+    if (next != nullptr) {
+      constexpr int64_t kLineCols = 64 / L::kBytes;
+      for (; c + kLineCols <= cols; c += kLineCols) {
+        for (int r = 0; r < R; ++r) Prefetch(next[r] + c * L::kBytes);
+        for (int64_t k = 0; k < kLineCols; k += 8) step(c + k);
+      }
     }
+    for (; c + 8 <= cols; c += 8) step(c);
     if (c < cols) {
       const int64_t n = cols - c;
       alignas(32) float yt[8] = {};
@@ -181,8 +191,9 @@ inline __m256 BroadcastScale(const float* half_table, const uint8_t* block) {
 
 // Loaders turn a weight block into the unsigned operand. kOffset is what they add to the signed
 // value; kHighScale multiplies the upper four lanes (elements 16..31), which the prepared input
-// undoes exactly with a power-of-two factor in its lane scales. LoadSigned gives the signed
-// values in element order (for AxpyRows).
+// undoes exactly with a power-of-two factor in its lane scales. Widen gives the signed values
+// as int32, elements 8k..8k+7 in out[k] (for AxpyRows); it widens straight from memory, which
+// keeps the conversion off the shuffle port that register-to-register widening saturates.
 //
 // Q4_0, AVX2: low nibbles are elements 0..15, high nibbles 16..31; a 128-bit broadcast load and
 // a per-lane variable shift (no cross-lane shuffle) put them in order.
@@ -196,8 +207,15 @@ struct Q4Shifted {
     const __m256i shifted = _mm256_srlv_epi32(both, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
     return _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F));
   }
-  static __m256i LoadSigned(const uint8_t* b) {
-    return _mm256_sub_epi8(Load(b), _mm256_set1_epi8(kOffset));
+  static void Widen(const uint8_t* b, __m256i out[4]) {
+    // Bytes 0..7 hold elements 0..7 and 16..23, bytes 8..15 elements 8..15 and 24..31.
+    const __m256i offset = _mm256_set1_epi32(kOffset), low = _mm256_set1_epi32(0x0F);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i bytes =
+          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + 8 * h)));
+      out[h] = _mm256_sub_epi32(_mm256_and_si256(bytes, low), offset);
+      out[h + 2] = _mm256_sub_epi32(_mm256_srli_epi32(bytes, 4), offset);
+    }
   }
 };
 // Q4_0 for VNNI: the high nibbles stay in place (16 x their value; dpbusd has no int16 step to
@@ -213,7 +231,7 @@ struct Q4Masked {
                                                      static_cast<int64_t>(0xF0F0F0F0F0F0F0F0),
                                                      static_cast<int64_t>(0xF0F0F0F0F0F0F0F0)));
   }
-  static __m256i LoadSigned(const uint8_t* b) { return Q4Shifted::LoadSigned(b); }
+  static void Widen(const uint8_t* b, __m256i out[4]) { Q4Shifted::Widen(b, out); }
 };
 // Q8_0 + 128 as unsigned bytes, for VNNI (maddubs would saturate at 255 * 127 * 2).
 struct Q8Offset {
@@ -221,10 +239,14 @@ struct Q8Offset {
   static constexpr int kOffset = 128;
   static constexpr int kHighScale = 1;
   static __m256i Load(const uint8_t* b) {
-    return _mm256_xor_si256(LoadSigned(b), _mm256_set1_epi8(static_cast<char>(0x80)));
+    return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2)),
+                            _mm256_set1_epi8(static_cast<char>(0x80)));
   }
-  static __m256i LoadSigned(const uint8_t* b) {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+  static void Widen(const uint8_t* b, __m256i out[4]) {
+    for (int k = 0; k < 4; ++k) {
+      out[k] =
+          _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + 8 * k)));
+    }
   }
 };
 // Q8_0 as stored (signed), for the sign engine.
@@ -232,8 +254,10 @@ struct Q8Signed {
   static constexpr int64_t kBytes = sizeof(BlockQ8_0);
   static constexpr int kOffset = 0;
   static constexpr int kHighScale = 1;
-  static __m256i Load(const uint8_t* b) { return Q8Offset::LoadSigned(b); }
-  static __m256i LoadSigned(const uint8_t* b) { return Q8Offset::LoadSigned(b); }
+  static __m256i Load(const uint8_t* b) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+  }
+  static void Widen(const uint8_t* b, __m256i out[4]) { Q8Offset::Widen(b, out); }
 };
 
 // Engines: the int32 lanes of one block's dot product, starting from the bias.
@@ -309,22 +333,24 @@ struct QuantKernel {
   }
 
   template <int R>
-  static void AxpyTile(const uint8_t* const* rows, const float* coeffs, int64_t cols, float* y) {
-    const int64_t nb = cols / kQK;
-    for (int64_t b = 0; b < nb; ++b) {
+  static void AxpyTile(const uint8_t* const* rows, const uint8_t* const* next, const float* coeffs,
+                       int64_t cols, float* y) {
+    const float* half = HalfToFloatTable();
+    __m256 cv[R];
+    for (int r = 0; r < R; ++r) cv[r] = _mm256_set1_ps(coeffs[r]);
+    for (int64_t b = 0; b < cols / kQK; ++b) {
+      if (next != nullptr && b % kBlocksPerPrefetch == 0) {
+        for (int r = 0; r < R; ++r) Prefetch(next[r] + b * L::kBytes);
+      }
       float* yb = y + b * kQK;
       __m256 yv[4];
       for (int k = 0; k < 4; ++k) yv[k] = _mm256_loadu_ps(yb + 8 * k);
       for (int r = 0; r < R; ++r) {
         const uint8_t* wb = rows[r] + b * L::kBytes;
-        const __m256i q = L::LoadSigned(wb);
-        const __m256 s = _mm256_set1_ps(coeffs[r] * LoadScale(wb));
-        const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
-        const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
-        for (int k = 0; k < 4; ++k) {
-          const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[k]));
-          yv[k] = _mm256_fmadd_ps(s, f, yv[k]);
-        }
+        __m256i q[4];
+        L::Widen(wb, q);
+        const __m256 s = _mm256_mul_ps(cv[r], BroadcastScale(half, wb));
+        for (int k = 0; k < 4; ++k) yv[k] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(q[k]), yv[k]);
       }
       for (int k = 0; k < 4; ++k) _mm256_storeu_ps(yb + 8 * k, yv[k]);
     }
@@ -364,16 +390,22 @@ void DotRows(const RowSource& rows, int64_t n_rows, int64_t cols, const uint8_t*
 
 template <class K>
 void AxpyRows(const RowSource& rows, const float* coeffs, int64_t n_rows, int64_t cols, float* y) {
-  // Four rows per pass over y keep y's loads and stores to a quarter of the FMAs.
+  // Four rows per pass over y keep y's loads and stores to a quarter of the FMAs; the next four
+  // rows (scattered, for the sparse FFN) are prefetched meanwhile.
   constexpr int kR = 4;
   int64_t i = 0;
   for (; i + kR <= n_rows; i += kR) {
-    const uint8_t* w[kR] = {rows.row(i), rows.row(i + 1), rows.row(i + 2), rows.row(i + 3)};
-    K::template AxpyTile<kR>(w, coeffs + i, cols, y);
+    const uint8_t* w[kR];
+    const uint8_t* next[kR];
+    for (int k = 0; k < kR; ++k) {
+      w[k] = rows.row(i + k);
+      next[k] = rows.row(std::min(i + kR + k, n_rows - 1));
+    }
+    K::template AxpyTile<kR>(w, i + kR < n_rows ? next : nullptr, coeffs + i, cols, y);
   }
   for (; i < n_rows; ++i) {
     const uint8_t* w[1] = {rows.row(i)};
-    K::template AxpyTile<1>(w, coeffs + i, cols, y);
+    K::template AxpyTile<1>(w, nullptr, coeffs + i, cols, y);
   }
 }
 
