@@ -5,6 +5,12 @@
 // Tensors blk.N.fc1.weight / blk.N.fc2.weight, read from a PowerInfer model file or from a
 // predictor file written by `thermocline train-predictor` (the same names and orientation, so
 // either engine loads the other's).
+//
+// Thermocline's predictor files add thermocline.predictor.* keys (see WritePredictors). One of
+// them, thermocline.predictor.thresholds (f32[block_count]), holds a decision threshold per
+// layer; when present it overrides powerinfer.sparse_threshold for that layer. The trainer
+// avoids needing it whenever it can, by folding each layer's threshold into fc2's scale so
+// that the single global threshold PowerInfer reads is exact for every layer.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "shared/kernels/matmul.h"
 #include "shared/model/gguf.h"
@@ -26,31 +33,107 @@ struct LayerPredictor {
   MatrixView fc2;  // rows = ffn_dim, cols = rank
 };
 
+// One layer's predictor in f32, row-major, as the trainer produces it.
+struct PredictorWeights {
+  int64_t rank = 0;
+  std::vector<float> fc1;  // [rank][dim]
+  std::vector<float> fc2;  // [ffn_dim][rank]
+};
+
+// What `train-predictor` measured on one layer's held-out tokens, at the stored threshold.
+struct PredictorLayerReport {
+  float recall = 0;            // true actives predicted / true actives
+  float precision = 0;         // true actives predicted / predicted
+  float predicted_active = 0;  // share of (token, neuron) pairs predicted active
+  float true_active = 0;       // share of (token, neuron) pairs truly active
+};
+
+// Stored as thermocline.predictor.* keys; empty for files that lack them (PowerInfer's).
+struct PredictorReport {
+  int64_t training_tokens = 0;  // tokens whose samples trained the predictors
+  float recall_target = 0;
+  std::string criterion;                     // "relu" or "magnitude" (see activation_stats.h)
+  std::vector<PredictorLayerReport> layers;  // empty, or one per layer
+};
+
 class PredictorSet {
  public:
+  PredictorSet() = default;
+  // Copies rebind the weight views to the copy's own storage.
+  PredictorSet(const PredictorSet& other);
+  PredictorSet& operator=(const PredictorSet& other);
+  PredictorSet(PredictorSet&&) noexcept = default;
+  PredictorSet& operator=(PredictorSet&&) noexcept = default;
+
   // Reads every blk.N.fc1/fc2 pair of `file` (which must outlive the set unless the set copies)
   // and powerinfer.sparse_threshold; checks shapes against `config`. A layer without a
   // predictor is an error naming it.
   static absl::StatusOr<PredictorSet> FromGguf(std::shared_ptr<const GgufFile> file,
                                                const LlamaConfig& config);
   static absl::StatusOr<PredictorSet> Load(const std::string& path, const LlamaConfig& config);
+  // A set over f32 weights held in memory, stored as `type` (F32, F16 or BF16; Q8_0/Q4_0 when
+  // dim and every rank are multiples of 32). One entry per layer of `config`.
+  static absl::StatusOr<PredictorSet> FromWeights(const std::vector<PredictorWeights>& layers,
+                                                  const LlamaConfig& config, GgmlType type,
+                                                  float threshold = 0.0f);
 
+  // The global threshold (powerinfer.sparse_threshold).
   float threshold() const { return threshold_; }
-  void set_threshold(float t) { threshold_ = t; }
+  // Sets the global threshold and every layer's threshold to t.
+  void set_threshold(float t) {
+    threshold_ = t;
+    layer_thresholds_.assign(layers_.size(), t);
+  }
+  // The threshold Predict applies to layer l.
+  float layer_threshold(int64_t l) const { return layer_thresholds_[l]; }
+  const std::vector<float>& layer_thresholds() const { return layer_thresholds_; }
+  // One finite value per layer; the global threshold is left as it is.
+  absl::Status set_layer_thresholds(std::vector<float> thresholds);
+  // True when some layer's threshold differs from the global one (a file written from this set
+  // then needs thermocline.predictor.thresholds; PowerInfer would apply the global one).
+  bool has_per_layer_thresholds() const;
+
   int64_t n_layers() const { return static_cast<int64_t>(layers_.size()); }
   const LayerPredictor& layer(int64_t l) const { return layers_[l]; }
   // Bytes of all predictor weights (the planner charges them to the GPU).
   int64_t bytes() const;
 
-  // Ascending ids of the neurons predicted active for one token's FFN input h [dim].
+  const PredictorReport& report() const { return report_; }
+  void set_report(PredictorReport report) { report_ = std::move(report); }
+
+  // Ascending ids of the neurons predicted active for one token's FFN input h [dim]: those
+  // whose score >= layer_threshold(layer). Allocates nothing but `active`'s growth; safe to call
+  // from several threads at once (each with its own pool).
   void Predict(int64_t layer, const float* h, std::vector<int32_t>* active, ThreadPool& pool) const;
 
+  // scores[t][0..ffn_dim) = fc2 . relu(fc1 . h[t]) for t < n_tokens (h: [n_tokens][dim]), the
+  // values Predict compares with the threshold.
+  void Scores(int64_t layer, const float* h, int64_t n_tokens, float* scores,
+              ThreadPool& pool) const;
+
  private:
+  void RebindOwned();
+
   std::shared_ptr<const GgufFile> file_;
   std::vector<std::vector<uint8_t>> owned_;  // storage for predictors built in memory
   std::vector<LayerPredictor> layers_;
   float threshold_ = 0.0f;
+  std::vector<float> layer_thresholds_;
+  PredictorReport report_;
   friend class PredictorTrainer;
 };
+
+// Writes a predictor file: blk.N.fc1.weight / blk.N.fc2.weight in the set's storage type,
+// powerinfer.sparse_threshold, and
+//   general.architecture                       str    "thermocline.predictor"
+//   thermocline.predictor.block_count          u32    layers (checked against the model on load)
+//   thermocline.predictor.model_dim / model_ffn_dim   u32
+//   thermocline.predictor.ranks                i32[]  per layer
+//   thermocline.predictor.thresholds           f32[]  per layer decision thresholds
+// and, when the set carries a report: thermocline.predictor.training_tokens (u64),
+// recall_target (f32), criterion (str), and recall / precision / predicted_active /
+// true_active (f32[] per layer, measured on held-out tokens).
+absl::Status WritePredictors(const PredictorSet& set, const LlamaConfig& config,
+                             const std::string& path);
 
 }  // namespace thermocline
