@@ -7,7 +7,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libabsl-dev
-  libboost-program-options-dev
+  libboost-program-options-dev libboost-dev
   libgtest-dev libgmock-dev libbenchmark-dev
 )
 
