@@ -1,0 +1,299 @@
+#include "shared/ipc/messages.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "shared/util/status_macros.h"
+
+namespace thermocline::ipc {
+namespace {
+
+// This Abseil build has its own string_view type; the public API uses std::string_view.
+absl::string_view Av(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+absl::Status Invalid(const MessageView& m, std::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(Av(MessageKindName(m.kind())), " message (step ",
+                                                 m.header.step_id, "): ", Av(what)));
+}
+
+absl::Status ExpectKind(const MessageView& m, MessageKind kind) {
+  if (m.kind() != kind) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expected a ", Av(MessageKindName(kind)), " message, got ", Av(MessageKindName(m.kind()))));
+  }
+  return absl::OkStatus();
+}
+
+// Reads u32 word `i` of the payload (callers have checked the size).
+uint32_t U32At(absl::Span<const std::byte> p, size_t i) {
+  uint32_t v;
+  std::memcpy(&v, p.data() + 4 * i, 4);
+  return v;
+}
+
+void PutU32s(std::byte* dst, std::initializer_list<uint32_t> words) {
+  for (uint32_t w : words) {
+    std::memcpy(dst, &w, 4);
+    dst += 4;
+  }
+}
+
+absl::StatusOr<absl::Span<const float>> FloatsAt(const MessageView& m, size_t offset,
+                                                 uint64_t count) {
+  const std::byte* p = m.payload.data() + offset;
+  if (reinterpret_cast<uintptr_t>(p) % alignof(float) != 0) {
+    return Invalid(m, "float array not 4-byte aligned");
+  }
+  return absl::Span<const float>(reinterpret_cast<const float*>(p), count);
+}
+
+absl::Status SendMatrix(RingProducer& ring, MessageKind kind, uint64_t step_id, uint32_t layer,
+                        uint32_t rows, uint32_t cols, absl::Span<const float> data,
+                        absl::Duration timeout) {
+  if (static_cast<uint64_t>(rows) * cols != data.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(Av(MessageKindName(kind)), ": ", data.size(),
+                                                   " values for ", rows, " x ", cols));
+  }
+  const uint64_t bytes = MatrixBytes(rows, cols);
+  TC_ASSIGN_OR_RETURN(absl::Span<std::byte> out, ring.Reserve(bytes, timeout));
+  PutU32s(out.data(), {rows, cols});
+  if (!data.empty()) std::memcpy(out.data() + 8, data.data(), data.size() * sizeof(float));
+  absl::Status s = ring.Commit(MessageInfo{kind, step_id, layer});
+  if (!s.ok()) ring.Abort();
+  return s;
+}
+
+absl::StatusOr<MatrixView> DecodeMatrix(const MessageView& m, MessageKind kind,
+                                        const MatrixLimits& limits) {
+  TC_RETURN_IF_ERROR(ExpectKind(m, kind));
+  if (m.payload.size() < 8) return Invalid(m, "shorter than its 8-byte prefix");
+  MatrixView v;
+  v.step_id = m.header.step_id;
+  v.layer = m.header.layer;
+  v.rows = U32At(m.payload, 0);
+  v.cols = U32At(m.payload, 1);
+  if (kind == MessageKind::kPartial && v.layer >= limits.n_layers) {
+    return Invalid(m, absl::StrCat("layer ", v.layer, " >= ", limits.n_layers));
+  }
+  if (v.cols != limits.cols) {
+    return Invalid(m, absl::StrCat("width ", v.cols, ", expected ", limits.cols));
+  }
+  if (v.rows == 0 || v.rows > limits.max_rows) {
+    return Invalid(m, absl::StrCat("rows ", v.rows, " outside [1, ", limits.max_rows, "]"));
+  }
+  if (m.payload.size() != MatrixBytes(v.rows, v.cols)) {
+    return Invalid(m, absl::StrCat(m.payload.size(), " bytes for ", v.rows, " x ", v.cols));
+  }
+  TC_ASSIGN_OR_RETURN(v.data, FloatsAt(m, 8, uint64_t{v.rows} * v.cols));
+  return v;
+}
+
+}  // namespace
+
+// --- Control ---------------------------------------------------------------------------------
+
+absl::Status SendHello(RingProducer& ring, const HelloMsg& hello, absl::Duration timeout) {
+  std::byte buf[16];
+  PutU32s(buf, {static_cast<uint32_t>(hello.role), static_cast<uint32_t>(hello.pid),
+                hello.protocol_version, 0});
+  return ring.Send(MessageInfo{MessageKind::kHello, 0, 0}, buf, timeout);
+}
+
+absl::StatusOr<HelloMsg> DecodeHello(const MessageView& m) {
+  TC_RETURN_IF_ERROR(ExpectKind(m, MessageKind::kHello));
+  if (m.payload.size() != 16) return Invalid(m, absl::StrCat(m.payload.size(), " bytes, not 16"));
+  uint32_t role = U32At(m.payload, 0);
+  if (role >= kNumRoles) return Invalid(m, absl::StrCat("unknown role ", role));
+  HelloMsg h;
+  h.role = static_cast<Role>(role);
+  h.pid = static_cast<int32_t>(U32At(m.payload, 1));
+  h.protocol_version = U32At(m.payload, 2);
+  if (h.protocol_version != kProtocolVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("peer ", Av(RoleName(h.role)), " (pid ", h.pid, ") speaks protocol version ",
+                     h.protocol_version, ", this build speaks ", kProtocolVersion));
+  }
+  return h;
+}
+
+absl::Status SendShutdown(RingProducer& ring, absl::Duration timeout) {
+  return ring.Send(MessageInfo{MessageKind::kShutdown, 0, 0}, {}, timeout);
+}
+
+absl::Status DecodeShutdown(const MessageView& m) {
+  TC_RETURN_IF_ERROR(ExpectKind(m, MessageKind::kShutdown));
+  if (!m.payload.empty()) return Invalid(m, "payload must be empty");
+  return absl::OkStatus();
+}
+
+absl::Status SendError(RingProducer& ring, uint64_t step_id, const absl::Status& error,
+                       absl::Duration timeout) {
+  if (error.ok()) return absl::InvalidArgumentError("SendError: status is OK");
+  absl::string_view text = error.message();
+  text = text.substr(0, kMaxErrorMessageBytes);
+  TC_ASSIGN_OR_RETURN(absl::Span<std::byte> out, ring.Reserve(8 + text.size(), timeout));
+  PutU32s(out.data(), {static_cast<uint32_t>(error.code()), static_cast<uint32_t>(text.size())});
+  if (!text.empty()) std::memcpy(out.data() + 8, text.data(), text.size());
+  absl::Status s = ring.Commit(MessageInfo{MessageKind::kError, step_id, 0});
+  if (!s.ok()) ring.Abort();
+  return s;
+}
+
+absl::Status DecodeError(const MessageView& m, absl::Status* sender_error) {
+  TC_RETURN_IF_ERROR(ExpectKind(m, MessageKind::kError));
+  if (m.payload.size() < 8) return Invalid(m, "shorter than its 8-byte prefix");
+  uint32_t code = U32At(m.payload, 0);
+  uint32_t length = U32At(m.payload, 1);
+  // Codes 1..16 are the canonical non-OK codes.
+  if (code == 0 || code > 16) return Invalid(m, absl::StrCat("status code ", code));
+  if (length > kMaxErrorMessageBytes || m.payload.size() != 8 + uint64_t{length}) {
+    return Invalid(m, absl::StrCat("message length ", length, " in ", m.payload.size(), " bytes"));
+  }
+  std::string text(reinterpret_cast<const char*>(m.payload.data() + 8), length);
+  *sender_error = absl::Status(static_cast<absl::StatusCode>(code), text);
+  return absl::OkStatus();
+}
+
+// --- Step ------------------------------------------------------------------------------------
+
+uint64_t StepBytes(uint64_t n_entries) { return 8 + n_entries * sizeof(StepEntry); }
+
+absl::Status SendStep(RingProducer& ring, uint64_t step_id, absl::Span<const StepEntry> entries,
+                      absl::Duration timeout) {
+  if (entries.size() > UINT32_MAX) return absl::InvalidArgumentError("Step: too many entries");
+  TC_ASSIGN_OR_RETURN(absl::Span<std::byte> out, ring.Reserve(StepBytes(entries.size()), timeout));
+  PutU32s(out.data(), {static_cast<uint32_t>(entries.size()), 0});
+  if (!entries.empty()) {
+    std::memcpy(out.data() + 8, entries.data(), entries.size() * sizeof(StepEntry));
+  }
+  absl::Status s = ring.Commit(MessageInfo{MessageKind::kStep, step_id, 0});
+  if (!s.ok()) ring.Abort();
+  return s;
+}
+
+absl::StatusOr<StepMsg> DecodeStep(const MessageView& m, const StepLimits& limits) {
+  TC_RETURN_IF_ERROR(ExpectKind(m, MessageKind::kStep));
+  if (m.payload.size() < 8) return Invalid(m, "shorter than its 8-byte prefix");
+  uint32_t n = U32At(m.payload, 0);
+  if (n == 0 || n > limits.max_entries) {
+    return Invalid(m, absl::StrCat(n, " entries, outside [1, ", limits.max_entries, "]"));
+  }
+  if (m.payload.size() != StepBytes(n)) {
+    return Invalid(m, absl::StrCat(m.payload.size(), " bytes for ", n, " entries"));
+  }
+  StepMsg step;
+  step.step_id = m.header.step_id;
+  step.entries.resize(n);
+  std::memcpy(step.entries.data(), m.payload.data() + 8, n * sizeof(StepEntry));
+  for (uint32_t i = 0; i < n; ++i) {
+    const StepEntry& e = step.entries[i];
+    if (e.kv_slot < 0 || e.kv_slot >= limits.n_kv_slots) {
+      return Invalid(m, absl::StrCat("entry ", i, ": kv_slot ", e.kv_slot, " outside [0, ",
+                                     limits.n_kv_slots, ")"));
+    }
+    if (e.position < 0 || e.position >= limits.n_positions) {
+      return Invalid(m, absl::StrCat("entry ", i, ": position ", e.position, " outside [0, ",
+                                     limits.n_positions, ")"));
+    }
+    if (e.token_id < 0 || e.token_id >= limits.vocab) {
+      return Invalid(
+          m, absl::StrCat("entry ", i, ": token ", e.token_id, " outside [0, ", limits.vocab, ")"));
+    }
+    if ((e.flags & ~kEntryWantsLogits) != 0) {
+      return Invalid(m, absl::StrCat("entry ", i, ": unknown flags 0x", absl::Hex(e.flags)));
+    }
+  }
+  return step;
+}
+
+// --- Activation ------------------------------------------------------------------------------
+
+uint64_t ActivationBytes(uint64_t rows, uint64_t dim, uint64_t n_active) {
+  return 16 + rows * dim * sizeof(float) + n_active * sizeof(int32_t);
+}
+
+absl::Status SendActivation(RingProducer& ring, uint64_t step_id, uint32_t layer, uint32_t rows,
+                            uint32_t dim, absl::Span<const float> h,
+                            absl::Span<const int32_t> active, absl::Duration timeout) {
+  if (static_cast<uint64_t>(rows) * dim != h.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Activation: ", h.size(), " values for ", rows, " x ", dim));
+  }
+  if (active.size() > UINT32_MAX) return absl::InvalidArgumentError("Activation: too many ids");
+  const uint64_t bytes = ActivationBytes(rows, dim, active.size());
+  TC_ASSIGN_OR_RETURN(absl::Span<std::byte> out, ring.Reserve(bytes, timeout));
+  PutU32s(out.data(), {rows, dim, static_cast<uint32_t>(active.size()), 0});
+  std::byte* p = out.data() + 16;
+  if (!h.empty()) std::memcpy(p, h.data(), h.size() * sizeof(float));
+  p += h.size() * sizeof(float);
+  if (!active.empty()) std::memcpy(p, active.data(), active.size() * sizeof(int32_t));
+  absl::Status s = ring.Commit(MessageInfo{MessageKind::kActivation, step_id, layer});
+  if (!s.ok()) ring.Abort();
+  return s;
+}
+
+absl::StatusOr<ActivationView> DecodeActivation(const MessageView& m,
+                                                const ActivationLimits& limits) {
+  TC_RETURN_IF_ERROR(ExpectKind(m, MessageKind::kActivation));
+  if (m.payload.size() < 16) return Invalid(m, "shorter than its 16-byte prefix");
+  ActivationView v;
+  v.step_id = m.header.step_id;
+  v.layer = m.header.layer;
+  v.rows = U32At(m.payload, 0);
+  v.dim = U32At(m.payload, 1);
+  const uint32_t n_active = U32At(m.payload, 2);
+  if (v.layer >= limits.n_layers) {
+    return Invalid(m, absl::StrCat("layer ", v.layer, " >= ", limits.n_layers));
+  }
+  if (v.dim != limits.dim)
+    return Invalid(m, absl::StrCat("dim ", v.dim, ", expected ", limits.dim));
+  if (v.rows == 0 || v.rows > limits.max_rows) {
+    return Invalid(m, absl::StrCat("rows ", v.rows, " outside [1, ", limits.max_rows, "]"));
+  }
+  if (limits.n_neurons < 0 || n_active > static_cast<uint32_t>(limits.n_neurons)) {
+    return Invalid(m, absl::StrCat(n_active, " active neurons of ", limits.n_neurons));
+  }
+  if (m.payload.size() != ActivationBytes(v.rows, v.dim, n_active)) {
+    return Invalid(m, absl::StrCat(m.payload.size(), " bytes for ", v.rows, " x ", v.dim, " and ",
+                                   n_active, " ids"));
+  }
+  const uint64_t h_count = uint64_t{v.rows} * v.dim;
+  TC_ASSIGN_OR_RETURN(v.h, FloatsAt(m, 16, h_count));
+  v.active.resize(n_active);
+  if (n_active > 0) {
+    std::memcpy(v.active.data(), m.payload.data() + 16 + h_count * sizeof(float),
+                n_active * sizeof(int32_t));
+  }
+  for (uint32_t i = 0; i < n_active; ++i) {
+    if (v.active[i] < 0 || v.active[i] >= limits.n_neurons) {
+      return Invalid(m, absl::StrCat("active id ", v.active[i], " at ", i, " outside [0, ",
+                                     limits.n_neurons, ")"));
+    }
+  }
+  return v;
+}
+
+// --- Partial, Logits -------------------------------------------------------------------------
+
+uint64_t MatrixBytes(uint64_t rows, uint64_t cols) { return 8 + rows * cols * sizeof(float); }
+
+absl::Status SendPartial(RingProducer& ring, uint64_t step_id, uint32_t layer, uint32_t rows,
+                         uint32_t dim, absl::Span<const float> y_cold, absl::Duration timeout) {
+  return SendMatrix(ring, MessageKind::kPartial, step_id, layer, rows, dim, y_cold, timeout);
+}
+
+absl::StatusOr<MatrixView> DecodePartial(const MessageView& m, const MatrixLimits& limits) {
+  return DecodeMatrix(m, MessageKind::kPartial, limits);
+}
+
+absl::Status SendLogits(RingProducer& ring, uint64_t step_id, uint32_t rows, uint32_t vocab,
+                        absl::Span<const float> logits, absl::Duration timeout) {
+  return SendMatrix(ring, MessageKind::kLogits, step_id, 0, rows, vocab, logits, timeout);
+}
+
+absl::StatusOr<MatrixView> DecodeLogits(const MessageView& m, const MatrixLimits& limits) {
+  return DecodeMatrix(m, MessageKind::kLogits, limits);
+}
+
+}  // namespace thermocline::ipc

@@ -1,0 +1,143 @@
+// Typed payloads of the decode-step protocol (DESIGN.md "One decode step") and the control
+// messages, encoded straight into a ring reservation and decoded with full validation.
+//
+// Layouts (little-endian; every payload starts 8-byte aligned in the ring, every array 4-byte
+// aligned after its prefix):
+//   Hello       u32 role, i32 pid, u32 protocol_version, u32 reserved
+//   Shutdown    (empty)
+//   Error       i32 code (absl::StatusCode, not OK), u32 length, char message[length]
+//   Step        u32 n_entries, u32 reserved, n_entries x {i32 kv_slot, i32 position,
+//               i32 token_id, u32 flags}
+//   Activation  u32 rows, u32 dim, u32 n_active, u32 reserved, f32 h[rows*dim],
+//               i32 active[n_active]          (header.layer = layer)
+//   Partial     u32 rows, u32 dim, f32 y_cold[rows*dim]  (header.layer = layer)
+//   Logits      u32 rows, u32 cols, f32 logits[rows*cols]
+// step_id and layer travel in the MessageHeader. A decoder checks the kind, that the counts
+// account for exactly the payload bytes, and the dimensions against what the receiver
+// expects; counts are read from shared memory once. Float arrays are returned in place (valid
+// until the message is released); index arrays are copied, since the receiver indexes memory
+// with them and the sender could still change shared memory after the check.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "shared/ipc/ring.h"
+#include "shared/ipc/transport.h"
+
+namespace thermocline::ipc {
+
+inline constexpr uint32_t kProtocolVersion = 1;
+
+// A view of a message copied out with RingConsumer::Receive, for the decoders below.
+inline MessageView ViewOf(const MessageHeader& header, const std::vector<std::byte>& payload) {
+  return MessageView{header, absl::Span<const std::byte>(payload)};
+}
+
+// --- Control ---------------------------------------------------------------------------------
+
+struct HelloMsg {
+  Role role = Role::kGateway;
+  int32_t pid = 0;
+  uint32_t protocol_version = kProtocolVersion;
+};
+absl::Status SendHello(RingProducer& ring, const HelloMsg& hello,
+                       absl::Duration timeout = absl::InfiniteDuration());
+// Also rejects a protocol_version other than kProtocolVersion.
+absl::StatusOr<HelloMsg> DecodeHello(const MessageView& m);
+
+absl::Status SendShutdown(RingProducer& ring, absl::Duration timeout = absl::InfiniteDuration());
+absl::Status DecodeShutdown(const MessageView& m);
+
+inline constexpr uint32_t kMaxErrorMessageBytes = 4096;
+// Sends a non-OK status (message truncated to kMaxErrorMessageBytes).
+absl::Status SendError(RingProducer& ring, uint64_t step_id, const absl::Status& error,
+                       absl::Duration timeout = absl::InfiniteDuration());
+// Rebuilds the sender's status into *sender_error. The return value is about the message
+// itself (InvalidArgument when it is malformed), so the two cannot be confused.
+absl::Status DecodeError(const MessageView& m, absl::Status* sender_error);
+
+// --- Decode step -----------------------------------------------------------------------------
+
+inline constexpr uint32_t kEntryWantsLogits = 1;  // return a logits row for this entry
+
+struct StepEntry {
+  int32_t kv_slot = 0;
+  int32_t position = 0;
+  int32_t token_id = 0;
+  uint32_t flags = kEntryWantsLogits;
+};
+static_assert(sizeof(StepEntry) == 16);
+
+struct StepMsg {
+  uint64_t step_id = 0;
+  std::vector<StepEntry> entries;
+};
+
+struct StepLimits {
+  uint32_t max_entries = 0;  // receiver's batch capacity
+  int32_t n_kv_slots = 0;    // kv_slot in [0, n_kv_slots)
+  int32_t n_positions = 0;   // position in [0, n_positions) (context length)
+  int32_t vocab = 0;         // token_id in [0, vocab)
+};
+
+uint64_t StepBytes(uint64_t n_entries);
+absl::Status SendStep(RingProducer& ring, uint64_t step_id, absl::Span<const StepEntry> entries,
+                      absl::Duration timeout = absl::InfiniteDuration());
+absl::StatusOr<StepMsg> DecodeStep(const MessageView& m, const StepLimits& limits);
+
+struct ActivationLimits {
+  uint32_t dim = 0;       // exact width of h
+  uint32_t max_rows = 0;  // rows in [1, max_rows]
+  uint32_t n_layers = 0;  // layer in [0, n_layers)
+  int32_t n_neurons = 0;  // every active id in [0, n_neurons)
+};
+
+struct ActivationView {
+  uint64_t step_id = 0;
+  uint32_t layer = 0;
+  uint32_t rows = 0;
+  uint32_t dim = 0;
+  absl::Span<const float> h;    // rows x dim, row-major, in the message
+  std::vector<int32_t> active;  // validated copy
+};
+
+uint64_t ActivationBytes(uint64_t rows, uint64_t dim, uint64_t n_active);
+absl::Status SendActivation(RingProducer& ring, uint64_t step_id, uint32_t layer, uint32_t rows,
+                            uint32_t dim, absl::Span<const float> h,
+                            absl::Span<const int32_t> active,
+                            absl::Duration timeout = absl::InfiniteDuration());
+absl::StatusOr<ActivationView> DecodeActivation(const MessageView& m,
+                                                const ActivationLimits& limits);
+
+// Shape a receiver expects of a row-major f32 matrix message (Partial, Logits).
+struct MatrixLimits {
+  uint32_t cols = 0;      // exact width (model dim for Partial, vocab for Logits)
+  uint32_t max_rows = 0;  // rows in [1, max_rows]
+  uint32_t n_layers = 0;  // Partial only: layer in [0, n_layers)
+};
+
+struct MatrixView {
+  uint64_t step_id = 0;
+  uint32_t layer = 0;
+  uint32_t rows = 0;
+  uint32_t cols = 0;
+  absl::Span<const float> data;  // rows x cols, in the message
+};
+
+uint64_t MatrixBytes(uint64_t rows, uint64_t cols);
+absl::Status SendPartial(RingProducer& ring, uint64_t step_id, uint32_t layer, uint32_t rows,
+                         uint32_t dim, absl::Span<const float> y_cold,
+                         absl::Duration timeout = absl::InfiniteDuration());
+absl::StatusOr<MatrixView> DecodePartial(const MessageView& m, const MatrixLimits& limits);
+absl::Status SendLogits(RingProducer& ring, uint64_t step_id, uint32_t rows, uint32_t vocab,
+                        absl::Span<const float> logits,
+                        absl::Duration timeout = absl::InfiniteDuration());
+absl::StatusOr<MatrixView> DecodeLogits(const MessageView& m, const MatrixLimits& limits);
+
+}  // namespace thermocline::ipc

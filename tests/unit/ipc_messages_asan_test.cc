@@ -1,0 +1,266 @@
+// Typed protocol payloads: encode through a ring, decode with the receiver's limits, and reject
+// every inconsistency (kind, counts vs bytes, dims, ranges) without reading past the payload.
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "shared/ipc/messages.h"
+#include "shared/ipc/ring.h"
+
+namespace thermocline::ipc {
+namespace {
+
+struct AlignedFree {
+  void operator()(void* p) const { ::operator delete(p, std::align_val_t(64)); }
+};
+
+class Loop {
+ public:
+  Loop() : mem_(::operator new(RingRegionBytes(kCap), std::align_val_t(64))) {
+    EXPECT_TRUE(InitRing(mem_.get(), RingRegionBytes(kCap), kCap).ok());
+    RingOptions o;
+    o.epoch = 1;
+    producer_ = std::make_unique<RingProducer>(
+        *RingProducer::Attach(mem_.get(), RingRegionBytes(kCap), kCap, o));
+    consumer_ = std::make_unique<RingConsumer>(
+        *RingConsumer::Attach(mem_.get(), RingRegionBytes(kCap), kCap, o));
+  }
+  RingProducer& out() { return *producer_; }
+  // The next message, copied out of the ring into a buffer of exactly its size.
+  MessageView Next() {
+    auto h = consumer_->Receive(&buf_, absl::ZeroDuration());
+    EXPECT_TRUE(h.ok()) << h.status();
+    header_ = h.ok() ? *h : MessageHeader{};
+    return ViewOf(header_, buf_);
+  }
+
+ private:
+  static constexpr uint64_t kCap = 1 << 16;
+  std::unique_ptr<void, AlignedFree> mem_;
+  std::unique_ptr<RingProducer> producer_;
+  std::unique_ptr<RingConsumer> consumer_;
+  std::vector<std::byte> buf_;
+  MessageHeader header_;
+};
+
+// A MessageView over an exact-size heap copy of `bytes`, as if it came from a ring.
+struct Forged {
+  MessageHeader header;
+  std::vector<std::byte> bytes;
+  MessageView view() const { return ViewOf(header, bytes); }
+};
+
+Forged Forge(MessageKind kind, std::vector<uint32_t> words, uint64_t step = 1, uint32_t layer = 0) {
+  Forged f;
+  f.header.kind = static_cast<uint16_t>(kind);
+  f.header.step_id = step;
+  f.header.layer = layer;
+  f.bytes.resize(words.size() * 4);
+  if (!words.empty()) std::memcpy(f.bytes.data(), words.data(), f.bytes.size());
+  f.header.bytes = static_cast<uint32_t>(f.bytes.size());
+  return f;
+}
+
+uint32_t F32Bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+
+TEST(IpcMessages, HelloShutdownError) {
+  Loop loop;
+  ASSERT_TRUE(SendHello(loop.out(), HelloMsg{Role::kCpuWorker, 1234, kProtocolVersion}).ok());
+  auto hello = DecodeHello(loop.Next());
+  ASSERT_TRUE(hello.ok()) << hello.status();
+  EXPECT_EQ(hello->role, Role::kCpuWorker);
+  EXPECT_EQ(hello->pid, 1234);
+
+  ASSERT_TRUE(SendHello(loop.out(), HelloMsg{Role::kGpuWorker, 1, kProtocolVersion + 1}).ok());
+  EXPECT_EQ(DecodeHello(loop.Next()).status().code(), absl::StatusCode::kFailedPrecondition);
+
+  ASSERT_TRUE(SendShutdown(loop.out()).ok());
+  EXPECT_TRUE(DecodeShutdown(loop.Next()).ok());
+
+  ASSERT_TRUE(SendError(loop.out(), 77, absl::NotFoundError("no such slot")).ok());
+  MessageView m = loop.Next();
+  EXPECT_EQ(m.header.step_id, 77u);
+  absl::Status err;
+  ASSERT_TRUE(DecodeError(m, &err).ok());
+  EXPECT_EQ(err, absl::NotFoundError("no such slot"));
+  EXPECT_EQ(SendError(loop.out(), 0, absl::OkStatus()).code(), absl::StatusCode::kInvalidArgument);
+
+  EXPECT_FALSE(DecodeHello(Forge(MessageKind::kHello, {7, 1, kProtocolVersion, 0}).view()).ok());
+  EXPECT_FALSE(DecodeHello(Forge(MessageKind::kHello, {1, 1, kProtocolVersion}).view()).ok());
+  EXPECT_FALSE(DecodeShutdown(Forge(MessageKind::kShutdown, {0}).view()).ok());
+  EXPECT_FALSE(DecodeError(Forge(MessageKind::kError, {0, 0}).view(), &err).ok());   // OK code
+  EXPECT_FALSE(DecodeError(Forge(MessageKind::kError, {17, 0}).view(), &err).ok());  // unknown code
+  EXPECT_FALSE(DecodeError(Forge(MessageKind::kError, {5, 8, 0}).view(), &err).ok());  // short text
+  EXPECT_FALSE(DecodeError(Forge(MessageKind::kError, {5}).view(), &err).ok());
+}
+
+TEST(IpcMessages, Step) {
+  Loop loop;
+  std::vector<StepEntry> entries = {{0, 0, 1, kEntryWantsLogits}, {3, 17, 255, 0}};
+  ASSERT_TRUE(SendStep(loop.out(), 9, entries).ok());
+  StepLimits limits{4, 4, 32, 256};
+  MessageView m = loop.Next();
+  EXPECT_EQ(m.header.bytes, StepBytes(2));
+  auto step = DecodeStep(m, limits);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(step->step_id, 9u);
+  ASSERT_EQ(step->entries.size(), 2u);
+  EXPECT_EQ(step->entries[1].kv_slot, 3);
+  EXPECT_EQ(step->entries[1].position, 17);
+  EXPECT_EQ(step->entries[1].token_id, 255);
+  EXPECT_EQ(step->entries[0].flags, kEntryWantsLogits);
+
+  auto bad = [&](std::vector<uint32_t> words, const char* why) {
+    EXPECT_EQ(DecodeStep(Forge(MessageKind::kStep, words).view(), limits).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << why;
+  };
+  bad({1, 0, 0, 0, 1}, "entry bytes missing");
+  bad({2, 0, 0, 0, 1, 0}, "count larger than the bytes");
+  bad({0, 0}, "no entries");
+  bad({5, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0}, "more than max_entries");
+  bad({0xffffffffu, 0, 0, 0, 1, 0}, "count overflow");
+  bad({1, 0, 4, 0, 1, 0}, "kv_slot out of range");
+  bad({1, 0, 0xffffffffu, 0, 1, 0}, "negative kv_slot");
+  bad({1, 0, 0, 32, 1, 0}, "position out of range");
+  bad({1, 0, 0, 0, 256, 0}, "token out of range");
+  bad({1, 0, 0, 0, 1, 2}, "unknown flag");
+  bad({1}, "shorter than the prefix");
+  EXPECT_EQ(
+      DecodeStep(Forge(MessageKind::kPartial, {1, 0, 0, 0, 1, 0}).view(), limits).status().code(),
+      absl::StatusCode::kInvalidArgument);  // wrong kind
+}
+
+TEST(IpcMessages, Activation) {
+  Loop loop;
+  const uint32_t rows = 2, dim = 8;
+  std::vector<float> h(rows * dim);
+  for (size_t i = 0; i < h.size(); ++i) h[i] = 0.5f * static_cast<float>(i) - 3.0f;
+  std::vector<int32_t> active = {0, 5, 99};
+  ASSERT_TRUE(SendActivation(loop.out(), 4, 3, rows, dim, h, active).ok());
+  ActivationLimits limits{dim, 4, 6, 100};
+  MessageView m = loop.Next();
+  EXPECT_EQ(m.header.bytes, ActivationBytes(rows, dim, 3));
+  auto a = DecodeActivation(m, limits);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->step_id, 4u);
+  EXPECT_EQ(a->layer, 3u);
+  EXPECT_EQ(a->rows, rows);
+  EXPECT_EQ(std::vector<float>(a->h.begin(), a->h.end()), h);
+  EXPECT_EQ(a->active, active);
+
+  ASSERT_TRUE(SendActivation(loop.out(), 5, 0, 1, dim, absl::MakeSpan(h).subspan(0, dim), {}).ok());
+  auto empty = DecodeActivation(loop.Next(), limits);
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_TRUE(empty->active.empty());
+
+  EXPECT_EQ(SendActivation(loop.out(), 1, 0, 3, dim, h, active).code(),
+            absl::StatusCode::kInvalidArgument);  // 16 values are not 3 x 8
+
+  const uint32_t one = F32Bits(1.0f);
+  auto bad = [&](std::vector<uint32_t> words, uint32_t layer, const char* why) {
+    Forged f = Forge(MessageKind::kActivation, words, 1, layer);
+    EXPECT_EQ(DecodeActivation(f.view(), limits).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << why;
+  };
+  std::vector<uint32_t> good = {1, dim, 1, 0, one, one, one, one, one, one, one, one, 7};
+  EXPECT_TRUE(DecodeActivation(Forge(MessageKind::kActivation, good).view(), limits).ok());
+  bad(good, 6, "layer out of range");
+  auto edit = [&](size_t i, uint32_t v) {
+    std::vector<uint32_t> w = good;
+    w[i] = v;
+    return w;
+  };
+  bad(edit(1, dim + 1), 0, "dim other than expected");
+  bad(edit(0, 0), 0, "zero rows");
+  bad(edit(0, 5), 0, "rows above max");
+  bad(edit(0, 2), 0, "rows larger than the bytes");
+  bad(edit(2, 2), 0, "ids larger than the bytes");
+  bad(edit(2, 0), 0, "ids smaller than the bytes");
+  bad(edit(2, 101), 0, "more ids than neurons");
+  bad(edit(12, 100), 0, "id out of range");
+  bad(edit(12, 0xffffffffu), 0, "negative id");
+  bad({1, dim, 0}, 0, "shorter than the prefix");
+}
+
+TEST(IpcMessages, PartialAndLogits) {
+  Loop loop;
+  std::vector<float> y = {1, 2, 3, 4, 5, 6};
+  ASSERT_TRUE(SendPartial(loop.out(), 8, 2, 2, 3, y).ok());
+  auto p = DecodePartial(loop.Next(), MatrixLimits{3, 2, 4});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->layer, 2u);
+  EXPECT_EQ(p->rows, 2u);
+  EXPECT_EQ(std::vector<float>(p->data.begin(), p->data.end()), y);
+
+  ASSERT_TRUE(SendLogits(loop.out(), 8, 1, 6, y).ok());
+  auto l = DecodeLogits(loop.Next(), MatrixLimits{6, 4, 0});
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->step_id, 8u);
+  EXPECT_EQ(l->cols, 6u);
+
+  ASSERT_TRUE(SendPartial(loop.out(), 8, 2, 2, 3, y).ok());
+  MessageView m = loop.Next();
+  EXPECT_FALSE(DecodePartial(m, MatrixLimits{4, 2, 4}).ok());  // width
+  EXPECT_FALSE(DecodePartial(m, MatrixLimits{3, 1, 4}).ok());  // rows
+  EXPECT_FALSE(DecodePartial(m, MatrixLimits{3, 2, 2}).ok());  // layer
+  EXPECT_FALSE(DecodeLogits(m, MatrixLimits{3, 2, 4}).ok());   // kind
+  EXPECT_EQ(SendLogits(loop.out(), 1, 2, 6, y).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(DecodeLogits(Forge(MessageKind::kLogits, {1, 2, 0}).view(), {2, 4, 0}).ok());
+  EXPECT_FALSE(DecodeLogits(Forge(MessageKind::kLogits, {1, 2, 0, 0, 0}).view(), {2, 4, 0}).ok());
+  EXPECT_FALSE(
+      DecodeLogits(Forge(MessageKind::kLogits, {0x40000000u, 2, 0, 0}).view(), {2, ~0u, 0}).ok());
+}
+
+// Random bytes of random length under every kind: decoders return errors or values that stay
+// inside the payload, and ASan watches the exact-size buffers.
+TEST(IpcMessages, RandomPayloadsNeverEscape) {
+  std::mt19937_64 rng(99);
+  const MessageKind kinds[] = {MessageKind::kHello, MessageKind::kShutdown,   MessageKind::kError,
+                               MessageKind::kStep,  MessageKind::kActivation, MessageKind::kPartial,
+                               MessageKind::kLogits};
+  for (int trial = 0; trial < 20000; ++trial) {
+    Forged f;
+    f.header.kind = static_cast<uint16_t>(kinds[rng() % 7]);
+    f.header.layer = rng() % 4;
+    f.bytes.resize(rng() % 96);
+    for (auto& b : f.bytes) b = std::byte(rng() % 4 == 0 ? rng() : rng() % 3);
+    // Make the leading counts small sometimes, so that decoders get past the first checks.
+    if (f.bytes.size() >= 8 && rng() % 2) {
+      uint32_t a = rng() % 4, b = 4;
+      std::memcpy(f.bytes.data(), &a, 4);
+      std::memcpy(f.bytes.data() + 4, &b, 4);
+    }
+    f.header.bytes = static_cast<uint32_t>(f.bytes.size());
+    MessageView v = f.view();
+    (void)DecodeHello(v);
+    (void)DecodeShutdown(v);
+    absl::Status sender;
+    (void)DecodeError(v, &sender);
+    (void)DecodeStep(v, StepLimits{8, 4, 64, 100});
+    auto a = DecodeActivation(v, ActivationLimits{4, 4, 4, 16});
+    if (a.ok()) {
+      for (int32_t id : a->active) ASSERT_TRUE(id >= 0 && id < 16);
+      volatile float s = 0;
+      for (float x : a->h) s = s + x;
+    }
+    auto p = DecodePartial(v, MatrixLimits{4, 4, 4});
+    if (p.ok()) {
+      volatile float s = 0;
+      for (float x : p->data) s = s + x;
+    }
+    (void)DecodeLogits(v, MatrixLimits{4, 4, 0});
+  }
+}
+
+}  // namespace
+}  // namespace thermocline::ipc
