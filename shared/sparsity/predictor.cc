@@ -179,6 +179,13 @@ absl::StatusOr<PredictorSet> PredictorSet::FromGguf(std::shared_ptr<const GgufFi
                                      ", expected (", config.dim, ", rank) with rank > 0"));
     }
     const int64_t rank = fc1->ne[1];
+    for (const GgufTensorInfo* t : {fc1, fc2}) {
+      if (!IsWeightType(t->type)) {
+        return Invalid(f, absl::StrCat("tensor '", t->name, "' has type ",
+                                       std::string(TypeTraits(t->type).name),
+                                       ", which is not a weight type"));
+      }
+    }
     if (fc2->ne.size() != 2 || fc2->ne[0] != rank || fc2->ne[1] != config.ffn_dim) {
       return Invalid(f, absl::StrCat("tensor '", Fc2Name(l), "' has shape ", ShapeString(fc2->ne),
                                      ", expected (", rank, ", ", config.ffn_dim, ") to match '",
@@ -223,6 +230,10 @@ absl::StatusOr<PredictorSet> PredictorSet::FromWeights(const std::vector<Predict
   }
   if (!std::isfinite(threshold)) {
     return absl::InvalidArgumentError("predictors: the threshold is not finite");
+  }
+  if (!IsWeightType(type)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "predictors: ", std::string(TypeTraits(type).name), " is not a weight type"));
   }
   const int64_t block = TypeTraits(type).block_size;
   if (config.dim % block != 0) {

@@ -198,6 +198,8 @@ TEST(PredictorSetTest, FromWeightsValidates) {
   bad[0].fc2[5] = 1e6f;  // beyond f16's range
   ExpectError(PredictorSet::FromWeights(bad, c, GgmlType::kF16).status(),
               "layer 0 fc2[0][5] = 1e+06 is not finite as f16");
+  ExpectError(PredictorSet::FromWeights(weights, c, GgmlType::kI32).status(),
+              "i32 is not a weight type");
   ExpectError(PredictorSet::FromWeights(weights, c, GgmlType::kF32, INFINITY).status(),
               "threshold is not finite");
 }

@@ -1,0 +1,172 @@
+// `thermocline train-predictor`: trains PowerInfer-style activation predictors for a model over
+// a text corpus (see shared/sparsity/predictor_trainer.h) and writes them as GGUF.
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "shared/model/llama_model.h"
+#include "shared/runtime/corpus.h"
+#include "shared/sparsity/predictor.h"
+#include "shared/sparsity/predictor_trainer.h"
+#include "tools/command.h"
+
+namespace thermocline::tools {
+namespace {
+
+int RunTrainPredictor(const std::vector<std::string>& args) {
+  std::string model_path, corpus_path, output, rank_arg, candidates_arg, stats_path, type_name;
+  int64_t max_tokens = 0;
+  int threads = 0;
+  PredictorTrainerOptions o;
+  po::options_description opts("options");
+  opts.add_options()
+      ("model,m", po::value(&model_path)->required(), "model file (GGUF)")
+      ("corpus", po::value(&corpus_path)->required(), "UTF-8 text to collect activations over")
+      ("output,o", po::value(&output)->required(), "predictor file to write (GGUF)")
+      ("tokens", po::value(&max_tokens)->default_value(65536), "corpus tokens to use at most (0 = all)")
+      ("window", po::value(&o.window)->default_value(o.window), "positions per corpus window, BOS included")
+      ("rank", po::value(&rank_arg)->default_value("auto"),
+       "predictor rank for every layer, or auto: per layer, the smallest candidate whose "
+       "precision the next one does not beat by --rank-tolerance")
+      ("rank-candidates", po::value(&candidates_arg)->default_value(""),
+       "comma-separated ranks for --rank auto (default dim/16,dim/8,dim/4,dim/2)")
+      ("rank-tolerance", po::value(&o.rank_tolerance)->default_value(o.rank_tolerance, "0.02"),
+       "precision gain that justifies a larger rank")
+      ("epochs", po::value(&o.epochs)->default_value(o.epochs), "passes over the training samples")
+      ("lr", po::value(&o.learning_rate)->default_value(o.learning_rate, "0.001"),
+       "Adam learning rate (cosine-decayed to 10%)")
+      ("batch", po::value(&o.batch)->default_value(o.batch), "samples per optimizer step")
+      ("pos-weight", po::value(&o.pos_weight)->default_value(0.0f, "0"),
+       "weight of active neurons in the loss (0 = sqrt(inactive/active share), at least 1)")
+      ("recall-target", po::value(&o.recall_target)->default_value(o.recall_target, "0.95"),
+       "share of active neurons the threshold must keep")
+      ("holdout", po::value(&o.holdout)->default_value(o.holdout, "0.1"),
+       "share of tokens held out: half picks the threshold, half measures recall/precision")
+      ("max-samples", po::value(&o.max_samples_per_layer)->default_value(o.max_samples_per_layer),
+       "token samples kept per layer (bounds memory)")
+      ("stats", po::value(&stats_path), "activation statistics from `thermocline profile` (SiLU models)")
+      ("type", po::value(&type_name)->default_value("f16"), "predictor weight type: f32, f16, bf16")
+      ("seed", po::value(&o.seed)->default_value(o.seed), "seed (same seed and data, same predictors)")
+      ("threads", po::value(&threads)->default_value(0), "CPU threads (0 = all cores)");
+  po::positional_options_description pos;
+  po::variables_map vm;
+  int exit_code = 0;
+  if (!ParseOptions("train-predictor", "--model M.gguf --corpus TEXT -o PRED.gguf [options]", opts,
+                    pos, args, vm, exit_code)) {
+    return exit_code;
+  }
+  auto fail = [](const std::string& msg) {
+    std::cerr << "thermocline train-predictor: " << msg << "\n";
+    return 1;
+  };
+  if (threads < 0) return fail("--threads must be >= 0");
+  if (max_tokens < 0) return fail("--tokens must be >= 0");
+  if (type_name != "f32" && type_name != "f16" && type_name != "bf16") {
+    return fail("--type '" + type_name + "' is not one of: f32, f16, bf16");
+  }
+  o.type = *TypeFromName(type_name);
+  if (rank_arg != "auto") {
+    if (!absl::SimpleAtoi(rank_arg, &o.rank) || o.rank <= 0) {
+      return fail("--rank '" + rank_arg + "' is neither a positive integer nor 'auto'");
+    }
+    if (!candidates_arg.empty()) return fail("--rank-candidates needs --rank auto");
+  }
+  for (absl::string_view part : absl::StrSplit(candidates_arg, ',', absl::SkipEmpty())) {
+    int64_t r = 0;
+    if (!absl::SimpleAtoi(part, &r) || r <= 0) {
+      return fail("--rank-candidates '" + candidates_arg + "' must be positive integers separated by commas");
+    }
+    o.rank_candidates.push_back(r);
+  }
+  o.progress = true;
+
+  auto model_or = LlamaModel::Load(model_path);
+  if (!model_or.ok()) return fail(std::string(model_or.status().message()));
+  const LlamaModel& model = **model_or;
+  const LlamaConfig& c = model.config();
+  if (!stats_path.empty()) {
+    // Activation statistics come from `thermocline profile`, which is not part of this build yet.
+    return fail("--stats is not supported yet: `thermocline profile` has not landed");
+  }
+  if (c.activation == FfnActivation::kSilu) {
+    return fail(model_path + " is a SiLU model: its active neurons are defined by the magnitude "
+                "cuts in --stats from `thermocline profile`");
+  }
+  if (o.rank == 0 && o.rank_candidates.empty()) o.rank_candidates = DefaultRankCandidates(c, o.type);
+  if (absl::Status s = ValidatePredictorTrainerOptions(o, c); !s.ok()) {
+    return fail(std::string(s.message()));
+  }
+  auto tokens_or = TokenizeCorpusFile(corpus_path, model.tokenizer(), max_tokens);
+  if (!tokens_or.ok()) return fail(std::string(tokens_or.status().message()));
+
+  const int n_threads = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
+  ThreadPool pool(n_threads);
+  const int64_t per_layer_samples = std::min<int64_t>(
+      o.max_samples_per_layer,
+      static_cast<int64_t>(tokens_or->size()) / (o.window - 1) * o.window);
+  const double sample_bytes = static_cast<double>(c.dim * 2 + (c.ffn_dim + 63) / 64 * 8 + 1);
+  std::cerr << absl::StrFormat(
+      "train-predictor: %d layers, dim %d, %d neurons, %d corpus tokens; up to %d samples per "
+      "layer (%.1f MiB); ranks %s; %d threads\n",
+      c.n_layers, c.dim, c.ffn_dim, tokens_or->size(), per_layer_samples,
+      per_layer_samples * sample_bytes * c.n_layers / (1 << 20),
+      o.rank > 0 ? std::to_string(o.rank)
+                 : "auto of " + absl::StrJoin(o.rank_candidates, ","),
+      n_threads);
+
+  auto summary_or = TrainPredictors(model, *tokens_or, o, pool);
+  if (!summary_or.ok()) return fail(std::string(summary_or.status().message()));
+  PredictorTrainingSummary& summary = *summary_or;
+  const PredictorSet& set = summary.predictors;
+  if (absl::Status s = WritePredictors(set, c, output); !s.ok()) {
+    return fail(std::string(s.message()));
+  }
+
+  std::printf("samples per layer: %lld train, %lld calibration, %lld test (held out)\n",
+              static_cast<long long>(summary.train_samples),
+              static_cast<long long>(summary.calibration_samples),
+              static_cast<long long>(summary.test_samples));
+  std::printf("%5s %6s %9s %9s %10s %10s  %s\n", "layer", "rank", "recall", "precision",
+              "predicted", "active", "rank trials (calibration precision)");
+  double sum_recall = 0, sum_precision = 0, sum_predicted = 0, sum_active = 0;
+  for (int64_t l = 0; l < set.n_layers(); ++l) {
+    const PredictorLayerReport& r = set.report().layers[l];
+    std::string trials;
+    for (const RankTrial& t : summary.layers[l].trials) {
+      trials += absl::StrFormat("%s%d:%.3f", trials.empty() ? "" : " ", t.rank, t.calibration_precision);
+    }
+    std::printf("%5lld %6lld %9.4f %9.4f %10.4f %10.4f  %s\n", static_cast<long long>(l),
+                static_cast<long long>(set.layer(l).rank), r.recall, r.precision,
+                r.predicted_active, r.true_active, trials.c_str());
+    sum_recall += r.recall;
+    sum_precision += r.precision;
+    sum_predicted += r.predicted_active;
+    sum_active += r.true_active;
+  }
+  const double n = static_cast<double>(set.n_layers());
+  std::printf("%5s %6s %9.4f %9.4f %10.4f %10.4f\n", "mean", "", sum_recall / n,
+              sum_precision / n, sum_predicted / n, sum_active / n);
+  std::printf("threshold: %s; predictors: %.2f MiB (%s)\n",
+              summary.folded
+                  ? absl::StrFormat("%g for every layer (folded into fc2)", set.threshold()).c_str()
+                  : absl::StrFormat("per layer (thermocline.predictor.thresholds); global %g, "
+                                    "the most permissive, for PowerInfer",
+                                    set.threshold())
+                        .c_str(),
+              set.bytes() / double(1 << 20), type_name.c_str());
+  std::printf("wrote %s\n", output.c_str());
+  return 0;
+}
+
+CommandRegistrar reg({"train-predictor",
+                      "train per-layer activation predictors (PowerInfer's fc1/fc2) over a corpus",
+                      &RunTrainPredictor});
+
+}  // namespace
+}  // namespace thermocline::tools
