@@ -181,7 +181,7 @@ TEST_F(StoriesCorruptionTest, HeaderRegionTruncatedAtEveryOffset) {
 TEST_F(StoriesCorruptionTest, HeaderRegionRandomFlips) {
   // Half the flips land in the tensor infos, which are a small part of the header but hold the
   // shapes, types and offsets.
-  Outcome o = RandomFlips(bytes_, data_offset_, infos_begin_, data_offset_, 3000, 777);
+  Outcome o = RandomFlips(bytes_, data_offset_, infos_begin_, data_offset_, 2000, 777);
   EXPECT_GT(o.parsed, 0);
   EXPECT_GT(o.rejected, 0);
 }
