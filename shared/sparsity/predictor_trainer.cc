@@ -215,18 +215,44 @@ std::vector<int64_t> IndicesOf(const LayerSamples& s, SampleSplit split) {
   return out;
 }
 
-// The largest threshold at which at least `target` (plus a binomial margin) of the positive
-// scores pass; for a layer with no positives, one above every score (nothing predicted).
-float ThresholdForRecall(std::vector<float>& positive_scores, float max_score, double target) {
-  const int64_t p = static_cast<int64_t>(positive_scores.size());
+struct ScoredPositive {
+  float score;
+  int32_t block;  // which calibration block (kSplitBlockTokens consecutive tokens) it came from
+};
+
+// The largest threshold at which at least `target` plus a margin of the positive scores pass;
+// for a layer with no positives, one above every score (nothing predicted). The margin is
+// kRecallMarginSigmas standard errors of the calibration recall, so that recall on unseen tokens
+// still reaches the target. Neurons of one token, and neighbouring tokens, fire together, so the
+// error is taken over blocks (the ratio estimator's), and never below the binomial one.
+float ThresholdForRecall(std::vector<ScoredPositive>& positives, int64_t n_blocks, float max_score,
+                         double target) {
+  const int64_t p = static_cast<int64_t>(positives.size());
   if (p == 0) return max_score + std::max(1e-3f, std::abs(max_score) * 0.01f);
-  const double margin = kRecallMarginSigmas * std::sqrt(target * (1 - target) / p);
-  const double goal = std::min(1.0, target + margin);
-  const int64_t m = std::clamp<int64_t>(static_cast<int64_t>(std::ceil(goal * p)), 1, p);
-  // m-th largest: every positive at or above it passes, so recall >= m / p >= goal.
-  std::nth_element(positive_scores.begin(), positive_scores.begin() + (m - 1),
-                   positive_scores.end(), std::greater<float>());
-  return positive_scores[m - 1];
+  std::sort(positives.begin(), positives.end(),
+            [](const ScoredPositive& a, const ScoredPositive& b) { return a.score > b.score; });
+  // The m-th largest score: every positive at or above it passes, so recall >= m / p >= goal.
+  auto threshold_for = [&](double goal) {
+    const int64_t m = std::clamp<int64_t>(static_cast<int64_t>(std::ceil(goal * p)), 1, p);
+    return positives[m - 1].score;
+  };
+  const float t0 = threshold_for(target);
+  double se = std::sqrt(target * (1 - target) / static_cast<double>(p));
+  if (n_blocks > 1) {
+    std::vector<double> pos(n_blocks, 0), hit(n_blocks, 0);
+    for (const ScoredPositive& q : positives) {
+      pos[q.block] += 1;
+      hit[q.block] += q.score >= t0;
+    }
+    double total_hit = 0;
+    for (double h : hit) total_hit += h;
+    const double recall = total_hit / static_cast<double>(p);
+    double ss = 0;
+    for (int64_t b = 0; b < n_blocks; ++b) ss += std::pow(hit[b] - recall * pos[b], 2);
+    const double mean_pos = static_cast<double>(p) / static_cast<double>(n_blocks);
+    se = std::max(se, std::sqrt(ss / static_cast<double>((n_blocks - 1) * n_blocks)) / mean_pos);
+  }
+  return threshold_for(std::min(1.0, target + kRecallMarginSigmas * se));
 }
 
 struct Calibration {
@@ -238,9 +264,16 @@ struct Calibration {
 // stays at one batch of scores).
 Calibration Calibrate(Trainee& net, const LayerSamples& s, const std::vector<int64_t>& ids,
                       float recall_target, ThreadPool& pool) {
-  std::vector<float> positives;
+  std::vector<ScoredPositive> positives;
   float max_score = -std::numeric_limits<float>::max();
   const int64_t n = s.ffn_dim();
+  // ids ascend, so a new block starts wherever the block number changes.
+  std::vector<int32_t> block_of(ids.size());
+  int32_t n_blocks = 0;
+  for (size_t j = 0; j < ids.size(); ++j) {
+    if (j == 0 || ids[j] / kSplitBlockTokens != ids[j - 1] / kSplitBlockTokens) ++n_blocks;
+    block_of[j] = n_blocks - 1;
+  }
   for (size_t b0 = 0; b0 < ids.size(); b0 += net.batch) {
     const int64_t nb = std::min<int64_t>(net.batch, ids.size() - b0);
     GatherInputs(s, ids.data() + b0, nb, net.x.data());
@@ -249,12 +282,12 @@ Calibration Calibrate(Trainee& net, const LayerSamples& s, const std::vector<int
       const float* z = net.z2.data() + b * n;
       for (int64_t i = 0; i < n; ++i) {
         max_score = std::max(max_score, z[i]);
-        if (s.active(ids[b0 + b], i)) positives.push_back(z[i]);
+        if (s.active(ids[b0 + b], i)) positives.push_back({z[i], block_of[b0 + b]});
       }
     }
   }
   Calibration c;
-  c.threshold = ThresholdForRecall(positives, max_score, recall_target);
+  c.threshold = ThresholdForRecall(positives, n_blocks, max_score, recall_target);
   int64_t predicted = 0, hits = 0;
   for (size_t b0 = 0; b0 < ids.size(); b0 += net.batch) {
     const int64_t nb = std::min<int64_t>(net.batch, ids.size() - b0);

@@ -14,7 +14,8 @@
 //    calibration precision (at the recall target) is within rank_tolerance of the next
 //    candidate's is kept, or the largest.
 // 4. Threshold: on the calibration tokens, the largest threshold whose recall reaches the target
-//    plus a two-sigma margin (so that the recall on unseen tokens still reaches the target).
+//    plus two standard errors of that recall (taken over blocks of tokens, which fire together),
+//    so that the recall on unseen tokens still reaches the target.
 //    If every layer's threshold has the same sign, each layer's fc2 is scaled so that one
 //    global threshold, which is all PowerInfer reads, is exact for every layer; otherwise the
 //    per-layer thresholds are stored too and the global one is the most permissive of them.
