@@ -53,7 +53,9 @@ int RunSynth(const std::vector<std::string>& args) {
     return 1;
   };
   std::optional<GgmlType> type = TypeFromName(type_name);
-  if (!type) return fail("--type '" + type_name + "' is not one of: f32, f16, bf16, q8_0, q4_0");
+  if (!type || !IsWeightType(*type)) {
+    return fail("--type '" + type_name + "' is not one of: f32, f16, bf16, q8_0, q4_0");
+  }
   o.type = *type;
   if (ffn_kind == "swiglu") {
     o.ffn_kind = SynthFfnKind::kSwiGlu;

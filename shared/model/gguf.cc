@@ -53,38 +53,16 @@ uint64_t MinEncodedSize(GgufValueType t) {
 bool IsValidValueType(uint32_t t) { return t <= static_cast<uint32_t>(GgufValueType::kFloat64); }
 
 // ggml's names for the type ids we do not support, so that an error says "q4_K" rather than 12.
-absl::string_view GgmlTypeIdName(uint32_t id) {
-  static constexpr absl::string_view kNames[] = {"f32",
-                                                 "f16",
-                                                 "q4_0",
-                                                 "q4_1",
-                                                 "q4_2 (removed)",
-                                                 "q4_3 (removed)",
-                                                 "q5_0",
-                                                 "q5_1",
-                                                 "q8_0",
-                                                 "q8_1",
-                                                 "q2_K",
-                                                 "q3_K",
-                                                 "q4_K",
-                                                 "q5_K",
-                                                 "q6_K",
-                                                 "q8_K",
-                                                 "iq2_xxs",
-                                                 "iq2_xs",
-                                                 "iq3_xxs",
-                                                 "iq1_s",
-                                                 "iq4_nl",
-                                                 "iq3_s",
-                                                 "iq2_s",
-                                                 "iq4_xs",
-                                                 "i8",
-                                                 "i16",
-                                                 "i32",
-                                                 "i64",
-                                                 "f64",
-                                                 "iq1_m",
-                                                 "bf16"};
+absl::string_view GgmlTypeIdName(uint32_t id, bool powerinfer) {
+  // clang-format off
+  static constexpr absl::string_view kNames[] = {
+      "f32", "f16", "q4_0", "q4_1", "q4_2 (removed)", "q4_3 (removed)", "q5_0", "q5_1", "q8_0",
+      "q8_1", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "q8_K", "iq2_xxs", "iq2_xs", "iq3_xxs",
+      "iq1_s", "iq4_nl", "iq3_s", "iq2_s", "iq4_xs", "i8", "i16", "i32", "i64", "f64", "iq1_m",
+      "bf16"};
+  // clang-format on
+  // PowerInfer's ggml numbers its integer types 16..18 (see TypeTraitsInFile).
+  if (powerinfer && id >= 16 && id <= 18) return kNames[id + 8];
   if (id < std::size(kNames)) return kNames[id];
   return "unknown";
 }
@@ -606,10 +584,10 @@ absl::Status GgufFile::Parse() {
     TC_RETURN_IF_ERROR(r.Read(&type_id, tc, "type"));
     std::optional<GgmlTypeTraits> traits = TypeTraitsInFile(type_id, powerinfer_);
     if (!traits) {
-      return r.Error(
-          type_at, tc,
-          absl::StrCat("unsupported tensor type id ", type_id, " (", GgmlTypeIdName(type_id),
-                       "); supported: f32, f16, bf16, q8_0, q4_0, i32"));
+      return r.Error(type_at, tc,
+                     absl::StrCat("unsupported tensor type id ", type_id, " (",
+                                  GgmlTypeIdName(type_id, powerinfer_),
+                                  "); supported: f32, f16, bf16, q8_0, q4_0, i32"));
     }
     t.type = traits->type;
     if (t.ne[0] % traits->block_size != 0) {

@@ -163,9 +163,11 @@ absl::Status ValidateSynthOptions(const SynthOptions& o) {
                absl::StrCat("gives an odd head dimension ", head_dim, " with --heads ", o.heads,
                             " (RoPE rotates pairs)"));
   }
-  if (!TypeTraits(static_cast<uint32_t>(o.type))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--type: unsupported type id ", static_cast<uint32_t>(o.type)));
+  if (!TypeTraits(static_cast<uint32_t>(o.type)) || !IsWeightType(o.type)) {
+    return absl::InvalidArgumentError(absl::StrCat("--type: type id ",
+                                                   static_cast<uint32_t>(o.type),
+                                                   " is not a weight type (f32, f16, bf16, "
+                                                   "q8_0, q4_0)"));
   }
   const GgmlTypeTraits& t = TypeTraits(o.type);
   const std::string why = absl::StrCat("must be a multiple of ", t.block_size, " for --type ",
