@@ -171,18 +171,6 @@ constexpr int64_t kPreparedBlockBytes = 96;
 constexpr int64_t kBiasAt = 32;
 constexpr int64_t kScaleAt = 64;
 
-// fp16 -> f32 of the weight scales by table: two loads instead of three vector-port uops
-// (insert, convert, broadcast) on the ports the block arithmetic saturates. Only entries of
-// scales that occur are ever touched.
-const float* HalfToFloatTable() {
-  static const float* const table = [] {
-    float* t = new float[1 << 16];  // lives as long as the process
-    for (uint32_t h = 0; h < (1u << 16); ++h) t[h] = _cvtsh_ss(static_cast<uint16_t>(h));
-    return t;
-  }();
-  return table;
-}
-
 inline __m256 BroadcastScale(const float* half_table, const uint8_t* block) {
   uint16_t h;
   std::memcpy(&h, block, sizeof h);

@@ -73,6 +73,11 @@ const KernelSet& Avx2Kernels(bool vnni);
 bool CpuHasAvx2();
 bool CpuHasAvxVnni();
 
+// f32 value of every fp16 bit pattern (256 KiB, built on first use). A lookup is cheaper than
+// the arithmetic conversion in portable code and than F16C's insert-convert-broadcast for a
+// single scale in the AVX2 kernels; only entries of values that occur are ever touched.
+const float* HalfToFloatTable();
+
 inline bool IsQuantized(GgmlType type) {
   return type == GgmlType::kQ8_0 || type == GgmlType::kQ4_0;
 }

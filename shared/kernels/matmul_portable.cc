@@ -18,9 +18,10 @@ inline uint16_t LoadU16(const uint8_t* p) {
   return v;
 }
 
+// Element loaders; an instance lives for one row (F16 keeps its table pointer there).
 struct F32Elem {
   static constexpr int kBytes = 4;
-  static float Load(const uint8_t* p) {
+  float Load(const uint8_t* p) const {
     float v;
     std::memcpy(&v, p, sizeof v);
     return v;
@@ -28,22 +29,24 @@ struct F32Elem {
 };
 struct F16Elem {
   static constexpr int kBytes = 2;
-  static float Load(const uint8_t* p) { return Fp16ToFp32(LoadU16(p)); }
+  const float* half = HalfToFloatTable();
+  float Load(const uint8_t* p) const { return half[LoadU16(p)]; }
 };
 struct Bf16Elem {
   static constexpr int kBytes = 2;
-  static float Load(const uint8_t* p) { return Bf16ToFp32(LoadU16(p)); }
+  float Load(const uint8_t* p) const { return Bf16ToFp32(LoadU16(p)); }
 };
 
 // Eight independent partial sums let the compiler use SSE lanes without -ffast-math.
 template <class E>
 float FloatDot(const uint8_t* w, const float* x, int64_t cols) {
+  const E e;
   float acc[8] = {};
   int64_t c = 0;
   for (; c + 8 <= cols; c += 8) {
-    for (int j = 0; j < 8; ++j) acc[j] += E::Load(w + (c + j) * E::kBytes) * x[c + j];
+    for (int j = 0; j < 8; ++j) acc[j] += e.Load(w + (c + j) * E::kBytes) * x[c + j];
   }
-  for (int j = 0; c + j < cols; ++j) acc[j] += E::Load(w + (c + j) * E::kBytes) * x[c + j];
+  for (int j = 0; c + j < cols; ++j) acc[j] += e.Load(w + (c + j) * E::kBytes) * x[c + j];
   return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 }
 
@@ -68,6 +71,7 @@ struct Q4Block {
 // As ggml's scalar vec_dot: an exact integer sum per block, scaled by d_w * d_x in f32.
 template <class B>
 float QuantDot(const uint8_t* w, const uint8_t* x, int64_t cols) {
+  const float* half = HalfToFloatTable();
   float sum = 0.0f;
   int8_t qw[kQK];
   for (int64_t b = 0; b < cols / kQK; ++b) {
@@ -76,7 +80,7 @@ float QuantDot(const uint8_t* w, const uint8_t* x, int64_t cols) {
     B::Unpack(wb, qw);
     int32_t isum = 0;
     for (int j = 0; j < kQK; ++j) isum += qw[j] * static_cast<int8_t>(xb[kQsOffset + j]);
-    sum += static_cast<float>(isum) * (Fp16ToFp32(LoadU16(wb)) * Fp16ToFp32(LoadU16(xb)));
+    sum += static_cast<float>(isum) * (half[LoadU16(wb)] * half[LoadU16(xb)]);
   }
   return sum;
 }
@@ -87,7 +91,8 @@ struct FloatType {
     return FloatDot<E>(w, reinterpret_cast<const float*>(x), cols);
   }
   static void Axpy(const uint8_t* w, float coeff, int64_t cols, float* y) {
-    for (int64_t c = 0; c < cols; ++c) y[c] += coeff * E::Load(w + c * E::kBytes);
+    const E e;
+    for (int64_t c = 0; c < cols; ++c) y[c] += coeff * e.Load(w + c * E::kBytes);
   }
 };
 
@@ -97,11 +102,12 @@ struct QuantType {
     return QuantDot<B>(w, x, cols);
   }
   static void Axpy(const uint8_t* w, float coeff, int64_t cols, float* y) {
+    const float* half = HalfToFloatTable();
     int8_t q[kQK];
     for (int64_t b = 0; b < cols / kQK; ++b) {
       const uint8_t* wb = w + b * B::kBytes;
       B::Unpack(wb, q);
-      const float s = coeff * Fp16ToFp32(LoadU16(wb));
+      const float s = coeff * half[LoadU16(wb)];
       for (int j = 0; j < kQK; ++j) y[b * kQK + j] += s * static_cast<float>(q[j]);
     }
   }
@@ -157,5 +163,14 @@ constexpr KernelSet kPortable = {
 }  // namespace
 
 const KernelSet& PortableKernels() { return kPortable; }
+
+const float* HalfToFloatTable() {
+  static const float* const table = [] {
+    float* t = new float[1 << 16];  // lives as long as the process
+    for (uint32_t h = 0; h < (1u << 16); ++h) t[h] = Fp16ToFp32(static_cast<uint16_t>(h));
+    return t;
+  }();
+  return table;
+}
 
 }  // namespace thermocline::matmul_internal
