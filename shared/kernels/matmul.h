@@ -2,8 +2,15 @@
 //
 // Weights are stored row-major as [rows][cols] (ggml: ne[0] = cols), one output per row.
 // For F32/F16/BF16 weights the activations stay f32; for Q8_0/Q4_0 weights they are first
-// quantized to Q8_0 blocks, as llama.cpp does, so the inner loop is an integer dot product.
-// AVX2/FMA/F16C kernels are used when the CPU has them (see cpu_features.h), else portable C++.
+// quantized to Q8_0 blocks once per call (ggml's reference rounding, bit for bit), as llama.cpp
+// does, so the inner loop is an exact integer dot product per block.
+// AVX2/FMA/F16C kernels are used when the CPU has them (see cpu_features.h; AVX-VNNI too for the
+// quantized types, with identical results), else portable C++.
+//
+// Every output element is one dot product computed by one thread in a fixed operation order, so
+// MatMul's result does not depend on the pool size, on how rows are split (MatMulRows), or on
+// how many tokens share a call: a batch of n tokens equals n single-token calls bit for bit, and
+// GatherMatMul equals the matching rows of MatMul bit for bit.
 #pragma once
 
 #include <cstdint>
