@@ -9,9 +9,12 @@
 
 namespace thermocline {
 
-// Streams `bytes` (rounded down to whole pages) with every thread of the pool
-// reading its own contiguous share, a few times, and returns the best rate in GB/s (1e9 bytes
-// per second). Use a buffer well above the last-level cache, or this measures the cache.
+// Streams `bytes` (rounded down to whole pages) with every thread of the pool reading its own
+// contiguous share, a few times, and returns the best rate in GB/s (1e9 bytes per second). Each
+// thread reads its share as eight streams in lockstep: one sequential stream leaves bandwidth
+// unused on cores whose rate is limited by outstanding misses (a GEMV reads several rows at
+// once, so a single-stream floor would understate what a kernel can reach). Use a buffer well
+// above the last-level cache, or this measures the cache.
 double MeasureReadBandwidthGBs(ThreadPool& pool, size_t bytes = size_t{512} << 20);
 
 // Seconds the pool takes to read [data, data + bytes) once, each thread summing its own
