@@ -25,6 +25,10 @@ constexpr float kAdamEps = 1e-8f;
 constexpr float kFinalLrShare = 0.1f;  // the cosine schedule ends at this share of --lr
 // z of the margin added to the recall target on the calibration tokens.
 constexpr double kRecallMarginSigmas = 2.0;
+// The loss sees logit = score - kScoreOffset. The score has no bias, so without an offset the
+// calibrated thresholds sit near 0 with either sign, and thresholds of mixed signs cannot be
+// folded into one global threshold (see TrainPredictors); the offset moves them well above 0.
+constexpr float kScoreOffset = 1.0f;
 // Element-wise passes give each thread at least this many elements: below it, waking threads
 // costs more than the pass.
 constexpr int64_t kMinElemsPerThread = 1 << 15;
@@ -149,13 +153,14 @@ struct Trainee {
         const uint64_t* mask = s.mask(ids[b]);
         double loss = 0;
         for (int64_t i = 0; i < ffn; ++i) {
-          const float e = std::exp(-std::abs(z[i]));
-          const float sigmoid = z[i] >= 0 ? 1.0f / (1.0f + e) : e / (1.0f + e);
+          const float logit = z[i] - kScoreOffset;
+          const float e = std::exp(-std::abs(logit));
+          const float sigmoid = logit >= 0 ? 1.0f / (1.0f + e) : e / (1.0f + e);
           const bool active = (mask[i >> 6] >> (i & 63)) & 1;
           if (want_loss) {
-            // softplus(z) = max(z, 0) + log1p(e); softplus(-z) = softplus(z) - z.
-            const float sp = std::max(z[i], 0.0f) + std::log1p(e);
-            loss += active ? pos_weight * (sp - z[i]) : sp;
+            // softplus(x) = max(x, 0) + log1p(e); softplus(-x) = softplus(x) - x.
+            const float sp = std::max(logit, 0.0f) + std::log1p(e);
+            loss += active ? pos_weight * (sp - logit) : sp;
           }
           z[i] = (active ? pos_weight * (sigmoid - 1.0f) : sigmoid) * inv_b;
         }
