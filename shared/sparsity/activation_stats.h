@@ -15,6 +15,8 @@
 //   blk.N.act_freq   F32 [ffn_dim]       share of tokens on which the neuron was active
 //   blk.N.act_cuts   F32 [targets]       per-layer magnitude cut reaching each target sparsity
 //   blk.N.act_hist   F32 [bins] (optional) distribution of log magnitudes, for reports
+//   thermocline.stats.hist_log2_min / hist_bins_per_octave   f32 / u32   act_hist bin edges
+//                                             (present with act_hist)
 #pragma once
 
 #include <cstdint>
@@ -39,6 +41,12 @@ struct ActivationStats {
   float frequency_target = 0.5f;
   int64_t dim = 0, ffn_dim = 0;
   std::vector<LayerActivationStats> layers;
+  // Bin edges of every layer's histogram (shares of all magnitudes of the layer, summing to 1):
+  // bin 0 holds magnitudes below 2^hist_log2_min (zeros included); bin i in [1, bins - 2] holds
+  // [2^(hist_log2_min + (i - 1) / hist_bins_per_octave), 2^(hist_log2_min + i / ...)); the last
+  // bin holds the rest. Unused (0) when the layers carry no histogram.
+  float hist_log2_min = 0;
+  int32_t hist_bins_per_octave = 0;
 
   // The cut of `layer` for `target` (which must be one of `targets`, within 1e-4), or an error
   // listing the available targets.

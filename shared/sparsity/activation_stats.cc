@@ -1,0 +1,270 @@
+#include "shared/sparsity/activation_stats.h"
+
+#include <cmath>
+#include <cstring>
+#include <string_view>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "shared/model/gguf.h"
+#include "shared/util/status_macros.h"
+
+namespace thermocline {
+namespace {
+
+constexpr char kArch[] = "thermocline.stats";
+constexpr float kTargetTolerance = 1e-4f;
+
+absl::Status Invalid(const std::string& where, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(where, ": ", what));
+}
+
+std::string TargetList(const std::vector<float>& targets) {
+  return targets.empty() ? "none" : absl::StrJoin(targets, ", ");
+}
+
+// One check for both directions, so a file we write is always one we accept.
+absl::Status Validate(const ActivationStats& s, const std::string& where) {
+  if (s.criterion != "relu" && s.criterion != "magnitude") {
+    return Invalid(where,
+                   absl::StrCat("criterion '", s.criterion, "' is not one of: relu, magnitude"));
+  }
+  if (s.tokens <= 0) return Invalid(where, absl::StrCat("tokens = ", s.tokens, " must be > 0"));
+  if (s.dim <= 0 || s.ffn_dim <= 0) {
+    return Invalid(where, absl::StrCat("model dims ", s.dim, " x ", s.ffn_dim, " must be > 0"));
+  }
+  if (s.layers.empty()) return Invalid(where, "no layers");
+  for (size_t i = 0; i < s.targets.size(); ++i) {
+    const float t = s.targets[i];
+    if (!(t > 0.0f && t < 1.0f)) {
+      return Invalid(where, absl::StrCat("target ", i, " = ", t, " is not in (0, 1)"));
+    }
+    if (i > 0 && !(t > s.targets[i - 1])) {
+      return Invalid(where,
+                     absl::StrCat("targets are not strictly ascending: ", TargetList(s.targets)));
+    }
+  }
+  if (!(s.frequency_target > 0.0f && s.frequency_target < 1.0f)) {
+    return Invalid(where,
+                   absl::StrCat("frequency_target ", s.frequency_target, " is not in (0, 1)"));
+  }
+  if (s.criterion == "magnitude") {
+    bool found = false;
+    for (float t : s.targets) found |= std::fabs(t - s.frequency_target) <= kTargetTolerance;
+    if (!found) {
+      return Invalid(where,
+                     absl::StrCat("frequency_target ", s.frequency_target,
+                                  " is not one of the targets (", TargetList(s.targets), ")"));
+    }
+  }
+  const bool has_hist = !s.layers[0].histogram.empty();
+  if (has_hist) {
+    if (s.hist_bins_per_octave <= 0 || !std::isfinite(s.hist_log2_min)) {
+      return Invalid(where,
+                     absl::StrCat("histogram bin edges (log2 min ", s.hist_log2_min,
+                                  ", bins per octave ", s.hist_bins_per_octave, ") are invalid"));
+    }
+  }
+  for (size_t l = 0; l < s.layers.size(); ++l) {
+    const LayerActivationStats& layer = s.layers[l];
+    const std::string lw = absl::StrCat("layer ", l);
+    if (static_cast<int64_t>(layer.frequency.size()) != s.ffn_dim) {
+      return Invalid(where, absl::StrCat(lw, ": ", layer.frequency.size(),
+                                         " frequencies, expected ", s.ffn_dim));
+    }
+    for (size_t i = 0; i < layer.frequency.size(); ++i) {
+      const float f = layer.frequency[i];
+      if (!(f >= 0.0f && f <= 1.0f)) {
+        return Invalid(
+            where, absl::StrCat(lw, ": frequency of neuron ", i, " = ", f, " is not in [0, 1]"));
+      }
+    }
+    if (layer.cuts.size() != s.targets.size()) {
+      return Invalid(where, absl::StrCat(lw, ": ", layer.cuts.size(), " cuts for ",
+                                         s.targets.size(), " targets"));
+    }
+    for (size_t i = 0; i < layer.cuts.size(); ++i) {
+      const float c = layer.cuts[i];
+      if (!std::isfinite(c) || c < 0.0f) {
+        return Invalid(where,
+                       absl::StrCat(lw, ": cut ", i, " = ", c, " is not a finite value >= 0"));
+      }
+      // A higher target sparsity can never need a lower cut.
+      if (i > 0 && c < layer.cuts[i - 1]) {
+        return Invalid(where, absl::StrCat(lw, ": cuts are not ascending with the targets: ",
+                                           absl::StrJoin(layer.cuts, ", ")));
+      }
+    }
+    if (layer.histogram.empty() != !has_hist ||
+        (has_hist && layer.histogram.size() != s.layers[0].histogram.size())) {
+      return Invalid(where, absl::StrCat(lw, ": histogram has ", layer.histogram.size(),
+                                         " bins, layer 0 has ", s.layers[0].histogram.size()));
+    }
+    for (float h : layer.histogram) {
+      if (!(h >= 0.0f && h <= 1.0f)) {
+        return Invalid(where, absl::StrCat(lw, ": histogram share ", h, " is not in [0, 1]"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string_view Bytes(const std::vector<float>& v) {
+  return std::string_view(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
+// A 1-D F32 tensor of `n` values (n < 0: any length, at least 1).
+absl::StatusOr<std::vector<float>> ReadF32Vector(const GgufFile& f, const std::string& where,
+                                                 const std::string& name, int64_t n) {
+  const GgufTensorInfo* t = f.FindTensor(name);
+  if (t == nullptr) return Invalid(where, absl::StrCat("tensor '", name, "' is missing"));
+  if (t->type != GgmlType::kF32) {
+    return Invalid(where, absl::StrCat("tensor '", name, "' has type ",
+                                       std::string(TypeTraits(t->type).name), ", expected f32"));
+  }
+  if (t->ne.size() != 1 || (n >= 0 && t->ne[0] != n) || (n < 0 && t->ne[0] < 1)) {
+    return Invalid(where,
+                   absl::StrCat("tensor '", name, "' has shape (", absl::StrJoin(t->ne, ", "),
+                                "), expected (", n >= 0 ? absl::StrCat(n) : "n >= 1", ")"));
+  }
+  std::vector<float> out(t->ne[0]);
+  std::memcpy(out.data(), t->data, out.size() * sizeof(float));
+  return out;
+}
+
+absl::StatusOr<int64_t> ReadPositive(const GgufFile& f, const std::string& where,
+                                     const std::string& key) {
+  absl::StatusOr<int64_t> v = f.GetInt(key);
+  if (!v.ok()) return Invalid(where, std::string(v.status().message()));
+  if (*v <= 0 || *v > (int64_t{1} << 40)) {
+    return Invalid(where, absl::StrCat(key, " = ", *v, " is out of range"));
+  }
+  return *v;
+}
+
+absl::StatusOr<float> ReadFloat(const GgufFile& f, const std::string& where,
+                                const std::string& key) {
+  absl::StatusOr<double> v = f.GetDouble(key);
+  if (!v.ok()) return Invalid(where, std::string(v.status().message()));
+  return static_cast<float>(*v);
+}
+
+}  // namespace
+
+absl::StatusOr<float> ActivationStats::CutFor(int64_t layer, float target) const {
+  if (layer < 0 || layer >= static_cast<int64_t>(layers.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("activation stats: layer ", layer,
+                                                   " is out of range [0, ", layers.size(), ")"));
+  }
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (std::fabs(targets[i] - target) <= kTargetTolerance && i < layers[layer].cuts.size()) {
+      return layers[layer].cuts[i];
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("activation stats: no cut for target sparsity ", target,
+                                          "; the profile has targets: ", TargetList(targets)));
+}
+
+absl::Status WriteActivationStats(const ActivationStats& stats, const std::string& path) {
+  TC_RETURN_IF_ERROR(Validate(stats, absl::StrCat("activation stats for ", path)));
+  GgufWriter w;
+  w.SetValue("general.architecture", GgufString(kArch));
+  w.SetValue("thermocline.stats.tokens", GgufU64(static_cast<uint64_t>(stats.tokens)));
+  w.SetValue("thermocline.stats.criterion", GgufString(stats.criterion));
+  w.SetValue("thermocline.stats.targets", GgufF32Array(stats.targets));
+  w.SetValue("thermocline.stats.frequency_target", GgufF32(stats.frequency_target));
+  w.SetValue("thermocline.stats.model_dim", GgufU32(static_cast<uint32_t>(stats.dim)));
+  w.SetValue("thermocline.stats.model_ffn_dim", GgufU32(static_cast<uint32_t>(stats.ffn_dim)));
+  w.SetValue("thermocline.stats.block_count", GgufU32(static_cast<uint32_t>(stats.layers.size())));
+  const bool has_hist = !stats.layers[0].histogram.empty();
+  if (has_hist) {
+    w.SetValue("thermocline.stats.hist_log2_min", GgufF32(stats.hist_log2_min));
+    w.SetValue("thermocline.stats.hist_bins_per_octave",
+               GgufU32(static_cast<uint32_t>(stats.hist_bins_per_octave)));
+  }
+  for (size_t l = 0; l < stats.layers.size(); ++l) {
+    const LayerActivationStats& layer = stats.layers[l];
+    const std::string p = absl::StrCat("blk.", l, ".");
+    TC_RETURN_IF_ERROR(
+        w.AddTensorBytes(p + "act_freq", GgmlType::kF32, {stats.ffn_dim}, Bytes(layer.frequency)));
+    if (!stats.targets.empty()) {
+      TC_RETURN_IF_ERROR(w.AddTensorBytes(p + "act_cuts", GgmlType::kF32,
+                                          {static_cast<int64_t>(layer.cuts.size())},
+                                          Bytes(layer.cuts)));
+    }
+    if (has_hist) {
+      TC_RETURN_IF_ERROR(w.AddTensorBytes(p + "act_hist", GgmlType::kF32,
+                                          {static_cast<int64_t>(layer.histogram.size())},
+                                          Bytes(layer.histogram)));
+    }
+  }
+  return w.WriteFile(path);
+}
+
+absl::StatusOr<ActivationStats> ReadActivationStats(const std::string& path,
+                                                    const LlamaConfig* config) {
+  const std::string where = absl::StrCat("activation stats ", path);
+  absl::StatusOr<std::unique_ptr<GgufFile>> file_or = GgufFile::Open(path);
+  if (!file_or.ok()) return Invalid(where, std::string(file_or.status().message()));
+  const GgufFile& f = **file_or;
+
+  absl::StatusOr<std::string> arch = f.GetString("general.architecture");
+  if (!arch.ok()) return Invalid(where, std::string(arch.status().message()));
+  if (*arch != kArch) {
+    return Invalid(where, absl::StrCat("general.architecture is '", *arch, "', expected '", kArch,
+                                       "' (is this a stats file from `thermocline profile`?)"));
+  }
+  ActivationStats s;
+  absl::StatusOr<std::string> criterion = f.GetString("thermocline.stats.criterion");
+  if (!criterion.ok()) return Invalid(where, std::string(criterion.status().message()));
+  s.criterion = *criterion;
+  TC_ASSIGN_OR_RETURN(s.tokens, ReadPositive(f, where, "thermocline.stats.tokens"));
+  TC_ASSIGN_OR_RETURN(s.dim, ReadPositive(f, where, "thermocline.stats.model_dim"));
+  TC_ASSIGN_OR_RETURN(s.ffn_dim, ReadPositive(f, where, "thermocline.stats.model_ffn_dim"));
+  TC_ASSIGN_OR_RETURN(int64_t n_layers, ReadPositive(f, where, "thermocline.stats.block_count"));
+  TC_ASSIGN_OR_RETURN(s.frequency_target,
+                      ReadFloat(f, where, "thermocline.stats.frequency_target"));
+  absl::StatusOr<const GgufArray*> targets = f.GetArray("thermocline.stats.targets");
+  if (!targets.ok()) return Invalid(where, std::string(targets.status().message()));
+  for (const GgufValue& v : (*targets)->items) {
+    std::optional<double> t = v.AsDouble();
+    if (!t || v.type() == GgufValueType::kBool) {
+      return Invalid(where, "thermocline.stats.targets holds a value that is not a number");
+    }
+    s.targets.push_back(static_cast<float>(*t));
+  }
+  if (config != nullptr) {
+    if (s.dim != config->dim || s.ffn_dim != config->ffn_dim || n_layers != config->n_layers) {
+      return Invalid(where,
+                     absl::StrCat("profiled a model of dim ", s.dim, ", ffn ", s.ffn_dim, ", ",
+                                  n_layers, " layers; this model has dim ", config->dim, ", ffn ",
+                                  config->ffn_dim, ", ", config->n_layers, " layers"));
+    }
+  }
+  const bool has_hist = f.FindTensor("blk.0.act_hist") != nullptr;
+  if (has_hist) {
+    TC_ASSIGN_OR_RETURN(s.hist_log2_min, ReadFloat(f, where, "thermocline.stats.hist_log2_min"));
+    TC_ASSIGN_OR_RETURN(int64_t bpo,
+                        ReadPositive(f, where, "thermocline.stats.hist_bins_per_octave"));
+    if (bpo > 1 << 20)
+      return Invalid(where, absl::StrCat("hist_bins_per_octave ", bpo, " is too large"));
+    s.hist_bins_per_octave = static_cast<int32_t>(bpo);
+  }
+  s.layers.resize(n_layers);
+  for (int64_t l = 0; l < n_layers; ++l) {
+    LayerActivationStats& layer = s.layers[l];
+    const std::string p = absl::StrCat("blk.", l, ".");
+    TC_ASSIGN_OR_RETURN(layer.frequency, ReadF32Vector(f, where, p + "act_freq", s.ffn_dim));
+    if (!s.targets.empty()) {
+      TC_ASSIGN_OR_RETURN(layer.cuts, ReadF32Vector(f, where, p + "act_cuts",
+                                                    static_cast<int64_t>(s.targets.size())));
+    }
+    if (has_hist) {
+      TC_ASSIGN_OR_RETURN(layer.histogram, ReadF32Vector(f, where, p + "act_hist", -1));
+    }
+  }
+  TC_RETURN_IF_ERROR(Validate(s, where));
+  return s;
+}
+
+}  // namespace thermocline
