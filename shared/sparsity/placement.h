@@ -2,10 +2,13 @@
 // worker reads it. The format is PowerInfer's .gpuidx sidecar, so either engine reads the
 // other's plans:
 //   magic "PWRI" (version 3), general.architecture = "generic.gpu_index",
-//   split.vram_capacity u64, llama-style block_count,
+//   split.vram_capacity u64, generic.gpu_index.block_count u32 (what gguf-py's add_block_count
+//   writes for that architecture; llama.block_count is accepted on read),
 //   blk.N.gpu_idx    I32 [ffn_dim]   1 if neuron i is on the GPU, else 0
 //   blk.N.gpu_bucket I32 [n_gpu]     the GPU neurons' ids, ascending
-// plus our own keys (thermocline.plan.*) for the expected GPU share of activations.
+// plus our own keys (thermocline.plan.*) for the expected GPU share of activations. PowerInfer's
+// ggml numbers I32 as 18 (today's 26); the PWRI magic makes the GGUF reader and writer use its
+// numbering (see ggml_type.h), so PowerInfer reads our files and we read its.
 #pragma once
 
 #include <cstdint>
@@ -25,8 +28,11 @@ struct LayerPlacement {
 
 struct Placement {
   std::vector<LayerPlacement> layers;
-  int64_t vram_capacity = 0;          // bytes the plan was made for
-  double expected_gpu_share = 0;      // share of activations expected on the GPU (0 if unknown)
+  int64_t vram_capacity = 0;      // bytes the plan was made for
+  double expected_gpu_share = 0;  // share of activations expected on the GPU (0 if unknown)
+  int64_t gpu_ffn_bytes = 0;      // bytes of the GPU neurons' gate/up/down rows (0 if unknown)
+
+  int64_t n_gpu_neurons() const;
 
   // Every layer's neurons split by a fixed fraction, hottest first when stats are given, else
   // the lowest ids (for tests: --hot-fraction).
@@ -34,7 +40,12 @@ struct Placement {
                            const ActivationStats* stats = nullptr);
 };
 
+// Checks what a file must satisfy (bucket ascending, in range and equal to the on_gpu set).
+absl::Status ValidatePlacement(const Placement& placement);
 absl::Status WritePlacement(const Placement& placement, const std::string& path);
+// Validates the file and its shapes against `config` (layers, ffn_dim).
 absl::StatusOr<Placement> ReadPlacement(const std::string& path, const LlamaConfig& config);
+// The same without a model: shapes come from the file (for `thermocline plan --show`).
+absl::StatusOr<Placement> ReadPlacement(const std::string& path);
 
 }  // namespace thermocline

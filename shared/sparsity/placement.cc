@@ -1,0 +1,243 @@
+#include "shared/sparsity/placement.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "shared/model/gguf.h"
+#include "shared/util/status_macros.h"
+
+namespace thermocline {
+namespace {
+
+constexpr char kArch[] = "generic.gpu_index";
+constexpr char kBlockCountKey[] = "generic.gpu_index.block_count";
+constexpr char kVramKey[] = "split.vram_capacity";
+constexpr char kShareKey[] = "thermocline.plan.expected_gpu_share";
+constexpr char kFfnBytesKey[] = "thermocline.plan.ffn_bytes";
+
+absl::Status Invalid(const std::string& where, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(where, ": ", what));
+}
+
+// Checks one layer: on_gpu holds 0/1, bucket is ascending, in range and equal to the 1s.
+absl::Status ValidateLayer(const LayerPlacement& p, const std::string& where) {
+  const int64_t n = static_cast<int64_t>(p.on_gpu.size());
+  int64_t ones = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (p.on_gpu[i] > 1) {
+      return Invalid(where, absl::StrCat("gpu_idx[", i, "] = ", p.on_gpu[i], " is not 0 or 1"));
+    }
+    ones += p.on_gpu[i];
+  }
+  for (size_t k = 0; k < p.gpu_bucket.size(); ++k) {
+    const int32_t id = p.gpu_bucket[k];
+    if (id < 0 || id >= n) {
+      return Invalid(
+          where, absl::StrCat("gpu_bucket[", k, "] = ", id, " is not a neuron id in [0, ", n, ")"));
+    }
+    if (k > 0 && id <= p.gpu_bucket[k - 1]) {
+      return Invalid(where, absl::StrCat("gpu_bucket is not strictly ascending at [", k,
+                                         "]: ", p.gpu_bucket[k - 1], " then ", id));
+    }
+    if (p.on_gpu[id] != 1) {
+      return Invalid(where,
+                     absl::StrCat("gpu_bucket[", k, "] = ", id, " but gpu_idx[", id, "] is 0"));
+    }
+  }
+  if (static_cast<int64_t>(p.gpu_bucket.size()) != ones) {
+    return Invalid(where, absl::StrCat("gpu_idx marks ", ones, " neurons but gpu_bucket lists ",
+                                       p.gpu_bucket.size()));
+  }
+  return absl::OkStatus();
+}
+
+// A 1-D I32 tensor; `n` < 0 accepts any length.
+absl::StatusOr<std::vector<int32_t>> ReadI32Vector(const GgufFile& f, const std::string& where,
+                                                   const std::string& name, int64_t n) {
+  const GgufTensorInfo* t = f.FindTensor(name);
+  if (t == nullptr) return Invalid(where, absl::StrCat("tensor '", name, "' is missing"));
+  if (t->type != GgmlType::kI32) {
+    return Invalid(where, absl::StrCat("tensor '", name, "' has type ",
+                                       std::string(TypeTraits(t->type).name), ", expected i32"));
+  }
+  if (t->ne.size() != 1 || (n >= 0 && t->ne[0] != n)) {
+    return Invalid(where,
+                   absl::StrCat("tensor '", name, "' has shape (", absl::StrJoin(t->ne, ", "),
+                                "), expected (", n >= 0 ? absl::StrCat(n) : "n", ")"));
+  }
+  std::vector<int32_t> out(t->ne[0]);
+  if (!out.empty()) std::memcpy(out.data(), t->data, out.size() * sizeof(int32_t));
+  return out;
+}
+
+absl::StatusOr<Placement> Read(const std::string& path, const LlamaConfig* config) {
+  const std::string where = absl::StrCat("placement ", path);
+  absl::StatusOr<std::unique_ptr<GgufFile>> file_or = GgufFile::Open(path);
+  if (!file_or.ok()) return Invalid(where, std::string(file_or.status().message()));
+  const GgufFile& f = **file_or;
+  absl::StatusOr<std::string> arch = f.GetString("general.architecture");
+  if (!arch.ok()) return Invalid(where, std::string(arch.status().message()));
+  if (*arch != kArch) {
+    return Invalid(where, absl::StrCat("general.architecture is '", *arch, "', expected '", kArch,
+                                       "' (a PowerInfer .gpuidx or `thermocline plan` output)"));
+  }
+  std::string count_key = kBlockCountKey;
+  if (f.FindValue(count_key) == nullptr) count_key = "llama.block_count";
+  if (f.FindValue(count_key) == nullptr) {
+    return Invalid(
+        where, absl::StrCat("no block count (neither ", kBlockCountKey, " nor llama.block_count)"));
+  }
+  absl::StatusOr<int64_t> n_layers = f.GetInt(count_key);
+  if (!n_layers.ok()) return Invalid(where, std::string(n_layers.status().message()));
+  if (*n_layers < 1 || *n_layers > 65536) {
+    return Invalid(where, absl::StrCat(count_key, " = ", *n_layers, " is out of range"));
+  }
+  if (config != nullptr && *n_layers != config->n_layers) {
+    return Invalid(where, absl::StrCat(count_key, " = ", *n_layers, " but the model has ",
+                                       config->n_layers, " layers"));
+  }
+  Placement p;
+  if (f.FindValue(kVramKey) != nullptr) {
+    absl::StatusOr<int64_t> v = f.GetInt(kVramKey);
+    if (!v.ok()) return Invalid(where, std::string(v.status().message()));
+    if (*v < 0) return Invalid(where, absl::StrCat(kVramKey, " = ", *v, " is negative"));
+    p.vram_capacity = *v;
+  }
+  if (f.FindValue(kShareKey) != nullptr) {
+    absl::StatusOr<double> v = f.GetDouble(kShareKey);
+    if (!v.ok()) return Invalid(where, std::string(v.status().message()));
+    if (!(*v >= 0 && *v <= 1)) {
+      return Invalid(where, absl::StrCat(kShareKey, " = ", *v, " is not in [0, 1]"));
+    }
+    p.expected_gpu_share = *v;
+  }
+  if (f.FindValue(kFfnBytesKey) != nullptr) {
+    absl::StatusOr<int64_t> v = f.GetInt(kFfnBytesKey);
+    if (!v.ok()) return Invalid(where, std::string(v.status().message()));
+    if (*v < 0) return Invalid(where, absl::StrCat(kFfnBytesKey, " = ", *v, " is negative"));
+    p.gpu_ffn_bytes = *v;
+  }
+  p.layers.resize(*n_layers);
+  for (int64_t l = 0; l < *n_layers; ++l) {
+    const std::string prefix = absl::StrCat("blk.", l, ".");
+    TC_ASSIGN_OR_RETURN(
+        std::vector<int32_t> idx,
+        ReadI32Vector(f, where, prefix + "gpu_idx", config != nullptr ? config->ffn_dim : -1));
+    if (idx.empty()) return Invalid(where, absl::StrCat("tensor '", prefix, "gpu_idx' is empty"));
+    TC_ASSIGN_OR_RETURN(std::vector<int32_t> bucket,
+                        ReadI32Vector(f, where, prefix + "gpu_bucket", -1));
+    LayerPlacement& lp = p.layers[l];
+    lp.on_gpu.resize(idx.size());
+    for (size_t i = 0; i < idx.size(); ++i) {
+      if (idx[i] != 0 && idx[i] != 1) {
+        return Invalid(
+            where, absl::StrCat("layer ", l, ": gpu_idx[", i, "] = ", idx[i], " is not 0 or 1"));
+      }
+      lp.on_gpu[i] = static_cast<uint8_t>(idx[i]);
+    }
+    lp.gpu_bucket = std::move(bucket);
+    TC_RETURN_IF_ERROR(ValidateLayer(lp, absl::StrCat(where, ": layer ", l)));
+  }
+  return p;
+}
+
+}  // namespace
+
+int64_t Placement::n_gpu_neurons() const {
+  int64_t n = 0;
+  for (const LayerPlacement& l : layers) n += static_cast<int64_t>(l.gpu_bucket.size());
+  return n;
+}
+
+Placement Placement::Uniform(const LlamaConfig& config, double hot_fraction,
+                             const ActivationStats* stats) {
+  const double fraction = std::clamp(std::isfinite(hot_fraction) ? hot_fraction : 0.0, 0.0, 1.0);
+  const int64_t nf = config.ffn_dim;
+  const int64_t n_hot = std::llround(fraction * static_cast<double>(nf));
+  const bool use_stats = stats != nullptr && stats->ffn_dim == nf &&
+                         static_cast<int64_t>(stats->layers.size()) == config.n_layers;
+  Placement p;
+  p.layers.resize(config.n_layers);
+  double placed = 0, total = 0;
+  std::vector<int32_t> order(nf);
+  for (int64_t l = 0; l < config.n_layers; ++l) {
+    std::iota(order.begin(), order.end(), 0);
+    if (use_stats) {
+      const std::vector<float>& freq = stats->layers[l].frequency;
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int32_t a, int32_t b) { return freq[a] > freq[b]; });
+      for (int64_t i = 0; i < nf; ++i) {
+        total += freq[i];
+        if (i < n_hot) placed += freq[order[i]];
+      }
+    }
+    LayerPlacement& lp = p.layers[l];
+    lp.on_gpu.assign(nf, 0);
+    lp.gpu_bucket.assign(order.begin(), order.begin() + n_hot);
+    std::sort(lp.gpu_bucket.begin(), lp.gpu_bucket.end());
+    for (int32_t id : lp.gpu_bucket) lp.on_gpu[id] = 1;
+  }
+  if (use_stats) p.expected_gpu_share = total > 0 ? placed / total : (n_hot == nf ? 1.0 : 0.0);
+  return p;
+}
+
+absl::Status ValidatePlacement(const Placement& placement) {
+  if (placement.layers.empty()) return absl::InvalidArgumentError("placement: no layers");
+  if (placement.vram_capacity < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("placement: vram_capacity ", placement.vram_capacity, " is negative"));
+  }
+  if (!(placement.expected_gpu_share >= 0 && placement.expected_gpu_share <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "placement: expected_gpu_share ", placement.expected_gpu_share, " is not in [0, 1]"));
+  }
+  for (size_t l = 0; l < placement.layers.size(); ++l) {
+    const LayerPlacement& lp = placement.layers[l];
+    if (lp.on_gpu.empty() || lp.on_gpu.size() > static_cast<size_t>(INT32_MAX)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("placement: layer ", l, " has ", lp.on_gpu.size(), " neurons"));
+    }
+    TC_RETURN_IF_ERROR(ValidateLayer(lp, absl::StrCat("placement: layer ", l)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WritePlacement(const Placement& placement, const std::string& path) {
+  TC_RETURN_IF_ERROR(ValidatePlacement(placement));
+  GgufWriter w;
+  w.set_powerinfer_magic(true);
+  // Key order as PowerInfer's export_split writes them.
+  w.SetValue("general.architecture", GgufString(kArch));
+  w.SetValue(kBlockCountKey, GgufU32(static_cast<uint32_t>(placement.layers.size())));
+  w.SetValue(kVramKey, GgufU64(static_cast<uint64_t>(placement.vram_capacity)));
+  w.SetValue(kShareKey, GgufF32(static_cast<float>(placement.expected_gpu_share)));
+  if (placement.gpu_ffn_bytes > 0) {
+    w.SetValue(kFfnBytesKey, GgufU64(static_cast<uint64_t>(placement.gpu_ffn_bytes)));
+  }
+  for (size_t l = 0; l < placement.layers.size(); ++l) {
+    const LayerPlacement& lp = placement.layers[l];
+    const std::string prefix = absl::StrCat("blk.", l, ".");
+    std::vector<int32_t> idx(lp.on_gpu.begin(), lp.on_gpu.end());
+    TC_RETURN_IF_ERROR(w.AddTensorBytes(
+        prefix + "gpu_idx", GgmlType::kI32, {static_cast<int64_t>(idx.size())},
+        std::string_view(reinterpret_cast<const char*>(idx.data()), idx.size() * sizeof(int32_t))));
+    TC_RETURN_IF_ERROR(w.AddTensorBytes(
+        prefix + "gpu_bucket", GgmlType::kI32, {static_cast<int64_t>(lp.gpu_bucket.size())},
+        std::string_view(reinterpret_cast<const char*>(lp.gpu_bucket.data()),
+                         lp.gpu_bucket.size() * sizeof(int32_t))));
+  }
+  return w.WriteFile(path);
+}
+
+absl::StatusOr<Placement> ReadPlacement(const std::string& path, const LlamaConfig& config) {
+  return Read(path, &config);
+}
+
+absl::StatusOr<Placement> ReadPlacement(const std::string& path) { return Read(path, nullptr); }
+
+}  // namespace thermocline
