@@ -112,6 +112,14 @@ uint32_t HeaderCheck(const MessageHeader& h) {
   return static_cast<uint32_t>(x ^ (x >> 32));
 }
 
+SpinBudget::SpinBudget(const WaitPolicy& policy) {
+  // Infinite spins (futex off) never consult the budget; keep the arithmetic finite anyway.
+  max_ns_ = std::min<int64_t>(absl::ToInt64Nanoseconds(std::max(policy.spin, absl::ZeroDuration())),
+                              int64_t{1} << 40);
+  floor_ns_ = std::min(max_ns_, kFloorNs);
+  ns_ = max_ns_;
+}
+
 absl::Status InitRing(void* region, uint64_t region_bytes, uint64_t capacity) {
   if (region == nullptr || reinterpret_cast<uintptr_t>(region) % alignof(RingControl) != 0) {
     return absl::InvalidArgumentError("InitRing: region not 64-byte aligned");
@@ -152,6 +160,7 @@ absl::StatusOr<RingProducer> RingProducer::Attach(void* region, uint64_t region_
   p.capacity_ = expected_capacity;
   p.epoch_ = options.epoch;
   p.wait_ = options.wait;
+  p.spin_ = SpinBudget(options.wait);
   p.name_ = std::move(options.name);
   TC_RETURN_IF_ERROR(p.CheckCorrupt());
   uint64_t head = p.ctl_->head.load(std::memory_order_acquire);
@@ -174,6 +183,7 @@ RingProducer& RingProducer::operator=(RingProducer&& o) noexcept {
   cached_tail_ = o.cached_tail_;
   epoch_ = o.epoch_;
   wait_ = o.wait_;
+  spin_ = o.spin_;
   name_ = std::move(o.name_);
   corrupt_ = o.corrupt_;
   pending_ = std::exchange(o.pending_, false);
@@ -213,17 +223,25 @@ absl::Status RingProducer::WaitForSpace(uint64_t need, int64_t deadline_ns) {
     TC_ASSIGN_OR_RETURN(uint64_t tail, LoadTail());
     return head_ + need - tail <= capacity_;
   };
-  int64_t spin_until = MonotonicNs() + absl::ToInt64Nanoseconds(wait_.spin);
+  const int64_t spin_until = MonotonicNs() + spin_.ns();
   for (uint32_t i = 0;; ++i) {
     TC_ASSIGN_OR_RETURN(bool ok, has_space());
-    if (ok) return absl::OkStatus();
-    if ((i & 63) == 63) {
+    if (ok) {
+      if (i > 0) spin_.Hit();
+      return absl::OkStatus();
+    }
+    // The clock is read on the first round (so a zero spin or timeout costs no spinning) and
+    // then every 64 rounds.
+    if ((i & 63) == 0) {
       int64_t now = MonotonicNs();
       if (now >= deadline_ns) {
         return absl::DeadlineExceededError(
             absl::StrCat("ring ", name_, ": no space for ", need, " bytes"));
       }
-      if (wait_.futex && now >= spin_until) break;
+      if (wait_.futex && now >= spin_until) {
+        spin_.Miss();
+        break;
+      }
       TC_RETURN_IF_ERROR(CheckCorrupt());
     }
     CpuRelax();
@@ -357,6 +375,7 @@ absl::StatusOr<RingConsumer> RingConsumer::Attach(void* region, uint64_t region_
   c.capacity_ = expected_capacity;
   c.min_epoch_ = options.epoch;
   c.wait_ = options.wait;
+  c.spin_ = SpinBudget(options.wait);
   c.name_ = std::move(options.name);
   TC_RETURN_IF_ERROR(c.CheckCorrupt());
   uint64_t tail = c.ctl_->tail.load(std::memory_order_acquire);
@@ -379,6 +398,7 @@ RingConsumer& RingConsumer::operator=(RingConsumer&& o) noexcept {
   cached_head_ = o.cached_head_;
   min_epoch_ = o.min_epoch_;
   wait_ = o.wait_;
+  spin_ = o.spin_;
   name_ = std::move(o.name_);
   corrupt_ = o.corrupt_;
   peeked_ = std::exchange(o.peeked_, false);
@@ -429,16 +449,22 @@ void RingConsumer::PublishTail() {
 }
 
 absl::Status RingConsumer::WaitForData(int64_t deadline_ns) {
-  int64_t spin_until = MonotonicNs() + absl::ToInt64Nanoseconds(wait_.spin);
+  const int64_t spin_until = MonotonicNs() + spin_.ns();
   for (uint32_t i = 0;; ++i) {
     TC_RETURN_IF_ERROR(LoadHead());
-    if (cached_head_ != tail_) return absl::OkStatus();
-    if ((i & 63) == 63 || deadline_ns <= spin_until) {
+    if (cached_head_ != tail_) {
+      if (i > 0) spin_.Hit();
+      return absl::OkStatus();
+    }
+    if ((i & 63) == 0) {  // as in RingProducer::WaitForSpace
       int64_t now = MonotonicNs();
       if (now >= deadline_ns) {
         return absl::DeadlineExceededError(absl::StrCat("ring ", name_, ": no message"));
       }
-      if (wait_.futex && now >= spin_until) break;
+      if (wait_.futex && now >= spin_until) {
+        spin_.Miss();
+        break;
+      }
       TC_RETURN_IF_ERROR(CheckCorrupt());
     }
     CpuRelax();

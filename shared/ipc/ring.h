@@ -17,6 +17,7 @@
 // instead of reading out of bounds. See docs/ipc.md for the ordering argument.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -111,11 +112,31 @@ constexpr uint64_t MaxPayloadBytes(uint64_t capacity) { return capacity / 2 - kH
 // capacity: a power of two in [kMinRingCapacity, kMaxRingCapacity].
 absl::Status InitRing(void* region, uint64_t region_bytes, uint64_t capacity);
 
-// How a side waits for its peer: spin for `spin`, then sleep on the futex (when `futex`),
-// else keep spinning until the deadline.
+// How a side waits for its peer: spin for up to `spin`, then sleep on the futex (when
+// `futex`), else keep spinning until the deadline.
+//
+// With the futex, the spin is adaptive: a wait that had to sleep halves the next spin (down to
+// 2 us), one that ended while spinning doubles it (up to `spin`). Spinning only pays while the
+// peer runs on another core; on a machine with no idle core the kernel may queue the peer on
+// the spinner's own core, and a fixed spin would then add its whole length to every hop.
 struct WaitPolicy {
   absl::Duration spin = absl::Microseconds(20);
   bool futex = true;
+};
+
+// The current spin length of one ring end (see WaitPolicy).
+class SpinBudget {
+ public:
+  static constexpr int64_t kFloorNs = 500;
+  explicit SpinBudget(const WaitPolicy& policy = {});
+  int64_t ns() const { return ns_; }
+  void Hit() { ns_ = ns_ > max_ns_ / 2 ? max_ns_ : 2 * ns_; }
+  void Miss() { ns_ = std::max(floor_ns_, ns_ / 2); }
+
+ private:
+  int64_t max_ns_ = 0;
+  int64_t floor_ns_ = 0;
+  int64_t ns_ = 0;
 };
 
 struct RingOptions {
@@ -174,6 +195,7 @@ class RingProducer {
   uint64_t cached_tail_ = 0;  // last validated tail; refreshed only when space looks short
   uint64_t epoch_ = 0;
   WaitPolicy wait_;
+  SpinBudget spin_;
   std::string name_;
   bool corrupt_ = false;
   bool pending_ = false;
@@ -236,6 +258,7 @@ class RingConsumer {
   uint64_t cached_head_ = 0;  // last validated head
   uint64_t min_epoch_ = 0;
   WaitPolicy wait_;
+  SpinBudget spin_;
   std::string name_;
   bool corrupt_ = false;
   bool peeked_ = false;

@@ -304,6 +304,25 @@ TEST(IpcRing, WaitTimesOutWithFutexAndWithSpinning) {
   }
 }
 
+TEST(IpcRing, SpinBudgetAdapts) {
+  SpinBudget b(WaitPolicy{absl::Microseconds(20), true});
+  EXPECT_EQ(b.ns(), 20000);
+  b.Miss();
+  EXPECT_EQ(b.ns(), 10000);
+  for (int i = 0; i < 20; ++i) b.Miss();
+  EXPECT_EQ(b.ns(), SpinBudget::kFloorNs);
+  b.Hit();
+  EXPECT_EQ(b.ns(), 2 * SpinBudget::kFloorNs);
+  for (int i = 0; i < 20; ++i) b.Hit();
+  EXPECT_EQ(b.ns(), 20000);
+  SpinBudget none(WaitPolicy{absl::ZeroDuration(), true});
+  none.Hit();
+  EXPECT_EQ(none.ns(), 0);
+  SpinBudget forever(WaitPolicy{absl::InfiniteDuration(), true});
+  forever.Hit();
+  EXPECT_GT(forever.ns(), int64_t{1} << 39);  // capped, and doubling it cannot overflow
+}
+
 // Two threads stream through a tiny ring with futex-only waiting (no spinning), so both sides
 // sleep and wake each other constantly; a lost wakeup would show up as a timeout.
 TEST(IpcRing, ThreadsStreamWithFutexWakeups) {
