@@ -50,35 +50,40 @@ absl::Status ValidateNeuronIds(std::span<const int32_t> ids, int64_t ffn_dim) {
   return absl::OkStatus();
 }
 
-NeuronFfn::NeuronFfn(int64_t max_candidates) { Reserve(static_cast<size_t>(max_candidates)); }
+NeuronFfn::NeuronFfn(int64_t max_candidates) { Prepare(static_cast<size_t>(max_candidates), 0, 1); }
 
-void NeuronFfn::Reserve(size_t n) {
-  if (gate_.size() >= n) return;
-  gate_.resize(n);
-  coeff_.resize(n);
-  up_.resize(n);
-  ids_.resize(n);
+void NeuronFfn::Prepare(size_t n, int64_t dim, int n_threads) {
+  if (gate_.size() < n) {
+    gate_.resize(n);
+    coeff_.resize(n);
+    up_.resize(n);
+    ids_.resize(n);
+  }
+  if (lanes_.size() < static_cast<size_t>(n_threads)) lanes_.resize(n_threads);
+  for (Lane& lane : lanes_) {
+    if (!lane.solo) lane.solo = std::make_unique<ThreadPool>(1);
+    if (lane.partial.size() < static_cast<size_t>(dim)) lane.partial.resize(dim);
+  }
 }
 
-int64_t NeuronFfn::Compute(const NeuronWeights& w, const float* h,
-                           std::span<const int32_t> candidates, NeuronFilter filter, float* out,
-                           ThreadPool& pool) {
-  Reserve(candidates.size());
-  GatherMatMul(w.gate, candidates.data(), static_cast<int64_t>(candidates.size()), h, gate_.data(),
-               pool);
-  return ComputeWithGate(w, h, candidates, gate_.data(), filter, out, pool);
+namespace {
+
+// Below this much weight traffic a share is not worth waking another thread for.
+constexpr int64_t kMinShareBytes = 64 << 10;
+
+int SharesFor(int64_t n, int64_t bytes_per_item, int n_threads) {
+  const int64_t by_bytes = n * bytes_per_item / kMinShareBytes;
+  return static_cast<int>(std::clamp<int64_t>(by_bytes, 1, std::min<int64_t>(n_threads, n)));
 }
 
-int64_t NeuronFfn::ComputeWithGate(const NeuronWeights& w, const float* h,
-                                   std::span<const int32_t> candidates, const float* gate,
-                                   NeuronFilter filter, float* out, ThreadPool& pool) {
-  Reserve(candidates.size());
-  // Compaction: the survivors' ids and activations, in candidate order. One pass on this
-  // thread: it touches 8 bytes per candidate against the dim-sized rows the kernels stream.
-  const bool relu = w.activation == FfnActivation::kRelu;
-  const int64_t n = static_cast<int64_t>(candidates.size());
+// Writes the candidates that pass `filter` (ids, then their activations) to ids/act, in order;
+// returns how many. Branch-free: the keep pattern is data-dependent and unpredictable, so every
+// candidate is written and the output position advances only for kept ones.
+size_t Compact(FfnActivation activation, const int32_t* candidates, const float* gate, size_t n,
+               NeuronFilter filter, int32_t* ids, float* act) {
+  const bool relu = activation == FfnActivation::kRelu;
   size_t m = 0;
-  for (int64_t k = 0; k < n; ++k) {
+  for (size_t k = 0; k < n; ++k) {
     const float g = gate[k];
     const float a = relu ? (g > 0.0f ? g : 0.0f) : Silu(g);
     bool keep = true;
@@ -92,17 +97,89 @@ int64_t NeuronFfn::ComputeWithGate(const NeuronWeights& w, const float* h,
         keep = std::fabs(a) >= filter.cut;
         break;
     }
-    ids_[m] = candidates[k];
-    coeff_[m] = a;
-    m += keep ? 1 : 0;  // branch-free: the keep pattern is data-dependent and unpredictable
+    ids[m] = candidates[k];
+    act[m] = a;
+    m += keep ? 1 : 0;
+  }
+  return m;
+}
+
+}  // namespace
+
+int64_t NeuronFfn::Compute(const NeuronWeights& w, const float* h,
+                           std::span<const int32_t> candidates, NeuronFilter filter, float* out,
+                           ThreadPool& pool) {
+  const size_t n = candidates.size();
+  Prepare(n, w.dim(), pool.size());
+  const int shares = SharesFor(static_cast<int64_t>(n), w.gate.row_bytes, pool.size());
+  auto run_share = [&](int s) {
+    const size_t k0 = n * s / shares, k1 = n * (s + 1) / shares;
+    GatherMatMul(w.gate, candidates.data() + k0, static_cast<int64_t>(k1 - k0), h,
+                 gate_.data() + k0, *lanes_[s].solo);
+    lanes_[s].kept = Compact(w.activation, candidates.data() + k0, gate_.data() + k0, k1 - k0,
+                             filter, ids_.data() + k0, coeff_.data() + k0);
+  };
+  if (shares == 1) {
+    run_share(0);
+  } else {
+    pool.Run([&](int tid, int) {
+      if (tid < shares) run_share(tid);
+    });
+  }
+  // Close the gaps between the shares' survivors (a few KiB at most).
+  size_t m = lanes_[0].kept;
+  for (int s = 1; s < shares; ++s) {
+    const size_t k0 = n * s / shares, kept = lanes_[s].kept;
+    std::copy_n(ids_.data() + k0, kept, ids_.data() + m);
+    std::copy_n(coeff_.data() + k0, kept, coeff_.data() + m);
+    m += kept;
   }
   n_survivors_ = m;
-  if (m == 0) return 0;
-  const int64_t ms = static_cast<int64_t>(m);
-  GatherMatMul(w.up, ids_.data(), ms, h, up_.data(), pool);
-  for (int64_t k = 0; k < ms; ++k) coeff_[k] = coeff_[k] * up_[k];
-  AxpyRows(w.down_t, ids_.data(), coeff_.data(), ms, out, pool);
-  return ms;
+  RunSurvivors(w, h, out, pool);
+  return static_cast<int64_t>(m);
+}
+
+int64_t NeuronFfn::ComputeWithGate(const NeuronWeights& w, const float* h,
+                                   std::span<const int32_t> candidates, const float* gate,
+                                   NeuronFilter filter, float* out, ThreadPool& pool) {
+  Prepare(candidates.size(), w.dim(), pool.size());
+  // One pass on this thread: 8 bytes per candidate against the dim-sized rows the kernels read.
+  n_survivors_ = Compact(w.activation, candidates.data(), gate, candidates.size(), filter,
+                         ids_.data(), coeff_.data());
+  RunSurvivors(w, h, out, pool);
+  return static_cast<int64_t>(n_survivors_);
+}
+
+void NeuronFfn::RunSurvivors(const NeuronWeights& w, const float* h, float* out, ThreadPool& pool) {
+  const size_t m = n_survivors_;
+  if (m == 0) return;
+  const int shares =
+      SharesFor(static_cast<int64_t>(m), w.up.row_bytes + w.down_t.row_bytes, pool.size());
+  const int64_t dim = w.dim();
+  auto run_share = [&](int s) {
+    const size_t k0 = m * s / shares, k1 = m * (s + 1) / shares;
+    const int64_t len = static_cast<int64_t>(k1 - k0);
+    ThreadPool& solo = *lanes_[s].solo;
+    GatherMatMul(w.up, ids_.data() + k0, len, h, up_.data() + k0, solo);
+    for (size_t k = k0; k < k1; ++k) coeff_[k] = coeff_[k] * up_[k];
+    float* acc = out;
+    if (s > 0) {
+      acc = lanes_[s].partial.data();
+      std::fill(acc, acc + dim, 0.0f);
+    }
+    AxpyRows(w.down_t, ids_.data() + k0, coeff_.data() + k0, len, acc, solo);
+  };
+  if (shares == 1) {
+    run_share(0);
+    return;
+  }
+  pool.Run([&](int tid, int) {
+    if (tid < shares) run_share(tid);
+  });
+  for (int s = 1; s < shares; ++s) {
+    const float* p = lanes_[s].partial.data();
+    for (int64_t c = 0; c < dim; ++c) out[c] += p[c];
+  }
 }
 
 absl::StatusOr<DownRows> DownRows::ForLayer(const LlamaModel& model, int64_t layer,

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <vector>
@@ -61,6 +62,12 @@ absl::Status ValidateNeuronIds(std::span<const int32_t> ids, int64_t ffn_dim);
 
 // Runs NeuronWeights over candidate subsets. Holds the per-call scratch, so one instance per
 // thread that drives a pool; buffers only grow, so a steady decode loop allocates nothing.
+//
+// Threads: the pool's threads take equal shares of the candidates for the gate, and then equal
+// shares of the survivors for up and down (every row of a matrix costs the same, so equal
+// counts are equal work). Each thread runs the kernels on its share alone and sums its down
+// rows into a private partial; the partials are added to `out` in thread order, so results
+// depend on the pool size, never on timing. Shares below ~64 KiB of weights are not split.
 class NeuronFfn {
  public:
   NeuronFfn() = default;
@@ -83,8 +90,18 @@ class NeuronFfn {
   std::span<const int32_t> survivors() const { return {ids_.data(), n_survivors_}; }
 
  private:
-  void Reserve(size_t n);
+  // One per pool thread: a single-thread pool that runs the kernels on that thread's share,
+  // and its partial down sum.
+  struct Lane {
+    std::unique_ptr<ThreadPool> solo;
+    std::vector<float> partial;
+    size_t kept = 0;
+  };
+  void Prepare(size_t n_candidates, int64_t dim, int n_threads);
+  // Up and down over ids_[0, n_survivors_) with coeff_ holding their activations.
+  void RunSurvivors(const NeuronWeights& w, const float* h, float* out, ThreadPool& pool);
 
+  std::vector<Lane> lanes_;
   std::vector<float> gate_, coeff_, up_;
   std::vector<int32_t> ids_;
   size_t n_survivors_ = 0;

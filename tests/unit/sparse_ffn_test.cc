@@ -1,7 +1,9 @@
-// The neuron-level sparse FFN core (NeuronFfn, DownRows) against its dense counterparts: every
-// sparse path must equal the dense computation restricted to the same rows, for every weight type,
-// on random inputs and random active sets (empty, one row, all rows, unaligned sizes), at several
-// pool sizes.
+// The neuron-level sparse FFN core (NeuronFfn, DownRows) and the SparseFfn executor against
+// their dense counterparts: every sparse path must equal the dense computation restricted to
+// the same rows, for every weight type, on random inputs and random active sets (empty, one
+// row, all rows, unaligned sizes), at several pool sizes.
+#include "shared/sparsity/sparse_ffn.h"
+
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
@@ -13,8 +15,13 @@
 
 #include "gtest/gtest.h"
 #include "shared/model/quant.h"
+#include "shared/model/synth.h"
+#include "shared/runtime/ffn.h"
 #include "shared/runtime/ops.h"
 #include "shared/sparsity/neuron_ffn.h"
+#include "shared/sparsity/predictor.h"
+#include "shared/sparsity/sparsity_mode.h"
+#include "tests/test_support.h"
 
 namespace thermocline {
 namespace {
@@ -144,55 +151,63 @@ class NeuronFfnTest : public ::testing::TestWithParam<FfnActivation> {};
 TEST_P(NeuronFfnTest, EqualsDenseRestrictedToTheSameRows) {
   const FfnActivation act = GetParam();
   std::mt19937 rng(act == FfnActivation::kRelu ? 11 : 12);
-  for (GgmlType type : kAllTypes) {
-    // Ragged float rows; quantized rows need whole blocks. ffn is not a multiple of any tile.
-    const int64_t dim = IsQuant(type) ? 96 : 75, ffn = 203;
-    TestLayer l = MakeLayer(type, act, ffn, dim, rng);
-    ASSERT_TRUE(ValidateNeuronWeights(l.weights).ok());
-    const std::vector<float> h = RandomVector(dim, rng);
-    ThreadPool pool1(1);
-    const DenseRef ref = DenseReference(l, h.data(), pool1);
-    std::vector<float> mags(ffn);
-    for (int64_t i = 0; i < ffn; ++i) mags[i] = std::fabs(ref.act[i]);
-    std::nth_element(mags.begin(), mags.begin() + ffn / 2, mags.end());
-    const FilterCase filters[] = {{"none", NeuronFilter::None()},
-                                  {"positive", NeuronFilter::Positive()},
-                                  {"magnitude", NeuronFilter::Magnitude(mags[ffn / 2])}};
-    const std::vector<float> out0 = RandomVector(dim, rng);
-    for (const std::vector<int32_t>& cand : CandidateSets(ffn, rng)) {
-      for (const FilterCase& fc : filters) {
-        std::vector<int32_t> expect_ids;
-        std::vector<double> expect(out0.begin(), out0.end()), sum_abs(dim);
-        for (int64_t c = 0; c < dim; ++c) sum_abs[c] = std::fabs(out0[c]);
-        for (int32_t i : cand) {
-          if (!Passes(fc.filter, ref.act[i])) continue;
-          expect_ids.push_back(i);
-          for (int64_t c = 0; c < dim; ++c) {
-            const double p = static_cast<double>(ref.coeff[i]) * l.down_t.deq[i * dim + c];
-            expect[c] += p;
-            sum_abs[c] += std::fabs(p);
+  struct Shape {
+    int64_t dim, ffn;
+  };
+  // Small: ragged float rows (quantized rows need whole blocks), ffn not a multiple of any tile,
+  // every share below the size worth splitting. Large: candidates and survivors split over the
+  // pool's threads.
+  for (const Shape shape : {Shape{75, 203}, Shape{1024, 333}})
+    for (GgmlType type : kAllTypes) {
+      const int64_t dim = IsQuant(type) ? (shape.dim + kQK - 1) / kQK * kQK : shape.dim;
+      const int64_t ffn = shape.ffn;
+      TestLayer l = MakeLayer(type, act, ffn, dim, rng);
+      ASSERT_TRUE(ValidateNeuronWeights(l.weights).ok());
+      const std::vector<float> h = RandomVector(dim, rng);
+      ThreadPool pool1(1);
+      const DenseRef ref = DenseReference(l, h.data(), pool1);
+      std::vector<float> mags(ffn);
+      for (int64_t i = 0; i < ffn; ++i) mags[i] = std::fabs(ref.act[i]);
+      std::nth_element(mags.begin(), mags.begin() + ffn / 2, mags.end());
+      const FilterCase filters[] = {{"none", NeuronFilter::None()},
+                                    {"positive", NeuronFilter::Positive()},
+                                    {"magnitude", NeuronFilter::Magnitude(mags[ffn / 2])}};
+      const std::vector<float> out0 = RandomVector(dim, rng);
+      for (const std::vector<int32_t>& cand : CandidateSets(ffn, rng)) {
+        for (const FilterCase& fc : filters) {
+          std::vector<int32_t> expect_ids;
+          std::vector<double> expect(out0.begin(), out0.end()), sum_abs(dim);
+          for (int64_t c = 0; c < dim; ++c) sum_abs[c] = std::fabs(out0[c]);
+          for (int32_t i : cand) {
+            if (!Passes(fc.filter, ref.act[i])) continue;
+            expect_ids.push_back(i);
+            for (int64_t c = 0; c < dim; ++c) {
+              const double p = static_cast<double>(ref.coeff[i]) * l.down_t.deq[i * dim + c];
+              expect[c] += p;
+              sum_abs[c] += std::fabs(p);
+            }
           }
-        }
-        for (int threads : {1, 2, 3}) {
-          SCOPED_TRACE(TypeName(type) + " filter=" + fc.name + " n=" + std::to_string(cand.size()) +
-                       " threads=" + std::to_string(threads));
-          ThreadPool pool(threads);
-          NeuronFfn core;
-          std::vector<float> out = out0;
-          out.push_back(-7.0f);  // guard
-          const int64_t ran = core.Compute(l.weights, h.data(), cand, fc.filter, out.data(), pool);
-          // The gate values are the dense MatMul's bits, so the filter picks the same rows.
-          ASSERT_EQ(ran, static_cast<int64_t>(expect_ids.size()));
-          ASSERT_EQ(std::vector<int32_t>(core.survivors().begin(), core.survivors().end()),
-                    expect_ids);
-          for (int64_t c = 0; c < dim; ++c) {
-            ASSERT_NEAR(out[c], expect[c], Tolerance(ran + 1, sum_abs[c])) << "c=" << c;
+          for (int threads : {1, 2, 3}) {
+            SCOPED_TRACE(TypeName(type) + " filter=" + fc.name + " n=" +
+                         std::to_string(cand.size()) + " threads=" + std::to_string(threads));
+            ThreadPool pool(threads);
+            NeuronFfn core;
+            std::vector<float> out = out0;
+            out.push_back(-7.0f);  // guard
+            const int64_t ran =
+                core.Compute(l.weights, h.data(), cand, fc.filter, out.data(), pool);
+            // The gate values are the dense MatMul's bits, so the filter picks the same rows.
+            ASSERT_EQ(ran, static_cast<int64_t>(expect_ids.size()));
+            ASSERT_EQ(std::vector<int32_t>(core.survivors().begin(), core.survivors().end()),
+                      expect_ids);
+            for (int64_t c = 0; c < dim; ++c) {
+              ASSERT_NEAR(out[c], expect[c], Tolerance(ran + 1, sum_abs[c])) << "c=" << c;
+            }
+            EXPECT_EQ(out[dim], -7.0f);
           }
-          EXPECT_EQ(out[dim], -7.0f);
         }
       }
     }
-  }
 }
 
 // One neuron from zero: out = coeff * down_t row in one rounding, so equal bits prove that the
@@ -326,6 +341,301 @@ TEST(DownRowsTest, TransposeIsExactForFloatsAndBoundedForQuantized) {
   ThreadPool pool(1);
   TestMatrix f16 = MakeMatrix(GgmlType::kF16, 8, 8, 1.0f, rng);
   EXPECT_FALSE(DownRows::Transpose(f16.view, GgmlType::kF32, pool).ok());
+}
+
+TEST(SparsityModeTest, NamesRoundTrip) {
+  for (SparsityMode m : {SparsityMode::kDense, SparsityMode::kExact, SparsityMode::kThreshold,
+                         SparsityMode::kPredicted}) {
+    auto parsed = ParseSparsityMode(SparsityModeName(m));
+    ASSERT_TRUE(parsed.has_value());
+    EXPECT_EQ(*parsed, m);
+  }
+  EXPECT_FALSE(ParseSparsityMode("sparse").has_value());
+  auto bad = ParseSparsityModeOrError("Dense");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("dense, exact, threshold, predicted"), std::string::npos);
+}
+
+// A small synthetic model on disk, loaded.
+std::unique_ptr<LlamaModel> SynthModel(GgmlType type, SynthFfnKind kind) {
+  SynthOptions o;
+  o.dim = 64;
+  o.ffn = 160;
+  o.layers = 2;
+  o.heads = 4;
+  o.kv_heads = 2;
+  o.vocab = 300;
+  o.context = 32;
+  o.type = type;
+  o.ffn_kind = kind;
+  o.threads = 1;
+  const std::string path = testing::TempDir() + "/m.gguf";
+  EXPECT_TRUE(WriteSynthModel(o, path).ok());
+  auto model = LlamaModel::Load(path);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? std::move(*model) : nullptr;
+}
+
+TEST(SparsityPlanTest, ValidationNamesWhatIsWrong) {
+  auto relu = SynthModel(GgmlType::kF32, SynthFfnKind::kReluGated);
+  auto silu = SynthModel(GgmlType::kF32, SynthFfnKind::kSwiGlu);
+  ASSERT_TRUE(relu && silu);
+  EXPECT_TRUE(SparsityPlan::Uniform(SparsityMode::kExact, 2).Validate(relu->config()).ok());
+  absl::Status s = SparsityPlan::Uniform(SparsityMode::kExact, 2).Validate(silu->config());
+  EXPECT_NE(s.message().find("ReLU"), std::string::npos) << s;
+  s = SparsityPlan::Uniform(SparsityMode::kDense, 3).Validate(relu->config());
+  EXPECT_NE(s.message().find("2 layers"), std::string::npos) << s;
+  SparsityPlan p = SparsityPlan::Uniform(SparsityMode::kThreshold, 2);
+  p.cuts[1] = -1;
+  s = p.Validate(silu->config());
+  EXPECT_NE(s.message().find("layer 1"), std::string::npos) << s;
+  s = SparsityPlan::Uniform(SparsityMode::kPredicted, 2).Validate(relu->config());
+  EXPECT_NE(s.message().find("predictors"), std::string::npos) << s;
+
+  auto t = SparsityPlan::ForModel(silu->config(), SparsityMode::kThreshold, nullptr, 0.5f, nullptr);
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("--stats"), std::string::npos) << t.status();
+  auto pr = SparsityPlan::ForModel(relu->config(), SparsityMode::kPredicted, nullptr, {}, nullptr);
+  ASSERT_FALSE(pr.ok());
+  EXPECT_NE(pr.status().message().find("--predictor"), std::string::npos) << pr.status();
+
+  ActivationStats stats;
+  stats.criterion = "magnitude";
+  stats.targets = {0.3f, 0.5f};
+  stats.dim = 64;
+  stats.ffn_dim = 160;
+  stats.layers.resize(2);
+  stats.layers[0].cuts = {0.01f, 0.02f};
+  stats.layers[1].cuts = {0.03f, 0.04f};
+  auto ok = SparsityPlan::ForModel(silu->config(), SparsityMode::kThreshold, &stats, 0.5f, nullptr);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->cuts, (std::vector<float>{0.02f, 0.04f}));
+  stats.ffn_dim = 128;
+  auto mismatch =
+      SparsityPlan::ForModel(silu->config(), SparsityMode::kThreshold, &stats, 0.5f, nullptr);
+  ASSERT_FALSE(mismatch.ok());
+  EXPECT_NE(mismatch.status().message().find("ffn_dim 128"), std::string::npos);
+}
+
+float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  float m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+  return m;
+}
+
+// SparseFfn layer by layer against DenseFfn on one token (GatherMatMul gate) and on a batch
+// (one MatMul for the gate), with the transposed down copy of a llama.cpp-layout model.
+TEST(SparseFfnTest, ExactEqualsDenseAndCountsActiveNeurons) {
+  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16}) {
+    auto model = SynthModel(type, SynthFfnKind::kReluGated);
+    ASSERT_TRUE(model);
+    const LlamaConfig& c = model->config();
+    std::mt19937 rng(5);
+    for (int threads : {1, 2}) {
+      ThreadPool pool(threads);
+      DenseFfn dense(*model, pool);
+      auto sparse = SparseFfn::Create(*model, SparsityPlan::Uniform(SparsityMode::kExact, 2), pool);
+      ASSERT_TRUE(sparse.ok()) << sparse.status();
+      EXPECT_EQ((*sparse)->down_t_bytes(), 2 * c.ffn_dim * RowBytes(type, c.dim));
+      for (int64_t n_tokens : {1, 3}) {
+        const std::vector<float> h = RandomVector(n_tokens * c.dim, rng);
+        for (int64_t l = 0; l < c.n_layers; ++l) {
+          (*sparse)->ResetActivity();
+          std::vector<float> want(n_tokens * c.dim), got(n_tokens * c.dim, 123.0f);
+          dense.Compute(l, h.data(), n_tokens, want.data());
+          (*sparse)->Compute(l, h.data(), n_tokens, got.data());
+          // Same per-neuron products, another summation order for down: f32 rounding only.
+          EXPECT_LE(MaxAbsDiff(want, got), 1e-5f) << TypeName(type) << " layer " << l;
+          std::vector<float> gate(n_tokens * c.ffn_dim);
+          MatMul(model->layer(l).gate, h.data(), n_tokens, c.dim, gate.data(), c.ffn_dim, pool);
+          const int64_t positive =
+              std::count_if(gate.begin(), gate.end(), [](float g) { return g > 0; });
+          const LayerActivity& a = (*sparse)->activity()[l];
+          EXPECT_EQ(a.tokens, n_tokens);
+          EXPECT_EQ(a.candidates, n_tokens * c.ffn_dim);
+          EXPECT_EQ(a.active, positive);
+          EXPECT_DOUBLE_EQ((*sparse)->ActiveRatio(l),
+                           static_cast<double>(positive) / (n_tokens * c.ffn_dim));
+        }
+      }
+    }
+  }
+}
+
+// Threshold on a SwiGLU model: the output is the dense FFN with the rows under the cut removed.
+TEST(SparseFfnTest, ThresholdDropsExactlyTheNeuronsUnderTheCut) {
+  auto model = SynthModel(GgmlType::kF32, SynthFfnKind::kSwiGlu);
+  ASSERT_TRUE(model);
+  const LlamaConfig& c = model->config();
+  std::mt19937 rng(9);
+  ThreadPool pool(2);
+  const float cut = 0.05f;
+  SparsityPlan plan = SparsityPlan::Uniform(SparsityMode::kThreshold, 2);
+  plan.cuts = {cut, cut};
+  plan.modes[1] = SparsityMode::kDense;
+  auto sparse = SparseFfn::Create(*model, plan, pool);
+  ASSERT_TRUE(sparse.ok()) << sparse.status();
+  EXPECT_EQ((*sparse)->down_t_bytes(), c.ffn_dim * RowBytes(GgmlType::kF32, c.dim));
+  const std::vector<float> h = RandomVector(2 * c.dim, rng);
+  std::vector<float> got(2 * c.dim);
+  (*sparse)->Compute(0, h.data(), 2, got.data());
+  // Reference: dense gate/up, SwiGLU, zero under the cut, down in double.
+  const LayerWeights& w = model->layer(0);
+  std::vector<float> gate(2 * c.ffn_dim), up(2 * c.ffn_dim), act(2 * c.ffn_dim),
+      ones(2 * c.ffn_dim, 1.0f);
+  MatMul(w.gate, h.data(), 2, c.dim, gate.data(), c.ffn_dim, pool);
+  MatMul(w.up, h.data(), 2, c.dim, up.data(), c.ffn_dim, pool);
+  act = gate;
+  SwiGlu(act.data(), ones.data(), 2 * c.ffn_dim);
+  SwiGlu(gate.data(), up.data(), 2 * c.ffn_dim);
+  std::vector<float> down(c.dim * c.ffn_dim);
+  for (int64_t r = 0; r < c.dim; ++r) DequantizeMatrixRow(w.down, r, down.data() + r * c.ffn_dim);
+  int64_t kept = 0;
+  for (int64_t t = 0; t < 2; ++t) {
+    for (int64_t r = 0; r < c.dim; ++r) {
+      double ref = 0, sum_abs = 0;
+      for (int64_t i = 0; i < c.ffn_dim; ++i) {
+        if (std::fabs(act[t * c.ffn_dim + i]) < cut) continue;
+        const double p = static_cast<double>(gate[t * c.ffn_dim + i]) * down[r * c.ffn_dim + i];
+        ref += p;
+        sum_abs += std::fabs(p);
+      }
+      EXPECT_NEAR(got[t * c.dim + r], ref, Tolerance(c.ffn_dim, sum_abs));
+    }
+    for (int64_t i = 0; i < c.ffn_dim; ++i) kept += std::fabs(act[t * c.ffn_dim + i]) >= cut;
+  }
+  EXPECT_EQ((*sparse)->activity()[0].active, kept);
+  EXPECT_LT(kept, 2 * c.ffn_dim);
+  EXPECT_GT(kept, 0);
+  // The dense layer delegates to DenseFfn and counts every neuron.
+  DenseFfn dense(*model, pool);
+  std::vector<float> want(2 * c.dim);
+  dense.Compute(1, h.data(), 2, want.data());
+  (*sparse)->Compute(1, h.data(), 2, got.data());
+  EXPECT_EQ(got, want);
+  EXPECT_EQ((*sparse)->activity()[1].active, 2 * c.ffn_dim);
+}
+
+// Quantized models: the default keeps down_t in the model's type; F16 on request.
+TEST(SparseFfnTest, QuantizedDownTypeChoice) {
+  auto model = SynthModel(GgmlType::kQ4_0, SynthFfnKind::kReluGated);
+  ASSERT_TRUE(model);
+  const LlamaConfig& c = model->config();
+  ThreadPool pool(2);
+  auto same = SparseFfn::Create(*model, SparsityPlan::Uniform(SparsityMode::kExact, 2), pool);
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_EQ((*same)->weights(0).down_t.type, GgmlType::kQ4_0);
+  EXPECT_EQ((*same)->down_t_bytes(), 2 * c.ffn_dim * RowBytes(GgmlType::kQ4_0, c.dim));
+  SparseFfnOptions o;
+  o.quantized_down_t_type = GgmlType::kF16;
+  auto f16 = SparseFfn::Create(*model, SparsityPlan::Uniform(SparsityMode::kExact, 2), pool, o);
+  ASSERT_TRUE(f16.ok()) << f16.status();
+  EXPECT_EQ((*f16)->weights(1).down_t.type, GgmlType::kF16);
+  // Both stay close to dense (which rounds its down input to Q8_0): a smoke check of scale.
+  std::mt19937 rng(3);
+  const std::vector<float> h = RandomVector(c.dim, rng);
+  DenseFfn dense(*model, pool);
+  std::vector<float> want(c.dim), a(c.dim), b(c.dim);
+  dense.Compute(0, h.data(), 1, want.data());
+  (*same)->Compute(0, h.data(), 1, a.data());
+  (*f16)->Compute(0, h.data(), 1, b.data());
+  float norm = 0;
+  for (float v : want) norm = std::max(norm, std::fabs(v));
+  EXPECT_LE(MaxAbsDiff(want, a), 0.1f * norm);
+  EXPECT_LE(MaxAbsDiff(want, b), 0.05f * norm);
+}
+
+// A random low-rank predictor per layer: fires on roughly half the neurons at threshold 0.
+std::shared_ptr<const PredictorSet> RandomPredictors(const LlamaConfig& c, float threshold,
+                                                     std::mt19937& rng) {
+  std::vector<PredictorWeights> layers(c.n_layers);
+  for (PredictorWeights& p : layers) {
+    p.rank = 16;
+    p.fc1 = RandomVector(p.rank * c.dim, rng);
+    p.fc2 = RandomVector(c.ffn_dim * p.rank, rng);
+  }
+  auto set = PredictorSet::FromWeights(layers, c, GgmlType::kF32, threshold);
+  EXPECT_TRUE(set.ok()) << set.status();
+  return set.ok() ? std::make_shared<const PredictorSet>(std::move(*set)) : nullptr;
+}
+
+// Predicted: the output is the dense FFN restricted to the predicted neurons whose ReLU fires;
+// the counts say how many were predicted and how many ran.
+TEST(SparseFfnTest, PredictedRunsThePredictedNeuronsThatFire) {
+  auto model = SynthModel(GgmlType::kF16, SynthFfnKind::kReluGated);
+  ASSERT_TRUE(model);
+  const LlamaConfig& c = model->config();
+  std::mt19937 rng(17);
+  SparsityPlan plan = SparsityPlan::Uniform(SparsityMode::kPredicted, c.n_layers);
+  plan.predictors = RandomPredictors(c, 0.0f, rng);
+  ASSERT_TRUE(plan.predictors);
+  for (int threads : {1, 2}) {
+    ThreadPool pool(threads);
+    auto sparse = SparseFfn::Create(*model, plan, pool);
+    ASSERT_TRUE(sparse.ok()) << sparse.status();
+    const int64_t n_tokens = 3;
+    const std::vector<float> h = RandomVector(n_tokens * c.dim, rng);
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      std::vector<float> got(n_tokens * c.dim, 5.0f);
+      (*sparse)->Compute(l, h.data(), n_tokens, got.data());
+      const LayerWeights& w = model->layer(l);
+      std::vector<float> gate(c.ffn_dim), up(c.ffn_dim), down(c.dim * c.ffn_dim);
+      for (int64_t r = 0; r < c.dim; ++r)
+        DequantizeMatrixRow(w.down, r, down.data() + r * c.ffn_dim);
+      int64_t predicted = 0, fired = 0;
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        const float* ht = h.data() + t * c.dim;
+        std::vector<int32_t> ids;
+        plan.predictors->Predict(l, ht, &ids, pool);
+        predicted += static_cast<int64_t>(ids.size());
+        MatMul(w.gate, ht, 1, c.dim, gate.data(), c.ffn_dim, pool);
+        MatMul(w.up, ht, 1, c.dim, up.data(), c.ffn_dim, pool);
+        ReluGlu(gate.data(), up.data(), c.ffn_dim);
+        for (int64_t r = 0; r < c.dim; ++r) {
+          double ref = 0, sum_abs = 0;
+          for (int32_t i : ids) {
+            const double p = static_cast<double>(gate[i]) * down[r * c.ffn_dim + i];
+            ref += p;
+            sum_abs += std::fabs(p);
+          }
+          EXPECT_NEAR(got[t * c.dim + r], ref, Tolerance(c.ffn_dim, sum_abs));
+        }
+        // ReluGlu left act * up, which is 0 exactly where the ReLU did not fire (up != 0).
+        for (int32_t i : ids) fired += gate[i] != 0.0f;
+      }
+      const LayerActivity& a = (*sparse)->activity()[l];
+      EXPECT_EQ(a.candidates, predicted);
+      EXPECT_EQ(a.active, fired);
+      EXPECT_GT(predicted, n_tokens * c.ffn_dim / 4);
+      EXPECT_LT(predicted, n_tokens * c.ffn_dim * 3 / 4);
+    }
+    EXPECT_GT((*sparse)->FfnBytesPerToken(), 0.0);
+  }
+  // A predictor that predicts every neuron makes predicted mode exact mode, bit for bit.
+  plan.predictors = RandomPredictors(c, -1e30f, rng);
+  ThreadPool pool(2);
+  auto all = SparseFfn::Create(*model, plan, pool);
+  auto exact = SparseFfn::Create(*model, SparsityPlan::Uniform(SparsityMode::kExact, 2), pool);
+  ASSERT_TRUE(all.ok() && exact.ok());
+  const std::vector<float> h = RandomVector(2 * c.dim, rng);
+  std::vector<float> a(2 * c.dim), b(2 * c.dim);
+  (*all)->Compute(1, h.data(), 2, a.data());
+  (*exact)->Compute(1, h.data(), 2, b.data());
+  EXPECT_EQ(a, b);
+  EXPECT_EQ((*all)->activity()[1].active, (*exact)->activity()[1].active);
+}
+
+// A plan whose predictors do not fit the model is refused with the layer and shapes.
+TEST(SparsityPlanTest, PredictorShapesMustMatch) {
+  auto big = SynthModel(GgmlType::kF32, SynthFfnKind::kReluGated);
+  ASSERT_TRUE(big);
+  LlamaConfig other = big->config();
+  other.ffn_dim = 96;
+  std::mt19937 rng(2);
+  SparsityPlan plan = SparsityPlan::Uniform(SparsityMode::kPredicted, 2);
+  plan.predictors = RandomPredictors(other, 0.0f, rng);
+  absl::Status s = plan.Validate(big->config());
+  EXPECT_NE(s.message().find("predictor fc1"), std::string::npos) << s;
 }
 
 }  // namespace

@@ -1,0 +1,165 @@
+#include "shared/sparsity/sparse_ffn.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "shared/util/status_macros.h"
+
+namespace thermocline {
+
+SparseFfn::SparseFfn(const LlamaModel& model, SparsityPlan plan, ThreadPool& pool)
+    : model_(model), plan_(std::move(plan)), pool_(pool), dense_(model, pool) {}
+
+absl::StatusOr<std::unique_ptr<SparseFfn>> SparseFfn::Create(const LlamaModel& model,
+                                                             SparsityPlan plan, ThreadPool& pool,
+                                                             const SparseFfnOptions& options) {
+  const LlamaConfig& c = model.config();
+  TC_RETURN_IF_ERROR(plan.Validate(c));
+  std::unique_ptr<SparseFfn> ffn(new SparseFfn(model, std::move(plan), pool));
+  ffn->down_rows_.resize(c.n_layers);
+  ffn->weights_.resize(c.n_layers);
+  ffn->activity_.assign(c.n_layers, LayerActivity{});
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& w = model.layer(l);
+    NeuronWeights& nw = ffn->weights_[l];
+    nw.gate = w.gate;
+    nw.up = w.up;
+    nw.activation = c.activation;
+    if (ffn->plan_.mode(l) == SparsityMode::kDense) continue;
+    TC_ASSIGN_OR_RETURN(ffn->down_rows_[l],
+                        DownRows::ForLayer(model, l, options.quantized_down_t_type, pool));
+    nw.down_t = ffn->down_rows_[l].view();
+    TC_RETURN_IF_ERROR(ValidateNeuronWeights(nw));
+  }
+  ffn->all_ids_.resize(c.ffn_dim);
+  std::iota(ffn->all_ids_.begin(), ffn->all_ids_.end(), 0);
+  ffn->workers_.resize(pool.size());
+  for (Worker& worker : ffn->workers_) {
+    worker.solo = std::make_unique<ThreadPool>(1);
+    worker.neurons = NeuronFfn(c.ffn_dim);
+    worker.predicted.reserve(c.ffn_dim);
+  }
+  return ffn;
+}
+
+NeuronFilter SparseFfn::FilterFor(int64_t layer) const {
+  switch (plan_.mode(layer)) {
+    case SparsityMode::kExact:
+      return NeuronFilter::Positive();
+    case SparsityMode::kThreshold:
+      return NeuronFilter::Magnitude(plan_.cuts[layer]);
+    case SparsityMode::kPredicted:
+      // A predicted neuron whose ReLU activation is 0 contributes nothing: skipping its up and
+      // down rows loses nothing and saves the reads of the predictor's false positives.
+      return model_.config().activation == FfnActivation::kRelu
+                 ? NeuronFilter::Positive()
+                 : NeuronFilter::Magnitude(plan_.cuts[layer]);
+    case SparsityMode::kDense:
+      break;
+  }
+  return NeuronFilter::None();
+}
+
+void SparseFfn::RunToken(Worker& worker, ThreadPool& pool, int64_t layer, const float* h,
+                         const float* gate, float* out) {
+  const NeuronWeights& w = weights_[layer];
+  const NeuronFilter filter = FilterFor(layer);
+  if (gate != nullptr) {
+    worker.candidates += static_cast<int64_t>(all_ids_.size());
+    worker.active += worker.neurons.ComputeWithGate(w, h, all_ids_, gate, filter, out, pool);
+    return;
+  }
+  plan_.predictors->Predict(layer, h, &worker.predicted, pool);
+  worker.candidates += static_cast<int64_t>(worker.predicted.size());
+  worker.active += worker.neurons.Compute(w, h, worker.predicted, filter, out, pool);
+}
+
+void SparseFfn::Compute(int64_t layer, const float* h, int64_t n_tokens, float* out) {
+  const LlamaConfig& c = model_.config();
+  const SparsityMode mode = plan_.mode(layer);
+  LayerActivity& act = activity_[layer];
+  act.tokens += n_tokens;
+  if (mode == SparsityMode::kDense) {
+    dense_.Compute(layer, h, n_tokens, out);
+    act.candidates += n_tokens * c.ffn_dim;
+    act.active += n_tokens * c.ffn_dim;
+    return;
+  }
+  std::fill(out, out + n_tokens * c.dim, 0.0f);
+  const float* gate = nullptr;
+  if (mode != SparsityMode::kPredicted) {
+    // Every neuron is a candidate: the gate is a plain MatMul over contiguous rows, streamed
+    // once for all tokens with no id indirection.
+    batch_gate_.resize(n_tokens * c.ffn_dim);
+    MatMul(weights_[layer].gate, h, n_tokens, c.dim, batch_gate_.data(), c.ffn_dim, pool_);
+    gate = batch_gate_.data();
+  }
+  auto token_gate = [&](int64_t t) { return gate != nullptr ? gate + t * c.ffn_dim : nullptr; };
+  if (n_tokens == 1 || pool_.size() == 1) {
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      RunToken(workers_[0], pool_, layer, h + t * c.dim, token_gate(t), out + t * c.dim);
+    }
+  } else {
+    pool_.Run([&](int tid, int nth) {
+      for (int64_t t = tid; t < n_tokens; t += nth) {
+        RunToken(workers_[tid], *workers_[tid].solo, layer, h + t * c.dim, token_gate(t),
+                 out + t * c.dim);
+      }
+    });
+  }
+  for (Worker& worker : workers_) {
+    act.candidates += worker.candidates;
+    act.active += worker.active;
+    worker.candidates = worker.active = 0;
+  }
+}
+
+void SparseFfn::ResetActivity() { activity_.assign(activity_.size(), LayerActivity{}); }
+
+double SparseFfn::ActiveRatio(int64_t layer) const {
+  const LayerActivity& a = activity_[layer];
+  if (a.tokens == 0) return 0;
+  return static_cast<double>(a.active) / (static_cast<double>(a.tokens) * model_.config().ffn_dim);
+}
+
+double SparseFfn::ActiveRatio() const {
+  double active = 0, total = 0;
+  for (const LayerActivity& a : activity_) {
+    active += static_cast<double>(a.active);
+    total += static_cast<double>(a.tokens) * model_.config().ffn_dim;
+  }
+  return total > 0 ? active / total : 0;
+}
+
+double SparseFfn::FfnBytesPerToken() const {
+  double bytes = 0;
+  for (size_t l = 0; l < activity_.size(); ++l) {
+    const LayerActivity& a = activity_[l];
+    if (a.tokens == 0) continue;
+    const LayerWeights& lw = model_.layer(static_cast<int64_t>(l));
+    const double n = static_cast<double>(a.tokens);
+    if (plan_.mode(static_cast<int64_t>(l)) == SparsityMode::kDense) {
+      const MatrixView& down = lw.has_down_t ? lw.down_t : lw.down;
+      bytes += static_cast<double>(lw.gate.rows * lw.gate.row_bytes + lw.up.rows * lw.up.row_bytes +
+                                   down.rows * down.row_bytes);
+      continue;
+    }
+    const NeuronWeights& w = weights_[l];
+    bytes += (static_cast<double>(a.candidates) * w.gate.row_bytes +
+              static_cast<double>(a.active) * (w.up.row_bytes + w.down_t.row_bytes)) /
+             n;
+    if (plan_.mode(static_cast<int64_t>(l)) == SparsityMode::kPredicted) {
+      const LayerPredictor& p = plan_.predictors->layer(static_cast<int64_t>(l));
+      bytes += static_cast<double>(p.fc1.rows * p.fc1.row_bytes + p.fc2.rows * p.fc2.row_bytes);
+    }
+  }
+  return bytes;
+}
+
+int64_t SparseFfn::down_t_bytes() const {
+  int64_t total = 0;
+  for (const DownRows& d : down_rows_) total += d.owned_bytes();
+  return total;
+}
+
+}  // namespace thermocline

@@ -1,0 +1,87 @@
+// The FFN executor of a sparsity plan: each layer in its own mode (sparsity_mode.h), each
+// token through NeuronFfn (dense layers through DenseFfn's GEMMs), with counts of the neurons
+// that ran for reports.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "shared/model/llama_model.h"
+#include "shared/runtime/ffn.h"
+#include "shared/sparsity/neuron_ffn.h"
+#include "shared/sparsity/sparsity_mode.h"
+#include "shared/util/thread_pool.h"
+
+namespace thermocline {
+
+struct SparseFfnOptions {
+  // Element type of the transposed down copies of a Q8_0/Q4_0 model (see DownRows): nullopt
+  // keeps the model's type (lossy requantization, same bytes per neuron); kF16 is exact.
+  std::optional<GgmlType> quantized_down_t_type;
+};
+
+// What one layer did since the last reset.
+struct LayerActivity {
+  int64_t tokens = 0;
+  int64_t candidates = 0;  // gate rows computed (every neuron, or the predicted ones)
+  int64_t active = 0;      // neurons whose up and down rows ran
+};
+
+class SparseFfn final : public FfnExecutor {
+ public:
+  // Validates the plan against the model and builds the transposed down rows of every
+  // non-dense layer whose model has none (see DownRows for the memory this costs).
+  static absl::StatusOr<std::unique_ptr<SparseFfn>> Create(const LlamaModel& model,
+                                                           SparsityPlan plan, ThreadPool& pool,
+                                                           const SparseFfnOptions& options = {});
+
+  // Exact and threshold layers first compute the gate of every neuron for the whole batch in
+  // one MatMul (bit-identical per token). One token then runs through NeuronFfn with the pool
+  // splitting its neurons; several tokens are split over the pool's threads instead, each
+  // running its tokens alone: one parallel region per layer rather than a few per token.
+  void Compute(int64_t layer, const float* h, int64_t n_tokens, float* out) override;
+
+  const SparsityPlan& plan() const { return plan_; }
+  const std::vector<LayerActivity>& activity() const { return activity_; }
+  void ResetActivity();
+  // active / (tokens * ffn_dim) of one layer, and over all layers; 0 before any token.
+  double ActiveRatio(int64_t layer) const;
+  double ActiveRatio() const;
+  // FFN weight bytes read per token on average over the recorded activity (gate rows of the
+  // candidates, up and down rows of the active neurons, predictor weights), for floors.
+  double FfnBytesPerToken() const;
+  // Memory held by transposed down copies.
+  int64_t down_t_bytes() const;
+  const NeuronWeights& weights(int64_t layer) const { return weights_[layer]; }
+
+ private:
+  SparseFfn(const LlamaModel& model, SparsityPlan plan, ThreadPool& pool);
+  NeuronFilter FilterFor(int64_t layer) const;
+
+  const LlamaModel& model_;
+  SparsityPlan plan_;
+  ThreadPool& pool_;
+  DenseFfn dense_;
+  std::vector<DownRows> down_rows_;     // [n_layers]; empty view for dense layers
+  std::vector<NeuronWeights> weights_;  // [n_layers]
+  std::vector<LayerActivity> activity_;
+  // Per pool thread: a single-threaded pool for its kernels, its scratch and predicted ids, and
+  // its counts until they are added to activity_. Index 0 also serves single-token calls.
+  struct Worker {
+    std::unique_ptr<ThreadPool> solo;
+    NeuronFfn neurons;
+    std::vector<int32_t> predicted;
+    int64_t candidates = 0, active = 0;
+  };
+  void RunToken(Worker& worker, ThreadPool& pool, int64_t layer, const float* h, const float* gate,
+                float* out);
+
+  std::vector<Worker> workers_;
+  std::vector<int32_t> all_ids_;   // 0..ffn_dim-1
+  std::vector<float> batch_gate_;  // [n_tokens][ffn_dim] gate pre-activations
+};
+
+}  // namespace thermocline

@@ -1,0 +1,197 @@
+#include "shared/sparsity/sparsity_mode.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "shared/util/status_macros.h"
+
+namespace thermocline {
+
+std::string_view SparsityModeName(SparsityMode mode) {
+  switch (mode) {
+    case SparsityMode::kDense:
+      return "dense";
+    case SparsityMode::kExact:
+      return "exact";
+    case SparsityMode::kThreshold:
+      return "threshold";
+    case SparsityMode::kPredicted:
+      return "predicted";
+  }
+  return "?";
+}
+
+std::optional<SparsityMode> ParseSparsityMode(std::string_view name) {
+  for (SparsityMode m : {SparsityMode::kDense, SparsityMode::kExact, SparsityMode::kThreshold,
+                         SparsityMode::kPredicted}) {
+    if (name == SparsityModeName(m)) return m;
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<SparsityMode> ParseSparsityModeOrError(std::string_view name) {
+  if (std::optional<SparsityMode> m = ParseSparsityMode(name)) return *m;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "sparsity mode '", std::string(name), "' is not one of: dense, exact, threshold, predicted"));
+}
+
+SparsityPlan SparsityPlan::Uniform(SparsityMode mode, int64_t n_layers) {
+  SparsityPlan plan;
+  plan.modes.assign(n_layers, mode);
+  plan.cuts.assign(n_layers, 0.0f);
+  return plan;
+}
+
+bool SparsityPlan::AllDense() const {
+  return std::all_of(modes.begin(), modes.end(),
+                     [](SparsityMode m) { return m == SparsityMode::kDense; });
+}
+
+absl::StatusOr<SparsityPlan> SparsityPlan::ForModel(
+    const LlamaConfig& config, SparsityMode mode, const ActivationStats* stats,
+    std::optional<float> target_sparsity, std::shared_ptr<const PredictorSet> predictors) {
+  SparsityPlan plan = Uniform(mode, config.n_layers);
+  const bool wants_cuts =
+      mode == SparsityMode::kThreshold ||
+      (mode == SparsityMode::kPredicted && config.activation == FfnActivation::kSilu);
+  if (mode == SparsityMode::kThreshold && (stats == nullptr || !target_sparsity)) {
+    return absl::InvalidArgumentError(
+        "sparsity mode 'threshold' needs activation statistics and a target sparsity (the "
+        "per-layer cuts come from `thermocline profile`: --stats S.gguf --target-sparsity 0.5)");
+  }
+  if (wants_cuts && stats != nullptr && target_sparsity) {
+    if (stats->dim != config.dim || stats->ffn_dim != config.ffn_dim ||
+        static_cast<int64_t>(stats->layers.size()) != config.n_layers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("activation statistics are for dim ", stats->dim, ", ffn_dim ",
+                       stats->ffn_dim, ", ", stats->layers.size(), " layers; the model has dim ",
+                       config.dim, ", ffn_dim ", config.ffn_dim, ", ", config.n_layers, " layers"));
+    }
+    for (int64_t l = 0; l < config.n_layers; ++l) {
+      TC_ASSIGN_OR_RETURN(plan.cuts[l], stats->CutFor(l, *target_sparsity));
+    }
+  }
+  if (mode == SparsityMode::kPredicted && predictors == nullptr) {
+    return absl::InvalidArgumentError(
+        "sparsity mode 'predicted' needs predictors (--predictor P.gguf, from `thermocline "
+        "train-predictor` or a PowerInfer model)");
+  }
+  plan.predictors = std::move(predictors);
+  TC_RETURN_IF_ERROR(plan.Validate(config));
+  return plan;
+}
+
+absl::Status SparsityPlan::Validate(const LlamaConfig& config) const {
+  const int64_t n = config.n_layers;
+  if (static_cast<int64_t>(modes.size()) != n || static_cast<int64_t>(cuts.size()) != n) {
+    return absl::InvalidArgumentError(absl::StrCat("sparsity plan has ", modes.size(),
+                                                   " modes and ", cuts.size(),
+                                                   " cuts; the model has ", n, " layers"));
+  }
+  for (int64_t l = 0; l < n; ++l) {
+    if (!std::isfinite(cuts[l]) || cuts[l] < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("sparsity plan: layer ", l, ": cut ", cuts[l],
+                                                     " is not a finite value >= 0"));
+    }
+    switch (modes[l]) {
+      case SparsityMode::kDense:
+      case SparsityMode::kThreshold:
+        break;
+      case SparsityMode::kExact:
+        if (config.activation != FfnActivation::kRelu) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "sparsity plan: layer ", l,
+              ": mode 'exact' needs a ReLU-gated model (this one uses SiLU, whose activation is "
+              "nonzero almost everywhere); use 'threshold' with a calibrated cut"));
+        }
+        break;
+      case SparsityMode::kPredicted: {
+        if (predictors == nullptr) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("sparsity plan: layer ", l, ": mode 'predicted' without predictors"));
+        }
+        if (l >= predictors->n_layers()) {
+          return absl::InvalidArgumentError(absl::StrCat("sparsity plan: layer ", l,
+                                                         ": the predictor set has only ",
+                                                         predictors->n_layers(), " layers"));
+        }
+        const LayerPredictor& p = predictors->layer(l);
+        if (p.fc1.cols != config.dim || p.fc2.rows != config.ffn_dim || p.fc1.rows != p.rank ||
+            p.fc2.cols != p.rank) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "sparsity plan: layer ", l, ": predictor fc1 is ", p.fc1.rows, "x", p.fc1.cols,
+              " and fc2 ", p.fc2.rows, "x", p.fc2.cols, "; the model needs ", p.rank, "x",
+              config.dim, " and ", config.ffn_dim, "x", p.rank));
+        }
+        break;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SparsityPlan> SparsityPlanFromFlags(const LlamaModel& model,
+                                                   const SparsityFlags& flags) {
+  TC_ASSIGN_OR_RETURN(SparsityMode mode, ParseSparsityModeOrError(flags.mode));
+  const LlamaConfig& c = model.config();
+  const bool uses_cuts = mode == SparsityMode::kThreshold ||
+                         (mode == SparsityMode::kPredicted && c.activation == FfnActivation::kSilu);
+  if (flags.stats_path.empty() != !flags.target_sparsity.has_value()) {
+    return absl::InvalidArgumentError(
+        "--stats and --target-sparsity go together: the statistics hold one cut per layer for "
+        "each target sparsity they were profiled at");
+  }
+  if (!flags.stats_path.empty() && !uses_cuts) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--stats/--target-sparsity set cuts, which sparsity mode '", flags.mode,
+        "' does not use on this model (they apply to threshold, and to predicted on SiLU models)"));
+  }
+  if (!flags.predictor_path.empty() && mode != SparsityMode::kPredicted) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--predictor is only used by sparsity mode 'predicted', not '", flags.mode, "'"));
+  }
+  if (mode == SparsityMode::kThreshold && flags.stats_path.empty()) {
+    return absl::InvalidArgumentError(
+        "sparsity mode 'threshold' needs the per-layer cuts: --stats S.gguf (from `thermocline "
+        "profile`) and --target-sparsity T (one of the targets profiled)");
+  }
+  if (flags.target_sparsity && !(*flags.target_sparsity >= 0 && *flags.target_sparsity < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--target-sparsity ", *flags.target_sparsity, " must be in [0, 1)"));
+  }
+  std::optional<ActivationStats> stats;
+  if (!flags.stats_path.empty()) {
+    auto read = ReadActivationStats(flags.stats_path, &c);
+    if (!read.ok()) {
+      return absl::Status(read.status().code(), absl::StrCat("--stats: ", read.status().message()));
+    }
+    stats = std::move(*read);
+  }
+  std::shared_ptr<const PredictorSet> predictors;
+  if (mode == SparsityMode::kPredicted) {
+    absl::StatusOr<PredictorSet> set = absl::NotFoundError("");
+    if (!flags.predictor_path.empty()) {
+      set = PredictorSet::Load(flags.predictor_path, c);
+    } else if (model.file().FindTensor("blk.0.fc1.weight") != nullptr) {
+      // The model outlives the plan's users, so the set may borrow its file.
+      set = PredictorSet::FromGguf(
+          std::shared_ptr<const GgufFile>(&model.file(), [](const GgufFile*) {}), c);
+    } else {
+      return absl::InvalidArgumentError(
+          "sparsity mode 'predicted' needs predictors: --predictor P.gguf (from `thermocline "
+          "train-predictor`), or a PowerInfer model that carries blk.N.fc1/fc2");
+    }
+    if (!set.ok()) {
+      return absl::Status(
+          set.status().code(),
+          absl::StrCat(flags.predictor_path.empty() ? "the model's predictors: " : "--predictor: ",
+                       set.status().message()));
+    }
+    predictors = std::make_shared<const PredictorSet>(std::move(*set));
+  }
+  return SparsityPlan::ForModel(c, mode, stats ? &*stats : nullptr, flags.target_sparsity,
+                                std::move(predictors));
+}
+
+}  // namespace thermocline
