@@ -7,6 +7,8 @@
 #include "absl/strings/str_format.h"
 #include "shared/model/llama_model.h"
 #include "shared/runtime/generate.h"
+#include "shared/sparsity/sparse_ffn.h"
+#include "shared/sparsity/sparsity_mode.h"
 #include "shared/tokenizer/tokenizer.h"
 #include "shared/util/cpu_features.h"
 #include "tools/command.h"
@@ -19,6 +21,8 @@ int RunGenerate(const std::vector<std::string>& args) {
   int32_t max_new_tokens = 0, threads = 0, context = 0;
   SamplingParams sp;
   bool ignore_eos = false;
+  SparsityFlags sf;
+  float target_sparsity = 0;
   po::options_description opts("options");
   opts.add_options()
       ("model,m", po::value(&model_path)->required(), "model file (GGUF)")
@@ -36,7 +40,11 @@ int RunGenerate(const std::vector<std::string>& args) {
       ("threads", po::value(&threads)->default_value(0), "CPU threads (0 = all cores)")
       ("context", po::value(&context)->default_value(0), "KV cache positions (0 = prompt + max-new-tokens)")
       ("kv-type", po::value(&kv_type)->default_value("f32"), "KV cache element type: f32 or f16")
-      ("ignore-eos", po::bool_switch(&ignore_eos), "keep generating past the end-of-sequence token");
+      ("ignore-eos", po::bool_switch(&ignore_eos), "keep generating past the end-of-sequence token")
+      ("sparsity", po::value(&sf.mode)->default_value("dense"), "FFN sparsity: dense, exact, threshold or predicted")
+      ("stats", po::value(&sf.stats_path), "activation statistics from `thermocline profile` (threshold)")
+      ("target-sparsity", po::value(&target_sparsity), "which of the profiled cuts to use, e.g. 0.5")
+      ("predictor", po::value(&sf.predictor_path), "predictors from `thermocline train-predictor` (predicted)");
   po::positional_options_description pos;
   po::variables_map vm;
   int exit_code = 0;
@@ -53,11 +61,14 @@ int RunGenerate(const std::vector<std::string>& args) {
   if (context < 0) return fail("--context must be >= 0");
   if (kv_type != "f32" && kv_type != "f16") return fail("--kv-type must be f32 or f16");
   if (absl::Status s = ValidateSamplingParams(sp); !s.ok()) return fail(std::string(s.message()));
+  if (vm.count("target-sparsity")) sf.target_sparsity = target_sparsity;
 
   auto model_or = LlamaModel::Load(model_path);
   if (!model_or.ok()) return fail(std::string(model_or.status().message()));
   const LlamaModel& model = **model_or;
   const Tokenizer& tok = model.tokenizer();
+  auto plan = SparsityPlanFromFlags(model, sf);
+  if (!plan.ok()) return fail(std::string(plan.status().message()));
 
   GenerationRequest req;
   req.prompt = tok.Encode(prompt, /*add_bos=*/true);
@@ -76,7 +87,13 @@ int RunGenerate(const std::vector<std::string>& args) {
   if (!kv_or.ok()) return fail(std::string(kv_or.status().message()));
   const int n_threads = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
   ThreadPool pool(n_threads);
-  ForwardPass pass(model, *kv_or, pool);
+  std::unique_ptr<SparseFfn> sparse;
+  if (!plan->AllDense()) {
+    auto made = SparseFfn::Create(model, *plan, pool);
+    if (!made.ok()) return fail(std::string(made.status().message()));
+    sparse = std::move(*made);
+  }
+  ForwardPass pass(model, *kv_or, pool, sparse.get());
 
   std::fwrite(prompt.data(), 1, prompt.size(), stdout);
   std::fflush(stdout);
@@ -99,6 +116,10 @@ int RunGenerate(const std::vector<std::string>& args) {
       stats->prompt_tokens / std::max(1e-9, stats->prefill_seconds), stats->generated_tokens,
       stats->decode_steps / std::max(1e-9, stats->decode_seconds), n_threads,
       SimdLevelName(DetectSimdLevel()), model.weight_type_name());
+  if (sparse) {
+    std::cerr << absl::StrFormat("sparsity %s: %.1f%% of FFN neurons active\n", sf.mode,
+                                 100 * sparse->ActiveRatio());
+  }
   return 0;
 }
 

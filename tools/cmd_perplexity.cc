@@ -1,0 +1,140 @@
+// `thermocline perplexity`: the model's perplexity over a text corpus in any sparsity mode, the
+// measurement behind every accuracy claim about sparsity (docs/sparsity.md).
+#include <algorithm>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_format.h"
+#include "shared/model/llama_model.h"
+#include "shared/runtime/corpus.h"
+#include "shared/sparsity/sparse_ffn.h"
+#include "shared/sparsity/sparsity_mode.h"
+#include "tools/command.h"
+
+namespace thermocline::tools {
+namespace {
+
+int RunPerplexity(const std::vector<std::string>& args) {
+  std::string model_path, corpus_path, down_t_type;
+  int64_t max_tokens = 0, window = 0, batch = 0;
+  int threads = 0;
+  float target = 0;
+  SparsityFlags sf;
+  po::options_description opts("options");
+  // One option per line reads as a table.
+  // clang-format off
+  opts.add_options()
+      ("model,m", po::value(&model_path)->required(), "model file (GGUF)")
+      ("corpus", po::value(&corpus_path)->required(), "UTF-8 text file, scored as one stream")
+      ("tokens", po::value(&max_tokens)->default_value(0), "use the first N tokens of the corpus (0 = all)")
+      ("window", po::value(&window)->default_value(256), "positions per window, BOS included")
+      ("batch", po::value(&batch)->default_value(256), "positions per forward call")
+      ("sparsity", po::value(&sf.mode)->default_value("dense"), "dense, exact, threshold or predicted")
+      ("stats", po::value(&sf.stats_path), "activation statistics from `thermocline profile` (threshold)")
+      ("target-sparsity", po::value(&target), "which of the profiled cuts to use, e.g. 0.5")
+      ("predictor", po::value(&sf.predictor_path), "predictors from `thermocline train-predictor` (predicted)")
+      ("down-t-type", po::value(&down_t_type)->default_value(""),
+       "element type of the transposed down rows of a q8_0/q4_0 model: f16 or f32 (exact); "
+       "default: the model's own (requantized)")
+      ("threads", po::value(&threads)->default_value(0), "CPU threads (0 = all cores)");
+  // clang-format on
+  po::positional_options_description pos;
+  po::variables_map vm;
+  int exit_code = 0;
+  if (!ParseOptions("perplexity", "--model M.gguf --corpus TEXT [options]", opts, pos, args, vm,
+                    exit_code)) {
+    return exit_code;
+  }
+  auto fail = [](const std::string& msg) {
+    std::cerr << "thermocline perplexity: " << msg << "\n";
+    return 1;
+  };
+  if (vm.count("target-sparsity")) sf.target_sparsity = target;
+  if (threads < 0) return fail("--threads must be >= 0");
+  if (max_tokens < 0) return fail("--tokens must be >= 0");
+  if (batch <= 0) return fail("--batch must be > 0");
+  SparseFfnOptions ffn_options;
+  if (!down_t_type.empty()) {
+    if (down_t_type != "f16" && down_t_type != "f32")
+      return fail("--down-t-type must be f16 or f32");
+    ffn_options.quantized_down_t_type = down_t_type == "f16" ? GgmlType::kF16 : GgmlType::kF32;
+  }
+
+  auto model_or = LlamaModel::Load(model_path);
+  if (!model_or.ok()) return fail(std::string(model_or.status().message()));
+  const LlamaModel& model = **model_or;
+  const LlamaConfig& c = model.config();
+  if (window < 2 || window > c.context_length) {
+    return fail(absl::StrFormat("--window %d must be in [2, %d] (the model's context)", window,
+                                c.context_length));
+  }
+  auto plan = SparsityPlanFromFlags(model, sf);
+  if (!plan.ok()) return fail(std::string(plan.status().message()));
+  auto tokens = TokenizeCorpusFile(corpus_path, model.tokenizer(), max_tokens);
+  if (!tokens.ok()) return fail(std::string(tokens.status().message()));
+  auto kv = KvCache::Create(c, 1, window, GgmlType::kF32);
+  if (!kv.ok()) return fail(std::string(kv.status().message()));
+  const int n_threads =
+      threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
+  ThreadPool pool(n_threads);
+
+  // Dense runs through the plain dense executor, so its figure is the reference one.
+  std::unique_ptr<SparseFfn> sparse;
+  if (!plan->AllDense()) {
+    auto made = SparseFfn::Create(model, *plan, pool, ffn_options);
+    if (!made.ok()) return fail(std::string(made.status().message()));
+    sparse = std::move(*made);
+  }
+  ForwardPass pass(model, *kv, pool, sparse.get());
+  CorpusWindowOptions wo;
+  wo.window = window;
+  wo.batch = batch;
+  wo.progress_label = "perplexity";
+  auto result = Perplexity(pass, *tokens, wo);
+  if (!result.ok()) return fail(std::string(result.status().message()));
+
+  std::cout << absl::StrFormat("model: %s (%s, %s FFN)\n", model_path, model.weight_type_name(),
+                               c.activation == FfnActivation::kRelu ? "relu" : "silu");
+  std::cout << absl::StrFormat("sparsity: %s", sf.mode);
+  if (sf.target_sparsity) std::cout << absl::StrFormat(" (target %.2f)", *sf.target_sparsity);
+  std::cout << "\n";
+  std::cout << absl::StrFormat("tokens: %d scored in %d windows of %d\n", result->predicted,
+                               result->windows, window);
+  std::cout << absl::StrFormat("mean nll: %.6f\n", result->mean_nll);
+  std::cout << absl::StrFormat("perplexity: %.4f\n", result->perplexity);
+  if (sparse) {
+    const bool predicted = std::any_of(plan->modes.begin(), plan->modes.end(), [](SparsityMode m) {
+      return m == SparsityMode::kPredicted;
+    });
+    std::cout << "layer  mode       cut         active" << (predicted ? "  predicted" : "") << "\n";
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      const LayerActivity& a = sparse->activity()[l];
+      std::cout << absl::StrFormat("%5d  %-9s  %-10.4g  %6.4f", l,
+                                   std::string(SparsityModeName(plan->mode(l))), plan->cuts[l],
+                                   sparse->ActiveRatio(l));
+      if (predicted) {
+        std::cout << absl::StrFormat(
+            "  %9.4f",
+            a.tokens > 0 ? static_cast<double>(a.candidates) / (a.tokens * c.ffn_dim) : 0.0);
+      }
+      std::cout << "\n";
+    }
+    std::cout << absl::StrFormat("active ratio: %.4f (sparsity %.4f)\n", sparse->ActiveRatio(),
+                                 1 - sparse->ActiveRatio());
+    if (sparse->down_t_bytes() > 0) {
+      std::cerr << absl::StrFormat("perplexity: transposed down rows hold %.1f MiB\n",
+                                   sparse->down_t_bytes() / double(1 << 20));
+    }
+  }
+  return 0;
+}
+
+CommandRegistrar reg({"perplexity",
+                      "perplexity of a model over a text corpus, in any sparsity mode",
+                      &RunPerplexity});
+
+}  // namespace
+}  // namespace thermocline::tools
