@@ -12,6 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "shared/model/llama_model.h"
 #include "shared/runtime/corpus.h"
+#include "shared/sparsity/activation_stats.h"
 #include "shared/sparsity/predictor.h"
 #include "shared/sparsity/predictor_trainer.h"
 #include "tools/command.h"
@@ -23,6 +24,7 @@ int RunTrainPredictor(const std::vector<std::string>& args) {
   std::string model_path, corpus_path, output, rank_arg, candidates_arg, stats_path, type_name;
   int64_t max_tokens = 0;
   int threads = 0;
+  float stats_target = -1;
   PredictorTrainerOptions o;
   po::options_description opts("options");
   opts.add_options()
@@ -50,7 +52,12 @@ int RunTrainPredictor(const std::vector<std::string>& args) {
        "share of tokens held out: half picks the threshold, half measures recall/precision")
       ("max-samples", po::value(&o.max_samples_per_layer)->default_value(o.max_samples_per_layer),
        "token samples kept per layer (bounds memory)")
-      ("stats", po::value(&stats_path), "activation statistics from `thermocline profile` (SiLU models)")
+      ("stats", po::value(&stats_path),
+       "activation statistics from `thermocline profile`; SiLU models need them: a neuron is "
+       "active when |silu(gate)| >= the layer's cut")
+      ("stats-target", po::value(&stats_target),
+       "SiLU models: the target sparsity whose cuts define active (one of the stats file's "
+       "targets; default its frequency target)")
       ("type", po::value(&type_name)->default_value("f16"), "predictor weight type: f32, f16, bf16")
       ("seed", po::value(&o.seed)->default_value(o.seed), "seed (same seed and data, same predictors)")
       ("threads", po::value(&threads)->default_value(0), "CPU threads (0 = all cores)");
@@ -90,13 +97,34 @@ int RunTrainPredictor(const std::vector<std::string>& args) {
   if (!model_or.ok()) return fail(std::string(model_or.status().message()));
   const LlamaModel& model = **model_or;
   const LlamaConfig& c = model.config();
-  if (!stats_path.empty()) {
-    // Activation statistics come from `thermocline profile`, which is not part of this build yet.
-    return fail("--stats is not supported yet: `thermocline profile` has not landed");
+  if (c.activation == FfnActivation::kSilu && stats_path.empty()) {
+    return fail(model_path + " is a SiLU model: which of its neurons count as active is defined "
+                "by the magnitude cuts of --stats (from `thermocline profile`)");
   }
-  if (c.activation == FfnActivation::kSilu) {
-    return fail(model_path + " is a SiLU model: its active neurons are defined by the magnitude "
-                "cuts in --stats from `thermocline profile`");
+  if (!stats_path.empty()) {
+    auto stats = ReadActivationStats(stats_path, &c);
+    if (!stats.ok()) return fail(std::string(stats.status().message()));
+    if (c.activation == FfnActivation::kSilu) {
+      if (stats->criterion != "magnitude") {
+        return fail("--stats " + stats_path + " has criterion '" + stats->criterion +
+                    "', expected 'magnitude' for this SiLU model");
+      }
+      const float target = vm.count("stats-target") ? stats_target : stats->frequency_target;
+      for (int64_t l = 0; l < c.n_layers; ++l) {
+        auto cut = stats->CutFor(l, target);
+        if (!cut.ok()) return fail("--stats " + stats_path + ": " + std::string(cut.status().message()));
+        o.magnitude_cuts.push_back(*cut);
+      }
+      std::cerr << absl::StrFormat(
+          "train-predictor: active = |silu(gate)| >= the layer's cut for %.0f%% sparsity (%s)\n",
+          100 * target, stats_path);
+    } else {
+      // A ReLU neuron is active exactly when its gate is positive; the stats add nothing.
+      if (vm.count("stats-target")) return fail("--stats-target applies to SiLU models only");
+      std::cerr << "train-predictor: ReLU model: active = relu(gate) > 0; --stats is not needed\n";
+    }
+  } else if (vm.count("stats-target")) {
+    return fail("--stats-target needs --stats");
   }
   if (o.rank == 0 && o.rank_candidates.empty()) o.rank_candidates = DefaultRankCandidates(c, o.type);
   if (absl::Status s = ValidatePredictorTrainerOptions(o, c); !s.ok()) {

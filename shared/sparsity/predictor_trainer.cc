@@ -95,6 +95,7 @@ struct Trainee {
   int64_t dim, rank, ffn, batch;
   std::vector<float> w1, w2;              // [rank][dim], [ffn][rank]
   std::vector<float> m1, v1, m2, v2;      // Adam moments
+  std::vector<float> input_scale;         // [dim], applied to inputs before fc1
   std::vector<float> x, xt, z1, a, at, z2, g2t, w2t, da, dz1t, dw1, dw2;
   std::vector<double> row_loss;
 
@@ -208,8 +209,36 @@ struct Trainee {
   }
 };
 
-void GatherInputs(const LayerSamples& s, const int64_t* ids, int64_t nb, float* x) {
-  for (int64_t b = 0; b < nb; ++b) s.GetInput(ids[b], x + b * s.dim());
+// Inputs of samples `ids` into x [nb][dim], each dimension multiplied by scale[j] when given.
+void GatherInputs(const LayerSamples& s, const int64_t* ids, int64_t nb, float* x,
+                  const std::vector<float>* scale = nullptr) {
+  const int64_t d = s.dim();
+  for (int64_t b = 0; b < nb; ++b) {
+    float* row = x + b * d;
+    s.GetInput(ids[b], row);
+    if (scale != nullptr) {
+      for (int64_t j = 0; j < d; ++j) row[j] *= (*scale)[j];
+    }
+  }
+}
+
+// 1 / RMS of each input dimension over `ids`. The net trains on inputs scaled by it, since the
+// dimensions of h differ in scale by orders of magnitude in deeper layers (which leaves Adam
+// badly conditioned); the scale folds into fc1's columns afterwards, as there is no bias.
+std::vector<float> InputScale(const LayerSamples& s, const std::vector<int64_t>& ids) {
+  const int64_t d = s.dim();
+  std::vector<double> sum(d, 0);
+  std::vector<float> h(d);
+  for (int64_t i : ids) {
+    s.GetInput(i, h.data());
+    for (int64_t j = 0; j < d; ++j) sum[j] += static_cast<double>(h[j]) * h[j];
+  }
+  std::vector<float> scale(d);
+  for (int64_t j = 0; j < d; ++j) {
+    const double rms = std::sqrt(sum[j] / std::max<size_t>(1, ids.size()));
+    scale[j] = rms > 1e-12 ? static_cast<float>(1.0 / rms) : 1.0f;
+  }
+  return scale;
 }
 
 std::vector<int64_t> IndicesOf(const LayerSamples& s, SampleSplit split) {
@@ -281,7 +310,7 @@ Calibration Calibrate(Trainee& net, const LayerSamples& s, const std::vector<int
   }
   for (size_t b0 = 0; b0 < ids.size(); b0 += net.batch) {
     const int64_t nb = std::min<int64_t>(net.batch, ids.size() - b0);
-    GatherInputs(s, ids.data() + b0, nb, net.x.data());
+    GatherInputs(s, ids.data() + b0, nb, net.x.data(), &net.input_scale);
     net.Forward(nb, pool);
     for (int64_t b = 0; b < nb; ++b) {
       const float* z = net.z2.data() + b * n;
@@ -296,7 +325,7 @@ Calibration Calibrate(Trainee& net, const LayerSamples& s, const std::vector<int
   int64_t predicted = 0, hits = 0;
   for (size_t b0 = 0; b0 < ids.size(); b0 += net.batch) {
     const int64_t nb = std::min<int64_t>(net.batch, ids.size() - b0);
-    GatherInputs(s, ids.data() + b0, nb, net.x.data());
+    GatherInputs(s, ids.data() + b0, nb, net.x.data(), &net.input_scale);
     net.Forward(nb, pool);
     for (int64_t b = 0; b < nb; ++b) {
       const float* z = net.z2.data() + b * n;
@@ -579,10 +608,12 @@ absl::StatusOr<LayerTrainingResult> TrainLayerPredictor(
   const int64_t steps_per_epoch = StepsPerEpoch(static_cast<int64_t>(train.size()), batch);
   const int64_t total_steps = steps_per_epoch * options.epochs;
 
+  const std::vector<float> input_scale = InputScale(samples, train);
   LayerTrainingResult result;
   std::unique_ptr<Trainee> best;
   for (size_t c = 0; c < ranks.size(); ++c) {
     auto net = std::make_unique<Trainee>(samples.dim(), ranks[c], samples.ffn_dim(), batch);
+    net->input_scale = input_scale;
     net->Init(StreamSeed(options.seed, layer, ranks[c], 1));
     std::vector<int64_t> order = train;
     double epoch_loss = 0;
@@ -594,7 +625,7 @@ absl::StatusOr<LayerTrainingResult> TrainLayerPredictor(
       for (int64_t s = 0; s < steps_per_epoch; ++s) {
         const int64_t b0 = s * batch;
         const int64_t nb = std::min<int64_t>(batch, static_cast<int64_t>(order.size()) - b0);
-        GatherInputs(samples, order.data() + b0, nb, net->x.data());
+        GatherInputs(samples, order.data() + b0, nb, net->x.data(), &net->input_scale);
         const double progress = static_cast<double>(t) / static_cast<double>(total_steps);
         const float lr = options.learning_rate *
                          (kFinalLrShare + (1 - kFinalLrShare) * 0.5f *
@@ -623,6 +654,9 @@ absl::StatusOr<LayerTrainingResult> TrainLayerPredictor(
     result.threshold = cal.threshold;
   }
   result.weights.rank = best->rank;
+  for (int64_t k = 0; k < best->rank; ++k) {
+    for (int64_t j = 0; j < best->dim; ++j) best->w1[k * best->dim + j] *= input_scale[j];
+  }
   result.weights.fc1 = std::move(best->w1);
   result.weights.fc2 = std::move(best->w2);
   return result;

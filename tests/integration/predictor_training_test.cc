@@ -135,5 +135,45 @@ TEST_F(PredictorTrainingTest, BadArgumentsAreNamed) {
   EXPECT_TRUE(Contains(tiny.err, "too few tokens")) << tiny.err;
 }
 
+// SiLU models: active means |silu(gate)| >= the layer's cut from `thermocline profile`.
+TEST_F(PredictorTrainingTest, SiluModelTrainsOnProfiledCuts) {
+  const std::string bin = BinDir() + "/thermocline";
+  const std::string model = testing::ModelPath("stories260K/stories260K.gguf");
+  const std::string stats = *dir_ + "/stories_stats.gguf";
+  const std::string out = *dir_ + "/stories_pred.gguf";
+  const testing::CommandResult p = RunCommand({bin, "profile", "--model", model, "--corpus",
+                                               Corpus(), "--tokens", "3000", "--threads", "2",
+                                               "-o", stats});
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+
+  const testing::CommandResult no_stats = RunCommand(
+      {bin, "train-predictor", "--model", model, "--corpus", Corpus(), "-o", out});
+  EXPECT_NE(no_stats.exit_code, 0);
+  EXPECT_TRUE(Contains(no_stats.err, "SiLU model")) << no_stats.err;
+  const testing::CommandResult bad_target =
+      RunCommand({bin, "train-predictor", "--model", model, "--corpus", Corpus(), "--stats", stats,
+                  "--stats-target", "0.55", "--tokens", "3000", "-o", out});
+  EXPECT_NE(bad_target.exit_code, 0);
+  EXPECT_TRUE(Contains(bad_target.err, "0.55")) << bad_target.err;
+
+  const testing::CommandResult r = RunCommand(
+      {bin, "train-predictor", "--model", model, "--corpus", Corpus(), "--stats", stats,
+       "--stats-target", "0.7", "--tokens", "6000", "--holdout", "0.2", "--rank", "64",
+       "--epochs", "10", "--lr", "3e-3", "--threads", "2", "-o", out});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::printf("%s", r.out.c_str());
+  auto m = LlamaModel::Load(model);
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto set = PredictorSet::Load(out, (*m)->config());
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->report().criterion, "magnitude");
+  ASSERT_EQ(set->report().layers.size(), static_cast<size_t>((*m)->config().n_layers));
+  for (const PredictorLayerReport& lr : set->report().layers) {
+    EXPECT_GE(lr.recall, 0.95f);
+    EXPECT_NEAR(lr.true_active, 0.3f, 0.05f);  // the cut of 70% sparsity, on other tokens
+    EXPECT_GT(lr.precision, lr.true_active);
+  }
+}
+
 }  // namespace
 }  // namespace thermocline
