@@ -9,7 +9,9 @@
 //    Adam on binary cross-entropy of the logit (score - 1) whose positive term is weighted by
 //    pos_weight (> 1 favours recall), learning rate cosine-decayed to 10% over the run. The
 //    offset of 1 puts the calibrated thresholds well above 0 (the score has no bias term), which
-//    lets step 4 fold them into one global threshold. The batch GEMMs run on the
+//    lets step 4 fold them into one global threshold. Inputs are scaled to unit RMS per
+//    dimension while training (deeper layers' dimensions differ in scale by orders of
+//    magnitude) and the scale is folded into fc1's columns. The batch GEMMs run on the
 //    thread pool through MatMul; every reduction has a fixed order, so the result depends only
 //    on the options and the data, never on the thread count or timing.
 // 3. Rank, when not given: candidates are trained in ascending order and the first one whose
