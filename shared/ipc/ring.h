@@ -116,7 +116,7 @@ absl::Status InitRing(void* region, uint64_t region_bytes, uint64_t capacity);
 // `futex`), else keep spinning until the deadline.
 //
 // With the futex, the spin is adaptive: a wait that had to sleep halves the next spin (down to
-// 2 us), one that ended while spinning doubles it (up to `spin`). Spinning only pays while the
+// 0.5 us), one that ended while spinning lengthens it by 0.5 us (up to `spin`). Spinning only pays while the
 // peer runs on another core; on a machine with no idle core the kernel may queue the peer on
 // the spinner's own core, and a fixed spin would then add its whole length to every hop.
 struct WaitPolicy {
@@ -130,7 +130,7 @@ class SpinBudget {
   static constexpr int64_t kFloorNs = 500;
   explicit SpinBudget(const WaitPolicy& policy = {});
   int64_t ns() const { return ns_; }
-  void Hit() { ns_ = ns_ > max_ns_ / 2 ? max_ns_ : 2 * ns_; }
+  void Hit() { ns_ = std::min(max_ns_, ns_ + floor_ns_); }
   void Miss() { ns_ = std::max(floor_ns_, ns_ / 2); }
 
  private:

@@ -313,7 +313,7 @@ TEST(IpcRing, SpinBudgetAdapts) {
   EXPECT_EQ(b.ns(), SpinBudget::kFloorNs);
   b.Hit();
   EXPECT_EQ(b.ns(), 2 * SpinBudget::kFloorNs);
-  for (int i = 0; i < 20; ++i) b.Hit();
+  for (int i = 0; i < 100; ++i) b.Hit();
   EXPECT_EQ(b.ns(), 20000);
   SpinBudget none(WaitPolicy{absl::ZeroDuration(), true});
   none.Hit();
