@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <numbers>
 #include <string_view>
 #include <thread>
 #include <utility>
@@ -61,8 +62,101 @@ void EmbeddingWeights(uint64_t key, int64_t begin, int64_t end, float* out) {
 void NormWeights(int64_t begin, int64_t end, float* out) {
   std::fill(out, out + (end - begin), 1.0f);
 }
+float ProjectionStddev(int64_t fan_in) { return 1.0f / std::sqrt(static_cast<float>(fan_in)); }
 void ProjectionWeights(uint64_t key, int64_t fan_in, int64_t begin, int64_t end, float* out) {
-  FillUniform(key, 1.0f / std::sqrt(static_cast<float>(fan_in)), begin, end, out);
+  FillUniform(key, ProjectionStddev(fan_in), begin, end, out);
+}
+
+// Keys of the per-layer streams the realistic construction shares between tensors (thresholds,
+// loadings, basis): far above any tensor index, so no tensor's own stream is reused.
+constexpr uint64_t kStreamBase = uint64_t{1} << 40;
+enum Stream : uint64_t { kThresholdStream = 0, kLoadingStream = 1, kBasisStream = 2 };
+constexpr uint64_t kPersistentDimStream = kStreamBase - 1;
+
+uint64_t StreamKey(uint64_t seed, int64_t layer, Stream stream) {
+  return TensorKey(seed, kStreamBase + static_cast<uint64_t>(layer) * 16 + stream);
+}
+
+// Share of each gate row's variance in its low-rank part: what a rank-basis_rank predictor can
+// see. Real ReLU LLMs' gates have decaying spectra that PowerInfer's predictors exploit the same
+// way.
+constexpr double kExplained = 0.95;
+// The analytic predictor's margin is chosen for this recall under the construction's Gaussian
+// statistics; the real forward pass loses a little to quantization, RMS spread and context.
+constexpr double kPredictorRecallTarget = 0.985;
+// Thresholds are clipped here: beyond it a neuron fires with probability < 1e-15, and the clip
+// bounds gate[i][k] (see gate_scale) so that quantization blocks keep their resolution.
+constexpr double kMaxThreshold = 8.0;
+
+// Standard normal quantile (Acklam's rational approximation, relative error < 1.2e-9).
+double NormalQuantile(double p) {
+  static constexpr double a[] = {-3.969683028665376e+01, 2.209460984245205e+02,
+                                 -2.759285104469687e+02, 1.383577518672690e+02,
+                                 -3.066479806614716e+01, 2.506628277459239e+00};
+  static constexpr double b[] = {-5.447609879822406e+01, 1.615858368580409e+02,
+                                 -1.556989798598866e+02, 6.680131188771972e+01,
+                                 -1.328068155288572e+01};
+  static constexpr double c[] = {-7.784894002430293e-03, -3.223964580411365e-01,
+                                 -2.400758277161838e+00, -2.549732539343734e+00,
+                                 4.374664141464968e+00,  2.938163982698783e+00};
+  static constexpr double d[] = {7.784695709041462e-03, 3.224671290700398e-01,
+                                 2.445134137142996e+00, 3.754408661907416e+00};
+  constexpr double kLow = 0.02425;
+  if (p < kLow) {
+    const double q = std::sqrt(-2 * std::log(p));
+    return (((((c[0] * q + c[1]) * q + c[2]) * q + c[3]) * q + c[4]) * q + c[5]) /
+           ((((d[0] * q + d[1]) * q + d[2]) * q + d[3]) * q + 1);
+  }
+  if (p > 1 - kLow) return -NormalQuantile(1 - p);
+  const double q = p - 0.5, r = q * q;
+  return (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * q /
+         (((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1);
+}
+
+double NormalCdf(double x) { return 0.5 * std::erfc(-x / std::numbers::sqrt2); }
+
+// Expected recall of the analytic predictor: a neuron with threshold t ~ N(mu, s^2) fires when
+// S + E > t and is predicted when S >= t - margin, S ~ N(0, a2), E ~ N(0, 1 - a2) independent.
+// Recall = P(predicted and fires) / P(fires), over tokens and neurons.
+double ExpectedRecall(double mu, double s, double a2, double margin) {
+  const double a = std::sqrt(a2), b = std::sqrt(1 - a2);
+  constexpr int kT = 121, kS = 241;
+  double fires = 0, hit = 0;
+  for (int it = 0; it < kT; ++it) {
+    const double z = s > 0 ? -6.0 + 12.0 * it / (kT - 1) : 0.0;
+    const double wt = s > 0 ? std::exp(-0.5 * z * z) : 1.0;
+    const double t = mu + s * z;
+    fires += wt * NormalCdf(-t);
+    // Trapezoid over S in [t - margin, 8a] of phi(S / a) / a * P(E > t - S).
+    const double lo = std::max(t - margin, -8 * a), hi = 8 * a;
+    if (lo < hi) {
+      const double step = (hi - lo) / (kS - 1);
+      double sum = 0;
+      for (int i = 0; i < kS; ++i) {
+        const double x = lo + step * i;
+        const double f = std::exp(-0.5 * x * x / a2) * NormalCdf((x - t) / b);
+        sum += (i == 0 || i == kS - 1) ? 0.5 * f : f;
+      }
+      hit += wt * sum * step / (a * std::sqrt(2 * std::numbers::pi));
+    }
+    if (s <= 0) break;
+  }
+  return fires > 0 ? hit / fires : 1.0;
+}
+
+// Expected per-element RMS of the residual stream at layer l's FFN input (the embeddings' is 1),
+// measured on these models over TinyStories text: the mean over seeds and active fractions
+// 0.05-0.2 at every 4th layer, the same within 1% at dim 128, 256, 512 and 1024 (every
+// projection has variance 1/fan_in, so the stream's per-element statistics do not depend on the
+// width). Linear in between and, past the table, at the last segment's slope. No forward pass
+// runs at synth time; docs/synthetic-models.md has the measurements.
+double ResidualRms(int64_t layer) {
+  static constexpr double kEvery = 4;
+  static constexpr double kRms[] = {1.042, 1.513, 2.110, 2.727, 3.261, 3.757, 4.150, 4.590};
+  constexpr int kN = sizeof(kRms) / sizeof(kRms[0]);
+  const double x = static_cast<double>(layer) / kEvery;
+  const int i = std::min(static_cast<int>(x), kN - 2);
+  return kRms[i] + (x - i) * (kRms[i + 1] - kRms[i]);
 }
 
 std::string_view FfnActivationName(SynthFfnKind kind) {
@@ -70,6 +164,11 @@ std::string_view FfnActivationName(SynthFfnKind kind) {
 }
 
 absl::Status Bad(std::string_view flag, int64_t value, std::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat("--", absl::string_view(flag.data(), flag.size()),
+                                                 " ", value, ": ",
+                                                 absl::string_view(why.data(), why.size())));
+}
+absl::Status BadFraction(std::string_view flag, double value, std::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat("--", absl::string_view(flag.data(), flag.size()),
                                                  " ", value, ": ",
                                                  absl::string_view(why.data(), why.size())));
@@ -176,7 +275,56 @@ absl::Status ValidateSynthOptions(const SynthOptions& o) {
   if (o.dim % t.block_size != 0) return Bad("dim", o.dim, why);
   if (o.ffn % t.block_size != 0) return Bad("ffn", o.ffn, why);
   if (o.threads < 0) return Bad("threads", o.threads, "must be >= 0");
+  if (!(o.active_fraction >= 0 && o.active_fraction < 1)) {
+    return BadFraction("active-fraction", o.active_fraction, "must be in [0, 1)");
+  }
+  if (!(o.skew >= 0 && o.skew <= 4)) return BadFraction("skew", o.skew, "must be in [0, 4]");
   return absl::OkStatus();
+}
+
+SynthSparsityDesign DesignSynthSparsity(const SynthOptions& o) {
+  SynthSparsityDesign d;
+  d.enabled = o.ffn_kind == SynthFfnKind::kReluGated && o.active_fraction > 0 && o.dim >= 2;
+  if (!d.enabled) return d;
+  d.persistent_dim = static_cast<int64_t>(Mix64(TensorKey(o.seed, kPersistentDimStream)) %
+                                          static_cast<uint64_t>(o.dim));
+  d.persistent_value = 1.0f;
+  d.basis_rank = std::clamp<int64_t>(o.dim / 16, 1, std::min<int64_t>(128, o.dim - 1));
+  d.explained = kExplained;
+  d.threshold_spread = o.skew;
+  // With the token term N(0, 1) and t ~ N(mu, s^2), P(fire) = Phi(-mu / sqrt(1 + s^2)).
+  d.threshold_mean = -NormalQuantile(o.active_fraction) * std::sqrt(1 + o.skew * o.skew);
+  // gate[i][k] = -t_i / gate_scale stays within about 2 / sqrt(dim), the size of the row's
+  // largest other weights, for |t_i| <= kMaxThreshold.
+  d.gate_scale = 0.5 * kMaxThreshold * std::sqrt(static_cast<double>(o.dim));
+  d.residual_rms.resize(o.layers);
+  for (int64_t l = 0; l < o.layers; ++l) d.residual_rms[l] = ResidualRms(l);
+  // The smallest margin that reaches the recall target (recall grows with the margin).
+  double lo = 0, hi = 8 * std::sqrt(1 - kExplained);
+  for (int it = 0; it < 30; ++it) {
+    const double mid = 0.5 * (lo + hi);
+    if (ExpectedRecall(d.threshold_mean, d.threshold_spread, d.explained, mid) >=
+        kPredictorRecallTarget) {
+      hi = mid;
+    } else {
+      lo = mid;
+    }
+  }
+  d.predictor_margin = hi;
+  d.predictor_recall = ExpectedRecall(d.threshold_mean, d.threshold_spread, d.explained, hi);
+  return d;
+}
+
+std::vector<float> SynthNeuronThresholds(const SynthOptions& o, const SynthSparsityDesign& d,
+                                         int64_t layer) {
+  std::vector<float> t(static_cast<size_t>(o.ffn));
+  const uint64_t key = StreamKey(o.seed, layer, kThresholdStream);
+  for (int64_t i = 0; i < o.ffn; ++i) {
+    const double u = 0.5 * (static_cast<double>(UniformPm1(key, i)) + 1.0);  // in (0, 1)
+    const double x = d.threshold_mean + d.threshold_spread * NormalQuantile(u);
+    t[i] = static_cast<float>(std::clamp(x, -kMaxThreshold, kMaxThreshold));
+  }
+  return t;
 }
 
 void SynthWeights(SynthRole role, uint64_t seed, uint64_t tensor_index, int64_t fan_in,
@@ -187,6 +335,7 @@ void SynthWeights(SynthRole role, uint64_t seed, uint64_t tensor_index, int64_t 
       EmbeddingWeights(key, begin, end, out);
       return;
     case SynthRole::kNorm:
+    case SynthRole::kFfnNorm:
       NormWeights(begin, end, out);
       return;
     case SynthRole::kAttnQ:
@@ -248,12 +397,211 @@ SynthVocab MakeSynthVocab(int64_t vocab_size) {
   return v;
 }
 
-absl::StatusOr<GgufWriter> BuildSynthModel(const SynthOptions& o) {
+namespace {
+
+// How a tensor's rows are drawn: from its role (kPlain, shaped per role when the design is
+// enabled), or as one of the PowerInfer layout's tensors.
+enum class SynthTensorKind { kPlain, kDownT, kFc1, kFc2 };
+
+struct SynthTensorSpec {
+  std::string name;
+  SynthRole role;
+  int64_t ne0 = 0, ne1 = 0;  // ne1 == 0: a vector
+  uint64_t index = 0;  // the tensor's position in the llama.cpp layout: the key of its weights
+  int64_t layer = -1;
+  SynthTensorKind kind = SynthTensorKind::kPlain;
+  GgmlType type = GgmlType::kF32;
+};
+
+// What the rows of one tensor share, built once per tensor before its rows are drawn in
+// parallel (read-only while they are).
+struct SynthTensorContext {
+  const SynthOptions* o = nullptr;
+  const SynthSparsityDesign* d = nullptr;
+  const SynthTensorSpec* spec = nullptr;
+  uint64_t key = 0;
+  bool shaped = false;            // the design applies to this tensor
+  std::vector<float> basis;       // [basis_rank][dim]: gate, fc1
+  std::vector<float> thresholds;  // [ffn]: gate, fc2
+};
+
+// Basis direction r of layer l: i.i.d. uniform with standard deviation 1/sqrt(dim), so about
+// unit norm, and 0 on the persistent coordinate so that only gate[i][k] reads it.
+std::vector<float> LayerBasis(const SynthOptions& o, const SynthSparsityDesign& d, int64_t l) {
+  std::vector<float> b(static_cast<size_t>(d.basis_rank * o.dim));
+  const uint64_t key = StreamKey(o.seed, l, kBasisStream);
+  FillUniform(key, ProjectionStddev(o.dim), 0, d.basis_rank * o.dim, b.data());
+  for (int64_t r = 0; r < d.basis_rank; ++r) b[r * o.dim + d.persistent_dim] = 0.0f;
+  return b;
+}
+
+// Neuron i's loadings c_i on the basis, scaled by a = sqrt(explained): each has standard
+// deviation a / sqrt(basis_rank), so a c_i . B has per-element variance explained / dim.
+void NeuronLoadings(const SynthOptions& o, const SynthSparsityDesign& d, int64_t l, int64_t i,
+                    float* c) {
+  const float stddev = static_cast<float>(std::sqrt(d.explained / d.basis_rank));
+  FillUniform(StreamKey(o.seed, l, kLoadingStream), stddev, i * d.basis_rank,
+              (i + 1) * d.basis_rank, c);
+}
+
+SynthTensorContext MakeTensorContext(const SynthOptions& o, const SynthSparsityDesign& d,
+                                     const SynthTensorSpec& s) {
+  SynthTensorContext c;
+  c.o = &o;
+  c.d = &d;
+  c.spec = &s;
+  c.key = TensorKey(o.seed, s.index);
+  c.shaped = d.enabled;
+  if (!c.shaped) return c;
+  const bool gate = s.kind == SynthTensorKind::kPlain && s.role == SynthRole::kFfnGate;
+  if (gate || s.kind == SynthTensorKind::kFc1) c.basis = LayerBasis(o, d, s.layer);
+  if (gate || s.kind == SynthTensorKind::kFc2) c.thresholds = SynthNeuronThresholds(o, d, s.layer);
+  return c;
+}
+
+// Row r (ne0 values) of the tensor.
+void SynthRow(const SynthTensorContext& c, int64_t r, float* out, std::vector<float>& scratch) {
+  const SynthOptions& o = *c.o;
+  const SynthSparsityDesign& d = *c.d;
+  const SynthTensorSpec& s = *c.spec;
+  const int64_t n = s.ne0;
+  const int64_t k = d.persistent_dim;
+  switch (s.kind) {
+    case SynthTensorKind::kDownT: {
+      // Row r of ffn_down_t is column r of ffn_down ([dim][ffn], element j * ffn + r): the same
+      // values, element by element.
+      const float a = ProjectionStddev(o.ffn) * std::sqrt(3.0f);
+      for (int64_t j = 0; j < n; ++j) out[j] = a * UniformPm1(c.key, j * o.ffn + r);
+      if (c.shaped) out[k] = 0.0f;
+      return;
+    }
+    case SynthTensorKind::kFc1: {
+      std::fill(out, out + n, 0.0f);
+      if (r < 2 * d.basis_rank) {
+        // [B; -B]: relu(B h) - relu(-B h) = B h, the gate's low-rank term.
+        const float sign = r < d.basis_rank ? 1.0f : -1.0f;
+        const float* b = c.basis.data() + (r % d.basis_rank) * o.dim;
+        for (int64_t j = 0; j < n; ++j) out[j] = sign * b[j];
+      } else {
+        out[k] = static_cast<float>(1.0 / d.gate_scale);  // relu(h_k / gate_scale), about 1
+      }
+      return;
+    }
+    case SynthTensorKind::kFc2: {
+      const int64_t rank = d.basis_rank;
+      NeuronLoadings(o, d, s.layer, r, out);
+      for (int64_t q = 0; q < rank; ++q) out[rank + q] = -out[q];
+      out[2 * rank] = static_cast<float>(-c.thresholds[r] + d.predictor_margin);
+      return;
+    }
+    case SynthTensorKind::kPlain:
+      break;
+  }
+  if (c.shaped && s.role == SynthRole::kFfnGate) {
+    // b e_i (i.i.d., this tensor's own stream) + a c_i . B, then the threshold on coordinate k.
+    const double b = std::sqrt(1 - d.explained);
+    FillUniform(c.key, static_cast<float>(b) * ProjectionStddev(n), r * n, (r + 1) * n, out);
+    scratch.resize(static_cast<size_t>(d.basis_rank));
+    NeuronLoadings(o, d, s.layer, r, scratch.data());
+    for (int64_t q = 0; q < d.basis_rank; ++q) {
+      const float cq = scratch[q];
+      const float* bq = c.basis.data() + q * n;
+      for (int64_t j = 0; j < n; ++j) out[j] += cq * bq[j];
+    }
+    out[k] = static_cast<float>(-c.thresholds[r] / d.gate_scale);
+    return;
+  }
+  SynthWeights(s.role, o.seed, s.index, n, r * n, (r + 1) * n, out);
+  if (!c.shaped) return;
+  switch (s.role) {
+    case SynthRole::kTokenEmbedding:
+      out[k] = d.persistent_value;  // every token starts with the persistent component
+      return;
+    case SynthRole::kFfnNorm:
+      out[k] = static_cast<float>(d.gate_scale * d.residual_rms[s.layer] / d.persistent_value);
+      return;
+    case SynthRole::kAttnOutput:
+    case SynthRole::kFfnDown:
+      if (r == k) std::fill(out, out + n, 0.0f);  // no block writes the persistent coordinate
+      return;
+    case SynthRole::kFfnUp:
+      out[k] = 0.0f;  // up reads the token-dependent part only
+      return;
+    default:
+      return;
+  }
+}
+
+std::vector<SynthTensorSpec> SynthSpecs(const SynthOptions& o, const SynthSparsityDesign& d,
+                                        SynthLayout layout) {
+  const int64_t kv_dim = o.dim / o.heads * o.kv_heads;
+  std::vector<SynthTensorSpec> specs;
+  uint64_t index = 0;
+  auto add = [&](std::string name, SynthRole role, int64_t ne0, int64_t ne1, int64_t layer) {
+    SynthTensorSpec s;
+    s.name = std::move(name);
+    s.role = role;
+    s.ne0 = ne0;
+    s.ne1 = ne1;
+    s.index = index++;
+    s.layer = layer;
+    // Norms stay F32, as in llama.cpp's own conversions.
+    s.type = role == SynthRole::kNorm || role == SynthRole::kFfnNorm ? GgmlType::kF32 : o.type;
+    specs.push_back(std::move(s));
+  };
+  add("token_embd.weight", SynthRole::kTokenEmbedding, o.dim, o.vocab, -1);
+  for (int64_t l = 0; l < o.layers; ++l) {
+    const std::string p = absl::StrCat("blk.", l, ".");
+    add(p + "attn_norm.weight", SynthRole::kNorm, o.dim, 0, l);
+    add(p + "attn_q.weight", SynthRole::kAttnQ, o.dim, o.dim, l);
+    add(p + "attn_k.weight", SynthRole::kAttnK, o.dim, kv_dim, l);
+    add(p + "attn_v.weight", SynthRole::kAttnV, o.dim, kv_dim, l);
+    add(p + "attn_output.weight", SynthRole::kAttnOutput, o.dim, o.dim, l);
+    add(p + "ffn_norm.weight", SynthRole::kFfnNorm, o.dim, 0, l);
+    add(p + "ffn_gate.weight", SynthRole::kFfnGate, o.dim, o.ffn, l);
+    add(p + "ffn_up.weight", SynthRole::kFfnUp, o.dim, o.ffn, l);
+    add(p + "ffn_down.weight", SynthRole::kFfnDown, o.ffn, o.dim, l);
+    if (layout == SynthLayout::kPowerInfer) {
+      SynthTensorSpec& down = specs.back();  // same weights, one row per neuron
+      down.name = p + "ffn_down_t.weight";
+      down.kind = SynthTensorKind::kDownT;
+      down.ne0 = o.dim;
+      down.ne1 = o.ffn;
+      // The predictors are functions of the design, not weights with their own stream.
+      for (SynthTensorKind kind : {SynthTensorKind::kFc1, SynthTensorKind::kFc2}) {
+        SynthTensorSpec s;
+        const bool fc1 = kind == SynthTensorKind::kFc1;
+        s.name = p + (fc1 ? "fc1.weight" : "fc2.weight");
+        s.role = SynthRole::kFfnGate;
+        s.ne0 = fc1 ? o.dim : d.predictor_rank();
+        s.ne1 = fc1 ? d.predictor_rank() : o.ffn;
+        s.layer = l;
+        s.kind = kind;
+        s.type = GgmlType::kF16;
+        specs.push_back(std::move(s));
+      }
+    }
+  }
+  add("output_norm.weight", SynthRole::kNorm, o.dim, 0, -1);
+  add("output.weight", SynthRole::kOutput, o.dim, o.vocab, -1);
+  return specs;
+}
+
+}  // namespace
+
+absl::StatusOr<GgufWriter> BuildSynthModel(const SynthOptions& o, SynthLayout layout) {
   TC_RETURN_IF_ERROR(ValidateSynthOptions(o));
+  auto design = std::make_shared<const SynthSparsityDesign>(DesignSynthSparsity(o));
+  if (layout == SynthLayout::kPowerInfer && !design->enabled) {
+    return absl::InvalidArgumentError(
+        o.ffn_kind != SynthFfnKind::kReluGated
+            ? "--powerinfer: PowerInfer runs ReLU models only (use --ffn-kind relu-gated)"
+            : "--powerinfer: the predictors need a shaped model (--active-fraction > 0)");
+  }
   const int64_t head_dim = o.dim / o.heads;
-  const int64_t kv_dim = head_dim * o.kv_heads;
 
   GgufWriter w;
+  w.set_powerinfer_magic(layout == SynthLayout::kPowerInfer);
   w.SetValue("general.architecture", GgufString("llama"));
   w.SetValue("general.name", GgufString(o.name));
   w.SetValue("general.file_type", GgufU32(SynthFileType(o.type)));
@@ -269,6 +617,15 @@ absl::StatusOr<GgufWriter> BuildSynthModel(const SynthOptions& o) {
   w.SetValue("llama.rope.dimension_count", GgufU32(static_cast<uint32_t>(head_dim)));
   w.SetValue("thermocline.ffn_activation", GgufString(std::string(FfnActivationName(o.ffn_kind))));
   w.SetValue("thermocline.synth.seed", GgufU64(o.seed));
+  if (design->enabled) {
+    w.SetValue("thermocline.synth.active_fraction", GgufF32(static_cast<float>(o.active_fraction)));
+    w.SetValue("thermocline.synth.skew", GgufF32(static_cast<float>(o.skew)));
+    w.SetValue("thermocline.synth.persistent_dim",
+               GgufU32(static_cast<uint32_t>(design->persistent_dim)));
+  }
+  if (layout == SynthLayout::kPowerInfer) {
+    w.SetValue("powerinfer.sparse_threshold", GgufF32(0.0f));
+  }
 
   SynthVocab vocab = MakeSynthVocab(o.vocab);
   w.SetValue("tokenizer.ggml.model", GgufString("llama"));
@@ -281,73 +638,52 @@ absl::StatusOr<GgufWriter> BuildSynthModel(const SynthOptions& o) {
   w.SetValue("tokenizer.ggml.add_bos_token", GgufBool(true));
   w.SetValue("tokenizer.ggml.add_eos_token", GgufBool(false));
 
-  struct Spec {
-    std::string name;
-    SynthRole role;
-    int64_t ne0, ne1;  // ne1 == 0: a vector
-  };
-  std::vector<Spec> specs;
-  specs.push_back({"token_embd.weight", SynthRole::kTokenEmbedding, o.dim, o.vocab});
-  for (int64_t l = 0; l < o.layers; ++l) {
-    const std::string p = absl::StrCat("blk.", l, ".");
-    specs.push_back({p + "attn_norm.weight", SynthRole::kNorm, o.dim, 0});
-    specs.push_back({p + "attn_q.weight", SynthRole::kAttnQ, o.dim, o.dim});
-    specs.push_back({p + "attn_k.weight", SynthRole::kAttnK, o.dim, kv_dim});
-    specs.push_back({p + "attn_v.weight", SynthRole::kAttnV, o.dim, kv_dim});
-    specs.push_back({p + "attn_output.weight", SynthRole::kAttnOutput, o.dim, o.dim});
-    specs.push_back({p + "ffn_norm.weight", SynthRole::kNorm, o.dim, 0});
-    specs.push_back({p + "ffn_gate.weight", SynthRole::kFfnGate, o.dim, o.ffn});
-    specs.push_back({p + "ffn_up.weight", SynthRole::kFfnUp, o.dim, o.ffn});
-    specs.push_back({p + "ffn_down.weight", SynthRole::kFfnDown, o.ffn, o.dim});
-  }
-  specs.push_back({"output_norm.weight", SynthRole::kNorm, o.dim, 0});
-  specs.push_back({"output.weight", SynthRole::kOutput, o.dim, o.vocab});
-
+  auto specs = std::make_shared<const std::vector<SynthTensorSpec>>(SynthSpecs(o, *design, layout));
   const int threads = o.threads > 0
                           ? o.threads
                           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   auto pool = std::make_shared<ThreadPool>(threads);
+  auto options = std::make_shared<const SynthOptions>(o);
   int64_t total = 0;
-  for (const Spec& s : specs) {
-    const GgmlType type = s.role == SynthRole::kNorm ? GgmlType::kF32 : o.type;
-    total += RowBytes(type, s.ne0) * std::max<int64_t>(s.ne1, 1);
+  for (const SynthTensorSpec& s : *specs) {
+    total += RowBytes(s.type, s.ne0) * std::max<int64_t>(s.ne1, 1);
   }
   auto done = std::make_shared<int64_t>(0);
-  for (size_t i = 0; i < specs.size(); ++i) {
-    const Spec& s = specs[i];
-    // Norms stay F32, as in llama.cpp's own conversions.
-    const GgmlType type = s.role == SynthRole::kNorm ? GgmlType::kF32 : o.type;
+  for (size_t i = 0; i < specs->size(); ++i) {
+    const SynthTensorSpec& s = (*specs)[i];
     std::vector<int64_t> ne = {s.ne0};
     if (s.ne1 > 0) ne.push_back(s.ne1);
     const int64_t rows = std::max<int64_t>(s.ne1, 1);
-    auto fill = [pool, done, total, progress = o.progress, role = s.role, seed = o.seed,
-                 index = static_cast<uint64_t>(i), type, ne0 = s.ne0,
-                 rows](uint8_t* dst, int64_t n_bytes) -> absl::Status {
-      const int64_t row_bytes = RowBytes(type, ne0);
+    auto fill = [pool, done, total, options, design, specs, i, rows](
+                    uint8_t* dst, int64_t n_bytes) -> absl::Status {
+      const SynthTensorSpec& s = (*specs)[i];
+      const int64_t row_bytes = RowBytes(s.type, s.ne0);
       if (row_bytes * rows != n_bytes) return absl::InternalError("synth: tensor size mismatch");
+      const SynthTensorContext ctx = MakeTensorContext(*options, *design, s);
       // Rows are generated independently from their element indices, so the split across
       // threads never changes the bytes.
       pool->ParallelFor(
           rows,
           [&](int64_t r0, int64_t r1) {
-            std::vector<float> row(static_cast<size_t>(ne0));
+            std::vector<float> row(static_cast<size_t>(s.ne0)), scratch;
             for (int64_t r = r0; r < r1; ++r) {
-              SynthWeights(role, seed, index, ne0, r * ne0, (r + 1) * ne0, row.data());
-              QuantizeRow(type, row.data(), dst + r * row_bytes, ne0);
+              SynthRow(ctx, r, row.data(), scratch);
+              QuantizeRow(s.type, row.data(), dst + r * row_bytes, s.ne0);
             }
           },
-          std::max<int64_t>(1, 16384 / ne0));
+          std::max<int64_t>(1, 16384 / s.ne0));
       *done += n_bytes;
-      if (progress) progress(*done, total);
+      if (options->progress) options->progress(*done, total);
       return absl::OkStatus();
     };
-    TC_RETURN_IF_ERROR(w.AddTensor(s.name, type, std::move(ne), std::move(fill)));
+    TC_RETURN_IF_ERROR(w.AddTensor(s.name, s.type, std::move(ne), std::move(fill)));
   }
   return w;
 }
 
-absl::Status WriteSynthModel(const SynthOptions& options, const std::string& path) {
-  TC_ASSIGN_OR_RETURN(GgufWriter w, BuildSynthModel(options));
+absl::Status WriteSynthModel(const SynthOptions& options, const std::string& path,
+                             SynthLayout layout) {
+  TC_ASSIGN_OR_RETURN(GgufWriter w, BuildSynthModel(options, layout));
   return w.WriteFile(path);
 }
 

@@ -4,6 +4,12 @@
 //
 // Weights come from a counter-based generator keyed by (seed, tensor index, element index), so a
 // file depends only on its options: the same bytes on every run and for any thread count.
+//
+// ReLU-gated models are shaped to sparsify like real ReLU LLMs (docs/synthetic-models.md): about
+// `active_fraction` of a layer's neurons fire per token, neuron frequencies are heavily skewed,
+// and which neurons fire depends on the token through a low-rank gate structure that a
+// PowerInfer-style predictor can learn. The same weights can be written in PowerInfer's layout
+// (PWRI magic, ffn_down_t, analytic fc1/fc2 predictors), so both engines run identical models.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +40,14 @@ struct SynthOptions {
   GgmlType type = GgmlType::kF32;  // token embedding and matrices; norms are always F32
   SynthFfnKind ffn_kind = SynthFfnKind::kSwiGlu;
   uint64_t seed = 1;
+  // ReLU-gated only (SwiGLU ignores both): the share of a layer's FFN neurons that fire for a
+  // typical token, in [0, 0.5]. 0 leaves every weight i.i.d. (about half the neurons fire, all
+  // about equally often).
+  double active_fraction = 0.1;
+  // The spread of the neurons' firing thresholds (standard deviations of a token-to-token gate
+  // fluctuation): 0 gives every neuron the same frequency; the default puts about half of all
+  // activations on the 10% most frequent neurons. In [0, 4].
+  double skew = 1.25;
   std::string name = "thermocline-synth";
   int threads = 0;  // 0 = all cores; never changes the output
   // Called after each tensor is generated, with bytes done and total tensor bytes.
@@ -43,11 +57,56 @@ struct SynthOptions {
 // Checks the shape options; the error names the flag (--dim, --heads, ...) and its value.
 absl::Status ValidateSynthOptions(const SynthOptions& options);
 
+// llama.cpp's tensor layout, or PowerInfer's: magic PWRI, blk.N.ffn_down_t.weight (one row per
+// neuron, ggml ne = (dim, ffn)) instead of ffn_down, the analytic predictors blk.N.fc1.weight
+// ne = (dim, rank) and blk.N.fc2.weight ne = (rank, ffn) in F16, and
+// powerinfer.sparse_threshold = 0. The weights are the same values in both layouts; F32, F16 and
+// BF16 files hold them bit for bit, Q8_0/Q4_0 quantize ffn_down_t along its own rows.
+enum class SynthLayout { kLlamaCpp, kPowerInfer };
+
+// The realistic ReLU construction, derived from the options (docs/synthetic-models.md). With
+// x the residual stream and h = ffn_norm(x) the FFN input of layer l:
+//   * coordinate k = persistent_dim of x is persistent_value for every token: the embeddings
+//     set it and no block writes it (attn_output and ffn_down rows k are zero);
+//   * ffn_norm[k] = gate_scale * residual_rms[l] / persistent_value, so h_k is about gate_scale;
+//   * gate row i = a * c_i . B + b * e_i off coordinate k (B: basis_rank random directions per
+//     layer, c_i the neuron's loadings, e_i i.i.d. noise, a^2 = explained, a^2 + b^2 = 1), and
+//     gate[i][k] = -t_i / gate_scale, so the gate pre-activation is a token-dependent N(0, 1)
+//     term minus t_i;
+//   * t_i ~ N(threshold_mean, threshold_spread^2), so neuron i fires with probability
+//     Phi(-t_i), and the mean over neurons is active_fraction.
+// residual_rms[l] is the expected per-element RMS of x at layer l's FFN (see ResidualRms in
+// synth.cc), which fixes the gate's scale relative to the stream it reads.
+struct SynthSparsityDesign {
+  bool enabled = false;  // ReLU-gated with active_fraction > 0
+  int64_t persistent_dim = 0;
+  float persistent_value = 1.0f;
+  int64_t basis_rank = 0;
+  double explained = 0;
+  double threshold_mean = 0, threshold_spread = 0;
+  double gate_scale = 0;
+  std::vector<double> residual_rms;  // one per layer
+  // The analytic predictor (PowerInfer layout): fc1 = [B; -B; e_k / gate_scale], fc2 row i =
+  // [a c_i, -a c_i, -t_i + predictor_margin], so its score is the gate's low-rank part plus the
+  // margin, which is chosen for predictor_recall on the model's own Gaussian statistics.
+  double predictor_margin = 0;
+  double predictor_recall = 0;  // expected recall at the margin
+  int64_t predictor_rank() const { return 2 * basis_rank + 1; }
+};
+
+SynthSparsityDesign DesignSynthSparsity(const SynthOptions& options);
+
+// Neuron i's threshold t_i in layer l (the design's distribution; neuron i of a token fires
+// when its token-dependent N(0, 1) gate term exceeds t_i).
+std::vector<float> SynthNeuronThresholds(const SynthOptions& options,
+                                         const SynthSparsityDesign& design, int64_t layer);
+
 // Role of a tensor, which decides how its weights are drawn. Each role has its own generator so
 // that realistic activation statistics can later be given to one role without touching others.
 enum class SynthRole {
   kTokenEmbedding,
-  kNorm,
+  kNorm,     // attn_norm, output_norm
+  kFfnNorm,  // ffn_norm: ones, and the persistent coordinate's gain in shaped ReLU models
   kAttnQ,
   kAttnK,
   kAttnV,
@@ -76,9 +135,11 @@ struct SynthVocab {
 SynthVocab MakeSynthVocab(int64_t vocab_size);
 
 // Metadata and tensors of the model, ready to write (fillers run while writing).
-absl::StatusOr<GgufWriter> BuildSynthModel(const SynthOptions& options);
+absl::StatusOr<GgufWriter> BuildSynthModel(const SynthOptions& options,
+                                           SynthLayout layout = SynthLayout::kLlamaCpp);
 
 // Validates, builds and writes the model to `path`.
-absl::Status WriteSynthModel(const SynthOptions& options, const std::string& path);
+absl::Status WriteSynthModel(const SynthOptions& options, const std::string& path,
+                             SynthLayout layout = SynthLayout::kLlamaCpp);
 
 }  // namespace thermocline
