@@ -159,6 +159,10 @@ Weights MakeWeights(GgmlType type, const Options& o) {
 struct GemvResult {
   double gemv_best_s = 0, gemv_median_s = 0;  // one GEMV
   double read_best_s = 0, read_median_s = 0;  // a plain parallel read of one matrix copy
+  // Median over (GEMV, the read right after it) pairs of read time / GEMV time: the two sides
+  // of a pair run milliseconds apart under the same load, so on a shared machine this is the
+  // steadiest of the three ratios.
+  double paired_ratio = 0;
 };
 
 // GEMVs through the copies, each followed by a plain read of the copy half the working set
@@ -173,23 +177,25 @@ GemvResult TimeGemv(const Weights& w, const std::vector<float>& x, std::vector<f
     MatMul(v, x.data(), 1, v.cols, y.data(), v.rows, pool);
   };
   for (size_t k = 0; k < n; ++k) gemv(k);  // warm up: page tables, thread wakeup
-  std::vector<double> gemv_s, read_s;
+  std::vector<double> gemv_s, read_s, pairs;
   for (int round = 0; round < rounds; ++round) {
     for (size_t k = 0; k < n; ++k) {
       const auto t0 = std::chrono::steady_clock::now();
       gemv(k);
       gemv_s.push_back(Seconds(t0, std::chrono::steady_clock::now()));
       read_s.push_back(TimeParallelRead(pool, w.copies[(k + n / 2) % n].get(), w.bytes));
+      pairs.push_back(read_s.back() / gemv_s.back());
     }
   }
   return {*std::min_element(gemv_s.begin(), gemv_s.end()), Median(gemv_s),
-          *std::min_element(read_s.begin(), read_s.end()), Median(read_s)};
+          *std::min_element(read_s.begin(), read_s.end()), Median(read_s), Median(pairs)};
 }
 
 struct SparseResult {
   double gather_best_s = 0, axpy_best_s = 0;
-  double read_best_s = 0;  // a plain read of as many contiguous bytes
-  int64_t bytes = 0;       // weight bytes one call reads
+  double read_best_s = 0;                     // a plain read of as many contiguous bytes
+  double gather_paired = 0, axpy_paired = 0;  // median of read time / kernel time per pair
+  int64_t bytes = 0;                          // weight bytes one call reads
 };
 
 // The sparse FFN's two kernels over a random sorted fraction of the rows (the active neurons),
@@ -210,6 +216,7 @@ SparseResult TimeSparse(const Weights& w, double fraction, int rounds, ThreadPoo
   std::vector<float> x(w.view.cols, 0.5f), y(n), coeffs(n, 0.25f), acc(w.view.cols, 0.0f);
   MatrixView v = w.view;
   double gather = 1e30, axpy = 1e30, read = 1e30;
+  std::vector<double> gather_pairs, axpy_pairs;
   const size_t n_copies = w.copies.size();
   for (int round = 0; round < rounds; ++round) {
     for (size_t k = 0; k < n_copies; ++k) {
@@ -217,17 +224,24 @@ SparseResult TimeSparse(const Weights& w, double fraction, int rounds, ThreadPoo
       const auto t0 = std::chrono::steady_clock::now();
       if (k % 2 == 0) {
         GatherMatMul(v, ids.data(), n, x.data(), y.data(), pool);
-        gather = std::min(gather, Seconds(t0, std::chrono::steady_clock::now()));
       } else {
         AxpyRows(v, ids.data(), coeffs.data(), n, acc.data(), pool);
-        axpy = std::min(axpy, Seconds(t0, std::chrono::steady_clock::now()));
       }
+      const double t = Seconds(t0, std::chrono::steady_clock::now());
       const uint8_t* far = w.copies[(k + n_copies / 2) % n_copies].get();
-      read = std::min(read, TimeParallelRead(pool, far, bytes));
+      const double r = TimeParallelRead(pool, far, bytes);
+      read = std::min(read, r);
+      if (k % 2 == 0) {
+        gather = std::min(gather, t);
+        gather_pairs.push_back(r / t);
+      } else {
+        axpy = std::min(axpy, t);
+        axpy_pairs.push_back(r / t);
+      }
       TimeParallelRead(pool, w.copies[(k + n_copies / 4) % n_copies].get(), w.bytes);
     }
   }
-  return {gather, axpy, read, bytes};
+  return {gather, axpy, read, Median(gather_pairs), Median(axpy_pairs), bytes};
 }
 
 // Best of a few runs of one n_tokens-wide MatMul, in GFLOP/s (2 flops per weight x token).
@@ -266,10 +280,10 @@ int Main(int argc, char** argv) {
     std::printf("hardware floor: read bandwidth %.1f GB/s with %d thread(s)\n", floor_gbs.back(),
                 n);
   }
-  std::printf("\n%-5s %13s %4s %3s %8s %8s %7s %7s %7s %7s %10s\n", "type", "rows x cols", "MiB",
-              "thr", "best ms", "med ms", "GB/s", "read", "best", "median", "GEMM");
-  std::printf("%-5s %13s %4s %3s %8s %8s %7s %7s %7s %7s %10s\n", "", "", "", "", "GEMV", "GEMV",
-              "GEMV", "GB/s", "ratio", "ratio", "GFLOP/s");
+  std::printf("\n%-5s %13s %4s %3s %8s %8s %7s %7s %7s %7s %7s %9s\n", "type", "rows x cols", "MiB",
+              "thr", "best ms", "med ms", "GB/s", "read", "best", "median", "paired", "GEMM");
+  std::printf("%-5s %13s %4s %3s %8s %8s %7s %7s %7s %7s %7s %9s\n", "", "", "", "", "GEMV", "GEMV",
+              "GEMV", "GB/s", "ratio", "ratio", "ratio", "GFLOP/s");
   std::vector<float> x(o.cols);
   std::mt19937 rng(1);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -284,36 +298,39 @@ int Main(int argc, char** argv) {
       const double gemm = TimeGemm(w, o.gemm_tokens, pool);
       const SparseResult sp = TimeSparse(w, o.sparse_fraction, o.rounds, pool);
       char line[256];
-      std::snprintf(line, sizeof line, "%-5s %3d %8lld %9.1f %9.1f %6.0f%% %9.1f %6.0f%%",
-                    std::string(TypeTraits(type).name).c_str(), o.threads[i],
-                    static_cast<long long>(sp.bytes / w.view.row_bytes),
-                    sp.bytes / sp.read_best_s / 1e9, sp.bytes / sp.gather_best_s / 1e9,
-                    100.0 * sp.read_best_s / sp.gather_best_s, sp.bytes / sp.axpy_best_s / 1e9,
-                    100.0 * sp.read_best_s / sp.axpy_best_s);
+      std::snprintf(
+          line, sizeof line, "%-5s %3d %8lld %7.1f %7.1f %6.0f%% %6.0f%% %7.1f %6.0f%% %6.0f%%",
+          std::string(TypeTraits(type).name).c_str(), o.threads[i],
+          static_cast<long long>(sp.bytes / w.view.row_bytes), sp.bytes / sp.read_best_s / 1e9,
+          sp.bytes / sp.gather_best_s / 1e9, 100.0 * sp.read_best_s / sp.gather_best_s,
+          100.0 * sp.gather_paired, sp.bytes / sp.axpy_best_s / 1e9,
+          100.0 * sp.read_best_s / sp.axpy_best_s, 100.0 * sp.axpy_paired);
       sparse_lines.push_back(line);
       const double gb = w.bytes / 1e9;
-      std::printf("%-5s %6lld x %-5lld %4.0f %3d %8.3f %8.3f %7.1f %7.1f %6.0f%% %6.0f%% %10.1f\n",
-                  std::string(TypeTraits(type).name).c_str(), static_cast<long long>(w.view.rows),
-                  static_cast<long long>(w.view.cols), w.bytes / 1048576.0, o.threads[i],
-                  g.gemv_best_s * 1e3, g.gemv_median_s * 1e3, gb / g.gemv_best_s,
-                  gb / g.read_best_s, 100.0 * g.read_best_s / g.gemv_best_s,
-                  100.0 * g.read_median_s / g.gemv_median_s, gemm);
+      std::printf(
+          "%-5s %6lld x %-5lld %4.0f %3d %8.3f %8.3f %7.1f %7.1f %6.0f%% %6.0f%% %6.0f%% %9.1f\n",
+          std::string(TypeTraits(type).name).c_str(), static_cast<long long>(w.view.rows),
+          static_cast<long long>(w.view.cols), w.bytes / 1048576.0, o.threads[i],
+          g.gemv_best_s * 1e3, g.gemv_median_s * 1e3, gb / g.gemv_best_s, gb / g.read_best_s,
+          100.0 * g.read_best_s / g.gemv_best_s, 100.0 * g.read_median_s / g.gemv_median_s,
+          100.0 * g.paired_ratio, gemm);
       std::fflush(stdout);
     }
   }
   std::printf(
       "\nGEMV GB/s: weight bytes / best GEMV time. read GB/s: best plain read of the same copies, "
       "timed interleaved with the GEMVs. best ratio = best GEMV rate / best read rate; median "
-      "ratio likewise with medians. GEMM: %lld tokens, best of 3, 2 flops per weight per "
-      "token.\n",
+      "ratio likewise with medians; paired ratio: median over (GEMV, next read) pairs of read "
+      "time / GEMV time. GEMM: %lld tokens, best of 3, 2 flops per weight per token.\n",
       static_cast<long long>(o.gemm_tokens));
   std::printf(
       "\nSparse FFN kernels, %.0f%% of the rows (random, sorted ids), one token; GB/s of rows "
       "read, best of the rounds. read: best plain read of as many contiguous bytes, timed "
-      "interleaved; ratio = read time / kernel time.\n",
+      "interleaved; best ratio = best read time / best kernel time; paired: median over "
+      "(kernel, next read) pairs.\n",
       100.0 * o.sparse_fraction);
-  std::printf("%-5s %3s %8s %9s %9s %7s %9s %7s\n", "type", "thr", "rows", "read", "gather",
-              "ratio", "axpy", "ratio");
+  std::printf("%-5s %3s %8s %7s %7s %7s %7s %7s %7s %7s\n", "type", "thr", "rows", "read", "gather",
+              "best", "paired", "axpy", "best", "paired");
   for (const std::string& line : sparse_lines) std::printf("%s\n", line.c_str());
   std::printf("\n");
   for (size_t i = 0; i < o.threads.size(); ++i) {
