@@ -2,10 +2,12 @@
 //   exact on a ReLU-gated synthetic model gives dense's logits (max-abs 1e-5) at 1 and 2 threads,
 //     for F32 and F16, through prompt processing (batched gate) and decode (one token);
 //   threshold with cuts from `thermocline profile` follows stories260K's measured curve;
-//   the `perplexity` and `generate` commands run the modes and refuse incomplete flags clearly.
+//   the `perplexity` and `generate` commands run the modes (PowerInfer files included, with
+//     their own predictors and ffn_down_t) and refuse incomplete flags clearly.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
@@ -28,6 +30,12 @@ using testing::ModelPath;
 using testing::RunCommand;
 
 std::string Thermocline() { return BinDir() + "/thermocline"; }
+
+// The value of the "perplexity: X" line of `thermocline perplexity`'s output (0 if missing).
+double PerplexityOf(const std::string& out) {
+  const size_t p = out.find("perplexity: ");
+  return p == std::string::npos ? 0.0 : std::strtod(out.c_str() + p + 12, nullptr);
+}
 std::string Stories() { return ModelPath("stories260K/stories260K.gguf"); }
 std::string Corpus() { return testing::SharedDataDir() + "/corpus/tinystories_valid_sample.txt"; }
 
@@ -191,12 +199,8 @@ TEST(PerplexityCommandTest, PrintsPerplexityAndActiveRatios) {
   ASSERT_EQ(exact.exit_code, 0) << exact.err;
   EXPECT_NE(exact.out.find("active ratio: "), std::string::npos) << exact.out;
   EXPECT_NE(exact.out.find("    3  exact"), std::string::npos) << exact.out;
-  // The same perplexity line: exact loses nothing.
-  auto line = [](const std::string& out) {
-    const size_t p = out.find("perplexity: ");
-    return out.substr(p, out.find('\n', p) - p);
-  };
-  EXPECT_EQ(line(dense.out), line(exact.out));
+  // The same perplexity: exact loses nothing (the logits differ in the last f32 bits only).
+  EXPECT_NEAR(PerplexityOf(exact.out), PerplexityOf(dense.out), 1e-5 * PerplexityOf(dense.out));
 }
 
 TEST(PerplexityCommandTest, ClearErrors) {
@@ -242,7 +246,7 @@ TEST(PerplexityCommandTest, PredictedModeReadsAPredictorFile) {
   ASSERT_TRUE(set.ok()) << set.status();
   const std::string pred = testing::TempDir() + "/all.gguf";
   ASSERT_TRUE(WritePredictors(*set, c, pred).ok());
-  std::string lines[2];
+  double ppl[2] = {0, 0};
   const char* modes[2] = {"exact", "predicted"};
   for (int i = 0; i < 2; ++i) {
     std::vector<std::string> argv = {
@@ -251,14 +255,47 @@ TEST(PerplexityCommandTest, PredictedModeReadsAPredictorFile) {
     if (i == 1) argv.insert(argv.end(), {"--predictor", pred});
     auto r = RunCommand(argv);
     ASSERT_EQ(r.exit_code, 0) << r.err;
-    const size_t p = r.out.find("perplexity: ");
-    lines[i] = r.out.substr(p, r.out.find('\n', p) - p);
+    ppl[i] = PerplexityOf(r.out);
     if (i == 1) {
       EXPECT_NE(r.out.find("predicted"), std::string::npos) << r.out;
       EXPECT_NE(r.out.find("1.0000\n"), std::string::npos) << r.out;
     }
   }
-  EXPECT_EQ(lines[0], lines[1]);
+  EXPECT_GT(ppl[0], 1.0);
+  EXPECT_NEAR(ppl[1], ppl[0], 1e-5 * ppl[0]);
+}
+
+// The same weights in PowerInfer's layout (PWRI, ffn_down_t, its own fc1/fc2 predictors) run
+// in every mode: dense and exact give the llama.cpp file's perplexity, predicted needs no
+// --predictor and stays within the 2% of exact, and the model's predictors also serve
+// the llama.cpp file through --predictor.
+TEST(PerplexityCommandTest, PowerInferFileRunsInEveryMode) {
+  const std::string dir = testing::TempDir();
+  auto synth = RunCommand({Thermocline(), "synth", "-o", dir + "/m.gguf", "--ffn-kind",
+                           "relu-gated", "--type", "f16", "--seed", "3", "--powerinfer"});
+  ASSERT_EQ(synth.exit_code, 0) << synth.err;
+  const std::string llama = dir + "/m.gguf", pwri = dir + "/m.powerinfer.gguf";
+  auto run = [&](const std::string& model, std::vector<std::string> flags) {
+    std::vector<std::string> argv = {Thermocline(), "perplexity", "--model",   model,
+                                     "--corpus",    Corpus(),     "--tokens",  "1000",
+                                     "--window",    "128",        "--threads", "2"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    auto r = RunCommand(argv);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return r;
+  };
+  const double reference = PerplexityOf(run(llama, {}).out);
+  ASSERT_GT(reference, 1.0);
+  EXPECT_NEAR(PerplexityOf(run(pwri, {}).out), reference, 1e-5 * reference);
+  auto exact = run(pwri, {"--sparsity", "exact"});
+  EXPECT_NEAR(PerplexityOf(exact.out), reference, 1e-5 * reference);
+  // ffn_down_t is used as stored: no transposed copy.
+  EXPECT_EQ(exact.err.find("transposed down rows"), std::string::npos) << exact.err;
+  auto own = run(pwri, {"--sparsity", "predicted"});
+  EXPECT_NEAR(PerplexityOf(own.out), reference, 0.02 * reference) << own.out;
+  EXPECT_NE(own.out.find("predicted"), std::string::npos) << own.out;
+  auto borrowed = run(llama, {"--sparsity", "predicted", "--predictor", pwri});
+  EXPECT_NEAR(PerplexityOf(borrowed.out), PerplexityOf(own.out), 1e-5 * reference);
 }
 
 TEST(GenerateCommandTest, ExactSparsityGeneratesTheDenseText) {
