@@ -27,6 +27,7 @@ int RunTrainPredictor(const std::vector<std::string>& args) {
   float stats_target = -1;
   PredictorTrainerOptions o;
   po::options_description opts("options");
+  // clang-format off
   opts.add_options()
       ("model,m", po::value(&model_path)->required(), "model file (GGUF)")
       ("corpus", po::value(&corpus_path)->required(), "UTF-8 text to collect activations over")
@@ -61,6 +62,7 @@ int RunTrainPredictor(const std::vector<std::string>& args) {
       ("type", po::value(&type_name)->default_value("f16"), "predictor weight type: f32, f16, bf16")
       ("seed", po::value(&o.seed)->default_value(o.seed), "seed (same seed and data, same predictors)")
       ("threads", po::value(&threads)->default_value(0), "CPU threads (0 = all cores)");
+  // clang-format on
   po::positional_options_description pos;
   po::variables_map vm;
   int exit_code = 0;
@@ -87,7 +89,8 @@ int RunTrainPredictor(const std::vector<std::string>& args) {
   for (absl::string_view part : absl::StrSplit(candidates_arg, ',', absl::SkipEmpty())) {
     int64_t r = 0;
     if (!absl::SimpleAtoi(part, &r) || r <= 0) {
-      return fail("--rank-candidates '" + candidates_arg + "' must be positive integers separated by commas");
+      return fail("--rank-candidates '" + candidates_arg +
+                  "' must be positive integers separated by commas");
     }
     o.rank_candidates.push_back(r);
   }
@@ -98,7 +101,8 @@ int RunTrainPredictor(const std::vector<std::string>& args) {
   const LlamaModel& model = **model_or;
   const LlamaConfig& c = model.config();
   if (c.activation == FfnActivation::kSilu && stats_path.empty()) {
-    return fail(model_path + " is a SiLU model: which of its neurons count as active is defined "
+    return fail(model_path +
+                " is a SiLU model: which of its neurons count as active is defined "
                 "by the magnitude cuts of --stats (from `thermocline profile`)");
   }
   if (!stats_path.empty()) {
@@ -112,7 +116,8 @@ int RunTrainPredictor(const std::vector<std::string>& args) {
       const float target = vm.count("stats-target") ? stats_target : stats->frequency_target;
       for (int64_t l = 0; l < c.n_layers; ++l) {
         auto cut = stats->CutFor(l, target);
-        if (!cut.ok()) return fail("--stats " + stats_path + ": " + std::string(cut.status().message()));
+        if (!cut.ok())
+          return fail("--stats " + stats_path + ": " + std::string(cut.status().message()));
         o.magnitude_cuts.push_back(*cut);
       }
       std::cerr << absl::StrFormat(
@@ -126,26 +131,26 @@ int RunTrainPredictor(const std::vector<std::string>& args) {
   } else if (vm.count("stats-target")) {
     return fail("--stats-target needs --stats");
   }
-  if (o.rank == 0 && o.rank_candidates.empty()) o.rank_candidates = DefaultRankCandidates(c, o.type);
+  if (o.rank == 0 && o.rank_candidates.empty())
+    o.rank_candidates = DefaultRankCandidates(c, o.type);
   if (absl::Status s = ValidatePredictorTrainerOptions(o, c); !s.ok()) {
     return fail(std::string(s.message()));
   }
   auto tokens_or = TokenizeCorpusFile(corpus_path, model.tokenizer(), max_tokens);
   if (!tokens_or.ok()) return fail(std::string(tokens_or.status().message()));
 
-  const int n_threads = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
+  const int n_threads =
+      threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
   ThreadPool pool(n_threads);
   const int64_t per_layer_samples = std::min<int64_t>(
-      o.max_samples_per_layer,
-      static_cast<int64_t>(tokens_or->size()) / (o.window - 1) * o.window);
+      o.max_samples_per_layer, static_cast<int64_t>(tokens_or->size()) / (o.window - 1) * o.window);
   const double sample_bytes = static_cast<double>(c.dim * 2 + (c.ffn_dim + 63) / 64 * 8 + 1);
   std::cerr << absl::StrFormat(
       "train-predictor: %d layers, dim %d, %d neurons, %d corpus tokens; up to %d samples per "
       "layer (%.1f MiB); ranks %s; %d threads\n",
       c.n_layers, c.dim, c.ffn_dim, tokens_or->size(), per_layer_samples,
       per_layer_samples * sample_bytes * c.n_layers / (1 << 20),
-      o.rank > 0 ? std::to_string(o.rank)
-                 : "auto of " + absl::StrJoin(o.rank_candidates, ","),
+      o.rank > 0 ? std::to_string(o.rank) : "auto of " + absl::StrJoin(o.rank_candidates, ","),
       n_threads);
 
   auto summary_or = TrainPredictors(model, *tokens_or, o, pool);
@@ -167,7 +172,8 @@ int RunTrainPredictor(const std::vector<std::string>& args) {
     const PredictorLayerReport& r = set.report().layers[l];
     std::string trials;
     for (const RankTrial& t : summary.layers[l].trials) {
-      trials += absl::StrFormat("%s%d:%.3f", trials.empty() ? "" : " ", t.rank, t.calibration_precision);
+      trials +=
+          absl::StrFormat("%s%d:%.3f", trials.empty() ? "" : " ", t.rank, t.calibration_precision);
     }
     std::printf("%5lld %6lld %9.4f %9.4f %10.4f %10.4f  %s\n", static_cast<long long>(l),
                 static_cast<long long>(set.layer(l).rank), r.recall, r.precision,
@@ -178,8 +184,8 @@ int RunTrainPredictor(const std::vector<std::string>& args) {
     sum_active += r.true_active;
   }
   const double n = static_cast<double>(set.n_layers());
-  std::printf("%5s %6s %9.4f %9.4f %10.4f %10.4f\n", "mean", "", sum_recall / n,
-              sum_precision / n, sum_predicted / n, sum_active / n);
+  std::printf("%5s %6s %9.4f %9.4f %10.4f %10.4f\n", "mean", "", sum_recall / n, sum_precision / n,
+              sum_predicted / n, sum_active / n);
   std::printf("threshold: %s; predictors: %.2f MiB (%s)\n",
               summary.folded
                   ? absl::StrFormat("%g for every layer (folded into fc2)", set.threshold()).c_str()

@@ -181,16 +181,16 @@ absl::StatusOr<PredictorSet> PredictorSet::FromGguf(std::shared_ptr<const GgufFi
     const int64_t rank = fc1->ne[1];
     for (const GgufTensorInfo* t : {fc1, fc2}) {
       if (!IsWeightType(t->type)) {
-        return Invalid(f, absl::StrCat("tensor '", t->name, "' has type ",
-                                       std::string(TypeTraits(t->type).name),
-                                       ", which is not a weight type"));
+        return Invalid(
+            f, absl::StrCat("tensor '", t->name, "' has type ",
+                            std::string(TypeTraits(t->type).name), ", which is not a weight type"));
       }
     }
     if (fc2->ne.size() != 2 || fc2->ne[0] != rank || fc2->ne[1] != config.ffn_dim) {
-      return Invalid(f, absl::StrCat("tensor '", Fc2Name(l), "' has shape ", ShapeString(fc2->ne),
-                                     ", expected (", rank, ", ", config.ffn_dim, ") to match '",
-                                     Fc1Name(l), "' (rank ", rank, ") and the model's ",
-                                     config.ffn_dim, " FFN neurons"));
+      return Invalid(
+          f, absl::StrCat("tensor '", Fc2Name(l), "' has shape ", ShapeString(fc2->ne),
+                          ", expected (", rank, ", ", config.ffn_dim, ") to match '", Fc1Name(l),
+                          "' (rank ", rank, ") and the model's ", config.ffn_dim, " FFN neurons"));
     }
     LayerPredictor& p = set.layers_[l];
     p.rank = rank;
@@ -224,16 +224,15 @@ absl::StatusOr<PredictorSet> PredictorSet::FromWeights(const std::vector<Predict
                                                        const LlamaConfig& config, GgmlType type,
                                                        float threshold) {
   if (static_cast<int64_t>(layers.size()) != config.n_layers) {
-    return absl::InvalidArgumentError(absl::StrCat("predictors: ", layers.size(),
-                                                   " layers given, the model has ",
-                                                   config.n_layers));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "predictors: ", layers.size(), " layers given, the model has ", config.n_layers));
   }
   if (!std::isfinite(threshold)) {
     return absl::InvalidArgumentError("predictors: the threshold is not finite");
   }
   if (!IsWeightType(type)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "predictors: ", std::string(TypeTraits(type).name), " is not a weight type"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("predictors: ", std::string(TypeTraits(type).name), " is not a weight type"));
   }
   const int64_t block = TypeTraits(type).block_size;
   if (config.dim % block != 0) {
@@ -247,10 +246,11 @@ absl::StatusOr<PredictorSet> PredictorSet::FromWeights(const std::vector<Predict
   for (size_t l = 0; l < layers.size(); ++l) {
     const PredictorWeights& w = layers[l];
     if (w.rank <= 0 || w.rank % block != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "predictors: layer ", l, " rank ", w.rank, " must be > 0",
-          block > 1 ? absl::StrCat(" and a multiple of ", block, " for ", std::string(TypeTraits(type).name))
-                    : ""));
+      return absl::InvalidArgumentError(
+          absl::StrCat("predictors: layer ", l, " rank ", w.rank, " must be > 0",
+                       block > 1 ? absl::StrCat(" and a multiple of ", block, " for ",
+                                                std::string(TypeTraits(type).name))
+                                 : ""));
     }
     if (static_cast<int64_t>(w.fc1.size()) != w.rank * config.dim ||
         static_cast<int64_t>(w.fc2.size()) != config.ffn_dim * w.rank) {
@@ -269,9 +269,9 @@ absl::StatusOr<PredictorSet> PredictorSet::FromWeights(const std::vector<Predict
         DequantizeRow(type, dst.data() + r * row_bytes, check.data(), cols);
         for (int64_t c = 0; c < cols; ++c) {
           if (!std::isfinite(check[c])) {
-            return absl::InvalidArgumentError(
-                absl::StrCat("predictors: layer ", l, " ", name, "[", r, "][", c, "] = ",
-                             src[r * cols + c], " is not finite as ", std::string(TypeTraits(type).name)));
+            return absl::InvalidArgumentError(absl::StrCat(
+                "predictors: layer ", l, " ", name, "[", r, "][", c, "] = ", src[r * cols + c],
+                " is not finite as ", std::string(TypeTraits(type).name)));
           }
         }
       }

@@ -93,9 +93,9 @@ void Transpose(const float* src, int64_t rows, int64_t cols, float* dst, ThreadP
 // The MLP being trained and everything one step needs, sized for `batch` samples.
 struct Trainee {
   int64_t dim, rank, ffn, batch;
-  std::vector<float> w1, w2;              // [rank][dim], [ffn][rank]
-  std::vector<float> m1, v1, m2, v2;      // Adam moments
-  std::vector<float> input_scale;         // [dim], applied to inputs before fc1
+  std::vector<float> w1, w2;          // [rank][dim], [ffn][rank]
+  std::vector<float> m1, v1, m2, v2;  // Adam moments
+  std::vector<float> input_scale;     // [dim], applied to inputs before fc1
   std::vector<float> x, xt, z1, a, at, z2, g2t, w2t, da, dz1t, dw1, dw2;
   std::vector<double> row_loss;
 
@@ -148,26 +148,29 @@ struct Trainee {
     // (log1p would otherwise cost as much as the GEMMs).
     const float inv_b = 1.0f / static_cast<float>(nb);
     const int64_t loss_grain = std::max<int64_t>(1, kMinElemsPerThread / 8 / ffn);
-    pool.ParallelFor(nb, [&](int64_t b0, int64_t b1) {
-      for (int64_t b = b0; b < b1; ++b) {
-        float* z = z2.data() + b * ffn;
-        const uint64_t* mask = s.mask(ids[b]);
-        double loss = 0;
-        for (int64_t i = 0; i < ffn; ++i) {
-          const float logit = z[i] - kScoreOffset;
-          const float e = std::exp(-std::abs(logit));
-          const float sigmoid = logit >= 0 ? 1.0f / (1.0f + e) : e / (1.0f + e);
-          const bool active = (mask[i >> 6] >> (i & 63)) & 1;
-          if (want_loss) {
-            // softplus(x) = max(x, 0) + log1p(e); softplus(-x) = softplus(x) - x.
-            const float sp = std::max(logit, 0.0f) + std::log1p(e);
-            loss += active ? pos_weight * (sp - logit) : sp;
+    pool.ParallelFor(
+        nb,
+        [&](int64_t b0, int64_t b1) {
+          for (int64_t b = b0; b < b1; ++b) {
+            float* z = z2.data() + b * ffn;
+            const uint64_t* mask = s.mask(ids[b]);
+            double loss = 0;
+            for (int64_t i = 0; i < ffn; ++i) {
+              const float logit = z[i] - kScoreOffset;
+              const float e = std::exp(-std::abs(logit));
+              const float sigmoid = logit >= 0 ? 1.0f / (1.0f + e) : e / (1.0f + e);
+              const bool active = (mask[i >> 6] >> (i & 63)) & 1;
+              if (want_loss) {
+                // softplus(x) = max(x, 0) + log1p(e); softplus(-x) = softplus(x) - x.
+                const float sp = std::max(logit, 0.0f) + std::log1p(e);
+                loss += active ? pos_weight * (sp - logit) : sp;
+              }
+              z[i] = (active ? pos_weight * (sigmoid - 1.0f) : sigmoid) * inv_b;
+            }
+            row_loss[b] = loss / static_cast<double>(ffn);
           }
-          z[i] = (active ? pos_weight * (sigmoid - 1.0f) : sigmoid) * inv_b;
-        }
-        row_loss[b] = loss / static_cast<double>(ffn);
-      }
-    }, loss_grain);
+        },
+        loss_grain);
     const float* g2 = z2.data();
     // dW2[i][k] = sum_b g2[b][i] a[b][k]: rows of a^T dotted with rows of g2^T.
     Transpose(g2, nb, ffn, g2t.data(), pool);
@@ -354,6 +357,15 @@ float AutoPosWeight(const LayerSamples& s, const std::vector<int64_t>& train) {
 
 int64_t StepsPerEpoch(int64_t n_train, int64_t batch) { return (n_train + batch - 1) / batch; }
 
+// The ranks TrainLayerPredictor tries, ascending and without duplicates.
+std::vector<int64_t> RanksToTry(const PredictorTrainerOptions& options) {
+  if (options.rank > 0) return {options.rank};
+  std::vector<int64_t> ranks = options.rank_candidates;
+  std::sort(ranks.begin(), ranks.end());
+  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  return ranks;
+}
+
 }  // namespace
 
 absl::Status ValidatePredictorTrainerOptions(const PredictorTrainerOptions& o,
@@ -369,8 +381,8 @@ absl::Status ValidatePredictorTrainerOptions(const PredictorTrainerOptions& o,
   }
   const int64_t block = TypeTraits(o.type).block_size;
   if (config.dim % block != 0) {
-    return bad(absl::StrCat("--type ", std::string(TypeTraits(o.type).name), " needs the model dim (",
-                            config.dim, ") to be a multiple of ", block));
+    return bad(absl::StrCat("--type ", std::string(TypeTraits(o.type).name),
+                            " needs the model dim (", config.dim, ") to be a multiple of ", block));
   }
   auto check_rank = [&](int64_t r) -> absl::Status {
     if (r <= 0 || r > 65536 || r % block != 0) {
@@ -398,14 +410,16 @@ absl::Status ValidatePredictorTrainerOptions(const PredictorTrainerOptions& o,
   if (!(o.holdout > 0 && o.holdout <= 0.5f)) return bad("--holdout must be in (0, 0.5]");
   if (config.activation == FfnActivation::kRelu) {
     if (!o.magnitude_cuts.empty()) {
-      return bad("magnitude cuts (--stats) apply to SiLU models; this model is ReLU-gated, where "
-                 "a neuron is active when relu(gate) > 0");
+      return bad(
+          "magnitude cuts (--stats) apply to SiLU models; this model is ReLU-gated, where "
+          "a neuron is active when relu(gate) > 0");
     }
   } else {
     if (static_cast<int64_t>(o.magnitude_cuts.size()) != config.n_layers) {
-      return bad(absl::StrCat("this SiLU model needs one activation cut per layer (--stats from "
-                              "`thermocline profile`); got ",
-                              o.magnitude_cuts.size(), " for ", config.n_layers, " layers"));
+      return bad(
+          absl::StrCat("this SiLU model needs one activation cut per layer (--stats from "
+                       "`thermocline profile`); got ",
+                       o.magnitude_cuts.size(), " for ", config.n_layers, " layers"));
     }
     for (size_t l = 0; l < o.magnitude_cuts.size(); ++l) {
       if (!(o.magnitude_cuts[l] >= 0 && std::isfinite(o.magnitude_cuts[l]))) {
@@ -432,8 +446,8 @@ SampleSplit SplitOfSample(int64_t index, float holdout, uint64_t seed) {
   const int64_t group = block / group_blocks, pos = block % group_blocks;
   const uint64_t h = Mix(Mix(seed) ^ static_cast<uint64_t>(group));
   const int64_t calibration = static_cast<int64_t>(h % group_blocks);
-  const int64_t test = (calibration + 1 + static_cast<int64_t>((h >> 32) % (group_blocks - 1))) %
-                       group_blocks;
+  const int64_t test =
+      (calibration + 1 + static_cast<int64_t>((h >> 32) % (group_blocks - 1))) % group_blocks;
   if (pos == calibration) return SampleSplit::kCalibration;
   if (pos == test) return SampleSplit::kTest;
   return SampleSplit::kTrain;
@@ -514,12 +528,11 @@ absl::StatusOr<std::vector<LayerSamples>> CollectPredictorSamples(
   // Run only the windows whose samples will be kept.
   const int64_t per_window = options.window - 1;
   const int64_t max_windows = options.max_samples_per_layer / options.window;
-  const int64_t n_windows = std::min<int64_t>(static_cast<int64_t>(tokens.size()) / per_window,
-                                              max_windows);
+  const int64_t n_windows =
+      std::min<int64_t>(static_cast<int64_t>(tokens.size()) / per_window, max_windows);
   if (n_windows < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("the corpus has ", tokens.size(),
-                                                   " tokens, fewer than one window of ",
-                                                   per_window));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the corpus has ", tokens.size(), " tokens, fewer than one window of ", per_window));
   }
   tokens = tokens.first(n_windows * per_window);
   TC_ASSIGN_OR_RETURN(KvCache kv, KvCache::Create(config, 1, options.window, GgmlType::kF32));
@@ -590,17 +603,10 @@ absl::StatusOr<LayerTrainingResult> TrainLayerPredictor(
   const std::vector<int64_t> train = IndicesOf(samples, SampleSplit::kTrain);
   const std::vector<int64_t> calibration = IndicesOf(samples, SampleSplit::kCalibration);
   if (train.empty() || calibration.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("layer ", layer,
-                                                   ": no training or calibration samples"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer ", layer, ": no training or calibration samples"));
   }
-  std::vector<int64_t> ranks;
-  if (options.rank > 0) {
-    ranks = {options.rank};
-  } else {
-    ranks = options.rank_candidates;
-    std::sort(ranks.begin(), ranks.end());
-    ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
-  }
+  const std::vector<int64_t> ranks = RanksToTry(options);
   if (ranks.empty()) return absl::InvalidArgumentError("no rank candidates");
   const float pos_weight =
       options.pos_weight > 0 ? options.pos_weight : AutoPosWeight(samples, train);
@@ -637,16 +643,17 @@ absl::StatusOr<LayerTrainingResult> TrainLayerPredictor(
       }
       epoch_loss /= static_cast<double>(order.size());
       if (!std::isfinite(epoch_loss)) {
-        return absl::InternalError(absl::StrCat("layer ", layer, " rank ", ranks[c],
-                                                ": the training loss diverged (try a smaller --lr)"));
+        return absl::InternalError(
+            absl::StrCat("layer ", layer, " rank ", ranks[c],
+                         ": the training loss diverged (try a smaller --lr)"));
       }
       if (on_steps) on_steps(steps_per_epoch);
     }
     const Calibration cal = Calibrate(*net, samples, calibration, options.recall_target, pool);
     result.trials.push_back({ranks[c], cal.precision, cal.threshold, epoch_loss});
     // Keep the previous (smaller) rank when this one adds too little precision.
-    if (c > 0 && cal.precision - result.trials[c - 1].calibration_precision <
-                     options.rank_tolerance) {
+    if (c > 0 &&
+        cal.precision - result.trials[c - 1].calibration_precision < options.rank_tolerance) {
       if (on_steps) on_steps(static_cast<int64_t>(ranks.size() - 1 - c) * total_steps);
       break;
     }
@@ -676,25 +683,32 @@ absl::StatusOr<PredictorTrainingSummary> TrainPredictors(const LlamaModel& model
   PredictorTrainingSummary summary;
   for (int64_t i = 0; i < samples[0].size(); ++i) {
     switch (samples[0].split(i)) {
-      case SampleSplit::kTrain: ++summary.train_samples; break;
-      case SampleSplit::kCalibration: ++summary.calibration_samples; break;
-      case SampleSplit::kTest: ++summary.test_samples; break;
+      case SampleSplit::kTrain:
+        ++summary.train_samples;
+        break;
+      case SampleSplit::kCalibration:
+        ++summary.calibration_samples;
+        break;
+      case SampleSplit::kTest:
+        ++summary.test_samples;
+        break;
     }
   }
 
-  const int64_t n_ranks = o.rank > 0 ? 1 : static_cast<int64_t>(o.rank_candidates.size());
+  const int64_t n_ranks = static_cast<int64_t>(RanksToTry(o).size());
   std::unique_ptr<ProgressBar> bar;
   int64_t done = 0;
   if (o.progress) {
-    bar = std::make_unique<ProgressBar>(
-        "train-predictor: training", MaxTrainingSteps(samples[0], o, n_ranks) * config.n_layers,
-        "steps");
+    bar = std::make_unique<ProgressBar>("train-predictor: training",
+                                        MaxTrainingSteps(samples[0], o, n_ranks) * config.n_layers,
+                                        "steps");
   }
   for (int64_t l = 0; l < config.n_layers; ++l) {
     TC_ASSIGN_OR_RETURN(LayerTrainingResult r,
                         TrainLayerPredictor(samples[l], o, l, pool, [&](int64_t steps) {
                           done += steps;
-                          if (bar) bar->Update(done, absl::StrCat("layer ", l + 1, "/", config.n_layers));
+                          if (bar)
+                            bar->Update(done, absl::StrCat("layer ", l + 1, "/", config.n_layers));
                         }));
     summary.layers.push_back(std::move(r));
   }
@@ -704,10 +718,10 @@ absl::StatusOr<PredictorTrainingSummary> TrainPredictors(const LlamaModel& model
   // (the score is linear in fc2); the geometric mean keeps the factors near 1.
   std::vector<float> thresholds;
   for (const LayerTrainingResult& r : summary.layers) thresholds.push_back(r.threshold);
-  const bool all_positive = std::all_of(thresholds.begin(), thresholds.end(),
-                                        [](float t) { return t > 1e-6f; });
-  const bool all_negative = std::all_of(thresholds.begin(), thresholds.end(),
-                                        [](float t) { return t < -1e-6f; });
+  const bool all_positive =
+      std::all_of(thresholds.begin(), thresholds.end(), [](float t) { return t > 1e-6f; });
+  const bool all_negative =
+      std::all_of(thresholds.begin(), thresholds.end(), [](float t) { return t < -1e-6f; });
   float lo = std::numeric_limits<float>::max(), hi = 0;
   for (float t : thresholds) {
     lo = std::min(lo, std::abs(t));

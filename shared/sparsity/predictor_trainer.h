@@ -52,7 +52,8 @@ struct PredictorTrainerOptions {
   int epochs = 10;
   float learning_rate = 1e-3f;
   int64_t batch = 256;
-  float pos_weight = 0;  // weight of the positive (active) term; 0: sqrt((1 - p) / p), p = active share
+  float pos_weight =
+      0;  // weight of the positive (active) term; 0: sqrt((1 - p) / p), p = active share
   float recall_target = 0.95f;
   float holdout = 0.1f;  // share of tokens held out: half calibrates the threshold, half tests
   uint64_t seed = 1;
@@ -79,7 +80,8 @@ SampleSplit SplitOfSample(int64_t index, float holdout, uint64_t seed);
 // (FFN input, active mask) pairs of one layer, in corpus order.
 class LayerSamples {
  public:
-  LayerSamples(int64_t dim, int64_t ffn_dim) : dim_(dim), ffn_dim_(ffn_dim), words_((ffn_dim + 63) / 64) {}
+  LayerSamples(int64_t dim, int64_t ffn_dim)
+      : dim_(dim), ffn_dim_(ffn_dim), words_((ffn_dim + 63) / 64) {}
 
   void Reserve(int64_t n);
   // `mask`: words() 64-bit words, bit i of word i / 64 set when neuron i is active.
@@ -122,8 +124,8 @@ struct RankTrial {
 };
 
 struct LayerTrainingResult {
-  PredictorWeights weights;  // f32, before any threshold folding
-  float threshold = 0;       // calibrated for the recall target
+  PredictorWeights weights;       // f32, before any threshold folding
+  float threshold = 0;            // calibrated for the recall target
   std::vector<RankTrial> trials;  // every rank trained, ascending; the chosen one is `weights`
 };
 

@@ -27,10 +27,28 @@ class PredictorTrainingTest : public ::testing::Test {
   static void SetUpTestSuite() {
     dir_ = new std::string(testing::TempDir());
     model_ = new std::string(*dir_ + "/relu.gguf");
-    const testing::CommandResult r = RunCommand(
-        {BinDir() + "/thermocline", "synth", "--ffn-kind", "relu-gated", "--dim", "128", "--ffn",
-         "512", "--layers", "2", "--heads", "4", "--kv-heads", "2", "--vocab", "512", "--context",
-         "256", "--seed", "3", "-o", *model_});
+    const testing::CommandResult r = RunCommand({BinDir() + "/thermocline",
+                                                 "synth",
+                                                 "--ffn-kind",
+                                                 "relu-gated",
+                                                 "--dim",
+                                                 "128",
+                                                 "--ffn",
+                                                 "512",
+                                                 "--layers",
+                                                 "2",
+                                                 "--heads",
+                                                 "4",
+                                                 "--kv-heads",
+                                                 "2",
+                                                 "--vocab",
+                                                 "512",
+                                                 "--context",
+                                                 "256",
+                                                 "--seed",
+                                                 "3",
+                                                 "-o",
+                                                 *model_});
     ASSERT_EQ(r.exit_code, 0) << r.err;
   }
   static void TearDownTestSuite() {
@@ -49,11 +67,30 @@ std::string* PredictorTrainingTest::model_ = nullptr;
 
 TEST_F(PredictorTrainingTest, HeldOutRecallReachesTarget) {
   const std::string out = *dir_ + "/pred.gguf";
-  const testing::CommandResult r =
-      RunCommand({BinDir() + "/thermocline", "train-predictor", "--model", *model_, "--corpus",
-                  Corpus(), "--tokens", "8000", "--window", "256", "--holdout", "0.2",
-                  "--rank", "auto", "--rank-candidates", "32,64", "--epochs", "10", "--threads",
-                  "2", "--seed", "5", "-o", out});
+  const testing::CommandResult r = RunCommand({BinDir() + "/thermocline",
+                                               "train-predictor",
+                                               "--model",
+                                               *model_,
+                                               "--corpus",
+                                               Corpus(),
+                                               "--tokens",
+                                               "8000",
+                                               "--window",
+                                               "256",
+                                               "--holdout",
+                                               "0.2",
+                                               "--rank",
+                                               "auto",
+                                               "--rank-candidates",
+                                               "32,64",
+                                               "--epochs",
+                                               "10",
+                                               "--threads",
+                                               "2",
+                                               "--seed",
+                                               "5",
+                                               "-o",
+                                               out});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::printf("%s", r.out.c_str());
   EXPECT_TRUE(Contains(r.out, "recall")) << r.out;
@@ -115,16 +152,15 @@ TEST_F(PredictorTrainingTest, BadArgumentsAreNamed) {
       {{"--rank", "16", "--rank-candidates", "16,32"}, "--rank-candidates needs --rank auto"},
   };
   for (const Case& k : cases) {
-    std::vector<std::string> argv = {bin, "train-predictor", "--model", *model_, "--corpus",
-                                     Corpus(), "--tokens", "600", "-o", out};
+    std::vector<std::string> argv = {bin,      "train-predictor", "--model", *model_, "--corpus",
+                                     Corpus(), "--tokens",        "600",     "-o",    out};
     argv.insert(argv.end(), k.extra.begin(), k.extra.end());
     const testing::CommandResult r = RunCommand(argv);
     EXPECT_NE(r.exit_code, 0) << k.message;
     EXPECT_TRUE(Contains(r.err, k.message)) << r.err;
   }
-  const testing::CommandResult missing =
-      RunCommand({bin, "train-predictor", "--model", *model_, "--corpus", *dir_ + "/nothing.txt",
-                  "-o", out});
+  const testing::CommandResult missing = RunCommand(
+      {bin, "train-predictor", "--model", *model_, "--corpus", *dir_ + "/nothing.txt", "-o", out});
   EXPECT_NE(missing.exit_code, 0);
   EXPECT_TRUE(Contains(missing.err, "nothing.txt")) << missing.err;
   // Too little text to hold out calibration and test blocks.
@@ -141,13 +177,13 @@ TEST_F(PredictorTrainingTest, SiluModelTrainsOnProfiledCuts) {
   const std::string model = testing::ModelPath("stories260K/stories260K.gguf");
   const std::string stats = *dir_ + "/stories_stats.gguf";
   const std::string out = *dir_ + "/stories_pred.gguf";
-  const testing::CommandResult p = RunCommand({bin, "profile", "--model", model, "--corpus",
-                                               Corpus(), "--tokens", "3000", "--threads", "2",
-                                               "-o", stats});
+  const testing::CommandResult p =
+      RunCommand({bin, "profile", "--model", model, "--corpus", Corpus(), "--tokens", "3000",
+                  "--threads", "2", "-o", stats});
   ASSERT_EQ(p.exit_code, 0) << p.err;
 
-  const testing::CommandResult no_stats = RunCommand(
-      {bin, "train-predictor", "--model", model, "--corpus", Corpus(), "-o", out});
+  const testing::CommandResult no_stats =
+      RunCommand({bin, "train-predictor", "--model", model, "--corpus", Corpus(), "-o", out});
   EXPECT_NE(no_stats.exit_code, 0);
   EXPECT_TRUE(Contains(no_stats.err, "SiLU model")) << no_stats.err;
   const testing::CommandResult bad_target =
@@ -156,10 +192,30 @@ TEST_F(PredictorTrainingTest, SiluModelTrainsOnProfiledCuts) {
   EXPECT_NE(bad_target.exit_code, 0);
   EXPECT_TRUE(Contains(bad_target.err, "0.55")) << bad_target.err;
 
-  const testing::CommandResult r = RunCommand(
-      {bin, "train-predictor", "--model", model, "--corpus", Corpus(), "--stats", stats,
-       "--stats-target", "0.7", "--tokens", "6000", "--holdout", "0.2", "--rank", "64",
-       "--epochs", "10", "--lr", "3e-3", "--threads", "2", "-o", out});
+  const testing::CommandResult r = RunCommand({bin,
+                                               "train-predictor",
+                                               "--model",
+                                               model,
+                                               "--corpus",
+                                               Corpus(),
+                                               "--stats",
+                                               stats,
+                                               "--stats-target",
+                                               "0.7",
+                                               "--tokens",
+                                               "6000",
+                                               "--holdout",
+                                               "0.2",
+                                               "--rank",
+                                               "64",
+                                               "--epochs",
+                                               "10",
+                                               "--lr",
+                                               "3e-3",
+                                               "--threads",
+                                               "2",
+                                               "-o",
+                                               out});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::printf("%s", r.out.c_str());
   auto m = LlamaModel::Load(model);

@@ -211,10 +211,10 @@ struct PowerInferFile {
   std::vector<PredictorWeights> weights = RandomWeights(config, ranks, 5);
   float threshold = 0.25f;
   bool write_threshold = true;
-  int skip_layer = -1;          // leave out this layer's fc2
-  int64_t fc1_dim = 64;          // fc1 ne[0]
-  int64_t fc2_rank_delta = 0;    // added to fc2 ne[0] of layer 0
-  int64_t extra_layers = 0;      // predictors for layers the model does not have
+  int skip_layer = -1;         // leave out this layer's fc2
+  int64_t fc1_dim = 64;        // fc1 ne[0]
+  int64_t fc2_rank_delta = 0;  // added to fc2 ne[0] of layer 0
+  int64_t extra_layers = 0;    // predictors for layers the model does not have
 
   std::string Write() {
     GgufWriter w;
@@ -222,8 +222,7 @@ struct PowerInferFile {
     w.SetValue("general.architecture", GgufString("llama"));
     w.SetValue("llama.block_count", GgufU32(static_cast<uint32_t>(config.n_layers)));
     if (write_threshold) w.SetValue("powerinfer.sparse_threshold", GgufF32(threshold));
-    auto add = [&](const std::string& name, const std::vector<float>& v,
-                   std::vector<int64_t> ne) {
+    auto add = [&](const std::string& name, const std::vector<float>& v, std::vector<int64_t> ne) {
       std::vector<uint16_t> half(ne[0] * ne[1], 0);
       for (size_t i = 0; i < half.size() && i < v.size(); ++i) half[i] = Fp32ToFp16(v[i]);
       ASSERT_TRUE(w.AddTensorBytes(name, GgmlType::kF16, ne,
@@ -456,10 +455,11 @@ TEST(PredictorTrainerTest, LearnsALearnableLayerDeterministically) {
     }
     auto set = PredictorSet::FromWeights({r->weights}, c, GgmlType::kF32, r->threshold);
     ASSERT_TRUE(set.ok());
-    const PredictorLayerReport cal = EvaluatePredictorLayer(*set, 0, s, SampleSplit::kCalibration, pool);
+    const PredictorLayerReport cal =
+        EvaluatePredictorLayer(*set, 0, s, SampleSplit::kCalibration, pool);
     const PredictorLayerReport test = EvaluatePredictorLayer(*set, 0, s, SampleSplit::kTest, pool);
     EXPECT_GE(cal.recall, o.recall_target);  // by construction of the threshold
-    EXPECT_GE(test.recall, 0.93f);            // unseen tokens
+    EXPECT_GE(test.recall, 0.93f);           // unseen tokens
     EXPECT_GT(test.true_active, 0.05f);
     EXPECT_LT(test.true_active, 0.3f);
     // Far better than running everything (precision = true_active) or chance.
