@@ -146,6 +146,113 @@ TEST(SynthLibraryTest, ProgressReachesTotal) {
   EXPECT_EQ(last_done, last_total);
 }
 
+double NormalCdf(double x) { return 0.5 * std::erfc(-x / std::sqrt(2.0)); }
+
+TEST(SynthDesignTest, ThresholdsAverageToTheActiveFraction) {
+  for (double f : {0.05, 0.1, 0.2}) {
+    for (double skew : {0.0, 1.25, 2.0}) {
+      SynthOptions o;
+      o.ffn_kind = SynthFfnKind::kReluGated;
+      o.ffn = 20000;
+      o.active_fraction = f;
+      o.skew = skew;
+      const SynthSparsityDesign d = DesignSynthSparsity(o);
+      ASSERT_TRUE(d.enabled);
+      const std::vector<float> t = SynthNeuronThresholds(o, d, 1);
+      ASSERT_EQ(t.size(), 20000u);
+      double mean_p = 0, mean_t = 0;
+      for (float x : t) {
+        mean_p += NormalCdf(-x);
+        mean_t += x;
+      }
+      mean_p /= t.size();
+      mean_t /= t.size();
+      // A neuron with threshold t fires with probability Phi(-t); the thresholds' mean and
+      // spread are set so that these average to the active fraction.
+      EXPECT_NEAR(mean_p, f, 0.06 * f) << f << " " << skew;
+      EXPECT_NEAR(mean_t, d.threshold_mean, 0.05) << f << " " << skew;
+      // Another layer draws other thresholds (skew 0 gives every neuron the mean).
+      if (skew > 0) {
+        EXPECT_NE(t, SynthNeuronThresholds(o, d, 2));
+      } else {
+        EXPECT_EQ(t, std::vector<float>(t.size(), static_cast<float>(d.threshold_mean)));
+      }
+    }
+  }
+}
+
+TEST(SynthDesignTest, OnlyShapedReluModels) {
+  SynthOptions o;
+  EXPECT_FALSE(DesignSynthSparsity(o).enabled);  // SwiGLU
+  o.ffn_kind = SynthFfnKind::kReluGated;
+  o.active_fraction = 0;
+  EXPECT_FALSE(DesignSynthSparsity(o).enabled);
+  o.active_fraction = 0.1;
+  const SynthSparsityDesign d = DesignSynthSparsity(o);
+  ASSERT_TRUE(d.enabled);
+  EXPECT_GE(d.persistent_dim, 0);
+  EXPECT_LT(d.persistent_dim, o.dim);
+  EXPECT_EQ(d.basis_rank, o.dim / 16);
+  EXPECT_EQ(d.predictor_rank(), 2 * d.basis_rank + 1);
+  EXPECT_NEAR(d.predictor_recall, 0.985, 1e-3);
+  EXPECT_GT(d.predictor_margin, 0);
+  ASSERT_EQ(static_cast<int64_t>(d.residual_rms.size()), o.layers);
+  for (size_t l = 1; l < d.residual_rms.size(); ++l) {
+    EXPECT_GT(d.residual_rms[l], d.residual_rms[l - 1]);
+  }
+  EXPECT_NEAR(d.residual_rms[0], 1.04, 0.01);
+}
+
+// The construction as the file holds it (docs/synthetic-models.md).
+TEST(SynthDesignTest, ShapedWeights) {
+  SynthOptions o;
+  o.ffn_kind = SynthFfnKind::kReluGated;
+  o.dim = 128;
+  o.ffn = 256;
+  o.layers = 2;
+  o.heads = 4;
+  o.kv_heads = 2;
+  o.vocab = 300;
+  const std::string path = testing::TempDir() + "/shaped.gguf";
+  ASSERT_TRUE(WriteSynthModel(o, path).ok());
+  auto f = GgufFile::Open(path);
+  ASSERT_TRUE(f.ok()) << f.status();
+  const GgufFile& g = **f;
+  const SynthSparsityDesign d = DesignSynthSparsity(o);
+  const int64_t k = d.persistent_dim, dim = o.dim;
+  EXPECT_EQ(g.GetInt("thermocline.synth.persistent_dim").value(), k);
+  EXPECT_NEAR(g.GetDouble("thermocline.synth.active_fraction").value(), 0.1, 1e-7);
+  EXPECT_NEAR(g.GetDouble("thermocline.synth.skew").value(), 1.25, 1e-7);
+  const std::vector<float> embd = Dequantized(*g.FindTensor("token_embd.weight"));
+  for (int64_t v = 0; v < o.vocab; ++v) ASSERT_EQ(embd[v * dim + k], d.persistent_value) << v;
+  for (int64_t l = 0; l < o.layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    const std::vector<float> wo = Dequantized(*g.FindTensor(p + "attn_output.weight"));
+    const std::vector<float> down = Dequantized(*g.FindTensor(p + "ffn_down.weight"));
+    for (int64_t j = 0; j < dim; ++j) ASSERT_EQ(wo[k * dim + j], 0.0f);
+    for (int64_t i = 0; i < o.ffn; ++i) ASSERT_EQ(down[k * o.ffn + i], 0.0f);
+    const std::vector<float> norm = Dequantized(*g.FindTensor(p + "ffn_norm.weight"));
+    for (int64_t j = 0; j < dim; ++j) {
+      const double want = j == k ? d.gate_scale * d.residual_rms[l] / d.persistent_value : 1.0;
+      ASSERT_NEAR(norm[j], want, 1e-4 * want) << j;
+    }
+    const std::vector<float> up = Dequantized(*g.FindTensor(p + "ffn_up.weight"));
+    const std::vector<float> gate = Dequantized(*g.FindTensor(p + "ffn_gate.weight"));
+    const std::vector<float> t = SynthNeuronThresholds(o, d, l);
+    double sum_sq = 0;
+    for (int64_t i = 0; i < o.ffn; ++i) {
+      ASSERT_EQ(up[i * dim + k], 0.0f);
+      ASSERT_FLOAT_EQ(gate[i * dim + k], static_cast<float>(-t[i] / d.gate_scale));
+      for (int64_t j = 0; j < dim; ++j) {
+        if (j != k) sum_sq += double(gate[i * dim + j]) * gate[i * dim + j];
+      }
+    }
+    // Off the persistent coordinate each gate row has about unit norm, so its token term is
+    // about N(0, 1) against the threshold.
+    EXPECT_NEAR(sum_sq / o.ffn, 1.0, 0.05);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The command.
 
@@ -297,6 +404,18 @@ TEST(SynthCommandTest, BadFlagsAreRejected) {
       {{"--type", "q5_0"}, "--type 'q5_0' is not one of: f32, f16, bf16, q8_0, q4_0"},
       {{"--type", "i32"}, "--type 'i32' is not one of: f32, f16, bf16, q8_0, q4_0"},
       {{"--ffn-kind", "gelu"}, "--ffn-kind 'gelu' is not one of: swiglu, relu-gated"},
+      {{"--ffn-kind", "relu-gated", "--active-fraction", "1"},
+       "--active-fraction 1: must be in [0, 1)"},
+      {{"--ffn-kind", "relu-gated", "--active-fraction", "-0.1"},
+       "--active-fraction -0.1: must be in [0, 1)"},
+      {{"--ffn-kind", "relu-gated", "--skew", "5"}, "--skew 5: must be in [0, 4]"},
+      {{"--active-fraction", "0.2"}, "--active-fraction applies to --ffn-kind relu-gated only"},
+      {{"--skew", "1"}, "--skew applies to --ffn-kind relu-gated only"},
+      {{"--powerinfer"}, "PowerInfer runs ReLU models only"},
+      {{"--ffn-kind", "relu-gated", "--active-fraction", "0", "--powerinfer"},
+       "the predictors need a shaped model (--active-fraction > 0)"},
+      {{"--ffn-kind", "relu-gated", "--powerinfer-output", path},
+       "--powerinfer-output must differ from -o"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> args = {"-o", path};
@@ -310,6 +429,36 @@ TEST(SynthCommandTest, BadFlagsAreRejected) {
   EXPECT_EQ(Synth({"--dim", "64"}).exit_code, 2);  // no -o
   EXPECT_EQ(Synth({"-o", path, "--dim", "abc"}).exit_code, 2);
   EXPECT_EQ(Synth({"--help"}).exit_code, 0);
+}
+
+TEST(SynthCommandTest, PowerInferFileBeside) {
+  const std::string dir = testing::TempDir();
+  auto args = SmallArgs(dir + "/pi.gguf", "f16");
+  args.insert(args.end(), {"--ffn-kind", "relu-gated", "--powerinfer"});
+  testing::CommandResult r = Synth(args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(Contains(r.err, "wrote " + dir + "/pi.powerinfer.gguf")) << r.err;
+  auto f = GgufFile::Open(dir + "/pi.powerinfer.gguf");
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_TRUE((*f)->is_powerinfer());
+  EXPECT_NE((*f)->FindTensor("blk.1.ffn_down_t.weight"), nullptr);
+  EXPECT_EQ((*f)->FindTensor("blk.1.ffn_down.weight"), nullptr);
+  EXPECT_NE((*f)->FindTensor("blk.1.fc1.weight"), nullptr);
+  EXPECT_NE((*f)->FindTensor("blk.1.fc2.weight"), nullptr);
+  auto plain = GgufFile::Open(dir + "/pi.gguf");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE((*plain)->is_powerinfer());
+
+  // An explicit path, and an output without the .gguf extension.
+  args = SmallArgs(dir + "/model", "f32");
+  args.insert(args.end(), {"--ffn-kind", "relu-gated", "--powerinfer"});
+  ASSERT_EQ(Synth(args).exit_code, 0);
+  EXPECT_TRUE(std::ifstream(dir + "/model.powerinfer.gguf").good());
+  args = SmallArgs(dir + "/x.gguf", "f32");
+  args.insert(args.end(), {"--ffn-kind", "relu-gated", "--powerinfer-output", dir + "/pi2.gguf"});
+  ASSERT_EQ(Synth(args).exit_code, 0);
+  EXPECT_TRUE(std::ifstream(dir + "/pi2.gguf").good());
+  EXPECT_FALSE(std::ifstream(dir + "/x.powerinfer.gguf").good());
 }
 
 TEST(InfoCommandTest, PrintsStories260K) {
