@@ -380,6 +380,12 @@ absl::StatusOr<std::unique_ptr<SharedSegment>> SharedSegment::Attach(std::string
     return absl::DataLossError(absl::StrCat("/dev/shm/", name, " says it has ", pre->segment_bytes,
                                             " bytes but has ", impl->region.get_size()));
   }
+  // A leftover of a dead owner would accept the attach and then never answer.
+  const int32_t owner = pre->owner_pid.load(std::memory_order_acquire);
+  if (!ProcessAlive(owner, pre->owner_start_ticks.load(std::memory_order_relaxed))) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("/dev/shm/", name, " is stale: its owner (pid ", owner, ") is gone"));
+  }
   return std::unique_ptr<SharedSegment>(new SharedSegment(std::move(impl)));
 }
 

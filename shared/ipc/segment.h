@@ -65,7 +65,8 @@ class SharedSegment {
       std::string_view instance, std::string_view what, uint64_t bytes, uint32_t layout_version,
       absl::FunctionRef<absl::Status(void* base)> init);
   // Maps an existing segment read-write after checking its preamble: magic, layout version,
-  // size. NotFound when there is none; Unavailable while its creator is still formatting it.
+  // size, live owner. NotFound when there is none; Unavailable while its creator is still
+  // formatting it; FailedPrecondition when it is stale or of another layout.
   static absl::StatusOr<std::unique_ptr<SharedSegment>> Attach(std::string_view instance,
                                                                std::string_view what,
                                                                uint32_t layout_version);

@@ -271,6 +271,8 @@ TEST_F(IpcProcesses, RivalOwnerIsRefusedAndItsLeftoversCleanedAfterKill) {
   owner.Kill();
   EXPECT_FALSE((*worker)->OwnerAlive());
   ASSERT_EQ(ListInstanceSegments(instance_).size(), 1u);  // SIGKILL ran no destructor
+  EXPECT_EQ(Transport::Attach(instance_, Role::kGpuWorker).status().code(),
+            absl::StatusCode::kFailedPrecondition);  // stale: no new worker joins it
   auto removed = Transport::RemoveStale(instance_);
   ASSERT_TRUE(removed.ok()) << removed.status();
   EXPECT_TRUE(*removed);

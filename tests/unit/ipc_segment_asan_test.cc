@@ -119,6 +119,9 @@ TEST(IpcSegment, DeadOwnersSegmentIsReplaced) {
   Cleanup cleanup{instance};
   pid_t child = InDyingChild([&] { (void)Transport::Create(instance, Small())->release(); });
   ASSERT_TRUE(Exists(ShmPath(instance)));
+  auto w = Transport::Attach(instance, Role::kGpuWorker);
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kFailedPrecondition) << w.status();
+  EXPECT_NE(std::string(w.status().message()).find("stale"), std::string::npos) << w.status();
   auto t = Transport::Create(instance, Small());
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_NE((*t)->replaced_reason().find("pid " + std::to_string(child) + " is dead"),
