@@ -152,6 +152,9 @@ struct Case {
   int threads;
 };
 
+// ctest shows the case name instead of the struct's bytes.
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
 class ReferenceTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ReferenceTest, LogitsAndGreedyTokensMatchLlama2c) {
