@@ -6,14 +6,19 @@
 // Dense reads every weight. Exact reads attention, the output head and every gate row, plus up
 // and down rows of the neurons that fire. Predicted reads the predictors instead of the gate,
 // and gate, up and down rows of the predicted neurons only. The FFN share of each count comes
-// from what SparseFfn actually ran during the timed tokens. For every model and mode this
-// prints the bytes, the read bandwidth measured right before the timed tokens, the floor, the
-// measured tokens/s and their ratio (the figure of merit; raw tokens/s are noisy here).
+// from what SparseFfn actually ran for that very token.
+//
+// The floor is timed token by token: right after each decode step the pool reads that step's
+// byte count from a buffer far larger than the last-level cache (TimeParallelRead), with the
+// same threads. On a shared machine, time slices lost to other processes hit the step and its
+// floor alike. "ratio" is the median read time over the median step time; "best" is the fastest
+// read over the fastest step. tok/s is the plain mean.
 //
 // Predicted mode uses --predictor P.gguf when given. Without one it builds a random low-rank
 // predictor of --predictor-rank, per layer calibrated on the prompt's FFN inputs to predict
-// --predicted-over times as many neurons as exact runs (a recall-biased predictor's candidate
-// count): the speed of a trained predictor of that size, not its accuracy.
+// --predicted-over times as many neurons as exact ran (a recall-biased predictor's candidate
+// count; exact must run first, else 0.5 of the neurons is assumed): the speed of a trained
+// predictor of that size, not its accuracy.
 //
 // Usage: sparse_decode_bench --model M.gguf [--model ...] [--threads 2] [--tokens 32]
 //          [--modes dense,exact,predicted] [--predictor P.gguf] [--predictor-rank 256]
@@ -21,6 +26,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -34,6 +41,7 @@
 #include "shared/sparsity/sparse_ffn.h"
 #include "shared/util/cpu_features.h"
 #include "shared/util/membw.h"
+#include "shared/util/thread_pool.h"
 
 using namespace thermocline;
 
@@ -137,6 +145,11 @@ bool ParseArgs(int argc, char** argv, Options& o) {
   return !o.models.empty();
 }
 
+double Median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "sparse_decode_bench: %s\n", std::string(s.message()).c_str());
   return 1;
@@ -154,8 +167,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::printf("kernels: %s\n", SimdLevelName(DetectSimdLevel()));
-  std::printf("%-24s %5s %-9s %3s %9s %9s %9s %8s %7s %7s %7s\n", "model", "type", "mode", "thr",
-              "MB/token", "read GB/s", "floor t/s", "tok/s", "ratio", "active", "cand");
+  std::printf("%-24s %5s %-9s %3s %9s %9s %9s %8s %7s %7s %7s %7s\n", "model", "type", "mode",
+              "thr", "MB/token", "read GB/s", "floor t/s", "tok/s", "ratio", "best", "active",
+              "cand");
   for (const std::string& path : o.models) {
     auto model = LlamaModel::Load(path);
     if (!model.ok()) return Fail(model.status());
@@ -169,8 +183,15 @@ int main(int argc, char** argv) {
     const double non_ffn = static_cast<double>(m.decode_bytes_per_token() - dense_ffn);
     auto kv = KvCache::Create(c, 1, kPrompt + o.tokens + 1, GgmlType::kF32);
     if (!kv.ok()) return Fail(kv.status());
-    // Attention also reads the KV cache: on average half the positions of the run.
-    const double kv_bytes = 2.0 * c.n_layers * c.kv_dim * 4 * (kPrompt + o.tokens / 2.0);
+    // Attention also reads the KV cache: every position so far, keys and values.
+    const double kv_bytes = 2.0 * c.n_layers * c.kv_dim * 4 * (kPrompt + o.tokens);
+    // The floor's buffer: the most any mode reads per token (dense; predicted adds its
+    // predictors, hence the margin), far above the last-level cache for models worth timing.
+    const size_t floor_bytes =
+        (static_cast<size_t>(m.decode_bytes_per_token() + kv_bytes) * 5 / 4 + 4095) / 4096 * 4096;
+    uint8_t* floor_buf = static_cast<uint8_t*>(std::aligned_alloc(4096, floor_bytes));
+    if (floor_buf == nullptr) return Fail(absl::ResourceExhaustedError("floor buffer"));
+    std::memset(floor_buf, 1, floor_bytes);
     std::vector<BatchEntry> prompt;
     for (int p = 0; p < kPrompt; ++p) prompt.push_back({0, p, 3 + (p * 7) % 200, p == kPrompt - 1});
     std::shared_ptr<const PredictorSet> loaded;
@@ -183,6 +204,8 @@ int main(int argc, char** argv) {
       ThreadPool pool(nt);
       std::vector<double> exact_active(c.n_layers, 0.5);
       for (SparsityMode mode : o.modes) {
+        double cand_sum = 0, active_sum = 0;
+        std::vector<double> exact_active_sum(c.n_layers, 0);
         SparsityPlan plan = SparsityPlan::Uniform(mode, c.n_layers);
         if (mode == SparsityMode::kPredicted) {
           plan.predictors = loaded;
@@ -213,40 +236,58 @@ int main(int argc, char** argv) {
         kv->Reset(0);
         if (absl::Status s = pass.Run(prompt, logits); !s.ok()) return Fail(s);
         if (sparse) sparse->ResetActivity();
-        // Bandwidth right before the decode loop, with the same threads, so both see the same
-        // machine state.
-        const double bw = MeasureReadBandwidthGBs(pool);
-        const auto t0 = std::chrono::steady_clock::now();
+        std::vector<double> step_s, read_s;
+        double total_s = 0, total_bytes = 0;
         for (int i = 0; i < o.tokens; ++i) {
           BatchEntry e{0, kPrompt + i, 3 + (i * 13) % 200, true};
+          const auto t0 = std::chrono::steady_clock::now();
           if (absl::Status s = pass.Run(std::span<const BatchEntry>(&e, 1), logits); !s.ok()) {
             return Fail(s);
           }
-        }
-        const double secs =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        const double ffn = sparse ? sparse->FfnBytesPerToken() : static_cast<double>(dense_ffn);
-        const double bytes = non_ffn + kv_bytes + ffn;
-        const double tps = o.tokens / secs, floor = bw * 1e9 / bytes;
-        double active = 1, cand = 1;
-        if (sparse) {
-          active = sparse->ActiveRatio();
-          double n = 0, k = 0;
-          for (int64_t l = 0; l < c.n_layers; ++l) {
-            const LayerActivity& a = sparse->activity()[l];
-            n += static_cast<double>(a.tokens) * c.ffn_dim;
-            k += static_cast<double>(a.candidates);
-            if (mode == SparsityMode::kExact) exact_active[l] = sparse->ActiveRatio(l);
+          step_s.push_back(
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+          // This step's bytes: its FFN reads from the activity counts, then reset for the next.
+          const double ffn = sparse ? sparse->FfnBytesPerToken() : static_cast<double>(dense_ffn);
+          const double kv_step = 2.0 * c.n_layers * c.kv_dim * 4 * (kPrompt + i + 1);
+          const double bytes = non_ffn + kv_step + ffn;
+          if (sparse) {
+            for (int64_t l = 0; l < c.n_layers; ++l) {
+              const LayerActivity& a = sparse->activity()[l];
+              cand_sum += static_cast<double>(a.candidates);
+              active_sum += static_cast<double>(a.active);
+              if (mode == SparsityMode::kExact)
+                exact_active_sum[l] += static_cast<double>(a.active);
+            }
+            sparse->ResetActivity();
           }
-          cand = n > 0 ? k / n : 0;
+          read_s.push_back(TimeParallelRead(
+              pool, floor_buf, std::min(floor_bytes, static_cast<size_t>(bytes) / 32 * 32)));
+          total_s += step_s.back();
+          total_bytes += bytes;
+        }
+        const double bytes = total_bytes / o.tokens;
+        const double tps = o.tokens / total_s;
+        const double med_read = Median(read_s), med_step = Median(step_s);
+        const double bw = bytes / med_read / 1e9, floor = 1 / med_read;
+        const double best = *std::min_element(read_s.begin(), read_s.end()) /
+                            *std::min_element(step_s.begin(), step_s.end());
+        const double neurons = static_cast<double>(o.tokens) * c.n_layers * c.ffn_dim;
+        const double active = sparse ? active_sum / neurons : 1;
+        const double cand = sparse ? cand_sum / neurons : 1;
+        if (mode == SparsityMode::kExact) {
+          for (int64_t l = 0; l < c.n_layers; ++l) {
+            exact_active[l] = exact_active_sum[l] / (static_cast<double>(o.tokens) * c.ffn_dim);
+          }
         }
         const std::string name = path.substr(path.find_last_of('/') + 1);
-        std::printf("%-24s %5s %-9s %3d %9.1f %9.2f %9.2f %8.2f %7.3f %7.3f %7.3f\n", name.c_str(),
-                    m.weight_type_name().c_str(), std::string(SparsityModeName(mode)).c_str(), nt,
-                    bytes / 1e6, bw, floor, tps, tps / floor, active, cand);
+        std::printf("%-24s %5s %-9s %3d %9.1f %9.2f %9.2f %8.2f %7.3f %7.3f %7.3f %7.3f\n",
+                    name.c_str(), m.weight_type_name().c_str(),
+                    std::string(SparsityModeName(mode)).c_str(), nt, bytes / 1e6, bw, floor, tps,
+                    med_read / med_step, best, active, cand);
         std::fflush(stdout);
       }
     }
+    std::free(floor_buf);
   }
   return 0;
 }
