@@ -19,6 +19,43 @@ std::string TypeName(GgmlType t) { return std::string(TypeTraits(t).name); }
 
 bool IsBlockQuantized(GgmlType t) { return t == GgmlType::kQ8_0 || t == GgmlType::kQ4_0; }
 
+// Below this much weight traffic a share is not worth waking another thread for.
+constexpr int64_t kMinShareBytes = 64 << 10;
+
+// How many of the pool's threads take a share of n items (at least one, none empty).
+int SharesFor(int64_t n, int64_t bytes_per_item, int n_threads) {
+  const int64_t by_bytes = n * bytes_per_item / kMinShareBytes;
+  return static_cast<int>(std::max<int64_t>(1, std::min({by_bytes, int64_t{n_threads}, n})));
+}
+
+// Writes the candidates that pass `filter` (ids, then their activations) to ids/act, in order;
+// returns how many. Branch-free: the keep pattern is data-dependent and unpredictable, so every
+// candidate is written and the output position advances only for kept ones.
+size_t Compact(FfnActivation activation, const int32_t* candidates, const float* gate, size_t n,
+               NeuronFilter filter, int32_t* ids, float* act) {
+  const bool relu = activation == FfnActivation::kRelu;
+  size_t m = 0;
+  for (size_t k = 0; k < n; ++k) {
+    const float g = gate[k];
+    const float a = relu ? (g > 0.0f ? g : 0.0f) : Silu(g);
+    bool keep = true;
+    switch (filter.kind) {
+      case NeuronFilter::Kind::kNone:
+        break;
+      case NeuronFilter::Kind::kPositive:
+        keep = a > 0.0f;
+        break;
+      case NeuronFilter::Kind::kMagnitude:
+        keep = std::fabs(a) >= filter.cut;
+        break;
+    }
+    ids[m] = candidates[k];
+    act[m] = a;
+    m += keep ? 1 : 0;
+  }
+  return m;
+}
+
 }  // namespace
 
 absl::Status ValidateNeuronWeights(const NeuronWeights& w) {
@@ -65,46 +102,6 @@ void NeuronFfn::Prepare(size_t n, int64_t dim, int n_threads) {
     if (lane.partial.size() < static_cast<size_t>(dim)) lane.partial.resize(dim);
   }
 }
-
-namespace {
-
-// Below this much weight traffic a share is not worth waking another thread for.
-constexpr int64_t kMinShareBytes = 64 << 10;
-
-int SharesFor(int64_t n, int64_t bytes_per_item, int n_threads) {
-  const int64_t by_bytes = n * bytes_per_item / kMinShareBytes;
-  return static_cast<int>(std::clamp<int64_t>(by_bytes, 1, std::min<int64_t>(n_threads, n)));
-}
-
-// Writes the candidates that pass `filter` (ids, then their activations) to ids/act, in order;
-// returns how many. Branch-free: the keep pattern is data-dependent and unpredictable, so every
-// candidate is written and the output position advances only for kept ones.
-size_t Compact(FfnActivation activation, const int32_t* candidates, const float* gate, size_t n,
-               NeuronFilter filter, int32_t* ids, float* act) {
-  const bool relu = activation == FfnActivation::kRelu;
-  size_t m = 0;
-  for (size_t k = 0; k < n; ++k) {
-    const float g = gate[k];
-    const float a = relu ? (g > 0.0f ? g : 0.0f) : Silu(g);
-    bool keep = true;
-    switch (filter.kind) {
-      case NeuronFilter::Kind::kNone:
-        break;
-      case NeuronFilter::Kind::kPositive:
-        keep = a > 0.0f;
-        break;
-      case NeuronFilter::Kind::kMagnitude:
-        keep = std::fabs(a) >= filter.cut;
-        break;
-    }
-    ids[m] = candidates[k];
-    act[m] = a;
-    m += keep ? 1 : 0;
-  }
-  return m;
-}
-
-}  // namespace
 
 int64_t NeuronFfn::Compute(const NeuronWeights& w, const float* h,
                            std::span<const int32_t> candidates, NeuronFilter filter, float* out,
