@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -213,16 +214,41 @@ absl::StatusOr<DownRows> DownRows::Transpose(const MatrixView& down, GgmlType ty
   const int64_t row_bytes = RowBytes(type, dim);
   d.owned_.resize(static_cast<size_t>(ffn * row_bytes));
   d.view_ = MatrixView{type, ffn, dim, d.owned_.data(), row_bytes};
-  // Tiles of 32 neurons (one quantized block of a down row): each down row contributes one
-  // dequantized block, written transposed into 32 f32 rows, which are then stored in `type`.
-  // Every conversion is exact for float types (f16/bf16 -> f32 -> the same type).
   constexpr int64_t kTile = 32;
   uint8_t* dst = d.owned_.data();
+  if (type == down.type && !src_quant) {
+    // Float types keep their bits: move elements, 32 neurons x 32 down rows at a time so that
+    // both the reads and the writes stay within a few cache lines per row.
+    auto transpose = [&]<typename T>(T) {
+      pool.ParallelFor((ffn + kTile - 1) / kTile, [&](int64_t t0, int64_t t1) {
+        for (int64_t i0 = t0 * kTile; i0 < std::min(ffn, t1 * kTile); i0 += kTile) {
+          const int64_t i1 = std::min(ffn, i0 + kTile);
+          for (int64_t r0 = 0; r0 < dim; r0 += kTile) {
+            const int64_t r1 = std::min(dim, r0 + kTile);
+            for (int64_t i = i0; i < i1; ++i) {
+              T* out = reinterpret_cast<T*>(dst + i * row_bytes);
+              for (int64_t r = r0; r < r1; ++r) {
+                std::memcpy(out + r, down.row(r) + i * sizeof(T), sizeof(T));
+              }
+            }
+          }
+        }
+      });
+    };
+    if (TypeTraits(type).block_bytes == 4) {
+      transpose(uint32_t{});
+    } else {
+      transpose(uint16_t{});
+    }
+    return d;
+  }
+  // Quantized: tiles of 32 neurons (one block of a down row). Each down row contributes one
+  // dequantized block, written transposed into 32 f32 rows, which are then stored in `type`.
   pool.ParallelFor((ffn + kTile - 1) / kTile, [&](int64_t t0, int64_t t1) {
     std::vector<float> tile(kTile * dim), block(kTile);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t i0 = t * kTile, width = std::min(kTile, ffn - i0);
-      // i0 is a multiple of 32, so it starts a whole block of any type.
+      // i0 is a multiple of 32, so it starts a whole block.
       const int64_t offset = RowBytes(down.type, i0);
       for (int64_t r = 0; r < dim; ++r) {
         DequantizeRow(down.type, down.row(r) + offset, block.data(), width);
