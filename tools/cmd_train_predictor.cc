@@ -42,7 +42,7 @@ int RunTrainPredictor(const std::vector<std::string>& args) {
       ("rank-tolerance", po::value(&o.rank_tolerance)->default_value(o.rank_tolerance, "0.02"),
        "precision gain that justifies a larger rank")
       ("epochs", po::value(&o.epochs)->default_value(o.epochs), "passes over the training samples")
-      ("lr", po::value(&o.learning_rate)->default_value(o.learning_rate, "0.001"),
+      ("lr", po::value(&o.learning_rate)->default_value(o.learning_rate, "0.003"),
        "Adam learning rate (cosine-decayed to 10%)")
       ("batch", po::value(&o.batch)->default_value(o.batch), "samples per optimizer step")
       ("pos-weight", po::value(&o.pos_weight)->default_value(0.0f, "0"),
