@@ -318,7 +318,7 @@ TEST(SynthSparsityExplore, DISABLED_Report) {
   o.ffn = EnvInt("SYNTH_FFN", 1024);
   o.layers = EnvInt("SYNTH_LAYERS", 4);
   o.heads = EnvInt("SYNTH_HEADS", 8);
-  o.kv_heads = o.heads;
+  o.kv_heads = EnvInt("SYNTH_KV_HEADS", o.heads);
   o.vocab = EnvInt("SYNTH_VOCAB", 512);
   o.context = 256;
   o.active_fraction = EnvDouble("SYNTH_F", 0.1);
