@@ -168,7 +168,7 @@ absl::Status Bad(std::string_view flag, int64_t value, std::string_view why) {
                                                  " ", value, ": ",
                                                  absl::string_view(why.data(), why.size())));
 }
-absl::Status BadFraction(std::string_view flag, double value, std::string_view why) {
+absl::Status BadNumber(std::string_view flag, double value, std::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat("--", absl::string_view(flag.data(), flag.size()),
                                                  " ", value, ": ",
                                                  absl::string_view(why.data(), why.size())));
@@ -276,9 +276,9 @@ absl::Status ValidateSynthOptions(const SynthOptions& o) {
   if (o.ffn % t.block_size != 0) return Bad("ffn", o.ffn, why);
   if (o.threads < 0) return Bad("threads", o.threads, "must be >= 0");
   if (!(o.active_fraction >= 0 && o.active_fraction < 1)) {
-    return BadFraction("active-fraction", o.active_fraction, "must be in [0, 1)");
+    return BadNumber("active-fraction", o.active_fraction, "must be in [0, 1)");
   }
-  if (!(o.skew >= 0 && o.skew <= 4)) return BadFraction("skew", o.skew, "must be in [0, 4]");
+  if (!(o.skew >= 0 && o.skew <= 4)) return BadNumber("skew", o.skew, "must be in [0, 4]");
   return absl::OkStatus();
 }
 
