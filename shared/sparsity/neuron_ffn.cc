@@ -109,13 +109,19 @@ int64_t NeuronFfn::Compute(const NeuronWeights& w, const float* h,
                            ThreadPool& pool) {
   const size_t n = candidates.size();
   Prepare(n, w.dim(), pool.size());
+  // One parallel region for the whole pipeline: each share runs the gate over its candidates,
+  // then up and down over its own survivors. Survivor counts per share differ only by sampling
+  // noise (a predicted set is mostly survivors), which costs less than a second region.
   const int shares = SharesFor(static_cast<int64_t>(n), w.gate.row_bytes, pool.size());
   auto run_share = [&](int s) {
     const size_t k0 = n * s / shares, k1 = n * (s + 1) / shares;
+    ThreadPool& solo = *lanes_[s].solo;
     GatherMatMul(w.gate, candidates.data() + k0, static_cast<int64_t>(k1 - k0), h,
-                 gate_.data() + k0, *lanes_[s].solo);
-    lanes_[s].kept = Compact(w.activation, candidates.data() + k0, gate_.data() + k0, k1 - k0,
-                             filter, ids_.data() + k0, coeff_.data() + k0);
+                 gate_.data() + k0, solo);
+    const size_t kept = Compact(w.activation, candidates.data() + k0, gate_.data() + k0, k1 - k0,
+                                filter, ids_.data() + k0, coeff_.data() + k0);
+    lanes_[s].kept = kept;
+    RunRange(w, h, k0, k0 + kept, s == 0 ? out : lanes_[s].partial.data(), s > 0, solo);
   };
   if (shares == 1) {
     run_share(0);
@@ -123,17 +129,16 @@ int64_t NeuronFfn::Compute(const NeuronWeights& w, const float* h,
     pool.Run([&](int tid, int) {
       if (tid < shares) run_share(tid);
     });
+    AddPartials(shares, w.dim(), out);
   }
-  // Close the gaps between the shares' survivors (a few KiB at most).
+  // Close the gaps between the shares' survivors, for survivors().
   size_t m = lanes_[0].kept;
   for (int s = 1; s < shares; ++s) {
     const size_t k0 = n * s / shares, kept = lanes_[s].kept;
     std::copy_n(ids_.data() + k0, kept, ids_.data() + m);
-    std::copy_n(coeff_.data() + k0, kept, coeff_.data() + m);
     m += kept;
   }
   n_survivors_ = m;
-  RunSurvivors(w, h, out, pool);
   return static_cast<int64_t>(m);
 }
 
@@ -148,24 +153,31 @@ int64_t NeuronFfn::ComputeWithGate(const NeuronWeights& w, const float* h,
   return static_cast<int64_t>(n_survivors_);
 }
 
+void NeuronFfn::RunRange(const NeuronWeights& w, const float* h, size_t k0, size_t k1, float* acc,
+                         bool zero_acc, ThreadPool& solo) {
+  const int64_t len = static_cast<int64_t>(k1 - k0);
+  if (zero_acc) std::fill(acc, acc + w.dim(), 0.0f);
+  if (len == 0) return;
+  GatherMatMul(w.up, ids_.data() + k0, len, h, up_.data() + k0, solo);
+  for (size_t k = k0; k < k1; ++k) coeff_[k] = coeff_[k] * up_[k];
+  AxpyRows(w.down_t, ids_.data() + k0, coeff_.data() + k0, len, acc, solo);
+}
+
+void NeuronFfn::AddPartials(int shares, int64_t dim, float* out) const {
+  for (int s = 1; s < shares; ++s) {
+    const float* p = lanes_[s].partial.data();
+    for (int64_t c = 0; c < dim; ++c) out[c] += p[c];
+  }
+}
+
 void NeuronFfn::RunSurvivors(const NeuronWeights& w, const float* h, float* out, ThreadPool& pool) {
   const size_t m = n_survivors_;
   if (m == 0) return;
   const int shares =
       SharesFor(static_cast<int64_t>(m), w.up.row_bytes + w.down_t.row_bytes, pool.size());
-  const int64_t dim = w.dim();
   auto run_share = [&](int s) {
-    const size_t k0 = m * s / shares, k1 = m * (s + 1) / shares;
-    const int64_t len = static_cast<int64_t>(k1 - k0);
-    ThreadPool& solo = *lanes_[s].solo;
-    GatherMatMul(w.up, ids_.data() + k0, len, h, up_.data() + k0, solo);
-    for (size_t k = k0; k < k1; ++k) coeff_[k] = coeff_[k] * up_[k];
-    float* acc = out;
-    if (s > 0) {
-      acc = lanes_[s].partial.data();
-      std::fill(acc, acc + dim, 0.0f);
-    }
-    AxpyRows(w.down_t, ids_.data() + k0, coeff_.data() + k0, len, acc, solo);
+    RunRange(w, h, m * s / shares, m * (s + 1) / shares, s == 0 ? out : lanes_[s].partial.data(),
+             s > 0, *lanes_[s].solo);
   };
   if (shares == 1) {
     run_share(0);
@@ -174,10 +186,7 @@ void NeuronFfn::RunSurvivors(const NeuronWeights& w, const float* h, float* out,
   pool.Run([&](int tid, int) {
     if (tid < shares) run_share(tid);
   });
-  for (int s = 1; s < shares; ++s) {
-    const float* p = lanes_[s].partial.data();
-    for (int64_t c = 0; c < dim; ++c) out[c] += p[c];
-  }
+  AddPartials(shares, w.dim(), out);
 }
 
 absl::StatusOr<DownRows> DownRows::ForLayer(const LlamaModel& model, int64_t layer,

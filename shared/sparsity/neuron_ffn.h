@@ -63,10 +63,11 @@ absl::Status ValidateNeuronIds(std::span<const int32_t> ids, int64_t ffn_dim);
 // Runs NeuronWeights over candidate subsets. Holds the per-call scratch, so one instance per
 // thread that drives a pool; buffers only grow, so a steady decode loop allocates nothing.
 //
-// Threads: the pool's threads take equal shares of the candidates for the gate, and then equal
-// shares of the survivors for up and down (every row of a matrix costs the same, so equal
-// counts are equal work). Each thread runs the kernels on its share alone and sums its down
-// rows into a private partial; the partials are added to `out` in thread order, so results
+// Threads: Compute gives each of the pool's threads an equal share of the candidates (every
+// row of a matrix costs the same, so equal counts are equal work) and runs gate, filter, up and
+// down of that share in one parallel region. ComputeWithGate filters on the calling thread and
+// splits the survivors equally. Each thread runs the kernels on its share alone and sums its
+// down rows into a private partial; the partials are added to `out` in thread order, so results
 // depend on the pool size, never on timing. Shares below ~64 KiB of weights are not split.
 class NeuronFfn {
  public:
@@ -98,7 +99,13 @@ class NeuronFfn {
     size_t kept = 0;
   };
   void Prepare(size_t n_candidates, int64_t dim, int n_threads);
-  // Up and down over ids_[0, n_survivors_) with coeff_ holding their activations.
+  // Up and down of the survivors ids_[k0, k1) (coeff_ holding their activations) added to acc
+  // (zeroed first if asked), on the calling thread.
+  void RunRange(const NeuronWeights& w, const float* h, size_t k0, size_t k1, float* acc,
+                bool zero_acc, ThreadPool& solo);
+  // out += the partials of shares 1..shares-1, in order.
+  void AddPartials(int shares, int64_t dim, float* out) const;
+  // Up and down over ids_[0, n_survivors_), split equally over the pool.
   void RunSurvivors(const NeuronWeights& w, const float* h, float* out, ThreadPool& pool);
 
   std::vector<Lane> lanes_;
