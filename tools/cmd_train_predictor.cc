@@ -152,6 +152,17 @@ int RunTrainPredictor(const std::vector<std::string>& args) {
       per_layer_samples * sample_bytes * c.n_layers / (1 << 20),
       o.rank > 0 ? std::to_string(o.rank) : "auto of " + absl::StrJoin(o.rank_candidates, ","),
       n_threads);
+  // Too few optimizer steps is the usual reason for a weak predictor on a small corpus.
+  constexpr int64_t kFewSteps = 1000;
+  const int64_t approx_steps =
+      o.epochs *
+      static_cast<int64_t>((per_layer_samples * (1 - o.holdout) + o.batch - 1) / o.batch);
+  if (approx_steps < kFewSteps) {
+    std::cerr << absl::StrFormat(
+        "train-predictor: note: about %d optimizer steps per rank; predictors are usually "
+        "undertrained below %d (raise --tokens or --epochs)\n",
+        approx_steps, kFewSteps);
+  }
 
   auto summary_or = TrainPredictors(model, *tokens_or, o, pool);
   if (!summary_or.ok()) return fail(std::string(summary_or.status().message()));
