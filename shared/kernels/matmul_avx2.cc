@@ -72,6 +72,23 @@ struct FloatKernel {
   static constexpr int kRows = 4;
   static constexpr int kTokens = 3;
 
+  // Calls step(c) for c = 0, 8, 16, ... while c + 8 <= cols and returns the first column left
+  // over. With `next` set it also prefetches the next tile's R rows, one prefetch per cache line
+  // of each row; the steps themselves are unchanged, so prefetching never alters the arithmetic.
+  template <int R, typename Step>
+  static int64_t StepColumns(const uint8_t* const* next, int64_t cols, Step&& step) {
+    int64_t c = 0;
+    if (next != nullptr) {
+      constexpr int64_t kLineCols = 64 / L::kBytes;
+      for (; c + kLineCols <= cols; c += kLineCols) {
+        for (int r = 0; r < R; ++r) Prefetch(next[r] + c * L::kBytes);
+        for (int64_t k = 0; k < kLineCols; k += 8) step(c + k);
+      }
+    }
+    for (; c + 8 <= cols; c += 8) step(c);
+    return c;
+  }
+
   template <int R, int T>
   static void Tile(const uint8_t* const* rows, const uint8_t* const* next, int64_t cols,
                    const uint8_t* xb, int64_t x_stride, float* y, int64_t y_stride) {
@@ -89,16 +106,7 @@ struct FloatKernel {
         for (int t = 0; t < T; ++t) acc[r][t] = _mm256_fmadd_ps(w, xv[t], acc[r][t]);
       }
     };
-    int64_t c = 0;
-    if (next != nullptr) {
-      // One prefetch per cache line of each row; the steps themselves are unchanged.
-      constexpr int64_t kLineCols = 64 / L::kBytes;
-      for (; c + kLineCols <= cols; c += kLineCols) {
-        for (int r = 0; r < R; ++r) Prefetch(next[r] + c * L::kBytes);
-        for (int64_t k = 0; k < kLineCols; k += 8) step(c + k);
-      }
-    }
-    for (; c + 8 <= cols; c += 8) step(c);
+    const int64_t c = StepColumns<R>(next, cols, step);
     if (c < cols) {
       // The ragged end goes through zero-padded copies so it takes the same vector path.
       const int64_t n = cols - c;
@@ -128,15 +136,7 @@ struct FloatKernel {
       for (int r = 0; r < R; ++r) yv = _mm256_fmadd_ps(cv[r], L::Load(rows[r] + c * L::kBytes), yv);
       _mm256_storeu_ps(y + c, yv);
     };
-    int64_t c = 0;
-    if (next != nullptr) {
-      constexpr int64_t kLineCols = 64 / L::kBytes;
-      for (; c + kLineCols <= cols; c += kLineCols) {
-        for (int r = 0; r < R; ++r) Prefetch(next[r] + c * L::kBytes);
-        for (int64_t k = 0; k < kLineCols; k += 8) step(c + k);
-      }
-    }
-    for (; c + 8 <= cols; c += 8) step(c);
+    const int64_t c = StepColumns<R>(next, cols, step);
     if (c < cols) {
       const int64_t n = cols - c;
       alignas(32) float yt[8] = {};
