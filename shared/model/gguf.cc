@@ -386,6 +386,25 @@ GgufValue GgufI32Array(const std::vector<int32_t>& items) {
 // ---------------------------------------------------------------------------------------------
 // GgufFile
 
+absl::StatusOr<std::unique_ptr<GgufFile>> OpenGgufOfArchitecture(const std::string& path,
+                                                                 const std::string& arch,
+                                                                 const std::string& what,
+                                                                 const std::string& hint) {
+  const std::string where = absl::StrCat(what, " ", path, ": ");
+  auto invalid = [&](absl::string_view message) {
+    return absl::InvalidArgumentError(absl::StrCat(where, message));
+  };
+  absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(path);
+  if (!file.ok()) return invalid(file.status().message());
+  absl::StatusOr<std::string> found = (*file)->GetString("general.architecture");
+  if (!found.ok()) return invalid(found.status().message());
+  if (*found != arch) {
+    return invalid(absl::StrCat("general.architecture is '", *found, "', expected '", arch, "' (",
+                                hint, ")"));
+  }
+  return file;
+}
+
 absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
   auto fail = [&](absl::StatusCode code, absl::string_view what) {
     return absl::Status(code, absl::StrCat("gguf: ", path, ": ", what));

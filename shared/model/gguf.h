@@ -136,6 +136,14 @@ class GgufFile {
   absl::flat_hash_map<std::string_view, size_t> tensor_index_;
 };
 
+// Opens a GGUF file that must carry general.architecture == `arch` (our side files: stats,
+// plans). Every error is InvalidArgument prefixed "<what> <path>: "; a wrong architecture names
+// both values and appends `hint`, which tells the user what kind of file was expected.
+absl::StatusOr<std::unique_ptr<GgufFile>> OpenGgufOfArchitecture(const std::string& path,
+                                                                 const std::string& arch,
+                                                                 const std::string& what,
+                                                                 const std::string& hint);
+
 // Writes GGUF v3. Tensor bytes are produced on demand while writing, so a model larger than
 // memory can be written tensor by tensor.
 class GgufWriter {

@@ -204,16 +204,11 @@ absl::Status WriteActivationStats(const ActivationStats& stats, const std::strin
 absl::StatusOr<ActivationStats> ReadActivationStats(const std::string& path,
                                                     const LlamaConfig* config) {
   const std::string where = absl::StrCat("activation stats ", path);
-  absl::StatusOr<std::unique_ptr<GgufFile>> file_or = GgufFile::Open(path);
-  if (!file_or.ok()) return Invalid(where, std::string(file_or.status().message()));
+  absl::StatusOr<std::unique_ptr<GgufFile>> file_or =
+      OpenGgufOfArchitecture(path, kArch, "activation stats",
+                             "is this a stats file from `thermocline profile`?");
+  if (!file_or.ok()) return file_or.status();
   const GgufFile& f = **file_or;
-
-  absl::StatusOr<std::string> arch = f.GetString("general.architecture");
-  if (!arch.ok()) return Invalid(where, std::string(arch.status().message()));
-  if (*arch != kArch) {
-    return Invalid(where, absl::StrCat("general.architecture is '", *arch, "', expected '", kArch,
-                                       "' (is this a stats file from `thermocline profile`?)"));
-  }
   ActivationStats s;
   absl::StatusOr<std::string> criterion = f.GetString("thermocline.stats.criterion");
   if (!criterion.ok()) return Invalid(where, std::string(criterion.status().message()));

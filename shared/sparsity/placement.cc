@@ -77,15 +77,10 @@ absl::StatusOr<std::vector<int32_t>> ReadI32Vector(const GgufFile& f, const std:
 
 absl::StatusOr<Placement> Read(const std::string& path, const LlamaConfig* config) {
   const std::string where = absl::StrCat("placement ", path);
-  absl::StatusOr<std::unique_ptr<GgufFile>> file_or = GgufFile::Open(path);
-  if (!file_or.ok()) return Invalid(where, std::string(file_or.status().message()));
+  absl::StatusOr<std::unique_ptr<GgufFile>> file_or =
+      OpenGgufOfArchitecture(path, kArch, "placement", "a PowerInfer .gpuidx or `thermocline plan` output");
+  if (!file_or.ok()) return file_or.status();
   const GgufFile& f = **file_or;
-  absl::StatusOr<std::string> arch = f.GetString("general.architecture");
-  if (!arch.ok()) return Invalid(where, std::string(arch.status().message()));
-  if (*arch != kArch) {
-    return Invalid(where, absl::StrCat("general.architecture is '", *arch, "', expected '", kArch,
-                                       "' (a PowerInfer .gpuidx or `thermocline plan` output)"));
-  }
   std::string count_key = kBlockCountKey;
   if (f.FindValue(count_key) == nullptr) count_key = "llama.block_count";
   if (f.FindValue(count_key) == nullptr) {
