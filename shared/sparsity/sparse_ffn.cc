@@ -42,28 +42,10 @@ absl::StatusOr<std::unique_ptr<SparseFfn>> SparseFfn::Create(const LlamaModel& m
   return ffn;
 }
 
-NeuronFilter SparseFfn::FilterFor(int64_t layer) const {
-  switch (plan_.mode(layer)) {
-    case SparsityMode::kExact:
-      return NeuronFilter::Positive();
-    case SparsityMode::kThreshold:
-      return NeuronFilter::Magnitude(plan_.cuts[layer]);
-    case SparsityMode::kPredicted:
-      // A predicted neuron whose ReLU activation is 0 contributes nothing: skipping its up and
-      // down rows loses nothing and saves the reads of the predictor's false positives.
-      return model_.config().activation == FfnActivation::kRelu
-                 ? NeuronFilter::Positive()
-                 : NeuronFilter::Magnitude(plan_.cuts[layer]);
-    case SparsityMode::kDense:
-      break;
-  }
-  return NeuronFilter::None();
-}
-
 void SparseFfn::RunToken(Worker& worker, ThreadPool& pool, int64_t layer, const float* h,
                          const float* gate, float* out) {
   const NeuronWeights& w = weights_[layer];
-  const NeuronFilter filter = FilterFor(layer);
+  const NeuronFilter filter = plan_.FilterFor(layer, model_.config().activation);
   if (gate != nullptr) {
     worker.candidates += static_cast<int64_t>(all_ids_.size());
     worker.active += worker.neurons.ComputeWithGate(w, h, all_ids_, gate, filter, out, pool);

@@ -59,7 +59,6 @@ class SparseFfn final : public FfnExecutor {
 
  private:
   SparseFfn(const LlamaModel& model, SparsityPlan plan, ThreadPool& pool);
-  NeuronFilter FilterFor(int64_t layer) const;
 
   const LlamaModel& model_;
   SparsityPlan plan_;

@@ -43,6 +43,23 @@ SparsityPlan SparsityPlan::Uniform(SparsityMode mode, int64_t n_layers) {
   return plan;
 }
 
+NeuronFilter SparsityPlan::FilterFor(int64_t layer, FfnActivation activation) const {
+  switch (mode(layer)) {
+    case SparsityMode::kExact:
+      return NeuronFilter::Positive();
+    case SparsityMode::kThreshold:
+      return NeuronFilter::Magnitude(cuts[layer]);
+    case SparsityMode::kPredicted:
+      // A predicted neuron whose ReLU activation is 0 contributes nothing: skipping its up and
+      // down rows loses nothing and saves the reads of the predictor's false positives.
+      return activation == FfnActivation::kRelu ? NeuronFilter::Positive()
+                                                : NeuronFilter::Magnitude(cuts[layer]);
+    case SparsityMode::kDense:
+      break;
+  }
+  return NeuronFilter::None();
+}
+
 bool SparsityPlan::AllDense() const {
   return std::all_of(modes.begin(), modes.end(),
                      [](SparsityMode m) { return m == SparsityMode::kDense; });

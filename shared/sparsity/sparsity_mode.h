@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "shared/model/llama_model.h"
 #include "shared/sparsity/activation_stats.h"
+#include "shared/sparsity/neuron_ffn.h"
 #include "shared/sparsity/predictor.h"
 
 namespace thermocline {
@@ -51,6 +52,10 @@ struct SparsityPlan {
                                                std::shared_ptr<const PredictorSet> predictors);
 
   SparsityMode mode(int64_t layer) const { return modes[layer]; }
+  // Which of a layer's candidates run (NeuronFfn's filter), for every executor of the plan:
+  // the single-process SparseFfn and both halves of a split (hot and cold neurons are filtered
+  // alike, so the split computes the same neurons as one process). None for dense layers.
+  NeuronFilter FilterFor(int64_t layer, FfnActivation activation) const;
   bool AllDense() const;
 
   // Checks the plan against the model: one entry per layer, exact only on ReLU models, a
