@@ -11,9 +11,30 @@ namespace {
 double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
+
+class ForwardPassRunner final : public BatchRunner {
+ public:
+  explicit ForwardPassRunner(ForwardPass& pass) : pass_(pass) {}
+  absl::Status Run(std::span<const BatchEntry> batch, std::vector<float>& logits) override {
+    return pass_.Run(batch, logits);
+  }
+  int64_t vocab_size() const override { return pass_.model().config().vocab_size; }
+  int64_t context() const override { return pass_.kv_cache().capacity(); }
+  void ResetSlot(int32_t slot) override { pass_.kv_cache().Reset(slot); }
+
+ private:
+  ForwardPass& pass_;
+};
 }  // namespace
 
 absl::StatusOr<GenerationStats> Generate(ForwardPass& pass, const GenerationRequest& request,
+                                         const TokenCallback& on_token) {
+  ForwardPassRunner runner(pass);
+  return Generate(runner, pass.model().tokenizer().eos(), request, on_token);
+}
+
+absl::StatusOr<GenerationStats> Generate(BatchRunner& pass, int32_t eos,
+                                         const GenerationRequest& request,
                                          const TokenCallback& on_token) {
   TC_RETURN_IF_ERROR(ValidateSamplingParams(request.sampling));
   const int64_t n_prompt = static_cast<int64_t>(request.prompt.size());
@@ -21,15 +42,13 @@ absl::StatusOr<GenerationStats> Generate(ForwardPass& pass, const GenerationRequ
   if (request.max_new_tokens < 0) {
     return absl::InvalidArgumentError("generate: max_new_tokens must be >= 0");
   }
-  KvCache& kv = pass.kv_cache();
-  if (n_prompt + request.max_new_tokens > kv.capacity()) {
+  if (n_prompt + request.max_new_tokens > pass.context()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "generate: prompt (", n_prompt, " tokens) + max_new_tokens (", request.max_new_tokens,
-        ") exceeds the context of ", kv.capacity(), " positions"));
+        ") exceeds the context of ", pass.context(), " positions"));
   }
-  const int32_t eos = pass.model().tokenizer().eos();
-  const int64_t vocab = pass.model().config().vocab_size;
-  kv.Reset(request.slot);
+  const int64_t vocab = pass.vocab_size();
+  pass.ResetSlot(request.slot);
 
   GenerationStats stats;
   stats.prompt_tokens = n_prompt;

@@ -31,6 +31,20 @@ struct GenerationStats {
   bool stopped_at_eos = false;
 };
 
+// What generation runs on: a batch of (slot, position, token) entries in, one logits row per
+// entry that wants logits out, with ForwardPass::Run's contract. ForwardPass runs it in this
+// process; the split engine (shared/driver/) runs it in the two worker processes.
+class BatchRunner {
+ public:
+  virtual ~BatchRunner() = default;
+  virtual absl::Status Run(std::span<const BatchEntry> batch, std::vector<float>& logits) = 0;
+  virtual int64_t vocab_size() const = 0;
+  // Positions each slot holds.
+  virtual int64_t context() const = 0;
+  // Forgets a slot's sequence; its next entry starts at position 0.
+  virtual void ResetSlot(int32_t slot) = 0;
+};
+
 // Called with each generated token and the logits it was sampled from; return false to stop.
 using TokenCallback = std::function<bool(int32_t token, std::span<const float> logits)>;
 
@@ -38,6 +52,10 @@ using TokenCallback = std::function<bool(int32_t token, std::span<const float> l
 // max_new_tokens tokens, stopping early at EOS unless ignore_eos. Fails with a clear error when
 // the prompt is empty or prompt + max_new_tokens does not fit the KV cache.
 absl::StatusOr<GenerationStats> Generate(ForwardPass& pass, const GenerationRequest& request,
+                                         const TokenCallback& on_token);
+// The same on any runner; `eos` is the tokenizer's end-of-sequence id.
+absl::StatusOr<GenerationStats> Generate(BatchRunner& runner, int32_t eos,
+                                         const GenerationRequest& request,
                                          const TokenCallback& on_token);
 
 }  // namespace thermocline

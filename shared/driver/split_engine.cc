@@ -1,0 +1,415 @@
+#include "shared/driver/split_engine.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "shared/ipc/futex.h"
+#include "shared/ipc/messages.h"
+#include "shared/util/status_macros.h"
+
+namespace thermocline::driver {
+namespace {
+
+// Longest wait on a ring before liveness is checked again: keeps death detection well inside
+// the 500 ms the design allows, at a cost of one waitpid per worker per slice.
+constexpr absl::Duration kSlice = absl::Milliseconds(20);
+// After the cpu_worker is found dead mid-step, how long the gpu_worker gets to abandon the step
+// (it answers Unavailable) before the cpu_worker is replaced anyway. Replacing it first would
+// leave the gpu_worker waiting for a partial sum that the new process never computes.
+constexpr int64_t kPeerGraceNs = 2'000'000'000;
+
+std::string Name(ipc::Role role) { return std::string(ipc::RoleName(role)); }
+
+// Smallest power of two >= bytes, and at least `floor`.
+uint64_t RingCapacity(uint64_t max_payload, uint64_t floor) {
+  // A record may take half a ring (ipc::MaxPayloadBytes); 64 bytes cover the header and padding.
+  const uint64_t need = 2 * (max_payload + 64);
+  uint64_t c = floor;
+  while (c < need) c *= 2;
+  return c;
+}
+
+std::string Flt(double v) { return absl::StrFormat("%.17g", v); }
+
+void AddCommon(const SplitEngineOptions& o, int threads, std::vector<std::string>& a) {
+  a.insert(a.end(), {"--instance", o.instance, "--model", o.model_path, "--threads",
+                     absl::StrCat(threads)});
+  if (!o.plan_path.empty()) {
+    a.insert(a.end(), {"--plan", o.plan_path});
+  } else if (o.hot_fraction.has_value()) {
+    a.insert(a.end(), {"--hot-fraction", Flt(*o.hot_fraction)});
+  }
+  a.insert(a.end(), {"--sparsity", o.sparsity.mode});
+  if (!o.sparsity.stats_path.empty()) a.insert(a.end(), {"--stats", o.sparsity.stats_path});
+  if (o.sparsity.target_sparsity.has_value()) {
+    a.insert(a.end(), {"--target-sparsity", Flt(*o.sparsity.target_sparsity)});
+  }
+  if (!o.sparsity.predictor_path.empty()) {
+    a.insert(a.end(), {"--predictor", o.sparsity.predictor_path});
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> SelfBinDir() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot read /proc/self/exe: ", std::strerror(errno)));
+  }
+  std::string path(buf, static_cast<size_t>(n));
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? std::string(".") : path.substr(0, slash);
+}
+
+std::vector<std::string> GpuWorkerArgv(const SplitEngineOptions& o) {
+  std::vector<std::string> a = {o.bindir + "/" + kGpuWorkerBinary};
+  AddCommon(o, o.gpu_threads, a);
+  a.insert(a.end(), {"--backend", "host", "--kv-slots", absl::StrCat(o.kv_slots), "--context",
+                     absl::StrCat(o.context), "--max-batch", absl::StrCat(o.max_batch),
+                     "--kv-type", o.kv_type});
+  a.insert(a.end(), o.extra_gpu_args.begin(), o.extra_gpu_args.end());
+  return a;
+}
+
+std::vector<std::string> CpuWorkerArgv(const SplitEngineOptions& o) {
+  std::vector<std::string> a = {o.bindir + "/" + kCpuWorkerBinary};
+  AddCommon(o, o.cpu_threads, a);
+  if (o.numa_node.has_value()) a.insert(a.end(), {"--numa-node", absl::StrCat(*o.numa_node)});
+  if (!o.cpus.empty()) a.insert(a.end(), {"--cpus", o.cpus});
+  if (o.mlock) a.push_back("--mlock");
+  a.insert(a.end(), o.extra_cpu_args.begin(), o.extra_cpu_args.end());
+  return a;
+}
+
+absl::StatusOr<std::unique_ptr<SplitEngine>> SplitEngine::Create(SplitEngineOptions o) {
+  const LlamaConfig& c = o.config;
+  if (c.vocab_size <= 0 || c.dim <= 0 || c.ffn_dim <= 0 || c.context_length <= 0) {
+    return absl::InvalidArgumentError("split: the model's config (vocab, dims, context) is unset");
+  }
+  if (o.model_path.empty()) return absl::InvalidArgumentError("split: no model path");
+  if (!o.attach && o.plan_path.empty() == !o.hot_fraction.has_value()) {
+    return absl::InvalidArgumentError(
+        "split: give exactly one placement: a plan file or a hot fraction");
+  }
+  if (o.hot_fraction.has_value() && !(*o.hot_fraction >= 0 && *o.hot_fraction <= 1)) {
+    return absl::InvalidArgumentError("split: the hot fraction must be in [0, 1]");
+  }
+  if (o.gpu_threads < 1 || o.cpu_threads < 1) {
+    return absl::InvalidArgumentError("split: each worker needs at least one thread");
+  }
+  if (o.kv_slots < 1 || o.max_batch < 1 || o.max_logits_rows < 1) {
+    return absl::InvalidArgumentError("split: kv slots, max batch and max logits rows must be >= 1");
+  }
+  if (o.context <= 0) o.context = static_cast<int32_t>(c.context_length);
+  if (o.context > c.context_length) {
+    return absl::InvalidArgumentError(absl::StrCat("split: context ", o.context,
+                                                   " exceeds the model's ", c.context_length));
+  }
+  if (o.instance.empty()) {
+    static std::atomic<int> counter{0};
+    o.instance = absl::StrCat("gen-", getpid(), "-", counter++);
+  }
+  if (o.bindir.empty()) {
+    TC_ASSIGN_OR_RETURN(o.bindir, SelfBinDir());
+  }
+
+  // Rings sized for the largest message each carries, never below the transport's defaults.
+  const uint64_t rows = static_cast<uint64_t>(o.max_batch);
+  const uint64_t dim = static_cast<uint64_t>(c.dim), ffn = static_cast<uint64_t>(c.ffn_dim);
+  ipc::TransportOptions topt;
+  auto& cap = topt.ring_capacity;
+  cap[0] = RingCapacity(ipc::StepBytes(rows), cap[0]);
+  cap[1] = RingCapacity(std::max<uint64_t>(
+                            ipc::MatrixBytes(o.max_logits_rows, c.vocab_size),
+                            8 + ipc::kMaxErrorMessageBytes),
+                        cap[1]);
+  // An activation: h rows x dim, plus at most every neuron of every row as a candidate (with
+  // a per-row end offset); a partial: rows x dim.
+  cap[2] = RingCapacity(16 + 4 * (rows * dim + rows + rows * ffn), cap[2]);
+  cap[3] = RingCapacity(ipc::MatrixBytes(rows, dim), cap[3]);
+  TC_ASSIGN_OR_RETURN(std::unique_ptr<ipc::Transport> transport,
+                      ipc::Transport::Create(o.instance, topt));
+  std::unique_ptr<SplitEngine> engine(new SplitEngine(std::move(o), std::move(transport)));
+  TC_RETURN_IF_ERROR(engine->Init());
+  return engine;
+}
+
+SplitEngine::SplitEngine(SplitEngineOptions options, std::unique_ptr<ipc::Transport> transport)
+    : options_(std::move(options)),
+      transport_(std::move(transport)),
+      history_(options_.kv_slots, options_.context) {}
+
+absl::Status SplitEngine::Init() {
+  TC_ASSIGN_OR_RETURN(ipc::RingProducer out, transport_->Producer(ipc::RingId::kGatewayToGpu));
+  TC_ASSIGN_OR_RETURN(ipc::RingConsumer in, transport_->Consumer(ipc::RingId::kGpuToGateway));
+  to_gpu_.emplace(std::move(out));
+  from_gpu_.emplace(std::move(in));
+  if (!options_.log_path.empty()) {
+    log_fd_ = open(options_.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (log_fd_ < 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "split: cannot open the worker log ", options_.log_path, ": ", std::strerror(errno)));
+    }
+  }
+  SupervisorOptions so;
+  so.workers = {WorkerSpec{ipc::Role::kGpuWorker, GpuWorkerArgv(options_)},
+                WorkerSpec{ipc::Role::kCpuWorker, CpuWorkerArgv(options_)}};
+  so.attach = options_.attach;
+  so.restart = options_.restart;
+  so.ready_timeout = options_.ready_timeout;
+  so.output_fd = log_fd_;
+  supervisor_ = std::make_unique<Supervisor>(*transport_, std::move(so));
+  return supervisor_->Start();
+}
+
+SplitEngine::~SplitEngine() {
+  if (supervisor_ != nullptr) {
+    // The gpu_worker exits on Shutdown (and the cpu_worker when asked by it, or at SIGTERM);
+    // the supervisor escalates to SIGTERM and SIGKILL for whichever does not.
+    if (!supervisor_->attach() && supervisor_->pid(ipc::Role::kGpuWorker) != 0 &&
+        to_gpu_.has_value()) {
+      ipc::SendShutdown(*to_gpu_, absl::Milliseconds(100)).IgnoreError();
+    }
+    supervisor_->Stop(absl::Seconds(2));
+    supervisor_.reset();
+  }
+  to_gpu_.reset();
+  from_gpu_.reset();
+  transport_.reset();  // removes the segment
+  if (log_fd_ >= 0) close(log_fd_);
+}
+
+std::optional<SplitEngine::Failure> SplitEngine::DeadWorkers() {
+  std::vector<WorkerDeath> deaths = supervisor_->Check();
+  if (deaths.empty()) return std::nullopt;
+  Failure f;
+  std::vector<std::string> why;
+  for (const WorkerDeath& d : deaths) {
+    f.roles.push_back(d.role);
+    why.push_back(absl::StrCat(Name(d.role), " ", d.why));
+  }
+  f.why = absl::StrJoin(why, "; ");
+  return f;
+}
+
+absl::Status SplitEngine::Run(std::span<const BatchEntry> batch, std::vector<float>& logits) {
+  logits.clear();
+  if (batch.empty()) return absl::OkStatus();
+  const int64_t vocab = options_.config.vocab_size;
+  std::vector<ipc::StepEntry> entries;
+  entries.reserve(batch.size());
+  int64_t n_want = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const BatchEntry& b = batch[i];
+    if (b.token < 0 || b.token >= vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("entry ", i, ": token ", b.token, " outside the vocabulary [0, ", vocab, ")"));
+    }
+    entries.push_back(ipc::StepEntry{b.slot, b.position, b.token,
+                                     b.want_logits ? ipc::kEntryWantsLogits : 0u});
+    n_want += b.want_logits ? 1 : 0;
+  }
+  TC_RETURN_IF_ERROR(history_.Validate(entries));
+  logits.resize(static_cast<size_t>(n_want * vocab));
+  // Steps of at most max_batch entries and max_logits_rows logits rows, in batch order: later
+  // entries of a slot continue earlier ones, so order is all the split must keep.
+  size_t begin = 0;
+  int64_t rows_done = 0;
+  while (begin < entries.size()) {
+    size_t end = begin;
+    int32_t want = 0;
+    while (end < entries.size() && end - begin < static_cast<size_t>(options_.max_batch)) {
+      const bool w = entries[end].flags & ipc::kEntryWantsLogits;
+      if (w && want == options_.max_logits_rows) break;
+      want += w ? 1 : 0;
+      ++end;
+    }
+    TC_RETURN_IF_ERROR(Execute(std::span<const ipc::StepEntry>(entries).subspan(begin, end - begin),
+                               want, logits.data() + rows_done * vocab));
+    rows_done += want;
+    begin = end;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SplitEngine::Execute(std::span<const ipc::StepEntry> entries, int32_t n_want,
+                                  float* out) {
+  bool resend = false;
+  for (;;) {
+    // A worker that died while idle is replaced before anything is sent to it.
+    if (std::optional<Failure> dead = DeadWorkers()) TC_RETURN_IF_ERROR(Recover(*dead));
+    if (replay_pending_) {
+      std::optional<Failure> failure;
+      TC_RETURN_IF_ERROR(Replay(&failure));
+      if (failure.has_value()) {
+        TC_RETURN_IF_ERROR(Recover(*failure));
+        continue;
+      }
+      replay_pending_ = false;
+    }
+    if (resend) ++stats_.resent_steps;
+    std::optional<Failure> failure;
+    TC_RETURN_IF_ERROR(Attempt(entries, n_want, out, &failure));
+    if (!failure.has_value()) {
+      history_.Apply(entries);
+      return absl::OkStatus();
+    }
+    TC_RETURN_IF_ERROR(Recover(*failure));
+    resend = true;
+  }
+}
+
+absl::Status SplitEngine::Replay(std::optional<Failure>* failure) {
+  for (const std::vector<ipc::StepEntry>& step : history_.ReplaySteps(options_.max_batch)) {
+    TC_RETURN_IF_ERROR(Attempt(step, 0, nullptr, failure));
+    if (failure->has_value()) return absl::OkStatus();
+    stats_.replayed_tokens += static_cast<int64_t>(step.size());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SplitEngine::Attempt(std::span<const ipc::StepEntry> entries, int32_t n_want,
+                                  float* out, std::optional<Failure>* failure) {
+  const uint64_t step_id = ++last_step_id_;
+  for (;;) {
+    absl::Status sent = ipc::SendStep(*to_gpu_, step_id, entries, kSlice);
+    if (sent.ok()) break;
+    if (!absl::IsDeadlineExceeded(sent)) {
+      return absl::Status(sent.code(), absl::StrCat("split: sending step ", step_id, " to the "
+                                                    "gpu_worker: ", sent.message()));
+    }
+    // The ring is full: the gpu_worker is behind, or gone.
+    if ((*failure = DeadWorkers()).has_value()) return absl::OkStatus();
+  }
+  if (options_.on_step_sent) options_.on_step_sent(step_id, stats_.steps);
+
+  const int64_t deadline = ipc::MonotonicNs() + absl::ToInt64Nanoseconds(options_.step_timeout);
+  int64_t cpu_dead_at = 0;
+  for (;;) {
+    absl::StatusOr<ipc::MessageView> m = from_gpu_->Peek(kSlice);
+    if (!m.ok()) {
+      if (!absl::IsDeadlineExceeded(m.status())) {
+        return absl::Status(m.status().code(),
+                            absl::StrCat("split: reading the gpu_worker's answer to step ",
+                                         step_id, ": ", m.status().message()));
+      }
+      std::optional<Failure> dead = DeadWorkers();
+      const int64_t now = ipc::MonotonicNs();
+      if (dead.has_value()) {
+        const bool gpu = std::find(dead->roles.begin(), dead->roles.end(),
+                                   ipc::Role::kGpuWorker) != dead->roles.end();
+        if (cpu_dead_at == 0) cpu_dead_at = now;
+        // The gpu_worker's death loses the step at once. The cpu_worker's alone does not: the
+        // gpu_worker answers it (Unavailable) and that answer, or a late completion, is waited
+        // for a little.
+        if (gpu || now - cpu_dead_at > kPeerGraceNs) {
+          *failure = std::move(dead);
+          return absl::OkStatus();
+        }
+      }
+      if (now > deadline) {
+        const std::string why =
+            absl::StrCat("did not answer step ", step_id, " within ",
+                         absl::FormatDuration(options_.step_timeout), "; killed as hung");
+        supervisor_->Kill(ipc::Role::kGpuWorker, why);
+        *failure = Failure{{ipc::Role::kGpuWorker}, absl::StrCat("gpu_worker ", why)};
+        return absl::OkStatus();
+      }
+      continue;
+    }
+    const ipc::MessageHeader header = m->header;
+    if (header.step_id != step_id) {
+      // An answer to a step abandoned in this epoch (say, one sent just before a failure the
+      // gpu_worker survived): nobody waits for it any more.
+      ++stats_.stale_replies;
+      TC_RETURN_IF_ERROR(from_gpu_->Release());
+      continue;
+    }
+    if (header.message_kind() == ipc::MessageKind::kLogits) {
+      ipc::MatrixLimits limits;
+      limits.cols = static_cast<uint32_t>(options_.config.vocab_size);
+      limits.max_rows = static_cast<uint32_t>(n_want);
+      absl::StatusOr<ipc::MatrixView> v = ipc::DecodeLogits(*m, limits);
+      absl::Status bad = v.ok() && v->rows != static_cast<uint32_t>(n_want)
+                             ? absl::InvalidArgumentError(absl::StrCat(
+                                   v->rows, " logits rows for ", n_want, " wanted"))
+                             : v.status();
+      if (bad.ok() && n_want > 0) std::copy(v->data.begin(), v->data.end(), out);
+      TC_RETURN_IF_ERROR(from_gpu_->Release());
+      if (!bad.ok()) {
+        return absl::Status(bad.code(), absl::StrCat("split: the gpu_worker's answer to step ",
+                                                     step_id, ": ", bad.message()));
+      }
+      ++stats_.steps;
+      return absl::OkStatus();
+    }
+    if (header.message_kind() == ipc::MessageKind::kError) {
+      absl::Status sender;
+      absl::Status decoded = ipc::DecodeError(*m, &sender);
+      TC_RETURN_IF_ERROR(from_gpu_->Release());
+      TC_RETURN_IF_ERROR(decoded);
+      if (absl::IsUnavailable(sender)) {
+        // The cold half of the step was lost (the cpu_worker died or stopped answering). The
+        // gpu_worker abandoned the step and kept its KV cache: replace the cpu_worker, resend.
+        *failure = Failure{{ipc::Role::kCpuWorker},
+                           absl::StrCat("cpu_worker lost step ", step_id, " (gpu_worker: ",
+                                        sender.message(), ")")};
+        return absl::OkStatus();
+      }
+      return absl::Status(sender.code(), absl::StrCat("gpu_worker, step ", step_id, ": ",
+                                                      sender.message()));
+    }
+    const auto kind = header.message_kind();
+    TC_RETURN_IF_ERROR(from_gpu_->Release());
+    return absl::InvalidArgumentError(absl::StrCat("split: unexpected ",
+                                                   std::string(ipc::MessageKindName(kind)),
+                                                   " message from the gpu_worker"));
+  }
+}
+
+absl::Status SplitEngine::Recover(const Failure& failure) {
+  // Workers found dead by now are replaced in the same restart (one epoch bump).
+  std::vector<ipc::Role> roles = failure.roles;
+  std::string why = failure.why;
+  if (std::optional<Failure> dead = DeadWorkers()) {
+    for (ipc::Role r : dead->roles) {
+      if (std::find(roles.begin(), roles.end(), r) == roles.end()) {
+        roles.push_back(r);
+        why += "; " + dead->why;
+      }
+    }
+  }
+  TC_ASSIGN_OR_RETURN(const uint64_t epoch, supervisor_->Restart(roles));
+  to_gpu_->set_epoch(epoch);
+  from_gpu_->set_min_epoch(epoch);
+  bool gpu = false;
+  for (ipc::Role r : roles) {
+    ++stats_.restarts;
+    if (r == ipc::Role::kGpuWorker) {
+      ++stats_.gpu_restarts;
+      gpu = true;
+    } else {
+      ++stats_.cpu_restarts;
+    }
+  }
+  // A new gpu_worker has empty KV caches: rebuild them before the next step.
+  if (gpu) replay_pending_ = true;
+  if (options_.log_restarts) {
+    std::cerr << absl::StrFormat(
+        "thermocline split [%s]: %s; restarted under epoch %d%s\n", options_.instance, why, epoch,
+        gpu ? absl::StrFormat(", replaying %d tokens", history_.total_tokens()) : "");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace thermocline::driver
