@@ -1,10 +1,14 @@
-// `thermocline generate`: local, single-process generation on the CPU.
+// `thermocline generate`: generation on this machine, in this process, or with --split in the
+// two worker processes (thermocline-gpu-worker and thermocline-cpu-worker, started and
+// supervised by the driver library in shared/driver/; see docs/split.md). Both paths run the
+// same Generate loop, so they print the same text for the same flags.
 #include <cstdio>
 #include <iostream>
 #include <string>
 #include <thread>
 
 #include "absl/strings/str_format.h"
+#include "shared/driver/split_engine.h"
 #include "shared/model/llama_model.h"
 #include "shared/runtime/generate.h"
 #include "shared/sparsity/sparse_ffn.h"
@@ -16,6 +20,59 @@
 namespace thermocline::tools {
 namespace {
 
+int Fail(const std::string& msg) {
+  std::cerr << "thermocline generate: " << msg << "\n";
+  return 1;
+}
+
+// Prints the prompt, then each token's text as it comes; the local and the split path print
+// through this alike.
+absl::StatusOr<GenerationStats> GenerateAndPrint(BatchRunner& runner, const Tokenizer& tok,
+                                                 const std::string& prompt,
+                                                 const GenerationRequest& req) {
+  std::fwrite(prompt.data(), 1, prompt.size(), stdout);
+  std::fflush(stdout);
+  StreamingDetokenizer detok(tok);
+  auto stats = Generate(runner, tok.eos(), req, [&](int32_t token, std::span<const float>) {
+    const std::string text = detok.Push(token);
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+    return true;
+  });
+  const std::string rest = detok.Flush();
+  std::fwrite(rest.data(), 1, rest.size(), stdout);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+  return stats;
+}
+
+int RunSplit(const LlamaModel& model, const GenerationRequest& req, const std::string& prompt,
+             int64_t capacity, const std::string& kv_type, const SparsityFlags& sf,
+             driver::SplitEngineOptions so) {
+  so.model_path = model.file().path();
+  so.config = model.config();
+  so.sparsity = sf;
+  so.kv_slots = 1;
+  so.context = static_cast<int32_t>(capacity);
+  so.kv_type = kv_type;
+  so.max_batch = std::max(1, req.prefill_chunk);
+  auto engine = driver::SplitEngine::Create(std::move(so));
+  if (!engine.ok()) return Fail(std::string(engine.status().message()));
+  auto stats = GenerateAndPrint(**engine, model.tokenizer(), prompt, req);
+  if (!stats.ok()) return Fail(std::string(stats.status().message()));
+  const driver::SplitEngineStats& es = (*engine)->stats();
+  std::cerr << absl::StrFormat(
+      "prompt: %d tokens in %.3f s (%.1f tok/s); decode: %d tokens, %.1f tok/s; split over "
+      "instance %s (gpu worker %d threads, cpu worker %d threads); %d steps, %d worker "
+      "restarts, %d tokens replayed\n",
+      stats->prompt_tokens, stats->prefill_seconds,
+      stats->prompt_tokens / std::max(1e-9, stats->prefill_seconds), stats->generated_tokens,
+      stats->decode_steps / std::max(1e-9, stats->decode_seconds), (*engine)->instance(),
+      (*engine)->options().gpu_threads, (*engine)->options().cpu_threads, es.steps, es.restarts,
+      es.replayed_tokens);
+  return 0;
+}
+
 int RunGenerate(const std::vector<std::string>& args) {
   std::string model_path, prompt, kv_type;
   int32_t max_new_tokens = 0, threads = 0, context = 0;
@@ -23,6 +80,10 @@ int RunGenerate(const std::vector<std::string>& args) {
   bool ignore_eos = false;
   SparsityFlags sf;
   float target_sparsity = 0;
+  bool split = false;
+  driver::SplitEngineOptions so;
+  double hot_fraction = 0;
+  int numa_node = -1;
   po::options_description opts("options");
   opts.add_options()
       ("model,m", po::value(&model_path)->required(), "model file (GGUF)")
@@ -45,6 +106,19 @@ int RunGenerate(const std::vector<std::string>& args) {
       ("stats", po::value(&sf.stats_path), "activation statistics from `thermocline profile` (threshold)")
       ("target-sparsity", po::value(&target_sparsity), "which of the profiled cuts to use, e.g. 0.5")
       ("predictor", po::value(&sf.predictor_path), "predictors from `thermocline train-predictor` (predicted)");
+  po::options_description split_opts("split execution (docs/split.md)");
+  split_opts.add_options()
+      ("split", po::bool_switch(&split), "run the model in a gpu worker and a cpu worker process")
+      ("hot-fraction", po::value(&hot_fraction), "share of each layer's FFN neurons on the gpu worker, in [0, 1]")
+      ("plan", po::value(&so.plan_path), "or: placement from `thermocline plan`")
+      ("gpu-threads", po::value(&so.gpu_threads)->default_value(1), "threads of the gpu worker")
+      ("cpu-threads", po::value(&so.cpu_threads)->default_value(1), "threads of the cpu worker")
+      ("instance", po::value(&so.instance), "transport instance name (default gen-<pid>-0)")
+      ("cpus", po::value(&so.cpus), "CPUs the cpu worker runs on, e.g. 0-7")
+      ("numa-node", po::value(&numa_node), "NUMA node of the cpu worker's threads and memory")
+      ("bindir", po::value(&so.bindir), "directory of the worker executables (default: this one's)")
+      ("worker-log", po::value(&so.log_path), "append the workers' output here (default: stderr)");
+  opts.add(split_opts);
   po::positional_options_description pos;
   po::variables_map vm;
   int exit_code = 0;
@@ -52,16 +126,25 @@ int RunGenerate(const std::vector<std::string>& args) {
                     exit_code)) {
     return exit_code;
   }
-  auto fail = [](const std::string& msg) {
-    std::cerr << "thermocline generate: " << msg << "\n";
-    return 1;
-  };
+  auto fail = Fail;
   if (threads < 0) return fail("--threads must be >= 0");
   if (max_new_tokens < 0) return fail("--max-new-tokens must be >= 0");
   if (context < 0) return fail("--context must be >= 0");
   if (kv_type != "f32" && kv_type != "f16") return fail("--kv-type must be f32 or f16");
   if (absl::Status s = ValidateSamplingParams(sp); !s.ok()) return fail(std::string(s.message()));
   if (vm.count("target-sparsity")) sf.target_sparsity = target_sparsity;
+  if (!split) {
+    for (const char* flag : {"hot-fraction", "plan", "instance", "cpus", "numa-node", "bindir",
+                             "worker-log"}) {
+      if (vm.count(flag)) return fail(std::string("--") + flag + " needs --split");
+    }
+  } else {
+    if (vm.count("hot-fraction") == vm.count("plan")) {
+      return fail("--split needs exactly one of --hot-fraction F and --plan PLAN.gguf");
+    }
+    if (vm.count("hot-fraction")) so.hot_fraction = hot_fraction;
+    if (vm.count("numa-node")) so.numa_node = numa_node;
+  }
 
   auto model_or = LlamaModel::Load(model_path);
   if (!model_or.ok()) return fail(std::string(model_or.status().message()));
@@ -82,6 +165,7 @@ int RunGenerate(const std::vector<std::string>& args) {
                                 "context of %d positions",
                                 req.prompt.size(), max_new_tokens, model.config().context_length));
   }
+  if (split) return RunSplit(model, req, prompt, capacity, kv_type, sf, std::move(so));
   auto kv_or = KvCache::Create(model.config(), 1, capacity,
                                kv_type == "f16" ? GgmlType::kF16 : GgmlType::kF32);
   if (!kv_or.ok()) return fail(std::string(kv_or.status().message()));
@@ -95,19 +179,8 @@ int RunGenerate(const std::vector<std::string>& args) {
   }
   ForwardPass pass(model, *kv_or, pool, sparse.get());
 
-  std::fwrite(prompt.data(), 1, prompt.size(), stdout);
-  std::fflush(stdout);
-  StreamingDetokenizer detok(tok);
-  auto stats = Generate(pass, req, [&](int32_t token, std::span<const float>) {
-    const std::string text = detok.Push(token);
-    std::fwrite(text.data(), 1, text.size(), stdout);
-    std::fflush(stdout);
-    return true;
-  });
-  const std::string rest = detok.Flush();
-  std::fwrite(rest.data(), 1, rest.size(), stdout);
-  std::fputc('\n', stdout);
-  std::fflush(stdout);
+  ForwardPassRunner runner(pass);
+  auto stats = GenerateAndPrint(runner, tok, prompt, req);
   if (!stats.ok()) return fail(std::string(stats.status().message()));
   std::cerr << absl::StrFormat(
       "prompt: %d tokens in %.3f s (%.1f tok/s); decode: %d tokens, %.1f tok/s; %d threads, %s "

@@ -112,6 +112,7 @@ class SplitEngine final : public BatchRunner {
 
   const SplitEngineStats& stats() const { return stats_; }
   const std::string& instance() const { return options_.instance; }
+  const SplitEngineOptions& options() const { return options_; }
   pid_t worker_pid(ipc::Role role) const { return supervisor_->pid(role); }
   const SlotHistory& history() const { return history_; }
 

@@ -11,20 +11,6 @@ namespace {
 double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
-
-class ForwardPassRunner final : public BatchRunner {
- public:
-  explicit ForwardPassRunner(ForwardPass& pass) : pass_(pass) {}
-  absl::Status Run(std::span<const BatchEntry> batch, std::vector<float>& logits) override {
-    return pass_.Run(batch, logits);
-  }
-  int64_t vocab_size() const override { return pass_.model().config().vocab_size; }
-  int64_t context() const override { return pass_.kv_cache().capacity(); }
-  void ResetSlot(int32_t slot) override { pass_.kv_cache().Reset(slot); }
-
- private:
-  ForwardPass& pass_;
-};
 }  // namespace
 
 absl::StatusOr<GenerationStats> Generate(ForwardPass& pass, const GenerationRequest& request,

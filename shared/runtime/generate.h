@@ -45,6 +45,21 @@ class BatchRunner {
   virtual void ResetSlot(int32_t slot) = 0;
 };
 
+// ForwardPass as a BatchRunner: the slot's KV cache is the sequence.
+class ForwardPassRunner final : public BatchRunner {
+ public:
+  explicit ForwardPassRunner(ForwardPass& pass) : pass_(pass) {}
+  absl::Status Run(std::span<const BatchEntry> batch, std::vector<float>& logits) override {
+    return pass_.Run(batch, logits);
+  }
+  int64_t vocab_size() const override { return pass_.model().config().vocab_size; }
+  int64_t context() const override { return pass_.kv_cache().capacity(); }
+  void ResetSlot(int32_t slot) override { pass_.kv_cache().Reset(slot); }
+
+ private:
+  ForwardPass& pass_;
+};
+
 // Called with each generated token and the logits it was sampled from; return false to stop.
 using TokenCallback = std::function<bool(int32_t token, std::span<const float> logits)>;
 
