@@ -1,0 +1,261 @@
+// Split execution (SplitEngine: thermocline-gpu-worker + thermocline-cpu-worker, real
+// processes) against the single-process engine (ForwardPass with DenseFfn, or SparseFfn under
+// the same SparsityPlan), both driven by the same Generate loop, greedy: the same tokens, and
+// every sampled-from logits row within the bound below. Models: stories260K (SwiGLU, shipped
+// GGUF), aidreams260K (SwiGLU, other shapes, converted from llama2.c by `thermocline convert`),
+// and a small synthetic ReLU-gated model in PowerInfer's layout (carries fc1/fc2 predictors);
+// hot fractions 0, 0.5 and 1. Modes: `dense` everywhere; `predicted` on the ReLU model (its
+// own predictors); on the SiLU models, which have no predictor, `threshold` (cuts profiled by
+// `thermocline profile`) as the sparse mode. Also `generate --split` prints exactly what local
+// `generate` prints, and leaves nothing in /dev/shm.
+//
+// The logits bound (the workers' argument, docs/workers.md and worker_processes_test.cc): each
+// neuron's product is bit-identical to the single-process engine's and both sides filter with
+// SparsityPlan::FilterFor, so they compute the same neurons; only the order of the down
+// projection's sum may differ.
+//   - Bound 0 (bit-identical) where the order is the same: hot fraction 1 in every mode, and
+//     hot fraction 0 in the sparse modes (NeuronFfn over all candidates in order on one side).
+//   - Elsewhere (dense at hot 0: axpy over rows instead of dot products; any mode at 0.5:
+//     y_hot + y_cold instead of one running sum): float reassociation, at most ~n * 2^-24 *
+//     sum|terms| per FFN output element of n terms (n <= 172 here, values of order 1: ~1e-5),
+//     carried through 2-5 layers and the head: bounded by 1e-4 * max(1, RMS of the reference
+//     row). Measured: at most 3.5e-6 (stories260K dense, hot 0), ~1e-6 on the others; the
+//     ReLU model at hot 0 dense is bit-identical too (its ffn_down_t makes both sides axpy).
+//     Tokens must still be identical: a reassociation this small flips an argmax only on
+//     an exact tie, which these prompts do not have.
+#include <unistd.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "shared/driver/split_engine.h"
+#include "shared/ipc/segment.h"
+#include "shared/model/llama_model.h"
+#include "shared/runtime/forward.h"
+#include "shared/runtime/generate.h"
+#include "shared/runtime/kv_cache.h"
+#include "shared/sparsity/sparse_ffn.h"
+#include "shared/sparsity/sparsity_mode.h"
+#include "tests/test_support.h"
+
+namespace thermocline {
+namespace {
+
+constexpr double kTolerance = 1e-4;  // relative to max(1, RMS); see the top of the file
+constexpr int kNewTokens = 40;
+
+std::string Corpus() { return testing::SharedDataDir() + "/corpus/tinystories_valid_sample.txt"; }
+std::string Thermocline() { return testing::BinDir() + "/thermocline"; }
+
+const std::string& Stories() {
+  static const std::string p = testing::ModelPath("stories260K/stories260K.gguf");
+  return p;
+}
+
+// aidreams260K ships as a llama2.c checkpoint: converted once per test binary.
+const std::string& Aidreams() {
+  static const std::string path = [] {
+    const std::string out = testing::TempDir() + "/aidreams260K-f32.gguf";
+    auto r = testing::RunCommand({Thermocline(), "convert", "--from", "llama2c",
+                                  testing::ModelPath("aidreams260K/aidreams260K.bin"),
+                                  testing::ModelPath("aidreams260K/tok512.bin"), "-o", out,
+                                  "--type", "f32"});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return out;
+  }();
+  return path;
+}
+
+// A small synthetic ReLU-gated model in PowerInfer's layout (with predictors).
+const std::string& Relu() {
+  static const std::string path = [] {
+    const std::string dir = testing::TempDir();
+    const std::string base = dir + "/relu.gguf", pwri = dir + "/relu.powerinfer.gguf";
+    auto r = testing::RunCommand(
+        {Thermocline(), "synth", "--ffn-kind", "relu-gated", "--dim", "64", "--ffn", "128",
+         "--layers", "2", "--heads", "4", "--kv-heads", "2", "--vocab", "300", "--context", "64",
+         "--seed", "5", "--threads", "1", "--powerinfer-output", pwri, "-o", base});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return pwri;
+  }();
+  return path;
+}
+
+// Activation statistics (threshold cuts) of a SiLU model, once per (model, test binary).
+std::string Stats(const std::string& model) {
+  const std::string out = testing::TempDir() + "/stats.gguf";
+  auto r = testing::RunCommand({Thermocline(), "profile", "-m", model, "--corpus", Corpus(),
+                                "--tokens", "600", "--window", "64", "--targets", "0.2,0.5",
+                                "--threads", "1", "-o", out});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return out;
+}
+
+struct Output {
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<float>> logits;  // the row each token was sampled from
+};
+
+GenerationRequest Request(const LlamaModel& model, const std::string& prompt) {
+  GenerationRequest req;
+  req.prompt = model.tokenizer().Encode(prompt, /*add_bos=*/true);
+  req.max_new_tokens = kNewTokens;
+  req.sampling.temperature = 0;
+  req.ignore_eos = true;
+  return req;
+}
+
+Output Collect(BatchRunner& runner, const LlamaModel& model, const GenerationRequest& req) {
+  Output out;
+  auto stats = Generate(runner, model.tokenizer().eos(), req,
+                        [&](int32_t token, std::span<const float> logits) {
+                          out.tokens.push_back(token);
+                          out.logits.emplace_back(logits.begin(), logits.end());
+                          return true;
+                        });
+  EXPECT_TRUE(stats.ok()) << stats.status();
+  return out;
+}
+
+// The single-process engine, one thread (the order of SparseFfn's sums with one thread is the
+// order the workers use).
+Output Local(const LlamaModel& model, const SparsityFlags& flags, const GenerationRequest& req) {
+  auto plan = SparsityPlanFromFlags(model, flags);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  ThreadPool pool(1);
+  auto kv = KvCache::Create(model.config(), 1, model.config().context_length, GgmlType::kF32);
+  EXPECT_TRUE(kv.ok());
+  std::unique_ptr<SparseFfn> sparse;
+  if (!plan->AllDense()) {
+    auto made = SparseFfn::Create(model, *plan, pool);
+    EXPECT_TRUE(made.ok()) << made.status();
+    sparse = std::move(*made);
+  }
+  ForwardPass pass(model, *kv, pool, sparse.get());
+  ForwardPassRunner runner(pass);
+  return Collect(runner, model, req);
+}
+
+struct Case {
+  const char* name;
+  const std::string& (*model)();
+  const char* mode;
+  double hot;
+  const char* prompt;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+class SplitEquivalence : public ::testing::TestWithParam<Case> {};
+
+TEST_P(SplitEquivalence, SameTokensAndLogitsAsOneProcess) {
+  const Case& c = GetParam();
+  const std::string path = c.model();
+  auto model = LlamaModel::Load(path);
+  ASSERT_TRUE(model.ok()) << model.status();
+  SparsityFlags flags;
+  flags.mode = c.mode;
+  if (flags.mode == "threshold") {
+    flags.stats_path = Stats(path);
+    flags.target_sparsity = 0.5f;
+  }
+  const GenerationRequest req = Request(**model, c.prompt);
+  const Output local = Local(**model, flags, req);
+
+  driver::SplitEngineOptions o;
+  o.model_path = path;
+  o.config = (*model)->config();
+  o.hot_fraction = c.hot;
+  o.sparsity = flags;
+  o.kv_slots = 1;
+  o.bindir = testing::BinDir();
+  std::string instance;
+  Output split;
+  {
+    auto engine = driver::SplitEngine::Create(o);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    instance = (*engine)->instance();
+    split = Collect(**engine, **model, req);
+    EXPECT_EQ((*engine)->stats().restarts, 0);
+  }
+  EXPECT_TRUE(ipc::ListInstanceSegments(instance).empty()) << "segment left after a clean exit";
+
+  ASSERT_EQ(split.tokens, local.tokens);
+  const bool same_order = c.hot == 1 || (c.hot == 0 && flags.mode != "dense");
+  double worst = 0;
+  for (size_t t = 0; t < local.logits.size(); ++t) {
+    const std::vector<float>& ref = local.logits[t];
+    double sq = 0;
+    for (float v : ref) sq += static_cast<double>(v) * v;
+    const double scale = std::max(1.0, std::sqrt(sq / ref.size()));
+    for (size_t i = 0; i < ref.size(); ++i) {
+      worst = std::max(worst, std::abs(static_cast<double>(split.logits[t][i]) - ref[i]) / scale);
+    }
+  }
+  std::printf("%s: max |split - local| / max(1, RMS) = %.3g (bound %g)\n", c.name, worst,
+              same_order ? 0.0 : kTolerance);
+  if (same_order) {
+    EXPECT_EQ(worst, 0) << "the arithmetic order is the same: expected bit-identical logits";
+  } else {
+    EXPECT_LE(worst, kTolerance);
+  }
+}
+
+const char kOnce[] = "Once upon a time";
+const char kDreamed[] = "I dreamed";
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, SplitEquivalence,
+    ::testing::Values(Case{"stories_dense_hot0", &Stories, "dense", 0, kOnce},
+                      Case{"stories_dense_hot05", &Stories, "dense", 0.5, kOnce},
+                      Case{"stories_dense_hot1", &Stories, "dense", 1, kOnce},
+                      Case{"stories_threshold_hot0", &Stories, "threshold", 0, kOnce},
+                      Case{"stories_threshold_hot05", &Stories, "threshold", 0.5, kOnce},
+                      Case{"stories_threshold_hot1", &Stories, "threshold", 1, kOnce},
+                      Case{"aidreams_dense_hot0", &Aidreams, "dense", 0, kDreamed},
+                      Case{"aidreams_dense_hot05", &Aidreams, "dense", 0.5, kDreamed},
+                      Case{"aidreams_dense_hot1", &Aidreams, "dense", 1, kDreamed},
+                      Case{"aidreams_threshold_hot0", &Aidreams, "threshold", 0, kDreamed},
+                      Case{"aidreams_threshold_hot05", &Aidreams, "threshold", 0.5, kDreamed},
+                      Case{"aidreams_threshold_hot1", &Aidreams, "threshold", 1, kDreamed},
+                      Case{"relu_dense_hot0", &Relu, "dense", 0, kOnce},
+                      Case{"relu_dense_hot05", &Relu, "dense", 0.5, kOnce},
+                      Case{"relu_dense_hot1", &Relu, "dense", 1, kOnce},
+                      Case{"relu_predicted_hot0", &Relu, "predicted", 0, kOnce},
+                      Case{"relu_predicted_hot05", &Relu, "predicted", 0.5, kOnce},
+                      Case{"relu_predicted_hot1", &Relu, "predicted", 1, kOnce}),
+    [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+// The command line: `generate --split` prints what local `generate` prints, and cleans up.
+TEST(SplitGenerateCommand, PrintsWhatLocalGenerationPrints) {
+  const std::vector<std::string> common = {Thermocline(), "generate", "-m", Stories(), "-p",
+                                           kOnce, "-n", "48", "-t", "0", "--threads", "1"};
+  const testing::CommandResult local = testing::RunCommand(common);
+  ASSERT_EQ(local.exit_code, 0) << local.err;
+  const std::string instance = absl::StrCat("splitcli-", getpid());
+  std::vector<std::string> split = common;
+  split.insert(split.end(), {"--split", "--hot-fraction", "0.5", "--gpu-threads", "1",
+                             "--cpu-threads", "1", "--instance", instance});
+  const testing::CommandResult r = testing::RunCommand(split);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, local.out);
+  EXPECT_NE(r.err.find("0 worker restarts"), std::string::npos) << r.err;
+  EXPECT_TRUE(ipc::ListInstanceSegments(instance).empty());
+
+  // Misuse is refused with a clear message before anything starts.
+  std::vector<std::string> no_placement = common;
+  no_placement.push_back("--split");
+  const testing::CommandResult bad = testing::RunCommand(no_placement);
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("exactly one of --hot-fraction"), std::string::npos) << bad.err;
+  std::vector<std::string> stray = common;
+  stray.insert(stray.end(), {"--hot-fraction", "0.5"});
+  EXPECT_NE(testing::RunCommand(stray).err.find("--hot-fraction needs --split"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace thermocline
