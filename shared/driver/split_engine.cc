@@ -174,13 +174,15 @@ absl::Status SplitEngine::Init() {
 
 SplitEngine::~SplitEngine() {
   if (supervisor_ != nullptr) {
-    // The gpu_worker exits on Shutdown (and the cpu_worker when asked by it, or at SIGTERM);
-    // the supervisor escalates to SIGTERM and SIGKILL for whichever does not.
+    // The gpu_worker exits on Shutdown and passes it on to the cpu_worker (which has no ring
+    // from the driver); without a live gpu_worker to ask, SIGTERM does it. The supervisor
+    // escalates to SIGTERM and SIGKILL for whichever does not exit.
+    bool asked = false;
     if (!supervisor_->attach() && supervisor_->pid(ipc::Role::kGpuWorker) != 0 &&
         to_gpu_.has_value()) {
-      ipc::SendShutdown(*to_gpu_, absl::Milliseconds(100)).IgnoreError();
+      asked = ipc::SendShutdown(*to_gpu_, absl::Milliseconds(100)).ok();
     }
-    supervisor_->Stop(absl::Seconds(2));
+    supervisor_->Stop(absl::Seconds(2), asked);
     supervisor_.reset();
   }
   to_gpu_.reset();

@@ -200,7 +200,7 @@ absl::StatusOr<uint64_t> Supervisor::Restart(std::span<const ipc::Role> roles) {
   }
 }
 
-void Supervisor::Stop(absl::Duration grace) {
+void Supervisor::Stop(absl::Duration grace, bool asked) {
   if (options_.attach) return;
   auto all_exited = [&] {
     bool all = true;
@@ -215,7 +215,7 @@ void Supervisor::Stop(absl::Duration grace) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
   };
-  wait(grace);
+  if (asked) wait(grace);
   if (!all_exited() && grace > absl::ZeroDuration()) {
     for (Worker& w : workers_) {
       if (w.process != nullptr) w.process->Signal(SIGTERM);

@@ -87,10 +87,10 @@ class Supervisor {
   // next Check() reports it dead.
   void Kill(ipc::Role role, const std::string& why);
 
-  // Waits up to `grace` for the workers to exit on their own (the caller has sent Shutdown),
-  // then SIGTERM (a clean exit for a worker) and up to `grace` again, then SIGKILL; reaps all.
-  // Spawn mode only; attach mode leaves the workers alone.
-  void Stop(absl::Duration grace = absl::Seconds(2));
+  // With `asked` (the caller has sent Shutdown), waits up to `grace` for the workers to exit
+  // on their own; then SIGTERM (a clean exit for a worker) and up to `grace` again, then
+  // SIGKILL; reaps all. Spawn mode only; attach mode leaves the workers alone.
+  void Stop(absl::Duration grace = absl::Seconds(2), bool asked = true);
 
   // pid of the worker's current process (0 when none).
   pid_t pid(ipc::Role role) const;
