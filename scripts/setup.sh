@@ -9,6 +9,7 @@ PACKAGES=(
   libabsl-dev
   libboost-program-options-dev libboost-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  libnuma-dev
 )
 
 missing=()

@@ -79,8 +79,11 @@ absl::StatusOr<MatrixView> DecodeMatrix(const MessageView& m, MessageKind kind,
   if (v.cols != limits.cols) {
     return Invalid(m, absl::StrCat("width ", v.cols, ", expected ", limits.cols));
   }
-  if (v.rows == 0 || v.rows > limits.max_rows) {
-    return Invalid(m, absl::StrCat("rows ", v.rows, " outside [1, ", limits.max_rows, "]"));
+  // A Logits message may have no rows: it answers a step whose entries want no logits.
+  const uint32_t min_rows = kind == MessageKind::kLogits ? 0 : 1;
+  if (v.rows < min_rows || v.rows > limits.max_rows) {
+    return Invalid(m, absl::StrCat("rows ", v.rows, " outside [", min_rows, ", ", limits.max_rows,
+                                   "]"));
   }
   if (m.payload.size() != MatrixBytes(v.rows, v.cols)) {
     return Invalid(m, absl::StrCat(m.payload.size(), " bytes for ", v.rows, " x ", v.cols));
@@ -209,25 +212,51 @@ absl::StatusOr<StepMsg> DecodeStep(const MessageView& m, const StepLimits& limit
 
 // --- Activation ------------------------------------------------------------------------------
 
-uint64_t ActivationBytes(uint64_t rows, uint64_t dim, uint64_t n_active) {
-  return 16 + rows * dim * sizeof(float) + n_active * sizeof(int32_t);
+uint64_t ActivationBytes(uint64_t rows, uint64_t dim, uint64_t n_active, bool all_candidates) {
+  const uint64_t lists = all_candidates ? 0 : (rows + n_active) * sizeof(uint32_t);
+  return 16 + rows * dim * sizeof(float) + lists;
 }
 
 absl::Status SendActivation(RingProducer& ring, uint64_t step_id, uint32_t layer, uint32_t rows,
                             uint32_t dim, absl::Span<const float> h,
-                            absl::Span<const int32_t> active, absl::Duration timeout) {
+                            const ActivationCandidates& candidates, absl::Duration timeout) {
   if (static_cast<uint64_t>(rows) * dim != h.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("Activation: ", h.size(), " values for ", rows, " x ", dim));
   }
-  if (active.size() > UINT32_MAX) return absl::InvalidArgumentError("Activation: too many ids");
-  const uint64_t bytes = ActivationBytes(rows, dim, active.size());
+  if (candidates.all && (!candidates.row_end.empty() || !candidates.active.empty())) {
+    return absl::InvalidArgumentError("Activation: all-candidates with explicit lists");
+  }
+  if (candidates.active.size() > UINT32_MAX) {
+    return absl::InvalidArgumentError("Activation: too many ids");
+  }
+  if (!candidates.all) {
+    if (candidates.row_end.size() != rows) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Activation: ", candidates.row_end.size(), " row ends for ", rows, " rows"));
+    }
+    uint32_t prev = 0;
+    for (uint32_t end : candidates.row_end) {
+      if (end < prev) return absl::InvalidArgumentError("Activation: row ends decrease");
+      prev = end;
+    }
+    if (prev != candidates.active.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("Activation: row ends end at ", prev, ", not ",
+                                                     candidates.active.size()));
+    }
+  }
+  const uint32_t n_active = static_cast<uint32_t>(candidates.active.size());
+  const uint64_t bytes = ActivationBytes(rows, dim, n_active, candidates.all);
   TC_ASSIGN_OR_RETURN(absl::Span<std::byte> out, ring.Reserve(bytes, timeout));
-  PutU32s(out.data(), {rows, dim, static_cast<uint32_t>(active.size()), 0});
+  PutU32s(out.data(), {rows, dim, n_active, candidates.all ? kActivationAllCandidates : 0u});
   std::byte* p = out.data() + 16;
   if (!h.empty()) std::memcpy(p, h.data(), h.size() * sizeof(float));
   p += h.size() * sizeof(float);
-  if (!active.empty()) std::memcpy(p, active.data(), active.size() * sizeof(int32_t));
+  if (!candidates.all) {
+    std::memcpy(p, candidates.row_end.data(), rows * sizeof(uint32_t));
+    p += rows * sizeof(uint32_t);
+    if (n_active > 0) std::memcpy(p, candidates.active.data(), n_active * sizeof(int32_t));
+  }
   absl::Status s = ring.Commit(MessageInfo{MessageKind::kActivation, step_id, layer});
   if (!s.ok()) ring.Abort();
   return s;
@@ -243,6 +272,7 @@ absl::StatusOr<ActivationView> DecodeActivation(const MessageView& m,
   v.rows = U32At(m.payload, 0);
   v.dim = U32At(m.payload, 1);
   const uint32_t n_active = U32At(m.payload, 2);
+  const uint32_t flags = U32At(m.payload, 3);
   if (v.layer >= limits.n_layers) {
     return Invalid(m, absl::StrCat("layer ", v.layer, " >= ", limits.n_layers));
   }
@@ -251,25 +281,56 @@ absl::StatusOr<ActivationView> DecodeActivation(const MessageView& m,
   if (v.rows == 0 || v.rows > limits.max_rows) {
     return Invalid(m, absl::StrCat("rows ", v.rows, " outside [1, ", limits.max_rows, "]"));
   }
-  if (limits.n_neurons < 0 || n_active > static_cast<uint32_t>(limits.n_neurons)) {
-    return Invalid(m, absl::StrCat(n_active, " active neurons of ", limits.n_neurons));
+  if ((flags & ~kActivationAllCandidates) != 0) {
+    return Invalid(m, absl::StrCat("unknown flags 0x", absl::Hex(flags)));
   }
-  if (m.payload.size() != ActivationBytes(v.rows, v.dim, n_active)) {
+  v.all_candidates = (flags & kActivationAllCandidates) != 0;
+  if (v.all_candidates && n_active != 0) {
+    return Invalid(m, absl::StrCat("all-candidates flag with ", n_active, " listed ids"));
+  }
+  // Each row lists distinct neurons, so no more than rows * n_neurons ids in all.
+  if (limits.n_neurons < 0 ||
+      uint64_t{n_active} > uint64_t{v.rows} * static_cast<uint64_t>(limits.n_neurons)) {
+    return Invalid(m, absl::StrCat(n_active, " active ids for ", v.rows, " rows of ",
+                                   limits.n_neurons, " neurons"));
+  }
+  if (m.payload.size() != ActivationBytes(v.rows, v.dim, n_active, v.all_candidates)) {
     return Invalid(m, absl::StrCat(m.payload.size(), " bytes for ", v.rows, " x ", v.dim, " and ",
                                    n_active, " ids"));
   }
   const uint64_t h_count = uint64_t{v.rows} * v.dim;
   TC_ASSIGN_OR_RETURN(v.h, FloatsAt(m, 16, h_count));
+  if (v.all_candidates) return v;
+  // Copied before checking: the ids index the receiver's memory.
+  const std::byte* lists = m.payload.data() + 16 + h_count * sizeof(float);
+  v.row_end.resize(v.rows);
+  std::memcpy(v.row_end.data(), lists, v.rows * sizeof(uint32_t));
   v.active.resize(n_active);
   if (n_active > 0) {
-    std::memcpy(v.active.data(), m.payload.data() + 16 + h_count * sizeof(float),
-                n_active * sizeof(int32_t));
+    std::memcpy(v.active.data(), lists + v.rows * sizeof(uint32_t), n_active * sizeof(int32_t));
   }
-  for (uint32_t i = 0; i < n_active; ++i) {
-    if (v.active[i] < 0 || v.active[i] >= limits.n_neurons) {
-      return Invalid(m, absl::StrCat("active id ", v.active[i], " at ", i, " outside [0, ",
-                                     limits.n_neurons, ")"));
+  uint32_t begin = 0;
+  for (uint32_t r = 0; r < v.rows; ++r) {
+    const uint32_t end = v.row_end[r];
+    if (end < begin || end > n_active) {
+      return Invalid(m, absl::StrCat("row ", r, ": end ", end, " outside [", begin, ", ", n_active,
+                                     "]"));
     }
+    for (uint32_t i = begin; i < end; ++i) {
+      const int32_t id = v.active[i];
+      if (id < 0 || id >= limits.n_neurons) {
+        return Invalid(m, absl::StrCat("row ", r, ": active id ", id, " at ", i, " outside [0, ",
+                                       limits.n_neurons, ")"));
+      }
+      if (i > begin && id <= v.active[i - 1]) {
+        return Invalid(m, absl::StrCat("row ", r, ": ids not strictly ascending at ", i, " (",
+                                       v.active[i - 1], " then ", id, ")"));
+      }
+    }
+    begin = end;
+  }
+  if (begin != n_active) {
+    return Invalid(m, absl::StrCat("row ends stop at ", begin, " of ", n_active, " ids"));
   }
   return v;
 }

@@ -8,10 +8,16 @@
 //   Error       i32 code (absl::StatusCode, not OK), u32 length, char message[length]
 //   Step        u32 n_entries, u32 reserved, n_entries x {i32 kv_slot, i32 position,
 //               i32 token_id, u32 flags}
-//   Activation  u32 rows, u32 dim, u32 n_active, u32 reserved, f32 h[rows*dim],
-//               i32 active[n_active]          (header.layer = layer)
+//   Activation  u32 rows, u32 dim, u32 n_active, u32 flags, f32 h[rows*dim],
+//               u32 row_end[rows], i32 active[n_active]   (header.layer = layer)
+//               Row r's candidate neurons are active[row_end[r-1] .. row_end[r]) (row_end[-1]
+//               = 0): row_end non-decreasing, row_end[rows-1] == n_active, each row's ids
+//               strictly ascending and in [0, n_neurons). With flags & kActivationAllCandidates
+//               every row's candidates are all of the layer's cold neurons, and row_end and
+//               active are absent (n_active = 0): dense/exact/threshold layers send just h.
 //   Partial     u32 rows, u32 dim, f32 y_cold[rows*dim]  (header.layer = layer)
-//   Logits      u32 rows, u32 cols, f32 logits[rows*cols]
+//   Logits      u32 rows, u32 cols, f32 logits[rows*cols]   (rows may be 0: a step whose
+//               entries want no logits is still answered, so the sender knows it finished)
 // step_id and layer travel in the MessageHeader. A decoder checks the kind, that the counts
 // account for exactly the payload bytes, and the dimensions against what the receiver
 // expects; counts are read from shared memory once. Float arrays are returned in place (valid
@@ -32,7 +38,8 @@
 
 namespace thermocline::ipc {
 
-inline constexpr uint32_t kProtocolVersion = 1;
+// 2: Activation carries one candidate list per row (row_end) and flags.
+inline constexpr uint32_t kProtocolVersion = 2;
 
 // A view of a message copied out with RingConsumer::Receive, for the decoders below.
 inline MessageView ViewOf(const MessageHeader& header, const std::vector<std::byte>& payload) {
@@ -98,19 +105,47 @@ struct ActivationLimits {
   int32_t n_neurons = 0;  // every active id in [0, n_neurons)
 };
 
+// Activation flags.
+inline constexpr uint32_t kActivationAllCandidates = 1;  // every cold neuron, for every row
+
+// The candidate lists of an Activation, as the sender gives them: either all cold neurons for
+// every row, or row r's ids active[row_end[r-1] .. row_end[r]).
+struct ActivationCandidates {
+  bool all = false;
+  absl::Span<const uint32_t> row_end;  // [rows] when !all
+  absl::Span<const int32_t> active;
+
+  static ActivationCandidates All() { return {true, {}, {}}; }
+  static ActivationCandidates PerRow(absl::Span<const uint32_t> row_end,
+                                     absl::Span<const int32_t> active) {
+    return {false, row_end, active};
+  }
+};
+
 struct ActivationView {
   uint64_t step_id = 0;
   uint32_t layer = 0;
   uint32_t rows = 0;
   uint32_t dim = 0;
-  absl::Span<const float> h;    // rows x dim, row-major, in the message
-  std::vector<int32_t> active;  // validated copy
+  bool all_candidates = false;  // kActivationAllCandidates: row_end and active are empty
+  absl::Span<const float> h;      // rows x dim, row-major, in the message
+  std::vector<uint32_t> row_end;  // validated copy, [rows] (empty when all_candidates)
+  std::vector<int32_t> active;    // validated copy
+
+  // Row r's candidate ids (strictly ascending); only when !all_candidates.
+  absl::Span<const int32_t> row(uint32_t r) const {
+    const uint32_t begin = r == 0 ? 0 : row_end[r - 1];
+    return absl::Span<const int32_t>(active.data() + begin, row_end[r] - begin);
+  }
 };
 
-uint64_t ActivationBytes(uint64_t rows, uint64_t dim, uint64_t n_active);
+// Payload bytes: with all_candidates there are no row_end words (and n_active must be 0).
+uint64_t ActivationBytes(uint64_t rows, uint64_t dim, uint64_t n_active, bool all_candidates);
+// The sender's lists are checked for shape (row_end: rows entries, non-decreasing, ending at
+// active.size()), not for order or range: the receiver checks those.
 absl::Status SendActivation(RingProducer& ring, uint64_t step_id, uint32_t layer, uint32_t rows,
                             uint32_t dim, absl::Span<const float> h,
-                            absl::Span<const int32_t> active,
+                            const ActivationCandidates& candidates,
                             absl::Duration timeout = absl::InfiniteDuration());
 absl::StatusOr<ActivationView> DecodeActivation(const MessageView& m,
                                                 const ActivationLimits& limits);
@@ -118,7 +153,7 @@ absl::StatusOr<ActivationView> DecodeActivation(const MessageView& m,
 // Shape a receiver expects of a row-major f32 matrix message (Partial, Logits).
 struct MatrixLimits {
   uint32_t cols = 0;      // exact width (model dim for Partial, vocab for Logits)
-  uint32_t max_rows = 0;  // rows in [1, max_rows]
+  uint32_t max_rows = 0;  // rows in [1, max_rows] (Logits: [0, max_rows])
   uint32_t n_layers = 0;  // Partial only: layer in [0, n_layers)
 };
 

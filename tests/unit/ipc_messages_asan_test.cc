@@ -141,54 +141,111 @@ TEST(IpcMessages, Step) {
 
 TEST(IpcMessages, Activation) {
   Loop loop;
-  const uint32_t rows = 2, dim = 8;
+  const uint32_t rows = 3, dim = 8;
   std::vector<float> h(rows * dim);
   for (size_t i = 0; i < h.size(); ++i) h[i] = 0.5f * static_cast<float>(i) - 3.0f;
-  std::vector<int32_t> active = {0, 5, 99};
-  ASSERT_TRUE(SendActivation(loop.out(), 4, 3, rows, dim, h, active).ok());
+  // Row 0: {0, 5, 99}; row 1: none; row 2: {7}.
+  std::vector<uint32_t> row_end = {3, 3, 4};
+  std::vector<int32_t> active = {0, 5, 99, 7};
+  ASSERT_TRUE(SendActivation(loop.out(), 4, 3, rows, dim, h,
+                             ActivationCandidates::PerRow(row_end, active))
+                  .ok());
   ActivationLimits limits{dim, 4, 6, 100};
   MessageView m = loop.Next();
-  EXPECT_EQ(m.header.bytes, ActivationBytes(rows, dim, 3));
+  EXPECT_EQ(m.header.bytes, ActivationBytes(rows, dim, 4, false));
   auto a = DecodeActivation(m, limits);
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_EQ(a->step_id, 4u);
   EXPECT_EQ(a->layer, 3u);
   EXPECT_EQ(a->rows, rows);
+  EXPECT_FALSE(a->all_candidates);
   EXPECT_EQ(std::vector<float>(a->h.begin(), a->h.end()), h);
+  EXPECT_EQ(a->row_end, row_end);
   EXPECT_EQ(a->active, active);
+  EXPECT_EQ(std::vector<int32_t>(a->row(0).begin(), a->row(0).end()),
+            (std::vector<int32_t>{0, 5, 99}));
+  EXPECT_TRUE(a->row(1).empty());
+  EXPECT_EQ(std::vector<int32_t>(a->row(2).begin(), a->row(2).end()), std::vector<int32_t>{7});
 
-  ASSERT_TRUE(SendActivation(loop.out(), 5, 0, 1, dim, absl::MakeSpan(h).subspan(0, dim), {}).ok());
+  // All candidates: the message is just h.
+  auto one_row = absl::MakeSpan(h).subspan(0, dim);
+  ASSERT_TRUE(SendActivation(loop.out(), 5, 0, 1, dim, one_row, ActivationCandidates::All()).ok());
+  m = loop.Next();
+  EXPECT_EQ(m.header.bytes, 16 + dim * 4);
+  auto all = DecodeActivation(m, limits);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_TRUE(all->all_candidates);
+  EXPECT_TRUE(all->active.empty());
+  EXPECT_TRUE(all->row_end.empty());
+
+  // Empty lists for every row.
+  const uint32_t zero_end[] = {0};
+  ASSERT_TRUE(
+      SendActivation(loop.out(), 6, 0, 1, dim, one_row, ActivationCandidates::PerRow(zero_end, {}))
+          .ok());
   auto empty = DecodeActivation(loop.Next(), limits);
   ASSERT_TRUE(empty.ok()) << empty.status();
   EXPECT_TRUE(empty->active.empty());
+  EXPECT_TRUE(empty->row(0).empty());
 
-  EXPECT_EQ(SendActivation(loop.out(), 1, 0, 3, dim, h, active).code(),
-            absl::StatusCode::kInvalidArgument);  // 16 values are not 3 x 8
+  // The sender refuses inconsistent shapes.
+  auto send_bad = [&](uint32_t n_rows, absl::Span<const float> values,
+                      const ActivationCandidates& c, const char* why) {
+    EXPECT_EQ(SendActivation(loop.out(), 1, 0, n_rows, dim, values, c).code(),
+              absl::StatusCode::kInvalidArgument)
+        << why;
+  };
+  send_bad(2, h, ActivationCandidates::All(), "24 values are not 2 x 8");
+  const uint32_t two_ends[] = {1, 1};
+  send_bad(3, h, ActivationCandidates::PerRow(two_ends, active), "2 row ends for 3 rows");
+  const uint32_t falling[] = {3, 2, 4};
+  send_bad(3, h, ActivationCandidates::PerRow(falling, active), "row ends decrease");
+  const uint32_t short_end[] = {1, 2, 3};
+  send_bad(3, h, ActivationCandidates::PerRow(short_end, active), "last end != n_active");
+  send_bad(3, h, ActivationCandidates{true, row_end, active}, "all with lists");
 
   const uint32_t one = F32Bits(1.0f);
   auto bad = [&](std::vector<uint32_t> words, uint32_t layer, const char* why) {
     Forged f = Forge(MessageKind::kActivation, words, 1, layer);
-    EXPECT_EQ(DecodeActivation(f.view(), limits).status().code(),
-              absl::StatusCode::kInvalidArgument)
-        << why;
+    auto r = DecodeActivation(f.view(), limits);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << why;
+    EXPECT_NE(r.status().message().find("Activation message"), std::string::npos) << why;
   };
-  std::vector<uint32_t> good = {1, dim, 1, 0, one, one, one, one, one, one, one, one, 7};
+  // One row of 8 values, row_end {2}, ids {7, 9}.
+  std::vector<uint32_t> good = {1, dim, 2, 0, one, one, one, one, one, one, one, one, 2, 7, 9};
   EXPECT_TRUE(DecodeActivation(Forge(MessageKind::kActivation, good).view(), limits).ok());
+  // Two rows, row_end {1, 2}, ids {7} and {3}: ascending within each row, not across rows.
+  std::vector<uint32_t> two = {2, dim, 2, 0};
+  for (int i = 0; i < 16; ++i) two.push_back(one);
+  for (uint32_t w : {1u, 2u, 7u, 3u}) two.push_back(w);
+  EXPECT_TRUE(DecodeActivation(Forge(MessageKind::kActivation, two).view(), limits).ok());
+  std::vector<uint32_t> all_words = {1, dim, 0, kActivationAllCandidates, one, one, one, one,
+                                     one, one, one, one};
+  EXPECT_TRUE(DecodeActivation(Forge(MessageKind::kActivation, all_words).view(), limits).ok());
+
   bad(good, 6, "layer out of range");
-  auto edit = [&](size_t i, uint32_t v) {
-    std::vector<uint32_t> w = good;
+  auto edit = [](std::vector<uint32_t> w, size_t i, uint32_t v) {
     w[i] = v;
     return w;
   };
-  bad(edit(1, dim + 1), 0, "dim other than expected");
-  bad(edit(0, 0), 0, "zero rows");
-  bad(edit(0, 5), 0, "rows above max");
-  bad(edit(0, 2), 0, "rows larger than the bytes");
-  bad(edit(2, 2), 0, "ids larger than the bytes");
-  bad(edit(2, 0), 0, "ids smaller than the bytes");
-  bad(edit(2, 101), 0, "more ids than neurons");
-  bad(edit(12, 100), 0, "id out of range");
-  bad(edit(12, 0xffffffffu), 0, "negative id");
+  bad(edit(good, 1, dim + 1), 0, "dim other than expected");
+  bad(edit(good, 0, 0), 0, "zero rows");
+  bad(edit(good, 0, 5), 0, "rows above max");
+  bad(edit(good, 0, 2), 0, "rows larger than the bytes");
+  bad(edit(good, 2, 3), 0, "ids larger than the bytes");
+  bad(edit(good, 2, 1), 0, "ids smaller than the bytes");
+  bad(edit(good, 2, 101), 0, "more ids than rows x neurons");
+  bad(edit(good, 3, 2), 0, "unknown flag");
+  bad(edit(good, 3, kActivationAllCandidates), 0, "all-candidates with listed ids");
+  bad(edit(all_words, 3, 0), 0, "lists missing without the flag");
+  bad(edit(good, 12, 1), 0, "row_end short of n_active");
+  bad(edit(good, 12, 3), 0, "row_end past n_active");
+  bad(edit(good, 13, 100), 0, "id out of range");
+  bad(edit(good, 13, 0xffffffffu), 0, "negative id");
+  bad(edit(good, 13, 9), 0, "repeated id");
+  bad(edit(good, 14, 3), 0, "descending ids");
+  bad(edit(two, 20, 3), 0, "first row ends beyond the ids");
+  bad(edit(edit(two, 20, 2), 21, 1), 0, "row ends decrease");
   bad({1, dim, 0}, 0, "shorter than the prefix");
 }
 
@@ -216,6 +273,13 @@ TEST(IpcMessages, PartialAndLogits) {
   EXPECT_FALSE(DecodeLogits(m, MatrixLimits{3, 2, 4}).ok());   // kind
   EXPECT_EQ(SendLogits(loop.out(), 1, 2, 6, y).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(DecodeLogits(Forge(MessageKind::kLogits, {1, 2, 0}).view(), {2, 4, 0}).ok());
+  // A step whose entries want no logits is answered with zero rows; a Partial never has none.
+  ASSERT_TRUE(SendLogits(loop.out(), 9, 0, 6, {}).ok());
+  auto none = DecodeLogits(loop.Next(), MatrixLimits{6, 4, 0});
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->rows, 0u);
+  EXPECT_TRUE(none->data.empty());
+  EXPECT_FALSE(DecodePartial(Forge(MessageKind::kPartial, {0, 3}).view(), {3, 2, 4}).ok());
   EXPECT_FALSE(DecodeLogits(Forge(MessageKind::kLogits, {1, 2, 0, 0, 0}).view(), {2, 4, 0}).ok());
   EXPECT_FALSE(
       DecodeLogits(Forge(MessageKind::kLogits, {0x40000000u, 2, 0, 0}).view(), {2, ~0u, 0}).ok());
@@ -250,6 +314,9 @@ TEST(IpcMessages, RandomPayloadsNeverEscape) {
     auto a = DecodeActivation(v, ActivationLimits{4, 4, 4, 16});
     if (a.ok()) {
       for (int32_t id : a->active) ASSERT_TRUE(id >= 0 && id < 16);
+      if (!a->all_candidates) {
+        for (uint32_t r = 0; r < a->rows; ++r) ASSERT_LE(a->row(r).size(), a->active.size());
+      }
       volatile float s = 0;
       for (float x : a->h) s = s + x;
     }

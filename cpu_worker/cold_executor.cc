@@ -1,0 +1,89 @@
+#include "cpu_worker/cold_executor.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+
+namespace thermocline::cpu_worker {
+
+ColdExecutor::ColdExecutor(const ColdRows& rows, const Partition& partition,
+                           const SparsityPlan& plan, FfnActivation activation, ThreadPool& pool)
+    : rows_(rows), partition_(partition), plan_(plan), activation_(activation), pool_(pool) {
+  int64_t max_cold = 0;
+  for (const LayerPartition& l : partition.layers) max_cold = std::max(max_cold, l.n_cold());
+  all_.resize(max_cold);
+  std::iota(all_.begin(), all_.end(), 0);
+  lanes_.resize(pool.size());
+  for (Lane& lane : lanes_) {
+    lane.solo = std::make_unique<ThreadPool>(1);
+    lane.neurons = NeuronFfn(max_cold);
+  }
+}
+
+absl::Status ColdExecutor::Compute(const ipc::ActivationView& a, std::span<float> y) {
+  const int64_t layer = a.layer;
+  if (layer >= rows_.n_layers()) {
+    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " out of range"));
+  }
+  const LayerPartition& part = partition_.layers[layer];
+  const int64_t dim = a.dim;
+  const int64_t n_rows = a.rows;
+  if (static_cast<int64_t>(y.size()) != n_rows * dim) {
+    return absl::InternalError("cold executor: output size does not match the activation");
+  }
+  // Translate and check every row before computing any.
+  compact_.clear();
+  row_end_.clear();
+  if (!a.all_candidates) {
+    for (uint32_t r = 0; r < a.rows; ++r) {
+      for (int32_t id : a.row(r)) {
+        // The decoder checked the range already; checked again since a wrong id would index memory.
+        const bool in_range = id >= 0 && id < static_cast<int32_t>(part.cold_index.size());
+        const int32_t k = in_range ? part.cold_index[id] : -1;
+        if (k < 0) {
+          return absl::InvalidArgumentError(absl::StrCat("Activation step ", a.step_id, " layer ",
+                                                         layer, " row ", r, ": neuron ", id,
+                                                         (in_range ? " is hot, not cold" : " is out of range")));
+        }
+        compact_.push_back(k);
+      }
+      row_end_.push_back(static_cast<uint32_t>(compact_.size()));
+    }
+  }
+  auto row_ids = [&](int64_t r) -> std::span<const int32_t> {
+    if (a.all_candidates) return std::span<const int32_t>(all_).first(part.n_cold());
+    const uint32_t begin = r == 0 ? 0 : row_end_[r - 1];
+    return std::span<const int32_t>(compact_).subspan(begin, row_end_[r] - begin);
+  };
+  std::fill(y.begin(), y.end(), 0.0f);
+  const NeuronWeights& w = rows_.layer(layer);
+  const NeuronFilter filter = plan_.FilterFor(layer, activation_);
+  const float* h = a.h.data();
+  float* out = y.data();
+  for (Lane& lane : lanes_) lane.active = 0;
+  // Like SparseFfn: one row uses the whole pool on its neurons; many rows are spread over the
+  // threads, each running its rows alone (one parallel region per message).
+  if (n_rows == 1 || pool_.size() == 1) {
+    for (int64_t r = 0; r < n_rows; ++r) {
+      std::span<const int32_t> ids = row_ids(r);
+      if (ids.empty()) continue;
+      lanes_[0].active +=
+          lanes_[0].neurons.Compute(w, h + r * dim, ids, filter, out + r * dim, pool_);
+    }
+  } else {
+    pool_.Run([&](int tid, int nth) {
+      Lane& lane = lanes_[tid];
+      for (int64_t r = tid; r < n_rows; r += nth) {
+        std::span<const int32_t> ids = row_ids(r);
+        if (ids.empty()) continue;
+        lane.active += lane.neurons.Compute(w, h + r * dim, ids, filter, out + r * dim, *lane.solo);
+      }
+    });
+  }
+  last_active_ = 0;
+  for (const Lane& lane : lanes_) last_active_ += lane.active;
+  return absl::OkStatus();
+}
+
+}  // namespace thermocline::cpu_worker

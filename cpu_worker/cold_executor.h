@@ -1,0 +1,56 @@
+// The CPU worker's compute: one Activation (h and each row's cold candidates) -> the partial
+// FFN output of the cold neurons that pass the plan's filter, row by row with NeuronFfn over
+// the compacted cold rows. Candidate ids arrive as global neuron ids from another process:
+// they are checked to be cold (a hot id is an InvalidArgument, never an out-of-bounds read)
+// and translated to compact row indices.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "cpu_worker/cold_rows.h"
+#include "shared/ipc/messages.h"
+#include "shared/sparsity/neuron_ffn.h"
+#include "shared/sparsity/partition.h"
+#include "shared/sparsity/sparsity_mode.h"
+#include "shared/util/thread_pool.h"
+
+namespace thermocline::cpu_worker {
+
+class ColdExecutor {
+ public:
+  // All references must outlive the executor.
+  ColdExecutor(const ColdRows& rows, const Partition& partition, const SparsityPlan& plan,
+               FfnActivation activation, ThreadPool& pool);
+
+  // y[rows][dim] = the cold neurons' FFN output for the Activation's rows (the view is
+  // already decoded, so shapes, order and ranges of the ids are checked; coldness is checked
+  // here, before anything is computed).
+  absl::Status Compute(const ipc::ActivationView& a, std::span<float> y);
+
+  // Neurons that ran in the last Compute, summed over rows.
+  int64_t last_active() const { return last_active_; }
+
+ private:
+  struct Lane {
+    std::unique_ptr<ThreadPool> solo;  // runs this lane's kernels on its own thread
+    NeuronFfn neurons;
+    int64_t active = 0;
+  };
+
+  const ColdRows& rows_;
+  const Partition& partition_;
+  const SparsityPlan& plan_;
+  FfnActivation activation_;
+  ThreadPool& pool_;
+  std::vector<Lane> lanes_;
+  std::vector<int32_t> all_;       // 0..max n_cold-1: the compact ids of "all cold"
+  std::vector<int32_t> compact_;   // translated ids of every row
+  std::vector<uint32_t> row_end_;  // into compact_
+  int64_t last_active_ = 0;
+};
+
+}  // namespace thermocline::cpu_worker

@@ -1,0 +1,40 @@
+// The cold neurons' FFN rows, compacted: for every layer, the gate, up and down_t rows of its
+// cold neurons only, as [n_cold][dim] matrices in the model's row formats, in one block of
+// memory on the CPU worker's NUMA node. Compact row k belongs to global neuron
+// partition.layers[l].cold[k]. The hot rows are never copied (the model file is mapped, and
+// only the cold pages of it are read).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cpu_worker/numa.h"
+#include "shared/model/llama_model.h"
+#include "shared/sparsity/neuron_ffn.h"
+#include "shared/sparsity/partition.h"
+#include "shared/util/thread_pool.h"
+
+namespace thermocline::cpu_worker {
+
+class ColdRows {
+ public:
+  // Copies the cold rows of every layer into memory on `node` (nullopt: ordinary memory).
+  // Models without ffn_down_t get their down rows from DownRows (a transposed copy of one
+  // layer's ffn_down at a time, dropped once its cold rows are copied).
+  static absl::StatusOr<ColdRows> Build(const LlamaModel& model, const Partition& partition,
+                                        std::optional<int> node, ThreadPool& pool);
+
+  // Layer l's cold neurons as NeuronWeights over compact rows (0 rows when it has none).
+  const NeuronWeights& layer(int64_t l) const { return layers_[l]; }
+  int64_t n_layers() const { return static_cast<int64_t>(layers_.size()); }
+  int64_t bytes() const { return static_cast<int64_t>(memory_.size()); }
+  NodeMemory& memory() { return memory_; }
+
+ private:
+  NodeMemory memory_;
+  std::vector<NeuronWeights> layers_;
+};
+
+}  // namespace thermocline::cpu_worker

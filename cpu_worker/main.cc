@@ -1,0 +1,80 @@
+// thermocline-cpu-worker: the cold half of a split model (docs/workers.md). Attaches to an
+// instance's transport, copies only the cold neurons' FFN rows into memory on its NUMA node,
+// pins its threads, and answers every Activation from the GPU worker with a Partial.
+#include <unistd.h>
+
+#include <optional>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "cpu_worker/cold_executor.h"
+#include "cpu_worker/cold_rows.h"
+#include "cpu_worker/numa.h"
+#include "cpu_worker/worker_loop.h"
+#include "shared/ipc/worker_flags.h"
+#include "shared/ipc/worker_session.h"
+
+namespace po = boost::program_options;
+using namespace thermocline;
+
+int main(int argc, char** argv) {
+  ipc::CommonWorkerFlags common;
+  int numa_node = -1;
+  std::string cpus_flag;
+  bool lock = false;
+  po::options_description opts("thermocline-cpu-worker options");
+  ipc::AddCommonWorkerOptions(opts, common);
+  opts.add_options()
+      ("numa-node", po::value(&numa_node), "NUMA node holding the cold rows (and, without --cpus, running the threads)")
+      ("cpus", po::value(&cpus_flag), "CPUs to pin the threads to, e.g. 0-3,6")
+      ("mlock", po::bool_switch(&lock), "lock the cold rows in memory");
+  int exit_code = 0;
+  if (!ipc::ParseWorkerCommandLine("thermocline-cpu-worker", "cpu_worker", opts, argc, argv,
+                                   common, exit_code)) {
+    return exit_code;
+  }
+  std::vector<int> cpus;
+  if (!cpus_flag.empty()) {
+    auto parsed = cpu_worker::ParseCpuList(cpus_flag);
+    if (!parsed.ok()) {
+      std::fprintf(stderr, "cpu_worker: %s\n", std::string(parsed.status().message()).c_str());
+      return 2;
+    }
+    cpus = *parsed;
+  }
+
+  auto session = ipc::WorkerSession::Start("cpu_worker", common.instance, ipc::Role::kCpuWorker);
+  if (!session.ok()) {
+    std::fprintf(stderr, "cpu_worker: cannot attach to instance '%s': %s\n",
+                 common.instance.c_str(), session.status().ToString().c_str());
+    return 1;
+  }
+  ipc::WorkerSession& s = **session;
+  s.Log(absl::StrCat("attached to instance '", common.instance, "' (pid ", getpid(), ")"));
+  // Pin before any thread exists: the pool's threads inherit the affinity.
+  auto placed = cpu_worker::PlaceProcess(
+      numa_node >= 0 ? std::optional<int>(numa_node) : std::nullopt, cpus);
+  if (!placed.ok()) s.Fail(placed.status());
+  s.Log(placed->description);
+  auto loaded = ipc::LoadWorkerModel(common);
+  if (!loaded.ok()) s.Fail(loaded.status());
+  const LlamaConfig& config = loaded->model->config();
+  ThreadPool pool(common.threads);
+  auto rows = cpu_worker::ColdRows::Build(*loaded->model, loaded->partition, placed->node, pool);
+  if (!rows.ok()) s.Fail(rows.status());
+  if (lock) {
+    if (absl::Status l = rows->memory().Lock(); !l.ok()) s.Fail(l);
+  }
+  int64_t cold = 0;
+  for (const LayerPartition& l : loaded->partition.layers) cold += l.n_cold();
+  s.Log(absl::StrCat("loaded ", common.model_path, ": ", cold, " of ",
+                     config.n_layers * config.ffn_dim, " FFN neurons cold, ", rows->bytes(),
+                     " bytes of cold rows", lock ? " (locked)" : "", ", sparsity ",
+                     common.sparsity.mode, ", ", common.threads, " threads"));
+  cpu_worker::ColdExecutor executor(*rows, loaded->partition, loaded->plan, config.activation,
+                                    pool);
+  absl::Status run = cpu_worker::RunCpuWorker(s, executor, config);
+  if (!run.ok()) s.Fail(run);
+  s.SetStopped();
+  return 0;
+}

@@ -1,0 +1,58 @@
+// The `host` backend: the GPU worker's interface on CPU threads, for machines without a GPU and
+// for tests. ForwardPass runs attention and the rest of the model; its FfnExecutor is the
+// split FFN, which exchanges each layer's cold half with the CPU worker through the ColdLink.
+// It maps the whole model file (it is a test and fallback backend); only the hot neurons'
+// FFN rows are ever computed here.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "gpu_worker/backend.h"
+#include "gpu_worker/host/split_ffn.h"
+#include "shared/model/ggml_type.h"
+#include "shared/runtime/forward.h"
+#include "shared/runtime/kv_cache.h"
+#include "shared/util/thread_pool.h"
+
+namespace thermocline::gpu_worker {
+
+struct HostBackendOptions {
+  int threads = 1;
+  int32_t n_kv_slots = 4;
+  int32_t context = 0;  // 0: the model's context length
+  int32_t max_batch = 512;
+  GgmlType kv_type = GgmlType::kF32;
+};
+
+class HostBackend final : public Backend {
+ public:
+  // `model` must outlive the backend.
+  static absl::StatusOr<std::unique_ptr<HostBackend>> Create(const LlamaModel& model,
+                                                             SparsityPlan plan,
+                                                             Partition partition,
+                                                             const HostBackendOptions& options);
+
+  std::string_view name() const override { return "host"; }
+  const BackendLimits& limits() const override { return limits_; }
+  // The host backend computes synchronously: StartStep records the batch, FinishStep runs it.
+  absl::Status StartStep(std::span<const BatchEntry> batch, ColdLink& cold) override;
+  absl::Status FinishStep(std::vector<float>* logits) override;
+
+ private:
+  HostBackend(const LlamaModel& model, KvCache kv, int threads);
+
+  const LlamaModel& model_;
+  KvCache kv_;
+  ThreadPool pool_;
+  std::unique_ptr<SplitFfn> ffn_;
+  std::unique_ptr<ForwardPass> pass_;
+  BackendLimits limits_;
+  std::vector<BatchEntry> batch_;
+  ColdLink* cold_ = nullptr;
+};
+
+}  // namespace thermocline::gpu_worker

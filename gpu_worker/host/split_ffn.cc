@@ -1,0 +1,129 @@
+#include "gpu_worker/host/split_ffn.h"
+
+#include <algorithm>
+
+#include "shared/util/status_macros.h"
+
+namespace thermocline::gpu_worker {
+
+SplitFfn::SplitFfn(const LlamaModel& model, SparsityPlan plan, Partition partition,
+                   ThreadPool& pool)
+    : model_(model),
+      plan_(std::move(plan)),
+      partition_(std::move(partition)),
+      pool_(pool),
+      dense_(model, pool) {}
+
+absl::StatusOr<std::unique_ptr<SplitFfn>> SplitFfn::Create(const LlamaModel& model,
+                                                           SparsityPlan plan, Partition partition,
+                                                           ThreadPool& pool) {
+  const LlamaConfig& c = model.config();
+  TC_RETURN_IF_ERROR(plan.Validate(c));
+  if (static_cast<int64_t>(partition.layers.size()) != c.n_layers) {
+    return absl::InvalidArgumentError("split FFN: partition and model disagree on layers");
+  }
+  std::unique_ptr<SplitFfn> ffn(new SplitFfn(model, std::move(plan), std::move(partition), pool));
+  ffn->down_rows_.resize(c.n_layers);
+  ffn->weights_.resize(c.n_layers);
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const LayerPartition& part = ffn->partition_.layers[l];
+    NeuronWeights& nw = ffn->weights_[l];
+    nw.gate = model.layer(l).gate;
+    nw.up = model.layer(l).up;
+    nw.activation = c.activation;
+    // Dense, wholly hot layers run DenseFfn; layers without hot neurons compute nothing here.
+    const bool dense_all_hot = ffn->plan_.mode(l) == SparsityMode::kDense && part.cold.empty();
+    if (dense_all_hot || part.hot.empty()) continue;
+    TC_ASSIGN_OR_RETURN(ffn->down_rows_[l], DownRows::ForLayer(model, l, std::nullopt, pool));
+    nw.down_t = ffn->down_rows_[l].view();
+    TC_RETURN_IF_ERROR(ValidateNeuronWeights(nw));
+  }
+  ffn->neurons_ = NeuronFfn(c.ffn_dim);
+  return ffn;
+}
+
+void SplitFfn::BeginStep(ColdLink* link) {
+  link_ = link;
+  status_ = absl::OkStatus();
+}
+
+absl::Status SplitFfn::EndStep() {
+  link_ = nullptr;
+  return status_;
+}
+
+void SplitFfn::PredictRows(int64_t layer, const float* h, int64_t n_tokens) {
+  const LlamaConfig& c = model_.config();
+  const LayerPartition& part = partition_.layers[layer];
+  hot_ids_.clear();
+  cold_ids_.clear();
+  hot_end_.clear();
+  cold_end_.clear();
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    plan_.predictors->Predict(layer, h + t * c.dim, &predicted_, pool_);
+    SplitIds(part, predicted_, &hot_tmp_, &cold_tmp_);
+    hot_ids_.insert(hot_ids_.end(), hot_tmp_.begin(), hot_tmp_.end());
+    cold_ids_.insert(cold_ids_.end(), cold_tmp_.begin(), cold_tmp_.end());
+    hot_end_.push_back(static_cast<uint32_t>(hot_ids_.size()));
+    cold_end_.push_back(static_cast<uint32_t>(cold_ids_.size()));
+  }
+}
+
+void SplitFfn::Compute(int64_t layer, const float* h, int64_t n_tokens, float* out) {
+  const LlamaConfig& c = model_.config();
+  const int64_t dim = c.dim;
+  const LayerPartition& part = partition_.layers[layer];
+  const SparsityMode mode = plan_.mode(layer);
+  std::fill(out, out + n_tokens * dim, 0.0f);
+  if (!status_.ok()) return;  // the step is already lost; spend nothing more on it
+  if (mode == SparsityMode::kDense && part.cold.empty()) {
+    dense_.Compute(layer, h, n_tokens, out);
+    return;
+  }
+  const bool predicted = mode == SparsityMode::kPredicted;
+  if (predicted) PredictRows(layer, h, n_tokens);
+
+  // Cold first, so the CPU worker runs while the hot neurons are computed here.
+  bool sent = false;
+  if (predicted ? !cold_ids_.empty() : !part.cold.empty()) {
+    if (link_ == nullptr) {
+      status_ = absl::FailedPreconditionError("split FFN: cold neurons but no cold link");
+      return;
+    }
+    ColdRequest request;
+    request.layer = layer;
+    request.rows = n_tokens;
+    request.dim = dim;
+    request.h = std::span<const float>(h, n_tokens * dim);
+    request.all_cold = !predicted;
+    if (predicted) {
+      request.row_end = cold_end_;
+      request.ids = cold_ids_;
+    }
+    status_ = link_->SendCold(request);
+    if (!status_.ok()) return;
+    sent = true;
+  }
+
+  const NeuronWeights& w = weights_[layer];
+  const NeuronFilter filter = plan_.FilterFor(layer, c.activation);
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    std::span<const int32_t> hot = part.hot;
+    if (predicted) {
+      const uint32_t begin = t == 0 ? 0 : hot_end_[t - 1];
+      hot = std::span<const int32_t>(hot_ids_).subspan(begin, hot_end_[t] - begin);
+    }
+    if (!hot.empty()) neurons_.Compute(w, h + t * dim, hot, filter, out + t * dim, pool_);
+  }
+
+  if (!sent) return;
+  y_cold_.resize(n_tokens * dim);
+  status_ = link_->ReceiveCold(layer, y_cold_);
+  if (!status_.ok()) {
+    std::fill(out, out + n_tokens * dim, 0.0f);
+    return;
+  }
+  for (int64_t i = 0; i < n_tokens * dim; ++i) out[i] += y_cold_[i];
+}
+
+}  // namespace thermocline::gpu_worker

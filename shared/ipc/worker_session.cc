@@ -1,0 +1,89 @@
+#include "shared/ipc/worker_session.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+
+namespace thermocline::ipc {
+namespace {
+
+// Set from the signal handler; read by StopReason. Lock-free atomics are async-signal-safe.
+std::atomic<int> g_stop_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free);
+
+void OnStopSignal(int sig) { g_stop_signal.store(sig, std::memory_order_relaxed); }
+
+void InstallStopHandlers() {
+  struct sigaction sa = {};
+  sa.sa_handler = OnStopSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+}
+
+absl::string_view Av(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+}  // namespace
+
+WorkerSession::WorkerSession(std::string prefix, std::unique_ptr<Transport> transport)
+    : prefix_(std::move(prefix)), transport_(std::move(transport)) {
+  heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+}
+
+absl::StatusOr<std::unique_ptr<WorkerSession>> WorkerSession::Start(std::string_view log_prefix,
+                                                                    std::string_view instance,
+                                                                    Role role,
+                                                                    absl::Duration attach_timeout) {
+  InstallStopHandlers();
+  // The supervisor may start a worker before (or while) the gateway publishes the segment:
+  // NotFound (no segment yet) and Unavailable (still being formatted) are worth waiting out.
+  const absl::Time deadline = absl::Now() + attach_timeout;
+  absl::StatusOr<std::unique_ptr<Transport>> t = Transport::Attach(instance, role);
+  while (!t.ok() &&
+         (absl::IsNotFound(t.status()) || absl::IsUnavailable(t.status())) &&
+         absl::Now() < deadline && g_stop_signal.load() == 0) {
+    absl::SleepFor(absl::Milliseconds(20));
+    t = Transport::Attach(instance, role);
+  }
+  if (!t.ok()) return t.status();
+  (*t)->SetState(ProcessState::kStarting);
+  (*t)->Heartbeat();
+  return std::unique_ptr<WorkerSession>(
+      new WorkerSession(std::string(log_prefix), std::move(*t)));
+}
+
+WorkerSession::~WorkerSession() {
+  stop_heartbeat_.store(true);
+  if (heartbeat_.joinable()) heartbeat_.join();
+}
+
+void WorkerSession::HeartbeatLoop() {
+  while (!stop_heartbeat_.load(std::memory_order_relaxed)) {
+    transport_->Heartbeat();
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+}
+
+void WorkerSession::Log(std::string_view text) const {
+  const std::string line = absl::StrCat(prefix_, ": ", Av(text), "\n");
+  (void)!write(STDERR_FILENO, line.data(), line.size());
+}
+
+std::string WorkerSession::StopReason() const {
+  const int sig = g_stop_signal.load(std::memory_order_relaxed);
+  if (sig != 0) return sig == SIGTERM ? "SIGTERM received" : absl::StrCat("signal ", sig, " received");
+  if (!transport_->OwnerAlive()) return "the gateway that owns the instance exited";
+  return "";
+}
+
+void WorkerSession::Fail(const absl::Status& status) {
+  Log(absl::StrCat("fatal: ", status.ToString()));
+  transport_->SetState(ProcessState::kFailed);
+  std::_Exit(1);
+}
+
+}  // namespace thermocline::ipc

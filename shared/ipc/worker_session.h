@@ -1,0 +1,60 @@
+// The lifecycle both worker processes share (docs/workers.md): attach to the instance's
+// transport (waiting up to 5 s for the gateway to publish it), mark the slot starting, keep a
+// heartbeat every 50 ms from a thread of its own (so a long load or a long step still reads as
+// alive), and watch for the two reasons to stop: SIGTERM/SIGINT and the death of the gateway
+// that owns the segment. Log lines go to stderr, one line per event, prefixed with the role.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "shared/ipc/transport.h"
+
+namespace thermocline::ipc {
+
+class WorkerSession {
+ public:
+  // `log_prefix`: "gpu_worker" or "cpu_worker". Installs SIGTERM/SIGINT handlers that only set a
+  // flag (StopRequested), attaches, SetState(kStarting) and starts the heartbeat thread.
+  static absl::StatusOr<std::unique_ptr<WorkerSession>> Start(
+      std::string_view log_prefix, std::string_view instance, Role role,
+      absl::Duration attach_timeout = absl::Seconds(5));
+  // Stops the heartbeat thread; the Transport then marks the slot stopped.
+  ~WorkerSession();
+  WorkerSession(const WorkerSession&) = delete;
+  WorkerSession& operator=(const WorkerSession&) = delete;
+
+  Transport& transport() { return *transport_; }
+
+  // One line "<prefix>: <text>" to stderr, written with a single call so that lines of the two
+  // workers (sharing the parent's stderr) do not interleave mid-line.
+  void Log(std::string_view text) const;
+
+  // Non-empty when the worker should exit cleanly: "SIGTERM received", "gateway exited".
+  std::string StopReason() const;
+
+  void SetReady() { transport_->SetState(ProcessState::kReady); }
+  // Clean exit: kStopped (kept by the Transport's destructor).
+  void SetStopped() { transport_->SetState(ProcessState::kStopped); }
+  // Fatal error: logs it, marks the slot kFailed and exits the process with status 1 without
+  // running destructors, since the Transport's destructor would overwrite kFailed with kStopped
+  // and the supervisor must see the failure.
+  [[noreturn]] void Fail(const absl::Status& status);
+
+ private:
+  WorkerSession(std::string prefix, std::unique_ptr<Transport> transport);
+  void HeartbeatLoop();
+
+  std::string prefix_;
+  std::unique_ptr<Transport> transport_;
+  std::atomic<bool> stop_heartbeat_{false};
+  std::thread heartbeat_;
+};
+
+}  // namespace thermocline::ipc

@@ -1,0 +1,469 @@
+// The two worker processes end to end: the test plays the gateway (creates the transport,
+// spawns thermocline-gpu-worker and thermocline-cpu-worker, sends Steps, reads Logits) and
+// compares every logits row with the single-process engine (ForwardPass with DenseFfn or
+// SparseFfn under the same plan) on stories260K (SwiGLU) and a synthetic ReLU model, at hot
+// fractions 0, 0.5 and 1. Also: a bad Step gets an Error and the next one works; a cpu worker
+// killed while the gpu worker waits is reported as Unavailable and a restarted one serves the
+// retried step; a clean shutdown and a kill leave nothing in /dev/shm.
+//
+// The logits bound. Every neuron's product is bit-identical to the single-process engine's
+// (neuron_ffn.h), and both sides filter with the same SparsityPlan::FilterFor, so the two
+// compute the same neurons. What may differ is the order of the down projection's sum:
+//   - bit-identical (bound 0) where the order is the same: hot fraction 1 (dense layers run
+//     DenseFfn; sparse layers run NeuronFfn over all neurons exactly as SparseFfn does with one
+//     thread) and hot fraction 0 in the sparse modes (the CPU worker runs NeuronFfn over every
+//     candidate, in order, as SparseFfn does; the GPU side adds it to an exact 0);
+//   - elsewhere (dense at hot 0: NeuronFfn's axpy over rows instead of DenseFfn's dot products;
+//     any mode at 0.5: y_hot + y_cold instead of one running sum) float reassociation: each
+//     FFN output element of n terms moves by at most ~n * 2^-24 * sum|terms| per layer, which
+//     the following layers carry to the logits. At these sizes (ffn_dim 172 and 128, values of
+//     order 1) that is ~1e-5 of an FFN output; through 5 layers and the head it stays well under
+//     1e-4 of the logits' RMS, so the bound is 1e-4 * max(1, RMS). Measured on these cases:
+//     at most 1e-6 * max(1, RMS), a margin of 100.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "shared/ipc/messages.h"
+#include "shared/ipc/transport.h"
+#include "shared/model/llama_model.h"
+#include "shared/runtime/forward.h"
+#include "shared/runtime/kv_cache.h"
+#include "shared/sparsity/sparse_ffn.h"
+#include "shared/sparsity/sparsity_mode.h"
+#include "tests/test_support.h"
+
+extern char** environ;
+
+namespace thermocline {
+namespace {
+
+using ipc::Role;
+
+// Relative to max(1, RMS of the reference logits); see the top of the file.
+constexpr double kTolerance = 1e-4;
+
+std::string Stories() { return testing::ModelPath("stories260K/stories260K.gguf"); }
+std::string Corpus() { return testing::SharedDataDir() + "/corpus/tinystories_valid_sample.txt"; }
+
+// A small synthetic ReLU-gated model in PowerInfer's layout (with fc1/fc2 predictors), written
+// once per test binary by the real command.
+const std::string& ReluModel() {
+  static const std::string path = [] {
+    const std::string dir = testing::TempDir();
+    const std::string base = dir + "/relu.gguf", pwri = dir + "/relu.powerinfer.gguf";
+    auto r = testing::RunCommand(
+        {testing::BinDir() + "/thermocline", "synth", "--ffn-kind", "relu-gated", "--dim", "64",
+         "--ffn", "128", "--layers", "2", "--heads", "4", "--kv-heads", "2", "--vocab", "300",
+         "--context", "64", "--seed", "5", "--threads", "1", "--powerinfer-output", pwri, "-o",
+         base});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return pwri;
+  }();
+  return path;
+}
+
+// Activation statistics of stories260K for the threshold mode, once per test binary.
+const std::string& StoriesStats() {
+  static const std::string path = [] {
+    const std::string out = testing::TempDir() + "/stories-stats.gguf";
+    auto r = testing::RunCommand({testing::BinDir() + "/thermocline", "profile", "-m", Stories(),
+                                  "--corpus", Corpus(), "--tokens", "600", "--window", "64", "--targets", "0.2,0.5",
+                                  "--threads", "1", "-o", out});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return out;
+  }();
+  return path;
+}
+
+std::string UniqueInstance(const std::string& tag) {
+  static int counter = 0;
+  return absl::StrCat("wtest-", tag, "-", getpid(), "-", counter++);
+}
+
+// The test's side of an instance: the transport (gateway role), the spawned workers, and the
+// gateway's ring ends.
+class Instance {
+ public:
+  explicit Instance(const std::string& tag) : name_(UniqueInstance(tag)) {
+    auto t = ipc::Transport::Create(name_);
+    EXPECT_TRUE(t.ok()) << t.status();
+    transport_ = std::move(*t);
+    auto out = transport_->Producer(ipc::RingId::kGatewayToGpu);
+    auto in = transport_->Consumer(ipc::RingId::kGpuToGateway);
+    EXPECT_TRUE(out.ok() && in.ok());
+    to_gpu_ = std::make_unique<ipc::RingProducer>(std::move(*out));
+    from_gpu_ = std::make_unique<ipc::RingConsumer>(std::move(*in));
+  }
+  ~Instance() {
+    for (pid_t& pid : pids_) Kill(pid);
+    transport_.reset();
+  }
+
+  const std::string& name() const { return name_; }
+  ipc::Transport& transport() { return *transport_; }
+
+  // Spawns a worker with stderr to a log file; returns its pid.
+  pid_t Spawn(const std::string& binary, std::vector<std::string> args) {
+    args.insert(args.begin(), {testing::BinDir() + "/" + binary, "--instance", name_});
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    log_ = testing::TempDir() + "/" + name_ + ".log";
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 2, log_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    pid_t pid = 0;
+    const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    EXPECT_EQ(rc, 0) << argv[0];
+    pids_.push_back(pid);
+    return pid;
+  }
+
+  std::string Log() const {
+    std::error_code ec;
+    return std::filesystem::exists(log_, ec) ? testing::ReadFileOrDie(log_) : "";
+  }
+
+  // Waits (up to 30 s: the load runs on busy cores) for `role` to be ready.
+  bool WaitReady(Role role) {
+    for (int i = 0; i < 3000; ++i) {
+      const ipc::ProcessInfo p = transport_->Process(role);
+      if (p.state == ipc::ProcessState::kReady) return true;
+      if (p.state == ipc::ProcessState::kFailed) return false;
+      usleep(10000);
+    }
+    return false;
+  }
+
+  // Spawns both workers with the same flags and waits for both to be ready.
+  bool StartWorkers(const std::vector<std::string>& args, pid_t* gpu = nullptr,
+                    pid_t* cpu = nullptr) {
+    const pid_t g = Spawn("thermocline-gpu-worker", args);
+    const pid_t c = Spawn("thermocline-cpu-worker", args);
+    if (gpu != nullptr) *gpu = g;
+    if (cpu != nullptr) *cpu = c;
+    return WaitReady(Role::kGpuWorker) && WaitReady(Role::kCpuWorker);
+  }
+
+  // SIGKILL and reap (no-op for pid 0).
+  static void Kill(pid_t& pid) {
+    if (pid <= 0) return;
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    pid = 0;
+  }
+  // Waits up to 10 s for a process to exit on its own; its exit status, or -1.
+  static int WaitExitOf(pid_t pid) {
+    for (int i = 0; i < 1000; ++i) {
+      int status = 0;
+      if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      usleep(10000);
+    }
+    return -1;
+  }
+  int WaitExit(pid_t pid) {
+    Forget(pid);
+    return WaitExitOf(pid);
+  }
+  // The destructor will not kill `pid`.
+  void Forget(pid_t pid) {
+    for (pid_t& p : pids_) {
+      if (p == pid) p = 0;
+    }
+  }
+
+  void Send(uint64_t step_id, const std::vector<ipc::StepEntry>& entries) {
+    ASSERT_TRUE(ipc::SendStep(*to_gpu_, step_id, entries, absl::Seconds(5)).ok());
+  }
+  void SendShutdown() { ASSERT_TRUE(ipc::SendShutdown(*to_gpu_, absl::Seconds(5)).ok()); }
+  // After BumpEpoch: steps go out under the new epoch.
+  void AdoptEpoch() { to_gpu_->set_epoch(transport_->epoch()); }
+
+  // The reply to `step_id` (earlier replies are skipped): logits, or the worker's error.
+  absl::StatusOr<std::vector<float>> Reply(uint64_t step_id, uint32_t vocab,
+                                           absl::Duration deadline = absl::Seconds(30)) {
+    const absl::Time end = absl::Now() + deadline;
+    std::vector<std::byte> payload;
+    while (absl::Now() < end) {
+      auto h = from_gpu_->Receive(&payload, absl::Milliseconds(50));
+      if (absl::IsDeadlineExceeded(h.status())) continue;
+      if (!h.ok()) return h.status();
+      if (h->step_id != step_id) continue;
+      const ipc::MessageView m = ipc::ViewOf(*h, payload);
+      if (m.kind() == ipc::MessageKind::kError) {
+        absl::Status sender;
+        if (absl::Status s = ipc::DecodeError(m, &sender); !s.ok()) return s;
+        return sender;
+      }
+      auto l = ipc::DecodeLogits(m, ipc::MatrixLimits{vocab, 1024, 0});
+      if (!l.ok()) return l.status();
+      return std::vector<float>(l->data.begin(), l->data.end());
+    }
+    return absl::DeadlineExceededError(absl::StrCat("no reply to step ", step_id));
+  }
+
+ private:
+  std::string name_;
+  std::unique_ptr<ipc::Transport> transport_;
+  std::unique_ptr<ipc::RingProducer> to_gpu_;
+  std::unique_ptr<ipc::RingConsumer> from_gpu_;
+  std::vector<pid_t> pids_;
+  std::string log_;
+};
+
+bool ShmLeftFor(const std::string& instance) {
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    if (e.path().filename().string().rfind("thermocline-" + instance, 0) == 0) return true;
+  }
+  return false;
+}
+
+// The steps every comparison runs: a multi-position prompt in slot 0 mixed with a shorter one
+// in slot 1, then decode steps for both (logits wanted for every entry but one).
+std::vector<std::vector<ipc::StepEntry>> Steps(int32_t vocab) {
+  std::vector<std::vector<ipc::StepEntry>> steps(4);
+  for (int32_t p = 0; p < 6; ++p) {
+    steps[0].push_back({0, p, 1 + (p * 37) % (vocab - 1), p == 2 ? 0u : ipc::kEntryWantsLogits});
+  }
+  for (int32_t p = 0; p < 3; ++p) steps[0].push_back({1, p, 1 + (p * 91) % (vocab - 1), 1});
+  for (int32_t s = 1; s < 4; ++s) {
+    steps[s].push_back({0, 5 + s, (s * 53) % vocab, ipc::kEntryWantsLogits});
+    steps[s].push_back({1, 2 + s, (s * 17) % vocab, ipc::kEntryWantsLogits});
+  }
+  return steps;
+}
+
+// The single-process engine's logits for the same steps.
+std::vector<std::vector<float>> Reference(const std::string& model_path, const SparsityFlags& flags) {
+  auto model = LlamaModel::Load(model_path);
+  EXPECT_TRUE(model.ok()) << model.status();
+  const LlamaConfig& c = (*model)->config();
+  ThreadPool pool(1);
+  auto plan = SparsityPlanFromFlags(**model, flags);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  std::unique_ptr<SparseFfn> sparse;
+  if (!plan->AllDense()) sparse = std::move(*SparseFfn::Create(**model, *plan, pool));
+  auto kv = KvCache::Create(c, 2, c.context_length, GgmlType::kF32);
+  ForwardPass pass(**model, *kv, pool, sparse.get());
+  std::vector<std::vector<float>> out;
+  for (const auto& step : Steps(static_cast<int32_t>(c.vocab_size))) {
+    std::vector<BatchEntry> batch;
+    for (const ipc::StepEntry& e : step) {
+      batch.push_back({e.kv_slot, e.position, e.token_id, e.flags != 0});
+    }
+    std::vector<float> logits;
+    EXPECT_TRUE(pass.Run(batch, logits).ok());
+    out.push_back(logits);
+  }
+  return out;
+}
+
+struct SplitCase {
+  std::string model;
+  std::string mode;
+  std::vector<std::string> extra;  // more sparsity flags
+  double hot_fraction;
+};
+
+std::vector<std::string> WorkerArgs(const SplitCase& sc) {
+  std::vector<std::string> a = {"--model", sc.model, "--threads", "1", "--hot-fraction",
+                                absl::StrCat(sc.hot_fraction), "--sparsity", sc.mode};
+  a.insert(a.end(), sc.extra.begin(), sc.extra.end());
+  return a;
+}
+
+SparsityFlags FlagsOf(const SplitCase& sc) {
+  SparsityFlags f;
+  f.mode = sc.mode;
+  for (size_t i = 0; i + 1 < sc.extra.size(); i += 2) {
+    if (sc.extra[i] == "--stats") f.stats_path = sc.extra[i + 1];
+    if (sc.extra[i] == "--target-sparsity") f.target_sparsity = std::stof(sc.extra[i + 1]);
+  }
+  return f;
+}
+
+// Runs the steps through both workers and compares with the reference; returns the largest
+// |difference| / max(1, RMS) seen.
+double CompareSplit(const SplitCase& sc) {
+  SCOPED_TRACE(absl::StrCat(sc.model, " ", sc.mode, " hot ", sc.hot_fraction));
+  const auto reference = Reference(sc.model, FlagsOf(sc));
+  auto model = LlamaModel::Load(sc.model);
+  const uint32_t vocab = static_cast<uint32_t>((*model)->config().vocab_size);
+  Instance inst("cmp");
+  EXPECT_TRUE(inst.StartWorkers(WorkerArgs(sc))) << inst.Log();
+  const auto steps = Steps(static_cast<int32_t>(vocab));
+  // Bit-identical where the summation order is the same (see the top of the file).
+  const bool same_order =
+      sc.hot_fraction == 1.0 || (sc.hot_fraction == 0.0 && sc.mode != "dense");
+  double worst = 0;
+  for (size_t s = 0; s < steps.size(); ++s) {
+    inst.Send(100 + s, steps[s]);
+    auto logits = inst.Reply(100 + s, vocab);
+    EXPECT_TRUE(logits.ok()) << logits.status() << "\n" << inst.Log();
+    if (!logits.ok()) return worst;
+    const std::vector<float>& ref = reference[s];
+    EXPECT_EQ(logits->size(), ref.size());
+    if (logits->size() != ref.size()) return worst;
+    double sq = 0, max_diff = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      sq += double{ref[i]} * ref[i];
+      max_diff = std::max(max_diff, std::fabs(double{(*logits)[i]} - ref[i]));
+    }
+    const double scale = std::max(1.0, std::sqrt(sq / ref.size()));
+    worst = std::max(worst, max_diff / scale);
+    if (same_order) {
+      EXPECT_EQ(*logits, ref) << "step " << s << ": max |diff| " << max_diff;
+    } else {
+      EXPECT_LE(max_diff, kTolerance * scale) << "step " << s;
+    }
+  }
+  inst.SendShutdown();
+  std::cerr << "split " << sc.mode << " hot " << sc.hot_fraction << ": max |diff| / scale "
+            << worst << "\n";
+  return worst;
+}
+
+TEST(WorkerProcessesTest, StoriesDenseMatchesSingleProcess) {
+  for (double hot : {0.0, 0.5, 1.0}) CompareSplit({Stories(), "dense", {}, hot});
+}
+
+TEST(WorkerProcessesTest, StoriesThresholdMatchesSingleProcess) {
+  for (double hot : {0.0, 0.5, 1.0}) {
+    CompareSplit({Stories(), "threshold", {"--stats", StoriesStats(), "--target-sparsity", "0.5"},
+                  hot});
+  }
+}
+
+TEST(WorkerProcessesTest, ReluModelAllModesMatchSingleProcess) {
+  for (const std::string mode : {"dense", "exact", "predicted"}) {
+    for (double hot : {0.0, 0.5, 1.0}) CompareSplit({ReluModel(), mode, {}, hot});
+  }
+}
+
+TEST(WorkerProcessesTest, BadStepGetsErrorAndNextStepWorks) {
+  const SplitCase sc{Stories(), "dense", {}, 0.5};
+  const auto reference = Reference(sc.model, FlagsOf(sc));
+  Instance inst("bad");
+  ASSERT_TRUE(inst.StartWorkers(WorkerArgs(sc))) << inst.Log();
+  inst.Send(1, {{99, 0, 5, ipc::kEntryWantsLogits}});  // slot out of range
+  auto bad = inst.Reply(1, 512);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+  EXPECT_NE(bad.status().message().find("kv_slot 99"), std::string::npos) << bad.status();
+  inst.Send(2, {{0, 3, 5, ipc::kEntryWantsLogits}});  // skips ahead of an empty slot
+  auto skip = inst.Reply(2, 512);
+  EXPECT_EQ(skip.status().code(), absl::StatusCode::kInvalidArgument) << skip.status();
+  inst.Send(3, Steps(512)[0]);
+  auto good = inst.Reply(3, 512);
+  ASSERT_TRUE(good.ok()) << good.status() << "\n" << inst.Log();
+  ASSERT_EQ(good->size(), reference[0].size());
+  for (size_t i = 0; i < good->size(); ++i) {
+    ASSERT_NEAR((*good)[i], reference[0][i], 1e-3) << i;
+  }
+  // A step whose entries want no logits is answered with zero rows.
+  inst.Send(4, {{1, 3, 7, 0}});
+  auto none = inst.Reply(4, 512);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE(none->empty());
+}
+
+TEST(WorkerProcessesTest, KilledCpuWorkerIsReportedAndRestartedOneServesTheRetry) {
+  const SplitCase sc{Stories(), "dense", {}, 0.5};
+  const auto reference = Reference(sc.model, FlagsOf(sc));
+  std::string instance;
+  {
+    Instance inst("kill");
+    instance = inst.name();
+    pid_t gpu = 0, cpu = 0;
+    ASSERT_TRUE(inst.StartWorkers(WorkerArgs(sc), &gpu, &cpu)) << inst.Log();
+    const auto steps = Steps(512);
+    inst.Send(1, steps[0]);
+    ASSERT_TRUE(inst.Reply(1, 512).ok()) << inst.Log();
+
+    // The gpu worker sends layer 0's Activation and waits for a Partial that never comes.
+    Instance::Kill(cpu);
+    inst.Send(2, steps[1]);
+    auto lost = inst.Reply(2, 512, absl::Seconds(5));
+    EXPECT_EQ(lost.status().code(), absl::StatusCode::kUnavailable) << lost.status();
+    EXPECT_NE(lost.status().message().find("cpu worker"), std::string::npos) << lost.status();
+
+    // What the driver does: a new epoch, a new cpu worker, the same positions under a new id.
+    ASSERT_TRUE(inst.transport().BumpEpoch().ok());
+    inst.AdoptEpoch();
+    cpu = inst.Spawn("thermocline-cpu-worker", WorkerArgs(sc));
+    ASSERT_TRUE(inst.WaitReady(Role::kCpuWorker)) << inst.Log();
+    inst.Send(3, steps[1]);
+    auto retried = inst.Reply(3, 512);
+    ASSERT_TRUE(retried.ok()) << retried.status() << "\n" << inst.Log();
+    ASSERT_EQ(retried->size(), reference[1].size());
+    for (size_t i = 0; i < retried->size(); ++i) {
+      ASSERT_NEAR((*retried)[i], reference[1][i], 1e-3) << i;
+    }
+    // Kill everything; the Instance's destructor removes the segment.
+    Instance::Kill(gpu);
+    Instance::Kill(cpu);
+  }
+  EXPECT_FALSE(ShmLeftFor(instance));
+}
+
+TEST(WorkerProcessesTest, ShutdownStopsBothWorkersCleanly) {
+  const SplitCase sc{ReluModel(), "exact", {}, 0.5};
+  std::string instance;
+  {
+    Instance inst("stop");
+    instance = inst.name();
+    pid_t gpu = 0, cpu = 0;
+    ASSERT_TRUE(inst.StartWorkers(WorkerArgs(sc), &gpu, &cpu)) << inst.Log();
+    inst.SendShutdown();
+    EXPECT_EQ(inst.WaitExit(gpu), 0) << inst.Log();
+    EXPECT_EQ(inst.WaitExit(cpu), 0) << inst.Log();
+    EXPECT_EQ(inst.transport().Process(Role::kGpuWorker).state, ipc::ProcessState::kStopped);
+    EXPECT_EQ(inst.transport().Process(Role::kCpuWorker).state, ipc::ProcessState::kStopped);
+  }
+  EXPECT_FALSE(ShmLeftFor(instance));
+}
+
+TEST(WorkerProcessesTest, SigtermAndTheGatewaysExitStopTheWorkers) {
+  const SplitCase sc{ReluModel(), "dense", {}, 0.5};
+  auto inst = std::make_unique<Instance>("owner");
+  const std::string instance = inst->name();
+  pid_t gpu = 0, cpu = 0;
+  ASSERT_TRUE(inst->StartWorkers(WorkerArgs(sc), &gpu, &cpu)) << inst->Log();
+  kill(cpu, SIGTERM);
+  EXPECT_EQ(inst->WaitExit(cpu), 0) << inst->Log();
+  EXPECT_EQ(inst->transport().Process(Role::kCpuWorker).state, ipc::ProcessState::kStopped);
+  inst->Forget(gpu);
+  inst.reset();  // the gateway's transport goes: the owner is cleared and the segment removed
+  EXPECT_EQ(Instance::WaitExitOf(gpu), 0);
+  EXPECT_FALSE(ShmLeftFor(instance));
+}
+
+TEST(WorkerProcessesTest, HelpAndBadFlags) {
+  for (const std::string bin : {"thermocline-gpu-worker", "thermocline-cpu-worker"}) {
+    auto r = testing::RunCommand({testing::BinDir() + "/" + bin, "--help"});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("--hot-fraction"), std::string::npos) << r.out;
+    r = testing::RunCommand({testing::BinDir() + "/" + bin, "--instance", "x", "--model",
+                             Stories()});
+    EXPECT_NE(r.exit_code, 0);
+  }
+  auto r = testing::RunCommand({testing::BinDir() + "/thermocline-gpu-worker", "--instance",
+                                "x", "--model", Stories(), "--hot-fraction", "1", "--backend",
+                                "cuda"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--backend cuda"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace thermocline
