@@ -1,0 +1,236 @@
+// The pieces of the two workers in-process: the hot/cold partition, the compacted cold rows,
+// the cold executor against NeuronFfn over the full weights, the CPU list parser, and the GPU
+// side's split FFN (with the cold executor behind an in-process ColdLink) against the
+// single-process SparseFfn / DenseFfn.
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "cpu_worker/cold_executor.h"
+#include "cpu_worker/cold_rows.h"
+#include "cpu_worker/numa.h"
+#include "gpu_worker/host/split_ffn.h"
+#include "gtest/gtest.h"
+#include "shared/model/llama_model.h"
+#include "shared/sparsity/partition.h"
+#include "shared/sparsity/sparse_ffn.h"
+#include "tests/test_support.h"
+
+namespace thermocline {
+namespace {
+
+std::unique_ptr<LlamaModel> Stories() {
+  auto m = LlamaModel::Load(testing::ModelPath("stories260K/stories260K.gguf"));
+  EXPECT_TRUE(m.ok()) << m.status();
+  return std::move(*m);
+}
+
+// A placement with a random half of every layer's neurons hot.
+Placement RandomPlacement(const LlamaConfig& c, uint32_t seed) {
+  std::mt19937 rng(seed);
+  Placement p;
+  p.layers.resize(c.n_layers);
+  for (LayerPlacement& l : p.layers) {
+    l.on_gpu.assign(c.ffn_dim, 0);
+    for (int32_t i = 0; i < c.ffn_dim; ++i) {
+      if (rng() % 2) {
+        l.on_gpu[i] = 1;
+        l.gpu_bucket.push_back(i);
+      }
+    }
+  }
+  return p;
+}
+
+TEST(SplitWorkerTest, PartitionIsDisjointAndCoversEveryNeuron) {
+  auto model = Stories();
+  const LlamaConfig& c = model->config();
+  for (double f : {0.0, 0.3, 1.0}) {
+    auto part = Partition::FromPlacement(Placement::Uniform(c, f), c);
+    ASSERT_TRUE(part.ok()) << part.status();
+    for (const LayerPartition& l : part->layers) {
+      std::vector<int32_t> all = l.hot;
+      all.insert(all.end(), l.cold.begin(), l.cold.end());
+      std::sort(all.begin(), all.end());
+      std::vector<int32_t> expect(c.ffn_dim);
+      std::iota(expect.begin(), expect.end(), 0);
+      EXPECT_EQ(all, expect);  // union is everything, and no id twice
+      EXPECT_EQ(static_cast<int64_t>(l.hot.size()), std::llround(f * c.ffn_dim));
+      for (size_t k = 0; k < l.cold.size(); ++k) EXPECT_EQ(l.cold_index[l.cold[k]], int32_t(k));
+      for (int32_t id : l.hot) EXPECT_EQ(l.cold_index[id], -1);
+      std::vector<int32_t> hot, cold;
+      SplitIds(l, expect, &hot, &cold);
+      EXPECT_EQ(hot, l.hot);
+      EXPECT_EQ(cold, l.cold);
+    }
+  }
+  PlacementFlags none;
+  EXPECT_FALSE(PlacementFromFlags(c, none).ok());
+  PlacementFlags bad;
+  bad.hot_fraction = 1.5;
+  EXPECT_FALSE(PlacementFromFlags(c, bad).ok());
+}
+
+TEST(SplitWorkerTest, ColdRowsEqualTheModelsRows) {
+  auto model = Stories();
+  const LlamaConfig& c = model->config();
+  ThreadPool pool(1);
+  auto part = Partition::FromPlacement(RandomPlacement(c, 7), c);
+  ASSERT_TRUE(part.ok());
+  auto rows = cpu_worker::ColdRows::Build(*model, *part, std::nullopt, pool);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    auto down = DownRows::ForLayer(*model, l, std::nullopt, pool);
+    ASSERT_TRUE(down.ok());
+    const NeuronWeights& w = rows->layer(l);
+    const std::vector<int32_t>& cold = part->layers[l].cold;
+    ASSERT_EQ(w.gate.rows, static_cast<int64_t>(cold.size()));
+    for (size_t k = 0; k < cold.size(); ++k) {
+      const LayerWeights& lw = model->layer(l);
+      EXPECT_EQ(std::memcmp(w.gate.row(k), lw.gate.row(cold[k]), lw.gate.row_bytes), 0);
+      EXPECT_EQ(std::memcmp(w.up.row(k), lw.up.row(cold[k]), lw.up.row_bytes), 0);
+      EXPECT_EQ(std::memcmp(w.down_t.row(k), down->view().row(cold[k]), w.down_t.row_bytes), 0);
+    }
+  }
+}
+
+TEST(SplitWorkerTest, ColdExecutorEqualsNeuronFfnOverTheSameIds) {
+  auto model = Stories();
+  const LlamaConfig& c = model->config();
+  ThreadPool pool(1);
+  auto part = Partition::FromPlacement(RandomPlacement(c, 11), c);
+  ASSERT_TRUE(part.ok());
+  auto rows = cpu_worker::ColdRows::Build(*model, *part, std::nullopt, pool);
+  ASSERT_TRUE(rows.ok());
+  const SparsityPlan plan = SparsityPlan::Uniform(SparsityMode::kDense, c.n_layers);
+  cpu_worker::ColdExecutor exec(*rows, *part, plan, c.activation, pool);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal;
+  const int64_t layer = 2;
+  const LayerPartition& lp = part->layers[layer];
+  auto down = DownRows::ForLayer(*model, layer, std::nullopt, pool);
+  NeuronWeights full{model->layer(layer).gate, model->layer(layer).up, down->view(), c.activation};
+  // Candidate sets: empty, one, all cold, and an unaligned random subset per row.
+  std::vector<std::vector<int32_t>> sets = {{}, {lp.cold[5]}, lp.cold, {}};
+  for (int32_t id : lp.cold) {
+    if (rng() % 3 == 0) sets[3].push_back(id);
+  }
+  const uint32_t n_rows = static_cast<uint32_t>(sets.size());
+  std::vector<float> h(n_rows * c.dim);
+  for (float& x : h) x = normal(rng);
+  ipc::ActivationView a;
+  a.step_id = 1;
+  a.layer = layer;
+  a.rows = n_rows;
+  a.dim = static_cast<uint32_t>(c.dim);
+  a.h = absl::MakeConstSpan(h);
+  for (const auto& s : sets) {
+    a.active.insert(a.active.end(), s.begin(), s.end());
+    a.row_end.push_back(static_cast<uint32_t>(a.active.size()));
+  }
+  std::vector<float> y(n_rows * c.dim);
+  ASSERT_TRUE(exec.Compute(a, y).ok());
+  NeuronFfn ref_ffn;
+  for (uint32_t r = 0; r < n_rows; ++r) {
+    std::vector<float> ref(c.dim, 0.0f);
+    ref_ffn.Compute(full, h.data() + r * c.dim, sets[r], NeuronFilter::None(), ref.data(), pool);
+    for (int64_t i = 0; i < c.dim; ++i) {
+      EXPECT_EQ(y[r * c.dim + i], ref[i]) << "row " << r << " element " << i;
+    }
+  }
+  // All-candidates equals the explicit list of every cold neuron.
+  ipc::ActivationView all = a;
+  all.all_candidates = true;
+  all.rows = 1;
+  all.h = absl::MakeConstSpan(h).subspan(2 * c.dim, c.dim);
+  all.row_end.clear();
+  all.active.clear();
+  std::vector<float> y_all(c.dim);
+  ASSERT_TRUE(exec.Compute(all, y_all).ok());
+  EXPECT_EQ(y_all, std::vector<float>(y.begin() + 2 * c.dim, y.begin() + 3 * c.dim));
+  // A hot id is refused, not computed.
+  ipc::ActivationView hot = a;
+  hot.rows = 1;
+  hot.active = {lp.hot[0]};
+  hot.row_end = {1};
+  hot.h = absl::MakeConstSpan(h).subspan(0, c.dim);
+  absl::Status s = exec.Compute(hot, std::span<float>(y.data(), c.dim));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("is hot, not cold"), std::string::npos) << s;
+}
+
+TEST(SplitWorkerTest, ParseCpuList) {
+  auto cpus = cpu_worker::ParseCpuList("0-3,6,2");
+  ASSERT_TRUE(cpus.ok());
+  EXPECT_EQ(*cpus, (std::vector<int>{0, 1, 2, 3, 6}));
+  for (const char* bad : {"", "a", "3-1", "-1", "0-", "1,,2"}) {
+    EXPECT_FALSE(cpu_worker::ParseCpuList(bad).ok()) << bad;
+  }
+}
+
+// The cold executor behind a ColdLink, in-process: what the CPU worker does with the rings.
+class LoopbackLink final : public gpu_worker::ColdLink {
+ public:
+  explicit LoopbackLink(cpu_worker::ColdExecutor& exec) : exec_(exec) {}
+  absl::Status SendCold(const gpu_worker::ColdRequest& r) override {
+    h_.assign(r.h.begin(), r.h.end());
+    view_ = ipc::ActivationView{};
+    view_.layer = static_cast<uint32_t>(r.layer);
+    view_.rows = static_cast<uint32_t>(r.rows);
+    view_.dim = static_cast<uint32_t>(r.dim);
+    view_.h = absl::MakeConstSpan(h_);
+    view_.all_candidates = r.all_cold;
+    view_.row_end.assign(r.row_end.begin(), r.row_end.end());
+    view_.active.assign(r.ids.begin(), r.ids.end());
+    ++sent_;
+    return absl::OkStatus();
+  }
+  absl::Status ReceiveCold(int64_t, std::span<float> y) override { return exec_.Compute(view_, y); }
+  int sent_ = 0;
+
+ private:
+  cpu_worker::ColdExecutor& exec_;
+  std::vector<float> h_;
+  ipc::ActivationView view_;
+};
+
+TEST(SplitWorkerTest, SplitFfnMatchesSingleProcessFfn) {
+  auto model = Stories();
+  const LlamaConfig& c = model->config();
+  ThreadPool pool(1);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  const int64_t n = 3;
+  std::vector<float> h(n * c.dim);
+  for (float& x : h) x = normal(rng);
+  DenseFfn dense(*model, pool);
+  for (double f : {0.0, 0.5, 1.0}) {
+    const SparsityPlan plan = SparsityPlan::Uniform(SparsityMode::kDense, c.n_layers);
+    auto part = Partition::FromPlacement(Placement::Uniform(c, f), c);
+    auto rows = cpu_worker::ColdRows::Build(*model, *part, std::nullopt, pool);
+    cpu_worker::ColdExecutor exec(*rows, *part, plan, c.activation, pool);
+    auto split = gpu_worker::SplitFfn::Create(*model, plan, *part, pool);
+    ASSERT_TRUE(split.ok()) << split.status();
+    LoopbackLink link(exec);
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      std::vector<float> got(n * c.dim), want(n * c.dim);
+      (*split)->BeginStep(&link);
+      (*split)->Compute(l, h.data(), n, got.data());
+      ASSERT_TRUE((*split)->EndStep().ok());
+      dense.Compute(l, h.data(), n, want.data());
+      for (int64_t i = 0; i < n * c.dim; ++i) {
+        if (f == 1.0) {
+          ASSERT_EQ(got[i], want[i]);  // DenseFfn itself
+        } else {
+          ASSERT_NEAR(got[i], want[i], 1e-5f * (1 + std::fabs(want[i])));  // order of the sum
+        }
+      }
+    }
+    EXPECT_EQ(link.sent_, f == 1.0 ? 0 : c.n_layers);  // nothing crosses when all is hot
+  }
+}
+
+}  // namespace
+}  // namespace thermocline
