@@ -33,7 +33,9 @@
 #include "shared/ipc/segment.h"
 #include "shared/ipc/transport.h"
 #include "shared/model/llama_model.h"
+#include "shared/runtime/forward.h"
 #include "shared/runtime/generate.h"
+#include "shared/runtime/kv_cache.h"
 #include "tests/test_support.h"
 
 extern char** environ;
@@ -234,6 +236,66 @@ TEST_F(SplitRecovery, AWorkerThatKeepsDyingSpendsTheBudgetAndIsNamed) {
     EXPECT_NE(msg.find("killed by signal 9"), std::string::npos) << msg;
     EXPECT_NE(msg.find("2 restarts within 1m"), std::string::npos) << msg;
     EXPECT_EQ(engine.stats().gpu_restarts, 2);
+  });
+}
+
+// What the gateway will do: several sequences in one batch (one entry per slot per step). A
+// gpu_worker killed mid-step loses every slot's cache; the replay rebuilds all of them, and
+// both sequences go on exactly as in the single-process engine.
+TEST_F(SplitRecovery, InterleavedSequencesAllSurviveAGpuRestart) {
+  const std::vector<std::string> prompts = {"Once upon a time", "The little dog"};
+  constexpr int kSteps = 24;
+  // Greedy, both slots advanced together; the prompts go in as one mixed batch.
+  auto drive = [&](BatchRunner& runner, std::vector<std::vector<int32_t>>& out) -> absl::Status {
+    std::vector<BatchEntry> batch;
+    std::vector<int32_t> length(prompts.size());
+    for (size_t s = 0; s < prompts.size(); ++s) {
+      const std::vector<int32_t> ids = model_->tokenizer().Encode(prompts[s], true);
+      for (size_t p = 0; p < ids.size(); ++p) {
+        batch.push_back({static_cast<int32_t>(s), static_cast<int32_t>(p), ids[p],
+                         p + 1 == ids.size()});
+      }
+      length[s] = static_cast<int32_t>(ids.size());
+    }
+    out.assign(prompts.size(), {});
+    std::vector<float> logits;
+    const int64_t vocab = runner.vocab_size();
+    for (int step = 0; step <= kSteps; ++step) {
+      if (absl::Status st = runner.Run(batch, logits); !st.ok()) return st;
+      batch.clear();
+      for (size_t s = 0; s < prompts.size(); ++s) {
+        const float* row = logits.data() + s * vocab;
+        const int32_t next = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+        out[s].push_back(next);
+        batch.push_back({static_cast<int32_t>(s), length[s]++, next, true});
+      }
+    }
+    return absl::OkStatus();
+  };
+  std::vector<std::vector<int32_t>> want, got;
+  {
+    ThreadPool pool(1);
+    auto kv = KvCache::Create(model_->config(), 2, 64, GgmlType::kF32);
+    ASSERT_TRUE(kv.ok());
+    ForwardPass pass(*model_, *kv, pool);
+    ForwardPassRunner local(pass);
+    ASSERT_TRUE(drive(local, want).ok());
+  }
+  driver::SplitEngineOptions o = Options();
+  driver::SplitEngine* engine_ptr = nullptr;
+  int64_t held_at_kill = -1;
+  o.on_step_sent = [&](uint64_t, int64_t steps_done) {
+    if (steps_done == 10 && held_at_kill < 0) {
+      held_at_kill = engine_ptr->history().total_tokens();
+      kill(engine_ptr->worker_pid(Role::kGpuWorker), SIGKILL);
+    }
+  };
+  WithEngine(o, [&](driver::SplitEngine& engine) {
+    engine_ptr = &engine;
+    ASSERT_TRUE(drive(engine, got).ok());
+    EXPECT_EQ(got, want);
+    EXPECT_EQ(engine.stats().gpu_restarts, 1);
+    EXPECT_EQ(engine.stats().replayed_tokens, held_at_kill) << "both slots, every position";
   });
 }
 
