@@ -136,11 +136,12 @@ class Instance {
     return std::filesystem::exists(log_, ec) ? testing::ReadFileOrDie(log_) : "";
   }
 
-  // Waits (up to 30 s: the load runs on busy cores) for `role` to be ready.
-  bool WaitReady(Role role) {
+  // Waits (up to 30 s: the load runs on busy cores) for process `pid` to be ready in `role`'s
+  // slot (a killed predecessor's slot still reads kReady, so the pid must match).
+  bool WaitReady(Role role, pid_t pid) {
     for (int i = 0; i < 3000; ++i) {
       const ipc::ProcessInfo p = transport_->Process(role);
-      if (p.state == ipc::ProcessState::kReady) return true;
+      if (p.pid == pid && p.alive && p.state == ipc::ProcessState::kReady) return true;
       if (p.state == ipc::ProcessState::kFailed) return false;
       usleep(10000);
     }
@@ -154,7 +155,7 @@ class Instance {
     const pid_t c = Spawn("thermocline-cpu-worker", args);
     if (gpu != nullptr) *gpu = g;
     if (cpu != nullptr) *cpu = c;
-    return WaitReady(Role::kGpuWorker) && WaitReady(Role::kCpuWorker);
+    return WaitReady(Role::kGpuWorker, g) && WaitReady(Role::kCpuWorker, c);
   }
 
   // SIGKILL and reap (no-op for pid 0).
@@ -402,7 +403,7 @@ TEST(WorkerProcessesTest, KilledCpuWorkerIsReportedAndRestartedOneServesTheRetry
     ASSERT_TRUE(inst.transport().BumpEpoch().ok());
     inst.AdoptEpoch();
     cpu = inst.Spawn("thermocline-cpu-worker", WorkerArgs(sc));
-    ASSERT_TRUE(inst.WaitReady(Role::kCpuWorker)) << inst.Log();
+    ASSERT_TRUE(inst.WaitReady(Role::kCpuWorker, cpu)) << inst.Log();
     inst.Send(3, steps[1]);
     auto retried = inst.Reply(3, 512);
     ASSERT_TRUE(retried.ok()) << retried.status() << "\n" << inst.Log();
