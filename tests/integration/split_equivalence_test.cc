@@ -229,6 +229,58 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"relu_predicted_hot1", &Relu, "predicted", 1, kOnce}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
+// A batch longer than a step (max_batch) or wanting more rows than a step returns
+// (max_logits_rows) is cut into steps in order; the caller sees one Run with every row, equal
+// to one ForwardPass::Run over the whole batch. Entries that break the position rule are
+// refused before anything is sent, and the engine goes on.
+TEST(SplitEngineBatches, LongBatchesAreCutIntoStepsAndBadOnesRefused) {
+  auto model = LlamaModel::Load(Relu());
+  ASSERT_TRUE(model.ok()) << model.status();
+  // Two slots, the second prompt interleaved with the first; every entry wants logits.
+  std::vector<BatchEntry> batch;
+  for (int32_t p = 0; p < 9; ++p) {
+    batch.push_back({0, p, 1 + 7 * p, true});
+    if (p < 5) batch.push_back({1, p, 2 + 11 * p, true});
+  }
+  ThreadPool pool(1);
+  auto kv = KvCache::Create((*model)->config(), 2, 64, GgmlType::kF32);
+  ASSERT_TRUE(kv.ok());
+  ForwardPass pass(**model, *kv, pool);
+  std::vector<float> want;
+  ASSERT_TRUE(pass.Run(batch, want).ok());
+
+  driver::SplitEngineOptions o;
+  o.model_path = Relu();
+  o.config = (*model)->config();
+  o.hot_fraction = 1;  // bit-identical arithmetic: any difference is a batching error
+  o.kv_slots = 2;
+  o.context = 64;
+  o.max_batch = 4;
+  o.max_logits_rows = 3;
+  o.bindir = testing::BinDir();
+  auto engine = driver::SplitEngine::Create(o);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::vector<float> got;
+  ASSERT_TRUE((*engine)->Run(batch, got).ok());
+  EXPECT_EQ(got, want);
+  EXPECT_EQ((*engine)->stats().steps, 5);  // 14 rows, at most 3 per step
+  EXPECT_EQ((*engine)->history().tokens(0).size(), 9u);
+  EXPECT_EQ((*engine)->history().tokens(1).size(), 5u);
+
+  const BatchEntry gap{1, 7, 3, true};  // slot 1 holds 5 positions
+  absl::Status s = (*engine)->Run(std::span<const BatchEntry>(&gap, 1), got);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  const BatchEntry bad_token{0, 9, 100000, true};
+  EXPECT_EQ((*engine)->Run(std::span<const BatchEntry>(&bad_token, 1), got).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*engine)->stats().steps, 5) << "nothing was sent";
+  // The next good step still works, and matches the single process.
+  const BatchEntry next{1, 5, 42, true};
+  ASSERT_TRUE(pass.Run(std::span<const BatchEntry>(&next, 1), want).ok());
+  ASSERT_TRUE((*engine)->Run(std::span<const BatchEntry>(&next, 1), got).ok());
+  EXPECT_EQ(got, want);
+}
+
 // The command line: `generate --split` prints what local `generate` prints, and cleans up.
 TEST(SplitGenerateCommand, PrintsWhatLocalGenerationPrints) {
   const std::vector<std::string> common = {Thermocline(), "generate", "-m", Stories(), "-p",
