@@ -2,6 +2,9 @@
 // two worker processes (thermocline-gpu-worker and thermocline-cpu-worker, started and
 // supervised by the driver library in shared/driver/; see docs/split.md). Both paths run the
 // same Generate loop, so they print the same text for the same flags.
+#include <signal.h>
+
+#include <atomic>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -25,11 +28,16 @@ int Fail(const std::string& msg) {
   return 1;
 }
 
+// Set by SIGINT/SIGTERM during a split generation.
+std::atomic<bool> g_interrupted{false};
+void OnInterrupt(int) { g_interrupted.store(true); }
+
 // Prints the prompt, then each token's text as it comes; the local and the split path print
-// through this alike.
+// through this alike. Stops after the current token once `*stop` is set.
 absl::StatusOr<GenerationStats> GenerateAndPrint(BatchRunner& runner, const Tokenizer& tok,
                                                  const std::string& prompt,
-                                                 const GenerationRequest& req) {
+                                                 const GenerationRequest& req,
+                                                 const std::atomic<bool>* stop = nullptr) {
   std::fwrite(prompt.data(), 1, prompt.size(), stdout);
   std::fflush(stdout);
   StreamingDetokenizer detok(tok);
@@ -37,7 +45,7 @@ absl::StatusOr<GenerationStats> GenerateAndPrint(BatchRunner& runner, const Toke
     const std::string text = detok.Push(token);
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);
-    return true;
+    return stop == nullptr || !stop->load();
   });
   const std::string rest = detok.Flush();
   std::fwrite(rest.data(), 1, rest.size(), stdout);
@@ -58,8 +66,21 @@ int RunSplit(const LlamaModel& model, const GenerationRequest& req, const std::s
   so.max_batch = std::max(1, req.prefill_chunk);
   auto engine = driver::SplitEngine::Create(std::move(so));
   if (!engine.ok()) return Fail(std::string(engine.status().message()));
-  auto stats = GenerateAndPrint(**engine, model.tokenizer(), prompt, req);
+  // Ctrl-C or SIGTERM ends the generation after the current step, so that the engine's
+  // destructor stops the workers and removes the segment (the default action would kill the
+  // driver and leave a stale segment behind). The workers are in their own process group and
+  // do not see a terminal's Ctrl-C.
+  struct sigaction sa = {};
+  sa.sa_handler = OnInterrupt;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  auto stats = GenerateAndPrint(**engine, model.tokenizer(), prompt, req, &g_interrupted);
   if (!stats.ok()) return Fail(std::string(stats.status().message()));
+  if (g_interrupted.load()) {
+    std::cerr << "thermocline generate: interrupted; workers stopped\n";
+    return 130;
+  }
   const driver::SplitEngineStats& es = (*engine)->stats();
   std::cerr << absl::StrFormat(
       "prompt: %d tokens in %.3f s (%.1f tok/s); decode: %d tokens, %.1f tok/s; split over "

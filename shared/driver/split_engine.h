@@ -95,6 +95,8 @@ struct SplitEngineStats {
   int64_t stale_replies = 0;    // replies to an abandoned step id, dropped
 };
 
+// One caller at a time (the gateway's scheduler thread, or generate's loop): steps are
+// strictly sequential, as the protocol has one step in flight.
 class SplitEngine final : public BatchRunner {
  public:
   // Creates the instance's transport, starts both workers (or, attach mode, waits for them)

@@ -50,6 +50,8 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Spawn(
   // SIGTERM for its clean exit.
   sigset_t all, none;
   sigfillset(&all);
+  sigdelset(&all, SIGKILL);  // cannot be caught or ignored, so there is nothing to reset
+  sigdelset(&all, SIGSTOP);
   sigemptyset(&none);
   posix_spawnattr_setsigdefault(&attr, &all);
   posix_spawnattr_setsigmask(&attr, &none);

@@ -3,9 +3,9 @@
 // uninterrupted run (greedy). The kills land deterministically: from the engine's on_step_sent
 // hook after a fixed number of steps (the step is then in flight: the worker dies mid-step), or
 // from the token callback (between steps: the worker dies idle). Also: a worker that keeps
-// dying spends the restart budget and the error names it; kill -9 of the driver itself leaves
-// workers that exit on their own and a segment that RemoveStale clears; no segment is left in
-// /dev/shm after any of this.
+// dying spends the restart budget and the error names it; Ctrl-C of `generate --split` stops
+// everything cleanly; kill -9 of the driver itself leaves workers that exit on their own and a
+// segment that RemoveStale clears; no segment is left in /dev/shm after any of this.
 //
 // Logits after a gpu_worker restart come from a KV cache rebuilt by a replayed prefill, while
 // the uninterrupted run built it one decode step at a time; rows of one batch are computed
@@ -21,6 +21,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <regex>
 #include <string>
@@ -299,79 +300,133 @@ TEST_F(SplitRecovery, InterleavedSequencesAllSurviveAGpuRestart) {
   });
 }
 
-// kill -9 of the driver (`thermocline generate --split`) mid-generation: the workers notice
-// that the segment's owner is gone and exit; the test kills whatever is left, and
-// Transport::RemoveStale clears the segment.
-TEST(SplitDriverKilled, WorkersExitAndTheStaleSegmentIsRemoved) {
-  const std::string instance = absl::StrCat("splitkill-", getpid());
-  std::vector<std::string> args = {testing::BinDir() + "/thermocline", "generate", "-m",
-                                   Stories(), "-p", "Once upon a time", "-n", "400", "-t", "0",
-                                   "--ignore-eos", "--split", "--hot-fraction", "0.5",
-                                   "--instance", instance};
-  int out[2], err[2];
-  ASSERT_EQ(pipe2(out, O_CLOEXEC), 0);
-  ASSERT_EQ(pipe2(err, O_CLOEXEC), 0);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-  posix_spawn_file_actions_adddup2(&fa, err[1], 2);
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t driver = 0;
-  ASSERT_EQ(posix_spawn(&driver, argv[0], &fa, nullptr, argv.data(), environ), 0);
-  posix_spawn_file_actions_destroy(&fa);
-  close(out[1]);
-  close(err[1]);
-  // Read both pipes until 40 characters past the prompt are out: generation is under way.
-  std::string text, log;
-  pollfd fds[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
-  const std::string prompt = "Once upon a time";
-  while (text.size() < prompt.size() + 40) {
-    ASSERT_GT(poll(fds, 2, 30000), 0) << "no output; log:\n" << log;
-    char buf[4096];
-    for (int i = 0; i < 2; ++i) {
-      if (!(fds[i].revents & (POLLIN | POLLHUP))) continue;
-      const ssize_t n = read(fds[i].fd, buf, sizeof buf);
-      ASSERT_GT(n, 0) << "the driver ended early; log:\n" << log;
-      (i == 0 ? text : log).append(buf, n);
-    }
+// `thermocline generate --split` as a child process with its stdout and stderr on pipes.
+class DriverProcess {
+ public:
+  explicit DriverProcess(const std::string& instance) {
+    std::vector<std::string> args = {testing::BinDir() + "/thermocline", "generate", "-m",
+                                     Stories(), "-p", kPromptText, "-n", "400", "-t", "0",
+                                     "--ignore-eos", "--split", "--hot-fraction", "0.5",
+                                     "--instance", instance};
+    int out[2], err[2];
+    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) return;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    posix_spawn_file_actions_adddup2(&fa, err[1], 2);
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    if (posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ) != 0) pid_ = 0;
+    posix_spawn_file_actions_destroy(&fa);
+    close(out[1]);
+    close(err[1]);
+    out_ = out[0];
+    err_ = err[0];
   }
-  ASSERT_EQ(kill(driver, SIGKILL), 0);
-  int status = 0;
-  ASSERT_EQ(waitpid(driver, &status, 0), driver);
-  ASSERT_TRUE(WIFSIGNALED(status)) << "the generation finished before the kill";
-  // The rest of the workers' log, up to EOF (the workers hold the stderr pipe until they exit).
-  std::thread drain([&] {
+  ~DriverProcess() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (out_ >= 0) close(out_);
+    if (err_ >= 0) close(err_);
+  }
+
+  // Reads both pipes until `chars` characters past the prompt are printed: generation is
+  // under way. False when the driver ends first or nothing comes for 30 s.
+  bool WaitForText(size_t chars) {
+    pollfd fds[2] = {{out_, POLLIN, 0}, {err_, POLLIN, 0}};
+    while (text_.size() < std::strlen(kPromptText) + chars) {
+      if (poll(fds, 2, 30000) <= 0) return false;
+      char buf[4096];
+      for (int i = 0; i < 2; ++i) {
+        if (!(fds[i].revents & (POLLIN | POLLHUP))) continue;
+        const ssize_t n = read(fds[i].fd, buf, sizeof buf);
+        if (n <= 0) return false;
+        (i == 0 ? text_ : log_).append(buf, n);
+      }
+    }
+    return true;
+  }
+  // Sends `sig` and reaps the driver; returns its wait status.
+  int SignalAndWait(int sig) {
+    kill(pid_, sig);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = 0;
+    return status;
+  }
+  // The rest of stderr, up to EOF: the workers hold the pipe until they exit, so this also
+  // waits for them (bounded by the test's own timeout).
+  const std::string& DrainLog() {
     char buf[4096];
     ssize_t n;
-    while ((n = read(err[0], buf, sizeof buf)) > 0) log.append(buf, n);
-  });
-  std::vector<pid_t> workers;
-  const std::regex attached("attached to instance '[^']*' \\(pid ([0-9]+)\\)");
-  for (std::sregex_iterator it(log.begin(), log.end(), attached), end; it != end; ++it) {
-    workers.push_back(std::stoi((*it)[1]));
+    while ((n = read(err_, buf, sizeof buf)) > 0) log_.append(buf, n);
+    return log_;
   }
+  const std::string& log() const { return log_; }
+  // The worker pids, from their "attached to instance '…' (pid N)" lines.
+  std::vector<pid_t> WorkerPids() const {
+    std::vector<pid_t> pids;
+    const std::regex attached("attached to instance '[^']*' \\(pid ([0-9]+)\\)");
+    for (std::sregex_iterator it(log_.begin(), log_.end(), attached), end; it != end; ++it) {
+      pids.push_back(std::stoi((*it)[1]));
+    }
+    return pids;
+  }
+
+  static constexpr char kPromptText[] = "Once upon a time";
+
+ private:
+  pid_t pid_ = 0;
+  int out_ = -1, err_ = -1;
+  std::string text_, log_;
+};
+
+// Present and not a zombie (the workers of a killed driver are no longer our descendants).
+bool Alive(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const size_t close_paren = line.rfind(')');
+  return close_paren != std::string::npos && line.size() > close_paren + 2 &&
+         line[close_paren + 2] != 'Z';
+}
+
+// Ctrl-C (SIGINT) of `generate --split` mid-generation: the driver stops after the current step,
+// shuts the workers down and removes the segment; exit status 130.
+TEST(SplitDriverInterrupted, StopsTheWorkersAndRemovesTheSegment) {
+  const std::string instance = absl::StrCat("splitint-", getpid());
+  DriverProcess driver(instance);
+  ASSERT_TRUE(driver.WaitForText(40)) << driver.log();
+  const int status = driver.SignalAndWait(SIGINT);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by the signal instead of handling it";
+  EXPECT_EQ(WEXITSTATUS(status), 130);
+  const std::string& log = driver.DrainLog();
+  EXPECT_NE(log.find("interrupted; workers stopped"), std::string::npos) << log;
+  const std::vector<pid_t> workers = driver.WorkerPids();
   EXPECT_EQ(workers.size(), 2u) << log;
-  // Each worker exits on its own once it sees the owner gone (its liveness check); alive means
-  // present and not a zombie (they are no longer our descendants, so init reaps them).
-  auto alive = [](pid_t pid) {
-    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-    std::string line;
-    if (!std::getline(stat, line)) return false;
-    const size_t close_paren = line.rfind(')');
-    return close_paren != std::string::npos && line.size() > close_paren + 2 &&
-           line[close_paren + 2] != 'Z';
-  };
+  for (pid_t pid : workers) EXPECT_FALSE(Alive(pid)) << "worker " << pid << " still runs";
+  EXPECT_TRUE(ipc::ListInstanceSegments(instance).empty());
+}
+
+// kill -9 of the driver mid-generation: the workers notice that the segment's owner is gone
+// and exit; the test kills whatever is left, and Transport::RemoveStale clears the segment.
+TEST(SplitDriverKilled, WorkersExitAndTheStaleSegmentIsRemoved) {
+  const std::string instance = absl::StrCat("splitkill-", getpid());
+  DriverProcess driver(instance);
+  ASSERT_TRUE(driver.WaitForText(40)) << driver.log();
+  const int status = driver.SignalAndWait(SIGKILL);
+  ASSERT_TRUE(WIFSIGNALED(status)) << "the generation finished before the kill";
+  std::vector<pid_t> workers = driver.WorkerPids();
+  EXPECT_EQ(workers.size(), 2u) << driver.log();
   for (pid_t pid : workers) {
-    for (int i = 0; i < 1000 && alive(pid); ++i) usleep(10000);
-    EXPECT_FALSE(alive(pid)) << "worker " << pid << " outlived its driver by 10 s";
-    if (alive(pid)) kill(pid, SIGKILL);
+    for (int i = 0; i < 1000 && Alive(pid); ++i) usleep(10000);
+    EXPECT_FALSE(Alive(pid)) << "worker " << pid << " outlived its driver by 10 s";
+    if (Alive(pid)) kill(pid, SIGKILL);
   }
-  for (int i = 0; i < 1000 && std::any_of(workers.begin(), workers.end(), alive); ++i) usleep(10000);
-  drain.join();
-  close(out[0]);
-  close(err[0]);
+  driver.DrainLog();
   // The driver could not remove its segment; the next owner (or an operator) does.
   auto removed = ipc::Transport::RemoveStale(instance);
   ASSERT_TRUE(removed.ok()) << removed.status();
