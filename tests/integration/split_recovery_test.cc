@@ -135,7 +135,9 @@ class SplitRecovery : public ::testing::Test {
       auto engine = driver::SplitEngine::Create(std::move(o));
       ASSERT_TRUE(engine.ok()) << engine.status();
       instance = (*engine)->instance();
+      engine_ = engine->get();
       body(**engine);
+      engine_ = nullptr;
       pids = {(*engine)->worker_pid(Role::kGpuWorker), (*engine)->worker_pid(Role::kCpuWorker)};
     }
     EXPECT_TRUE(ipc::ListInstanceSegments(instance).empty()) << "segment left in /dev/shm";
@@ -146,24 +148,30 @@ class SplitRecovery : public ::testing::Test {
     }
   }
 
+  // An on_step_sent hook that SIGKILLs `role`'s worker once, right after the step that follows
+  // `steps` completed steps is sent: the worker dies with that step in flight. The pid goes to
+  // *killed.
+  std::function<void(uint64_t, int64_t)> KillWhenSent(Role role, int64_t steps, pid_t* killed) {
+    return [this, role, steps, killed](uint64_t, int64_t done) {
+      if (done == steps && *killed == 0) {
+        *killed = engine_->worker_pid(role);
+        kill(*killed, SIGKILL);
+      }
+    };
+  }
+
   std::unique_ptr<LlamaModel> model_;
   Output reference_;
+  driver::SplitEngine* engine_ = nullptr;  // the engine of WithEngine's body
 };
 
 TEST_F(SplitRecovery, GpuWorkerKilledMidStepIsReplacedAndTheSequenceReplayed) {
   const Output& ref = Reference();
   ASSERT_FALSE(ref.tokens.empty());
   driver::SplitEngineOptions o = Options();
-  driver::SplitEngine* engine_ptr = nullptr;
   pid_t killed = 0;
-  o.on_step_sent = [&](uint64_t, int64_t steps_done) {
-    if (steps_done == kKillAfterSteps && killed == 0) {
-      killed = engine_ptr->worker_pid(Role::kGpuWorker);
-      ASSERT_EQ(kill(killed, SIGKILL), 0);
-    }
-  };
+  o.on_step_sent = KillWhenSent(Role::kGpuWorker, kKillAfterSteps, &killed);
   WithEngine(o, [&](driver::SplitEngine& engine) {
-    engine_ptr = &engine;
     const Output got = Generate(engine);
     ExpectSameOutput(got);
     const driver::SplitEngineStats& s = engine.stats();
@@ -179,16 +187,9 @@ TEST_F(SplitRecovery, GpuWorkerKilledMidStepIsReplacedAndTheSequenceReplayed) {
 TEST_F(SplitRecovery, CpuWorkerKilledMidStepIsReplacedWithoutReplay) {
   ASSERT_FALSE(Reference().tokens.empty());
   driver::SplitEngineOptions o = Options();
-  driver::SplitEngine* engine_ptr = nullptr;
   pid_t killed = 0;
-  o.on_step_sent = [&](uint64_t, int64_t steps_done) {
-    if (steps_done == kKillAfterSteps && killed == 0) {
-      killed = engine_ptr->worker_pid(Role::kCpuWorker);
-      ASSERT_EQ(kill(killed, SIGKILL), 0);
-    }
-  };
+  o.on_step_sent = KillWhenSent(Role::kCpuWorker, kKillAfterSteps, &killed);
   WithEngine(o, [&](driver::SplitEngine& engine) {
-    engine_ptr = &engine;
     const pid_t gpu = engine.worker_pid(Role::kGpuWorker);
     const Output got = Generate(engine);
     ExpectSameOutput(got);
@@ -222,13 +223,11 @@ TEST_F(SplitRecovery, WorkersKilledBetweenStepsAreReplacedBeforeTheNextStep) {
 TEST_F(SplitRecovery, AWorkerThatKeepsDyingSpendsTheBudgetAndIsNamed) {
   driver::SplitEngineOptions o = Options();
   o.restart.max_restarts = 2;
-  driver::SplitEngine* engine_ptr = nullptr;
   // From step 5 on, every step's gpu_worker is killed as soon as the step is sent.
   o.on_step_sent = [&](uint64_t, int64_t steps_done) {
-    if (steps_done >= 5) kill(engine_ptr->worker_pid(Role::kGpuWorker), SIGKILL);
+    if (steps_done >= 5) kill(engine_->worker_pid(Role::kGpuWorker), SIGKILL);
   };
   WithEngine(o, [&](driver::SplitEngine& engine) {
-    engine_ptr = &engine;
     const Output got = Generate(engine);
     ASSERT_FALSE(got.status.ok());
     EXPECT_EQ(got.status.code(), absl::StatusCode::kUnavailable);
@@ -283,16 +282,14 @@ TEST_F(SplitRecovery, InterleavedSequencesAllSurviveAGpuRestart) {
     ASSERT_TRUE(drive(local, want).ok());
   }
   driver::SplitEngineOptions o = Options();
-  driver::SplitEngine* engine_ptr = nullptr;
   int64_t held_at_kill = -1;
   o.on_step_sent = [&](uint64_t, int64_t steps_done) {
     if (steps_done == 10 && held_at_kill < 0) {
-      held_at_kill = engine_ptr->history().total_tokens();
-      kill(engine_ptr->worker_pid(Role::kGpuWorker), SIGKILL);
+      held_at_kill = engine_->history().total_tokens();
+      kill(engine_->worker_pid(Role::kGpuWorker), SIGKILL);
     }
   };
   WithEngine(o, [&](driver::SplitEngine& engine) {
-    engine_ptr = &engine;
     ASSERT_TRUE(drive(engine, got).ok());
     EXPECT_EQ(got, want);
     EXPECT_EQ(engine.stats().gpu_restarts, 1);
