@@ -66,7 +66,8 @@ int64_t Bytes(const MatrixView& m) { return m.rows * m.row_bytes; }
 class InputRecorder final : public FfnObserver {
  public:
   InputRecorder(int64_t n_layers, int64_t dim) : dim_(dim), h_(n_layers) {}
-  void OnFfn(int64_t layer, const float* h, const float*, int64_t n_tokens) override {
+  void OnFfn(int64_t layer, const float* h, const float*, const float*,
+             int64_t n_tokens) override {
     h_[layer].insert(h_[layer].end(), h, h + n_tokens * dim_);
   }
   const std::vector<float>& inputs(int64_t layer) const { return h_[layer]; }

@@ -16,6 +16,7 @@
 #include "shared/runtime/generate.h"
 #include "shared/sparsity/sparse_ffn.h"
 #include "shared/sparsity/sparsity_mode.h"
+#include "shared/sparsity/sparsity_options.h"
 #include "shared/tokenizer/tokenizer.h"
 #include "shared/util/cpu_features.h"
 #include "tools/command.h"
@@ -100,7 +101,7 @@ int RunGenerate(const std::vector<std::string>& args) {
   SamplingParams sp;
   bool ignore_eos = false;
   SparsityFlags sf;
-  float target_sparsity = 0;
+  SparsityOptionValues sv;
   bool split = false;
   driver::SplitEngineOptions so;
   double hot_fraction = 0;
@@ -122,11 +123,8 @@ int RunGenerate(const std::vector<std::string>& args) {
       ("threads", po::value(&threads)->default_value(0), "CPU threads (0 = all cores)")
       ("context", po::value(&context)->default_value(0), "KV cache positions (0 = prompt + max-new-tokens)")
       ("kv-type", po::value(&kv_type)->default_value("f32"), "KV cache element type: f32 or f16")
-      ("ignore-eos", po::bool_switch(&ignore_eos), "keep generating past the end-of-sequence token")
-      ("sparsity", po::value(&sf.mode)->default_value("dense"), "FFN sparsity: dense, exact, threshold or predicted")
-      ("stats", po::value(&sf.stats_path), "activation statistics from `thermocline profile` (threshold)")
-      ("target-sparsity", po::value(&target_sparsity), "which of the profiled cuts to use, e.g. 0.5")
-      ("predictor", po::value(&sf.predictor_path), "predictors from `thermocline train-predictor` (predicted)");
+      ("ignore-eos", po::bool_switch(&ignore_eos), "keep generating past the end-of-sequence token");
+  AddSparsityOptions(opts, sf, sv);
   po::options_description split_opts("split execution (docs/split.md)");
   split_opts.add_options()
       ("split", po::bool_switch(&split), "run the model in a gpu worker and a cpu worker process")
@@ -153,7 +151,7 @@ int RunGenerate(const std::vector<std::string>& args) {
   if (context < 0) return fail("--context must be >= 0");
   if (kv_type != "f32" && kv_type != "f16") return fail("--kv-type must be f32 or f16");
   if (absl::Status s = ValidateSamplingParams(sp); !s.ok()) return fail(std::string(s.message()));
-  if (vm.count("target-sparsity")) sf.target_sparsity = target_sparsity;
+  FinishSparsityOptions(vm, sv, sf);
   if (!split) {
     for (const char* flag : {"hot-fraction", "plan", "instance", "cpus", "numa-node", "bindir",
                              "worker-log"}) {

@@ -11,6 +11,7 @@
 #include "shared/model/llama_model.h"
 #include "shared/runtime/corpus.h"
 #include "shared/sparsity/sparse_ffn.h"
+#include "shared/sparsity/sparsity_options.h"
 #include "shared/sparsity/sparsity_mode.h"
 #include "tools/command.h"
 
@@ -21,8 +22,8 @@ int RunPerplexity(const std::vector<std::string>& args) {
   std::string model_path, corpus_path, down_t_type;
   int64_t max_tokens = 0, window = 0, batch = 0;
   int threads = 0;
-  float target = 0;
   SparsityFlags sf;
+  SparsityOptionValues sv;
   po::options_description opts("options");
   // One option per line reads as a table.
   // clang-format off
@@ -32,15 +33,12 @@ int RunPerplexity(const std::vector<std::string>& args) {
       ("tokens", po::value(&max_tokens)->default_value(0), "use the first N tokens of the corpus (0 = all)")
       ("window", po::value(&window)->default_value(256), "positions per window, BOS included")
       ("batch", po::value(&batch)->default_value(256), "positions per forward call")
-      ("sparsity", po::value(&sf.mode)->default_value("dense"), "dense, exact, threshold or predicted")
-      ("stats", po::value(&sf.stats_path), "activation statistics from `thermocline profile` (threshold)")
-      ("target-sparsity", po::value(&target), "which of the profiled cuts to use, e.g. 0.5")
-      ("predictor", po::value(&sf.predictor_path), "predictors from `thermocline train-predictor` (predicted)")
       ("down-t-type", po::value(&down_t_type)->default_value(""),
        "element type of the transposed down rows of a q8_0/q4_0 model: f16 or f32 (exact); "
        "default: the model's own (requantized)")
       ("threads", po::value(&threads)->default_value(0), "CPU threads (0 = all cores)");
   // clang-format on
+  AddSparsityOptions(opts, sf, sv);
   po::positional_options_description pos;
   po::variables_map vm;
   int exit_code = 0;
@@ -52,7 +50,7 @@ int RunPerplexity(const std::vector<std::string>& args) {
     std::cerr << "thermocline perplexity: " << msg << "\n";
     return 1;
   };
-  if (vm.count("target-sparsity")) sf.target_sparsity = target;
+  FinishSparsityOptions(vm, sv, sf);
   if (threads < 0) return fail("--threads must be >= 0");
   if (max_tokens < 0) return fail("--tokens must be >= 0");
   if (batch <= 0) return fail("--batch must be > 0");
@@ -109,12 +107,15 @@ int RunPerplexity(const std::vector<std::string>& args) {
     const bool predicted = std::any_of(plan->modes.begin(), plan->modes.end(), [](SparsityMode m) {
       return m == SparsityMode::kPredicted;
     });
-    std::cout << "layer  mode       cut         active" << (predicted ? "  predicted" : "") << "\n";
+    std::cout << "layer  mode       cut         coeff cut   active  down"
+              << (predicted ? "  predicted" : "") << "\n";
     for (int64_t l = 0; l < c.n_layers; ++l) {
       const LayerActivity& a = sparse->activity()[l];
-      std::cout << absl::StrFormat("%5d  %-9s  %-10.4g  %6.4f", l,
-                                   std::string(SparsityModeName(plan->mode(l))), plan->cuts[l],
-                                   sparse->ActiveRatio(l));
+      std::cout << absl::StrFormat(
+          "%5d  %-9s  %-10.4g  %-10.4g  %6.4f  %6.4f", l,
+          std::string(SparsityModeName(plan->mode(l))), plan->cuts[l], plan->coeff_cuts[l],
+          sparse->ActiveRatio(l),
+          a.tokens > 0 ? static_cast<double>(a.down) / (a.tokens * c.ffn_dim) : 0.0);
       if (predicted) {
         std::cout << absl::StrFormat(
             "  %9.4f",
@@ -124,6 +125,8 @@ int RunPerplexity(const std::vector<std::string>& args) {
     }
     std::cout << absl::StrFormat("active ratio: %.4f (sparsity %.4f)\n", sparse->ActiveRatio(),
                                  1 - sparse->ActiveRatio());
+    std::cout << absl::StrFormat("down rows read: %.4f (down sparsity %.4f)\n",
+                                 sparse->DownRatio(), 1 - sparse->DownRatio());
     if (sparse->down_t_bytes() > 0) {
       std::cerr << absl::StrFormat("perplexity: transposed down rows hold %.1f MiB\n",
                                    sparse->down_t_bytes() / double(1 << 20));

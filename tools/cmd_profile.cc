@@ -33,7 +33,7 @@ int RunProfile(const std::vector<std::string>& args) {
       ("tokens", po::value(&max_tokens)->default_value(0), "use at most this many corpus tokens (0 = all)")
       ("window", po::value(&o.window)->default_value(o.window), "positions per window, BOS included")
       ("batch", po::value(&o.batch)->default_value(o.batch), "positions per forward call")
-      ("targets", po::value(&targets_text)->default_value("0.3,0.4,0.5,0.6,0.7,0.8,0.9"),
+      ("targets", po::value(&targets_text)->default_value("0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9"),
        "target sparsities to find per-layer magnitude cuts for, ascending")
       ("frequency-target", po::value(&o.frequency_target)->default_value(0.5f, "0.5"),
        "SiLU models: the target whose cut defines the stored frequencies (one of --targets)")

@@ -52,6 +52,9 @@ void AddCommon(const SplitEngineOptions& o, int threads, std::vector<std::string
   if (o.sparsity.target_sparsity.has_value()) {
     a.insert(a.end(), {"--target-sparsity", Flt(*o.sparsity.target_sparsity)});
   }
+  if (o.sparsity.gate_sparsity.has_value()) {
+    a.insert(a.end(), {"--gate-sparsity", Flt(*o.sparsity.gate_sparsity)});
+  }
   if (!o.sparsity.predictor_path.empty()) {
     a.insert(a.end(), {"--predictor", o.sparsity.predictor_path});
   }

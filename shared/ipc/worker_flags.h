@@ -15,6 +15,7 @@
 #include "shared/sparsity/partition.h"
 #include "shared/sparsity/placement.h"
 #include "shared/sparsity/sparsity_mode.h"
+#include "shared/sparsity/sparsity_options.h"
 
 namespace thermocline::ipc {
 
@@ -26,7 +27,7 @@ struct CommonWorkerFlags {
   SparsityFlags sparsity;
   // Raw values of the optional flags, moved into the structs above by FinishCommonWorkerFlags.
   double hot_fraction = 0;
-  float target_sparsity = 0;
+  SparsityOptionValues sparsity_values;
 };
 
 inline void AddCommonWorkerOptions(boost::program_options::options_description& opts,
@@ -38,11 +39,8 @@ inline void AddCommonWorkerOptions(boost::program_options::options_description& 
       ("model", po::value(&f.model_path)->required(), "model file (GGUF)")
       ("threads", po::value(&f.threads)->default_value(1), "compute threads (>= 1)")
       ("plan", po::value(&f.placement.plan_path), "placement (.gpuidx) from `thermocline plan`")
-      ("hot-fraction", po::value(&f.hot_fraction), "or: share of each layer's neurons that is hot, in [0, 1]")
-      ("sparsity", po::value(&f.sparsity.mode)->default_value("dense"), "FFN sparsity: dense, exact, threshold or predicted")
-      ("stats", po::value(&f.sparsity.stats_path), "activation statistics (threshold cuts; also orders --hot-fraction)")
-      ("target-sparsity", po::value(&f.target_sparsity), "which of the profiled cuts to use, e.g. 0.5")
-      ("predictor", po::value(&f.sparsity.predictor_path), "predictors (predicted; default: the model's own)");
+      ("hot-fraction", po::value(&f.hot_fraction), "or: share of each layer's neurons that is hot, in [0, 1] (hottest first by --stats when given)");
+  AddSparsityOptions(opts, f.sparsity, f.sparsity_values);
 }
 
 // Parses argv; on --help prints usage to stdout and sets exit_code 0; on a bad flag prints the
@@ -68,7 +66,7 @@ inline bool ParseWorkerCommandLine(const char* program, const char* prefix,
     return false;
   }
   if (vm.count("hot-fraction")) f.placement.hot_fraction = f.hot_fraction;
-  if (vm.count("target-sparsity")) f.sparsity.target_sparsity = f.target_sparsity;
+  FinishSparsityOptions(vm, f.sparsity_values, f.sparsity);
   f.placement.stats_path = f.sparsity.stats_path;
   // Checked before attaching, so a bad command line fails at once.
   if (f.placement.plan_path.empty() == !f.placement.hot_fraction.has_value()) {

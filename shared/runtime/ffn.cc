@@ -15,7 +15,7 @@ void DenseFfn::Compute(int64_t layer, const float* h, int64_t n_tokens, float* o
   up_.resize(n_tokens * nf);
   MatMul(w.gate, h, n_tokens, c.dim, gate_.data(), nf, pool_);
   MatMul(w.up, h, n_tokens, c.dim, up_.data(), nf, pool_);
-  if (observer_ != nullptr) observer_->OnFfn(layer, h, gate_.data(), n_tokens);
+  if (observer_ != nullptr) observer_->OnFfn(layer, h, gate_.data(), up_.data(), n_tokens);
   for (int64_t t = 0; t < n_tokens; ++t) {
     if (c.activation == FfnActivation::kSilu) {
       SwiGlu(gate_.data() + t * nf, up_.data() + t * nf, nf);

@@ -22,9 +22,10 @@ class FfnExecutor {
 class FfnObserver {
  public:
   virtual ~FfnObserver() = default;
-  // h: [n_tokens][dim] FFN inputs; gate: [n_tokens][ffn_dim] gate pre-activations (before
-  // silu/relu). Called from the thread that runs the forward pass.
-  virtual void OnFfn(int64_t layer, const float* h, const float* gate, int64_t n_tokens) = 0;
+  // h: [n_tokens][dim] FFN inputs; gate, up: [n_tokens][ffn_dim] gate pre-activations (before
+  // silu/relu) and up projections. Called from the thread that runs the forward pass.
+  virtual void OnFfn(int64_t layer, const float* h, const float* gate, const float* up,
+                     int64_t n_tokens) = 0;
 };
 
 // Every neuron, every token: gate and up as GEMMs, the activation, then down.

@@ -58,6 +58,7 @@ absl::Status Validate(const ActivationStats& s, const std::string& where) {
     }
   }
   const bool has_hist = !s.layers[0].histogram.empty();
+  const bool has_coeff = !s.layers[0].coeff_cuts.empty();
   if (has_hist) {
     if (s.hist_bins_per_octave <= 0 || !std::isfinite(s.hist_log2_min)) {
       return Invalid(where,
@@ -79,22 +80,30 @@ absl::Status Validate(const ActivationStats& s, const std::string& where) {
             where, absl::StrCat(lw, ": frequency of neuron ", i, " = ", f, " is not in [0, 1]"));
       }
     }
-    if (layer.cuts.size() != s.targets.size()) {
-      return Invalid(where, absl::StrCat(lw, ": ", layer.cuts.size(), " cuts for ",
-                                         s.targets.size(), " targets"));
-    }
-    for (size_t i = 0; i < layer.cuts.size(); ++i) {
-      const float c = layer.cuts[i];
-      if (!std::isfinite(c) || c < 0.0f) {
-        return Invalid(where,
-                       absl::StrCat(lw, ": cut ", i, " = ", c, " is not a finite value >= 0"));
+    auto check_cuts = [&](const std::vector<float>& cuts, const char* what) -> absl::Status {
+      if (cuts.size() != s.targets.size()) {
+        return Invalid(where, absl::StrCat(lw, ": ", cuts.size(), " ", what, "s for ",
+                                           s.targets.size(), " targets"));
       }
-      // A higher target sparsity can never need a lower cut.
-      if (i > 0 && c < layer.cuts[i - 1]) {
-        return Invalid(where, absl::StrCat(lw, ": cuts are not ascending with the targets: ",
-                                           absl::StrJoin(layer.cuts, ", ")));
+      for (size_t i = 0; i < cuts.size(); ++i) {
+        const float c = cuts[i];
+        if (!std::isfinite(c) || c < 0.0f) {
+          return Invalid(where,
+                         absl::StrCat(lw, ": ", what, " ", i, " = ", c, " is not a finite value >= 0"));
+        }
+        // A higher target sparsity can never need a lower cut.
+        if (i > 0 && c < cuts[i - 1]) {
+          return Invalid(where, absl::StrCat(lw, ": ", what, "s are not ascending with the targets: ",
+                                             absl::StrJoin(cuts, ", ")));
+        }
       }
+      return absl::OkStatus();
+    };
+    TC_RETURN_IF_ERROR(check_cuts(layer.cuts, "cut"));
+    if (layer.coeff_cuts.empty() != !has_coeff) {
+      return Invalid(where, absl::StrCat(lw, ": coefficient cuts present in some layers only"));
     }
+    if (has_coeff) TC_RETURN_IF_ERROR(check_cuts(layer.coeff_cuts, "coefficient cut"));
     if (layer.histogram.empty() != !has_hist ||
         (has_hist && layer.histogram.size() != s.layers[0].histogram.size())) {
       return Invalid(where, absl::StrCat(lw, ": histogram has ", layer.histogram.size(),
@@ -165,6 +174,19 @@ absl::StatusOr<float> ActivationStats::CutFor(int64_t layer, float target) const
                                           "; the profile has targets: ", TargetList(targets)));
 }
 
+absl::StatusOr<float> ActivationStats::CoeffCutFor(int64_t layer, float target) const {
+  TC_RETURN_IF_ERROR(CutFor(layer, target).status());
+  if (layers[layer].coeff_cuts.empty()) {
+    return absl::FailedPreconditionError(
+        "activation stats: no coefficient cuts (|act(gate) * up|); the file comes from an older "
+        "`thermocline profile`: profile the model again");
+  }
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (std::fabs(targets[i] - target) <= kTargetTolerance) return layers[layer].coeff_cuts[i];
+  }
+  return absl::InternalError("unreachable: CutFor found the target");
+}
+
 absl::Status WriteActivationStats(const ActivationStats& stats, const std::string& path) {
   TC_RETURN_IF_ERROR(Validate(stats, absl::StrCat("activation stats for ", path)));
   GgufWriter w;
@@ -191,6 +213,11 @@ absl::Status WriteActivationStats(const ActivationStats& stats, const std::strin
       TC_RETURN_IF_ERROR(w.AddTensorBytes(p + "act_cuts", GgmlType::kF32,
                                           {static_cast<int64_t>(layer.cuts.size())},
                                           Bytes(layer.cuts)));
+      if (!layer.coeff_cuts.empty()) {
+        TC_RETURN_IF_ERROR(w.AddTensorBytes(p + "coef_cuts", GgmlType::kF32,
+                                            {static_cast<int64_t>(layer.coeff_cuts.size())},
+                                            Bytes(layer.coeff_cuts)));
+      }
     }
     if (has_hist) {
       TC_RETURN_IF_ERROR(w.AddTensorBytes(p + "act_hist", GgmlType::kF32,
@@ -245,6 +272,9 @@ absl::StatusOr<ActivationStats> ReadActivationStats(const std::string& path,
       return Invalid(where, absl::StrCat("hist_bins_per_octave ", bpo, " is too large"));
     s.hist_bins_per_octave = static_cast<int32_t>(bpo);
   }
+  // Profiles from before the coefficient criterion have no coef_cuts; they still serve the
+  // single-stage threshold and every other use.
+  const bool has_coeff = f.FindTensor("blk.0.coef_cuts") != nullptr;
   s.layers.resize(n_layers);
   for (int64_t l = 0; l < n_layers; ++l) {
     LayerActivationStats& layer = s.layers[l];
@@ -253,6 +283,11 @@ absl::StatusOr<ActivationStats> ReadActivationStats(const std::string& path,
     if (!s.targets.empty()) {
       TC_ASSIGN_OR_RETURN(layer.cuts, ReadF32Vector(f, where, p + "act_cuts",
                                                     static_cast<int64_t>(s.targets.size())));
+      if (has_coeff) {
+        TC_ASSIGN_OR_RETURN(layer.coeff_cuts,
+                            ReadF32Vector(f, where, p + "coef_cuts",
+                                          static_cast<int64_t>(s.targets.size())));
+      }
     }
     if (has_hist) {
       TC_ASSIGN_OR_RETURN(layer.histogram, ReadF32Vector(f, where, p + "act_hist", -1));

@@ -14,6 +14,9 @@
 //   thermocline.stats.model_dim / model_ffn_dim / block_count   u32   shape checks on load
 //   blk.N.act_freq   F32 [ffn_dim]       share of tokens on which the neuron was active
 //   blk.N.act_cuts   F32 [targets]       per-layer magnitude cut reaching each target sparsity
+//   blk.N.coef_cuts  F32 [targets] (optional, every layer or none) per-layer cut on the
+//                                        coefficient |act(gate_i . h) * (up_i . h)| that scales
+//                                        neuron i's down row, reaching each target share
 //   blk.N.act_hist   F32 [bins] (optional) distribution of log magnitudes, for reports
 //   thermocline.stats.hist_log2_min / hist_bins_per_octave   f32 / u32   act_hist bin edges
 //                                             (present with act_hist)
@@ -31,6 +34,7 @@ namespace thermocline {
 struct LayerActivationStats {
   std::vector<float> frequency;  // [ffn_dim]
   std::vector<float> cuts;       // [targets.size()]
+  std::vector<float> coeff_cuts;  // [targets.size()], or empty (profiles from before them)
   std::vector<float> histogram;  // optional
 };
 
@@ -51,6 +55,8 @@ struct ActivationStats {
   // The cut of `layer` for `target` (which must be one of `targets`, within 1e-4), or an error
   // listing the available targets.
   absl::StatusOr<float> CutFor(int64_t layer, float target) const;
+  // The same for the coefficient cut; FailedPrecondition when the file has none.
+  absl::StatusOr<float> CoeffCutFor(int64_t layer, float target) const;
 };
 
 absl::Status WriteActivationStats(const ActivationStats& stats, const std::string& path);

@@ -96,6 +96,7 @@ void NeuronFfn::Prepare(size_t n, int64_t dim, int n_threads) {
     coeff_.resize(n);
     up_.resize(n);
     ids_.resize(n);
+    down_ids_.resize(n);
   }
   if (lanes_.size() < static_cast<size_t>(n_threads)) lanes_.resize(n_threads);
   for (Lane& lane : lanes_) {
@@ -121,7 +122,8 @@ int64_t NeuronFfn::Compute(const NeuronWeights& w, const float* h,
     const size_t kept = Compact(w.activation, candidates.data() + k0, gate_.data() + k0, k1 - k0,
                                 filter, ids_.data() + k0, coeff_.data() + k0);
     lanes_[s].kept = kept;
-    RunRange(w, h, k0, k0 + kept, s == 0 ? out : lanes_[s].partial.data(), s > 0, solo);
+    lanes_[s].down_kept = RunRange(w, h, k0, k0 + kept, filter.coeff_cut,
+                                   s == 0 ? out : lanes_[s].partial.data(), s > 0, solo);
   };
   if (shares == 1) {
     run_share(0);
@@ -133,7 +135,9 @@ int64_t NeuronFfn::Compute(const NeuronWeights& w, const float* h,
   }
   // Close the gaps between the shares' survivors, for survivors().
   size_t m = lanes_[0].kept;
+  down_rows_ = static_cast<int64_t>(lanes_[0].down_kept);
   for (int s = 1; s < shares; ++s) {
+    down_rows_ += static_cast<int64_t>(lanes_[s].down_kept);
     const size_t k0 = n * s / shares, kept = lanes_[s].kept;
     std::copy_n(ids_.data() + k0, kept, ids_.data() + m);
     m += kept;
@@ -149,18 +153,32 @@ int64_t NeuronFfn::ComputeWithGate(const NeuronWeights& w, const float* h,
   // One pass on this thread: 8 bytes per candidate against the dim-sized rows the kernels read.
   n_survivors_ = Compact(w.activation, candidates.data(), gate, candidates.size(), filter,
                          ids_.data(), coeff_.data());
-  RunSurvivors(w, h, out, pool);
+  RunSurvivors(w, h, filter.coeff_cut, out, pool);
   return static_cast<int64_t>(n_survivors_);
 }
 
-void NeuronFfn::RunRange(const NeuronWeights& w, const float* h, size_t k0, size_t k1, float* acc,
-                         bool zero_acc, ThreadPool& solo) {
+size_t NeuronFfn::RunRange(const NeuronWeights& w, const float* h, size_t k0, size_t k1,
+                           float coeff_cut, float* acc, bool zero_acc, ThreadPool& solo) {
   const int64_t len = static_cast<int64_t>(k1 - k0);
   if (zero_acc) std::fill(acc, acc + w.dim(), 0.0f);
-  if (len == 0) return;
+  if (len == 0) return 0;
   GatherMatMul(w.up, ids_.data() + k0, len, h, up_.data() + k0, solo);
   for (size_t k = k0; k < k1; ++k) coeff_[k] = coeff_[k] * up_[k];
-  AxpyRows(w.down_t, ids_.data() + k0, coeff_.data() + k0, len, acc, solo);
+  if (!(coeff_cut > 0.0f)) {
+    AxpyRows(w.down_t, ids_.data() + k0, coeff_.data() + k0, len, acc, solo);
+    return k1 - k0;
+  }
+  // Second stage, compacted branch-free like the first (up_ is free again: it holds the kept
+  // coefficients).
+  size_t m = k0;
+  for (size_t k = k0; k < k1; ++k) {
+    down_ids_[m] = ids_[k];
+    up_[m] = coeff_[k];
+    m += std::fabs(coeff_[k]) >= coeff_cut ? 1 : 0;
+  }
+  AxpyRows(w.down_t, down_ids_.data() + k0, up_.data() + k0, static_cast<int64_t>(m - k0), acc,
+           solo);
+  return m - k0;
 }
 
 void NeuronFfn::AddPartials(int shares, int64_t dim, float* out) const {
@@ -170,23 +188,27 @@ void NeuronFfn::AddPartials(int shares, int64_t dim, float* out) const {
   }
 }
 
-void NeuronFfn::RunSurvivors(const NeuronWeights& w, const float* h, float* out, ThreadPool& pool) {
+void NeuronFfn::RunSurvivors(const NeuronWeights& w, const float* h, float coeff_cut, float* out,
+                             ThreadPool& pool) {
   const size_t m = n_survivors_;
+  down_rows_ = 0;
   if (m == 0) return;
   const int shares =
       SharesFor(static_cast<int64_t>(m), w.up.row_bytes + w.down_t.row_bytes, pool.size());
   auto run_share = [&](int s) {
-    RunRange(w, h, m * s / shares, m * (s + 1) / shares, s == 0 ? out : lanes_[s].partial.data(),
-             s > 0, *lanes_[s].solo);
+    lanes_[s].down_kept =
+        RunRange(w, h, m * s / shares, m * (s + 1) / shares, coeff_cut,
+                 s == 0 ? out : lanes_[s].partial.data(), s > 0, *lanes_[s].solo);
   };
   if (shares == 1) {
     run_share(0);
-    return;
+  } else {
+    pool.Run([&](int tid, int) {
+      if (tid < shares) run_share(tid);
+    });
+    AddPartials(shares, w.dim(), out);
   }
-  pool.Run([&](int tid, int) {
-    if (tid < shares) run_share(tid);
-  });
-  AddPartials(shares, w.dim(), out);
+  for (int s = 0; s < shares; ++s) down_rows_ += static_cast<int64_t>(lanes_[s].down_kept);
 }
 
 absl::StatusOr<DownRows> DownRows::ForLayer(const LlamaModel& model, int64_t layer,

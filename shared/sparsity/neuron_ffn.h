@@ -7,7 +7,8 @@
 //   g_i = gate_i . h                     for i in C        (GatherMatMul over the gate rows)
 //   S   = {i in C : filter(act(g_i))}                        (the neurons that run)
 //   u_i = up_i . h                       for i in S        (GatherMatMul over the up rows)
-//   out += sum_{i in S} act(g_i) u_i down_t_i              (AxpyRows over down_t rows)
+//   D   = {i in S : |act(g_i) u_i| >= coeff_cut}           (all of S without a coefficient cut)
+//   out += sum_{i in D} act(g_i) u_i down_t_i              (AxpyRows over down_t rows)
 // Each g_i and u_i is computed by the same kernel and the same operation sequence as the dense
 // MatMul computes it, and act(g) * u with the same float operations as ops.h's SwiGlu/ReluGlu,
 // so every per-neuron product is bit-identical to the dense pass; only the order in which the
@@ -28,19 +29,27 @@
 
 namespace thermocline {
 
-// Which candidates run, judged on a = act(gate . h).
+// Which candidates run: their up rows judged on a = act(gate . h), then (optionally) their
+// down rows on the coefficient c = a * (up . h) that scales the down row.
 struct NeuronFilter {
   enum class Kind {
     kNone,       // every candidate
     kPositive,   // a > 0: exact for ReLU (the others contribute exactly 0)
-    kMagnitude,  // |a| >= cut (CATS/TEAL; activation_stats.h's definition of "active")
+    kMagnitude,  // |a| >= cut (CATS; activation_stats.h's definition of "active")
   };
   Kind kind = Kind::kNone;
   float cut = 0.0f;
+  // > 0: of the neurons that passed the first stage, only those with |c| >= coeff_cut have
+  // their down row read. |c| is the exact size of the neuron's contribution (times its down
+  // row), so this second stage drops far less than a gate cut skipping as many down rows: the
+  // gate alone cannot see a large up value (TEAL's argument for sparsifying the down input).
+  float coeff_cut = 0.0f;
 
-  static NeuronFilter None() { return {Kind::kNone, 0.0f}; }
-  static NeuronFilter Positive() { return {Kind::kPositive, 0.0f}; }
-  static NeuronFilter Magnitude(float cut) { return {Kind::kMagnitude, cut}; }
+  static NeuronFilter None() { return {Kind::kNone, 0.0f, 0.0f}; }
+  static NeuronFilter Positive() { return {Kind::kPositive, 0.0f, 0.0f}; }
+  static NeuronFilter Magnitude(float cut, float coeff_cut = 0.0f) {
+    return {Kind::kMagnitude, cut, coeff_cut};
+  }
 };
 
 // One layer's FFN weights in neuron-major form: gate, up and down_t are all [ffn_dim][dim],
@@ -76,7 +85,8 @@ class NeuronFfn {
   explicit NeuronFfn(int64_t max_candidates);
 
   // Adds the FFN output of the candidates that pass `filter` to out[0..dim) for one token
-  // h[0..dim) (see the top of this file) and returns how many ran. Candidates must be distinct
+  // h[0..dim) (see the top of this file) and returns how many ran (had their up row read;
+  // down_rows() says how many of those had their down row read). Candidates must be distinct
   // and in [0, ffn_dim) (ValidateNeuronIds for untrusted lists); any order.
   int64_t Compute(const NeuronWeights& w, const float* h, std::span<const int32_t> candidates,
                   NeuronFilter filter, float* out, ThreadPool& pool);
@@ -89,6 +99,8 @@ class NeuronFfn {
 
   // The neurons that ran in the last call, in candidate order.
   std::span<const int32_t> survivors() const { return {ids_.data(), n_survivors_}; }
+  // Down rows read in the last call (= survivors().size() without a coefficient cut).
+  int64_t down_rows() const { return down_rows_; }
 
  private:
   // One per pool thread: a single-thread pool that runs the kernels on that thread's share,
@@ -96,22 +108,26 @@ class NeuronFfn {
   struct Lane {
     std::unique_ptr<ThreadPool> solo;
     std::vector<float> partial;
-    size_t kept = 0;
+    size_t kept = 0;       // survivors of the first stage
+    size_t down_kept = 0;  // of those, down rows read
   };
   void Prepare(size_t n_candidates, int64_t dim, int n_threads);
   // Up and down of the survivors ids_[k0, k1) (coeff_ holding their activations) added to acc
-  // (zeroed first if asked), on the calling thread.
-  void RunRange(const NeuronWeights& w, const float* h, size_t k0, size_t k1, float* acc,
-                bool zero_acc, ThreadPool& solo);
+  // (zeroed first if asked), on the calling thread; returns the down rows read.
+  size_t RunRange(const NeuronWeights& w, const float* h, size_t k0, size_t k1, float coeff_cut,
+                  float* acc, bool zero_acc, ThreadPool& solo);
   // out += the partials of shares 1..shares-1, in order.
   void AddPartials(int shares, int64_t dim, float* out) const;
   // Up and down over ids_[0, n_survivors_), split equally over the pool.
-  void RunSurvivors(const NeuronWeights& w, const float* h, float* out, ThreadPool& pool);
+  void RunSurvivors(const NeuronWeights& w, const float* h, float coeff_cut, float* out,
+                    ThreadPool& pool);
 
   std::vector<Lane> lanes_;
   std::vector<float> gate_, coeff_, up_;
   std::vector<int32_t> ids_;
+  std::vector<int32_t> down_ids_;  // second-stage survivors, at the same offsets as ids_
   size_t n_survivors_ = 0;
+  int64_t down_rows_ = 0;
 };
 
 // The down projection of one layer stored one row per neuron, for AxpyRows: the model's

@@ -491,7 +491,8 @@ class SampleCollector final : public FfnObserver {
     }
   }
 
-  void OnFfn(int64_t layer, const float* h, const float* gate, int64_t n_tokens) override {
+  void OnFfn(int64_t layer, const float* h, const float* gate, const float* /*up*/,
+             int64_t n_tokens) override {
     LayerSamples& s = layers_[layer];
     const int64_t nf = config_.ffn_dim;
     const bool relu = config_.activation == FfnActivation::kRelu;

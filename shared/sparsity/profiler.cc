@@ -47,6 +47,7 @@ class ProfileObserver final : public FfnObserver {
 
   struct Layer {
     MagnitudeHistogram hist;
+    MagnitudeHistogram coeff_hist;  // |act(gate) * up|: the weight of the neuron's down row
     std::vector<int64_t> positive;   // tokens with gate > 0, per neuron
     std::vector<int64_t> above_cut;  // pass 2: tokens with magnitude >= cut, per neuron
     int64_t observed = 0;            // tokens seen in the current pass
@@ -60,7 +61,8 @@ class ProfileObserver final : public FfnObserver {
   }
   const Layer& layer(int64_t l) const { return layers_[l]; }
 
-  void OnFfn(int64_t layer, const float* /*h*/, const float* gate, int64_t n_tokens) override {
+  void OnFfn(int64_t layer, const float* /*h*/, const float* gate, const float* up,
+             int64_t n_tokens) override {
     Layer& L = layers_[layer];
     L.observed += n_tokens;
     const int64_t nf = config_.ffn_dim;
@@ -80,20 +82,30 @@ class ProfileObserver final : public FfnObserver {
         return;
       }
       Scratch& s = scratch_[tid];
-      if (s.counts.empty()) s.counts.assign(MagnitudeHistogram::kBins, 0);
+      if (s.counts.empty()) {
+        s.counts.assign(MagnitudeHistogram::kBins, 0);
+        s.coeff_counts.assign(MagnitudeHistogram::kBins, 0);
+      }
       for (int64_t t = 0; t < n_tokens; ++t) {
         const float* g = gate + t * nf;
+        const float* u = up + t * nf;
         for (int64_t i = begin; i < end; ++i) {
           const float x = g[i];
-          if (!std::isfinite(x)) {
+          const float a = ActivationMagnitude(config_.activation, x);
+          const float coeff = a * std::fabs(u[i]);
+          if (!std::isfinite(x) || !std::isfinite(coeff)) {
             ++bad[tid];
             continue;
           }
           if (x > 0.0f) ++L.positive[i];
-          const int key = MagnitudeHistogram::Key(ActivationMagnitude(config_.activation, x));
+          const int key = MagnitudeHistogram::Key(a);
           ++s.counts[key];
           s.min_key = std::min(s.min_key, key);
           s.max_key = std::max(s.max_key, key);
+          const int ckey = MagnitudeHistogram::Key(coeff);
+          ++s.coeff_counts[ckey];
+          s.min_ckey = std::min(s.min_ckey, ckey);
+          s.max_ckey = std::max(s.max_ckey, ckey);
         }
       }
     };
@@ -111,17 +123,21 @@ class ProfileObserver final : public FfnObserver {
         if (s.counts[k] != 0) L.hist.AddCount(k, s.counts[k]);
         s.counts[k] = 0;
       }
-      s.min_key = MagnitudeHistogram::kBins;
-      s.max_key = -1;
+      for (int k = s.min_ckey; k <= s.max_ckey; ++k) {
+        if (s.coeff_counts[k] != 0) L.coeff_hist.AddCount(k, s.coeff_counts[k]);
+        s.coeff_counts[k] = 0;
+      }
+      s.min_key = s.min_ckey = MagnitudeHistogram::kBins;
+      s.max_key = s.max_ckey = -1;
       L.non_finite += bad[tid];
     }
   }
 
  private:
   struct Scratch {
-    std::vector<uint32_t> counts;
-    int min_key = MagnitudeHistogram::kBins;
-    int max_key = -1;
+    std::vector<uint32_t> counts, coeff_counts;
+    int min_key = MagnitudeHistogram::kBins, min_ckey = MagnitudeHistogram::kBins;
+    int max_key = -1, max_ckey = -1;
   };
   const LlamaConfig& config_;
   ThreadPool& pool_;
@@ -253,7 +269,7 @@ absl::StatusOr<ProfileResult> ProfileActivations(const LlamaModel& model,
     if (observer.layer(l).non_finite > 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("layer ", l, ": ", observer.layer(l).non_finite,
-                       " gate pre-activations were not finite (the model's weights or the forward "
+                       " gate pre-activations or coefficients were not finite (the model's weights or the forward "
                        "pass are broken)"));
     }
   }
@@ -280,6 +296,8 @@ absl::StatusOr<ProfileResult> ProfileActivations(const LlamaModel& model,
       // A cut of 0 would keep every neuron, exact zeros included; the smallest positive float
       // keeps exactly the nonzero ones, which is what a sparse executor can skip anyway.
       L.cuts.push_back(std::max(h.Quantile(t), std::numeric_limits<float>::denorm_min()));
+      L.coeff_cuts.push_back(std::max(observer.layer(l).coeff_hist.Quantile(t),
+                                      std::numeric_limits<float>::denorm_min()));
     }
     frequency_cuts[l] = L.cuts[freq_index];
     L.histogram = h.OctaveShares(kHistLog2Min, kHistOctaves);

@@ -68,7 +68,8 @@ class MagnitudeHistogram {
 struct ProfileOptions {
   int64_t window = 256;  // positions per corpus window (BOS included); at most the model context
   int64_t batch = 256;   // positions per forward call
-  std::vector<float> targets = {0.3f, 0.4f, 0.5f, 0.6f, 0.7f, 0.8f, 0.9f};  // ascending, in (0,1)
+  // Ascending, in (0, 1). The low ones serve threshold mode's gate cut (kDefaultGateSparsity).
+  std::vector<float> targets = {0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f, 0.7f, 0.8f, 0.9f};
   float frequency_target = 0.5f;  // SiLU: the target whose cut defines the frequencies
   bool progress = false;          // progress bars with ETA on stderr
 };

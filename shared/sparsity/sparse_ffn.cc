@@ -49,11 +49,13 @@ void SparseFfn::RunToken(Worker& worker, ThreadPool& pool, int64_t layer, const 
   if (gate != nullptr) {
     worker.candidates += static_cast<int64_t>(all_ids_.size());
     worker.active += worker.neurons.ComputeWithGate(w, h, all_ids_, gate, filter, out, pool);
+    worker.down += worker.neurons.down_rows();
     return;
   }
   plan_.predictors->Predict(layer, h, &worker.predicted, pool);
   worker.candidates += static_cast<int64_t>(worker.predicted.size());
   worker.active += worker.neurons.Compute(w, h, worker.predicted, filter, out, pool);
+  worker.down += worker.neurons.down_rows();
 }
 
 void SparseFfn::Compute(int64_t layer, const float* h, int64_t n_tokens, float* out) {
@@ -65,6 +67,7 @@ void SparseFfn::Compute(int64_t layer, const float* h, int64_t n_tokens, float* 
     dense_.Compute(layer, h, n_tokens, out);
     act.candidates += n_tokens * c.ffn_dim;
     act.active += n_tokens * c.ffn_dim;
+    act.down += n_tokens * c.ffn_dim;
     return;
   }
   std::fill(out, out + n_tokens * c.dim, 0.0f);
@@ -92,7 +95,8 @@ void SparseFfn::Compute(int64_t layer, const float* h, int64_t n_tokens, float* 
   for (Worker& worker : workers_) {
     act.candidates += worker.candidates;
     act.active += worker.active;
-    worker.candidates = worker.active = 0;
+    act.down += worker.down;
+    worker.candidates = worker.active = worker.down = 0;
   }
 }
 
@@ -113,6 +117,15 @@ double SparseFfn::ActiveRatio() const {
   return total > 0 ? active / total : 0;
 }
 
+double SparseFfn::DownRatio() const {
+  double down = 0, total = 0;
+  for (const LayerActivity& a : activity_) {
+    down += static_cast<double>(a.down);
+    total += static_cast<double>(a.tokens) * model_.config().ffn_dim;
+  }
+  return total > 0 ? down / total : 0;
+}
+
 double SparseFfn::FfnBytesPerToken() const {
   double bytes = 0;
   for (size_t l = 0; l < activity_.size(); ++l) {
@@ -128,7 +141,8 @@ double SparseFfn::FfnBytesPerToken() const {
     }
     const NeuronWeights& w = weights_[l];
     bytes += (static_cast<double>(a.candidates) * w.gate.row_bytes +
-              static_cast<double>(a.active) * (w.up.row_bytes + w.down_t.row_bytes)) /
+              static_cast<double>(a.active) * w.up.row_bytes +
+              static_cast<double>(a.down) * w.down_t.row_bytes) /
              n;
     if (plan_.mode(static_cast<int64_t>(l)) == SparsityMode::kPredicted) {
       const LayerPredictor& p = plan_.predictors->layer(static_cast<int64_t>(l));

@@ -27,7 +27,8 @@ struct SparseFfnOptions {
 struct LayerActivity {
   int64_t tokens = 0;
   int64_t candidates = 0;  // gate rows computed (every neuron, or the predicted ones)
-  int64_t active = 0;      // neurons whose up and down rows ran
+  int64_t active = 0;      // neurons whose up rows ran
+  int64_t down = 0;        // of those, neurons whose down rows ran (fewer under a coefficient cut)
 };
 
 class SparseFfn final : public FfnExecutor {
@@ -50,8 +51,11 @@ class SparseFfn final : public FfnExecutor {
   // active / (tokens * ffn_dim) of one layer, and over all layers; 0 before any token.
   double ActiveRatio(int64_t layer) const;
   double ActiveRatio() const;
+  // down / (tokens * ffn_dim) over all layers: the share of down rows read.
+  double DownRatio() const;
   // FFN weight bytes read per token on average over the recorded activity (gate rows of the
-  // candidates, up and down rows of the active neurons, predictor weights), for floors.
+  // candidates, up rows of the active neurons, down rows of those that passed the coefficient
+  // cut, predictor weights), for floors.
   double FfnBytesPerToken() const;
   // Memory held by transposed down copies.
   int64_t down_t_bytes() const;
@@ -73,7 +77,7 @@ class SparseFfn final : public FfnExecutor {
     std::unique_ptr<ThreadPool> solo;
     NeuronFfn neurons;
     std::vector<int32_t> predicted;
-    int64_t candidates = 0, active = 0;
+    int64_t candidates = 0, active = 0, down = 0;
   };
   void RunToken(Worker& worker, ThreadPool& pool, int64_t layer, const float* h, const float* gate,
                 float* out);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "shared/util/status_macros.h"
@@ -40,6 +41,7 @@ SparsityPlan SparsityPlan::Uniform(SparsityMode mode, int64_t n_layers) {
   SparsityPlan plan;
   plan.modes.assign(n_layers, mode);
   plan.cuts.assign(n_layers, 0.0f);
+  plan.coeff_cuts.assign(n_layers, 0.0f);
   return plan;
 }
 
@@ -48,7 +50,12 @@ NeuronFilter SparsityPlan::FilterFor(int64_t layer, FfnActivation activation) co
     case SparsityMode::kExact:
       return NeuronFilter::Positive();
     case SparsityMode::kThreshold:
-      return NeuronFilter::Magnitude(cuts[layer]);
+      // On a ReLU model a zero activation is never worth its up row, whatever the gate cut.
+      return NeuronFilter::Magnitude(
+          activation == FfnActivation::kRelu
+              ? std::max(cuts[layer], std::numeric_limits<float>::denorm_min())
+              : cuts[layer],
+          coeff_cuts[layer]);
     case SparsityMode::kPredicted:
       // A predicted neuron whose ReLU activation is 0 contributes nothing: skipping its up and
       // down rows loses nothing and saves the reads of the predictor's false positives.
@@ -67,7 +74,8 @@ bool SparsityPlan::AllDense() const {
 
 absl::StatusOr<SparsityPlan> SparsityPlan::ForModel(
     const LlamaConfig& config, SparsityMode mode, const ActivationStats* stats,
-    std::optional<float> target_sparsity, std::shared_ptr<const PredictorSet> predictors) {
+    std::optional<float> target_sparsity, std::shared_ptr<const PredictorSet> predictors,
+    std::optional<float> gate_sparsity) {
   SparsityPlan plan = Uniform(mode, config.n_layers);
   const bool wants_cuts =
       mode == SparsityMode::kThreshold ||
@@ -86,7 +94,14 @@ absl::StatusOr<SparsityPlan> SparsityPlan::ForModel(
                        config.dim, ", ffn_dim ", config.ffn_dim, ", ", config.n_layers, " layers"));
     }
     for (int64_t l = 0; l < config.n_layers; ++l) {
-      TC_ASSIGN_OR_RETURN(plan.cuts[l], stats->CutFor(l, *target_sparsity));
+      if (mode != SparsityMode::kThreshold) {
+        TC_ASSIGN_OR_RETURN(plan.cuts[l], stats->CutFor(l, *target_sparsity));
+        continue;
+      }
+      TC_ASSIGN_OR_RETURN(plan.coeff_cuts[l], stats->CoeffCutFor(l, *target_sparsity));
+      if (gate_sparsity && *gate_sparsity > 0) {
+        TC_ASSIGN_OR_RETURN(plan.cuts[l], stats->CutFor(l, *gate_sparsity));
+      }
     }
   }
   if (mode == SparsityMode::kPredicted && predictors == nullptr) {
@@ -101,15 +116,22 @@ absl::StatusOr<SparsityPlan> SparsityPlan::ForModel(
 
 absl::Status SparsityPlan::Validate(const LlamaConfig& config) const {
   const int64_t n = config.n_layers;
-  if (static_cast<int64_t>(modes.size()) != n || static_cast<int64_t>(cuts.size()) != n) {
-    return absl::InvalidArgumentError(absl::StrCat("sparsity plan has ", modes.size(),
-                                                   " modes and ", cuts.size(),
-                                                   " cuts; the model has ", n, " layers"));
+  if (static_cast<int64_t>(modes.size()) != n || static_cast<int64_t>(cuts.size()) != n ||
+      static_cast<int64_t>(coeff_cuts.size()) != n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sparsity plan has ", modes.size(), " modes, ", cuts.size(), " cuts and ",
+        coeff_cuts.size(), " coefficient cuts; the model has ", n, " layers"));
   }
   for (int64_t l = 0; l < n; ++l) {
-    if (!std::isfinite(cuts[l]) || cuts[l] < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("sparsity plan: layer ", l, ": cut ", cuts[l],
-                                                     " is not a finite value >= 0"));
+    for (float c : {cuts[l], coeff_cuts[l]}) {
+      if (!std::isfinite(c) || c < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("sparsity plan: layer ", l, ": cut ", c,
+                                                       " is not a finite value >= 0"));
+      }
+    }
+    if (modes[l] != SparsityMode::kThreshold && coeff_cuts[l] != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sparsity plan: layer ", l, ": a coefficient cut belongs to mode 'threshold' only"));
     }
     switch (modes[l]) {
       case SparsityMode::kDense:
@@ -177,6 +199,20 @@ absl::StatusOr<SparsityPlan> SparsityPlanFromFlags(const LlamaModel& model,
     return absl::InvalidArgumentError(
         absl::StrCat("--target-sparsity ", *flags.target_sparsity, " must be in [0, 1)"));
   }
+  if (flags.gate_sparsity && mode != SparsityMode::kThreshold) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--gate-sparsity is only used by sparsity mode 'threshold', not '", flags.mode, "'"));
+  }
+  std::optional<float> gate_sparsity;
+  if (mode == SparsityMode::kThreshold) {
+    gate_sparsity = flags.gate_sparsity.value_or(
+        std::min(kDefaultGateSparsity, flags.target_sparsity.value_or(0.0f)));
+    if (!(*gate_sparsity >= 0 && *gate_sparsity <= flags.target_sparsity.value_or(0.0f))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--gate-sparsity ", *gate_sparsity, " must be in [0, --target-sparsity ",
+                       flags.target_sparsity.value_or(0.0f), "]"));
+    }
+  }
   std::optional<ActivationStats> stats;
   if (!flags.stats_path.empty()) {
     auto read = ReadActivationStats(flags.stats_path, &c);
@@ -208,7 +244,7 @@ absl::StatusOr<SparsityPlan> SparsityPlanFromFlags(const LlamaModel& model,
     predictors = std::make_shared<const PredictorSet>(std::move(*set));
   }
   return SparsityPlan::ForModel(c, mode, stats ? &*stats : nullptr, flags.target_sparsity,
-                                std::move(predictors));
+                                std::move(predictors), gate_sparsity);
 }
 
 }  // namespace thermocline

@@ -2,8 +2,11 @@
 //   dense      every neuron, as DenseFfn computes it;
 //   exact      ReLU family: the gate for every neuron, then up and down only where the
 //              activation is > 0 (the other products are exactly zero, so nothing is lost);
-//   threshold  neurons whose |act(gate . h)| is under the layer's calibrated cut are skipped
-//              (CATS/TEAL-style; the cut comes from `thermocline profile`);
+//   threshold  two calibrated per-layer cuts from `thermocline profile`: the down row of neuron i
+//              is skipped when its coefficient |act(gate_i . h) * (up_i . h)| is under the
+//              coefficient cut of the target sparsity (TEAL's criterion for the down input),
+//              and its up row too when |act(gate_i . h)| is under the gate cut of the (lower)
+//              gate sparsity (CATS's criterion; the gate is computed for every neuron);
 //   predicted  the layer's predictor picks the candidate neurons before any FFN work; among
 //              them, ReLU models still skip those whose activation is 0, and SiLU models those
 //              under the layer's cut when one is set.
@@ -37,19 +40,22 @@ absl::StatusOr<SparsityMode> ParseSparsityModeOrError(std::string_view name);
 // predicted on SiLU models) and the predictors (predicted).
 struct SparsityPlan {
   std::vector<SparsityMode> modes;  // [n_layers]
-  std::vector<float> cuts;          // [n_layers]; 0 = no cut
+  std::vector<float> cuts;          // [n_layers]; |act(gate)| cut, 0 = no cut
+  std::vector<float> coeff_cuts;    // [n_layers]; |act(gate) * up| cut, 0 = no cut
   std::shared_ptr<const PredictorSet> predictors;
 
   // The same mode for every layer, no cuts, no predictors.
   static SparsityPlan Uniform(SparsityMode mode, int64_t n_layers);
 
   // One mode for every layer of `model`, with what it needs: `stats` and `target_sparsity`
-  // (threshold: the cut of each layer for that target, via ActivationStats::CutFor; predicted
-  // on a SiLU model: optional), `predictors` (predicted). Then Validate.
+  // (threshold: each layer's coefficient cut for that target, and its gate cut for
+  // `gate_sparsity` when given; predicted on a SiLU model: the gate cut for the target,
+  // optional), `predictors` (predicted). Then Validate.
   static absl::StatusOr<SparsityPlan> ForModel(const LlamaConfig& config, SparsityMode mode,
                                                const ActivationStats* stats,
                                                std::optional<float> target_sparsity,
-                                               std::shared_ptr<const PredictorSet> predictors);
+                                               std::shared_ptr<const PredictorSet> predictors,
+                                               std::optional<float> gate_sparsity = std::nullopt);
 
   SparsityMode mode(int64_t layer) const { return modes[layer]; }
   // Which of a layer's candidates run (NeuronFfn's filter), for every executor of the plan:
@@ -66,10 +72,18 @@ struct SparsityPlan {
 
 // The command-line face of a plan, shared by `generate`, `perplexity`, the benchmarks and the
 // workers: --sparsity MODE [--stats S.gguf --target-sparsity T] [--predictor P.gguf].
+// The measured sweet spot on stories260K (docs/sparsity.md): a gate cut at 20% costs almost
+// nothing and saves a fifth of the up rows; higher gate cuts cost more perplexity than the
+// coefficient cut does for the same rows.
+inline constexpr float kDefaultGateSparsity = 0.2f;
+
 struct SparsityFlags {
   std::string mode = "dense";
   std::string stats_path;                // activation statistics from `thermocline profile`
   std::optional<float> target_sparsity;  // picks the cuts in the statistics
+  // threshold: the share of up rows skipped by the gate cut (one of the profiled targets, at
+  // most target_sparsity); nullopt = kDefaultGateSparsity capped at target_sparsity, 0 = none.
+  std::optional<float> gate_sparsity;
   std::string predictor_path;            // empty: the model file's own predictors, if any
 };
 

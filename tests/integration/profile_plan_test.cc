@@ -40,7 +40,7 @@ TEST(ProfilePlanTest, Stories260KProfileThenPlan) {
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->criterion, "magnitude");
   EXPECT_EQ(s->tokens, 2048 / 127 * 128);
-  EXPECT_EQ(s->targets.size(), 7u);
+  EXPECT_EQ(s->targets.size(), 9u);  // 0.1 .. 0.9
 
   // A budget that holds the dense part (about 0.8 MiB at context 512 with 1 MiB of scratch) and
   // part of the 645 KiB of FFN neurons.

@@ -102,22 +102,26 @@ TEST(ExactSparsityTest, LogitsEqualDenseOnReluModel) {
 }
 
 // stories260K with cuts from the real `thermocline profile` (first 4k corpus tokens), perplexity
-// on the first 15k tokens. CATS's criterion costs this tiny model far more than the issue's
-// target (5% at 50% sparsity): measured x1.05 at 30% and x1.38 at 50% (docs/sparsity.md has
-// the curve and the variants that were measured). These bounds guard that curve.
+// on the first 15k tokens. Threshold mode skips a neuron's down row on its coefficient
+// |silu(gate) * up| (the target sparsity) and its up row on |silu(gate)| (the default 20% gate
+// sparsity). CATS's gate-only criterion costs this tiny model x1.38 at 50%; the coefficient
+// criterion x1.035 (docs/sparsity.md has the curves).
 class ThresholdSparsityTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     stats_ = new std::string(testing::TempDir() + "/stories-stats.gguf");
     auto r =
         RunCommand({Thermocline(), "profile", "--model", Stories(), "--corpus", Corpus(),
-                    "--tokens", "4000", "--targets", "0.3,0.5", "--threads", "2", "-o", *stats_});
+                    "--tokens", "4000", "--targets", "0.2,0.3,0.5", "--threads", "2", "-o",
+                    *stats_});
     ASSERT_EQ(r.exit_code, 0) << r.err;
   }
   static void TearDownTestSuite() { delete stats_; }
 
   struct Measured {
-    double perplexity = 0, sparsity = 0;
+    double perplexity = 0;
+    double sparsity = 0;     // share of down rows skipped
+    double up_sparsity = 0;  // share of up rows skipped
   };
   // Perplexity in `mode` at `target` (threshold), through the same flag path as the commands.
   static Measured Run(const std::string& mode, std::optional<float> target) {
@@ -152,7 +156,10 @@ class ThresholdSparsityTest : public ::testing::Test {
     auto r = Perplexity(pass, *tokens, wo);
     EXPECT_TRUE(r.ok()) << r.status();
     if (r.ok()) m.perplexity = r->perplexity;
-    if (sparse) m.sparsity = 1 - sparse->ActiveRatio();
+    if (sparse) {
+      m.sparsity = 1 - sparse->DownRatio();
+      m.up_sparsity = 1 - sparse->ActiveRatio();
+    }
     return m;
   }
 
@@ -165,24 +172,26 @@ TEST_F(ThresholdSparsityTest, Stories260KCurveFromProfiledCuts) {
   const Measured s30 = Run("threshold", 0.3f);
   const Measured s50 = Run("threshold", 0.5f);
   std::printf(
-      "stories260K, 15k tokens: dense %.4f; threshold 30%%: %.4f (x%.4f, sparsity %.3f); "
-      "50%%: %.4f (x%.4f, sparsity %.3f)\n",
+      "stories260K, 15k tokens: dense %.4f; threshold 30%%: %.4f (x%.4f, down/up sparsity "
+      "%.3f/%.3f); 50%%: %.4f (x%.4f, %.3f/%.3f)\n",
       dense.perplexity, s30.perplexity, s30.perplexity / dense.perplexity, s30.sparsity,
-      s50.perplexity, s50.perplexity / dense.perplexity, s50.sparsity);
-  // The profiled cuts reach their targets on other text to within a few points.
-  EXPECT_NEAR(s30.sparsity, 0.3, 0.03);
-  EXPECT_NEAR(s50.sparsity, 0.5, 0.03);
-  EXPECT_LE(s30.perplexity, 1.08 * dense.perplexity);
+      s30.up_sparsity, s50.perplexity, s50.perplexity / dense.perplexity, s50.sparsity,
+      s50.up_sparsity);
+  // The profiled cuts reach their targets on other text to within a few points; the gate cut
+  // adds its own few points of down rows (neurons it drops are not in the coefficient count).
+  EXPECT_NEAR(s30.sparsity, 0.3, 0.06);
+  EXPECT_NEAR(s50.sparsity, 0.5, 0.04);
+  EXPECT_NEAR(s30.up_sparsity, 0.2, 0.03);
+  EXPECT_NEAR(s50.up_sparsity, 0.2, 0.03);
+  EXPECT_LE(s30.perplexity, 1.03 * dense.perplexity);
   EXPECT_GT(s50.perplexity, s30.perplexity);
-  EXPECT_LE(s50.perplexity, 1.5 * dense.perplexity);
 }
 
-// The acceptance criterion, which CATS's |act(gate)| criterion does not meet on
-// stories260K (x1.38, see above and docs/sparsity.md). Disabled so that ctest stays green while
-// the criterion is an open question; run it with --gtest_also_run_disabled_tests.
-TEST_F(ThresholdSparsityTest, DISABLED_Stories260KAtHalfSparsityWithinFivePercentOfDense) {
+// The acceptance criterion: 50% sparsity within 5% of dense perplexity.
+TEST_F(ThresholdSparsityTest, Stories260KAtHalfSparsityWithinFivePercentOfDense) {
   const Measured dense = Run("dense", std::nullopt);
   const Measured s50 = Run("threshold", 0.5f);
+  EXPECT_GE(s50.sparsity, 0.48);
   EXPECT_LE(s50.perplexity, 1.05 * dense.perplexity);
 }
 

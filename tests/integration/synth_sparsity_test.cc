@@ -39,7 +39,8 @@ class SparsityObserver final : public FfnObserver {
     layers_.resize(c.n_layers);
     for (LayerMeasure& m : layers_) m.fires.assign(c.ffn_dim, 0);
   }
-  void OnFfn(int64_t layer, const float* h, const float* gate, int64_t n_tokens) override {
+  void OnFfn(int64_t layer, const float* h, const float* gate, const float*,
+             int64_t n_tokens) override {
     LayerMeasure& m = layers_[layer];
     for (int64_t t = 0; t < n_tokens; ++t) {
       const float* g = gate + t * c_.ffn_dim;

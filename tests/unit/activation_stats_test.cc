@@ -48,6 +48,7 @@ ActivationStats MakeStats(int64_t layers = 3, int64_t ffn = 40) {
   for (int64_t l = 0; l < layers; ++l) {
     for (int64_t i = 0; i < ffn; ++i) s.layers[l].frequency.push_back((i * 7 + l) % 11 / 10.0f);
     s.layers[l].cuts = {0.1f * (l + 1), 0.2f * (l + 1), 0.7f * (l + 1)};
+    s.layers[l].coeff_cuts = {0.01f * (l + 1), 0.03f * (l + 1), 0.05f * (l + 1)};
     s.layers[l].histogram = {0.25f, 0.5f, 0.25f, 0.0f};
   }
   return s;
@@ -66,6 +67,7 @@ void ExpectSame(const ActivationStats& a, const ActivationStats& b) {
   for (size_t l = 0; l < a.layers.size(); ++l) {
     EXPECT_EQ(a.layers[l].frequency, b.layers[l].frequency) << "layer " << l;
     EXPECT_EQ(a.layers[l].cuts, b.layers[l].cuts) << "layer " << l;
+    EXPECT_EQ(a.layers[l].coeff_cuts, b.layers[l].coeff_cuts) << "layer " << l;
     EXPECT_EQ(a.layers[l].histogram, b.layers[l].histogram) << "layer " << l;
   }
 }
@@ -86,6 +88,19 @@ TEST(ActivationStatsTest, RoundTrip) {
   ASSERT_TRUE(checked.ok()) << checked.status();
   config.ffn_dim = 41;
   ExpectError(ReadActivationStats(path, &config).status(), "this model has dim 16, ffn 41");
+
+  // Profiles from before coefficient cuts still read; only the coefficient cuts are missing.
+  ActivationStats old = MakeStats();
+  for (auto& l : old.layers) l.coeff_cuts.clear();
+  ASSERT_TRUE(WriteActivationStats(old, path).ok());
+  auto old_back = ReadActivationStats(path);
+  ASSERT_TRUE(old_back.ok()) << old_back.status();
+  ExpectSame(old, *old_back);
+  EXPECT_TRUE(old_back->CutFor(0, 0.5f).ok());
+  ExpectError(old_back->CoeffCutFor(0, 0.5f).status(), "profile the model again");
+  // Coefficient cuts in some layers only are a broken file.
+  old.layers[1].coeff_cuts = {0.1f, 0.2f, 0.3f};
+  ExpectError(WriteActivationStats(old, path), "coefficient cuts present in some layers only");
 }
 
 TEST(ActivationStatsTest, ReluWithoutTargetsOrHistogramRoundTrips) {
@@ -96,6 +111,7 @@ TEST(ActivationStatsTest, ReluWithoutTargetsOrHistogramRoundTrips) {
   s.hist_log2_min = 0;
   for (auto& l : s.layers) {
     l.cuts.clear();
+    l.coeff_cuts.clear();
     l.histogram.clear();
   }
   const std::string path = testing::TempDir() + "/relu.gguf";
@@ -114,6 +130,10 @@ TEST(ActivationStatsTest, CutFor) {
   ExpectError(s.CutFor(0, 0.6f).status(), "targets: 0.3, 0.5, 0.9");
   ExpectError(s.CutFor(3, 0.5f).status(), "layer 3 is out of range");
   ExpectError(s.CutFor(-1, 0.5f).status(), "layer -1 is out of range");
+  auto cc = s.CoeffCutFor(1, 0.5f);
+  ASSERT_TRUE(cc.ok()) << cc.status();
+  EXPECT_FLOAT_EQ(*cc, 0.06f);
+  ExpectError(s.CoeffCutFor(0, 0.6f).status(), "targets: 0.3, 0.5, 0.9");
 }
 
 TEST(ActivationStatsTest, WriteRejectsInvalidStats) {
@@ -356,7 +376,8 @@ class DirectCounter final : public FfnObserver {
         positive_(c.n_layers, std::vector<int64_t>(c.ffn_dim)),
         below_(c.n_layers, std::vector<int64_t>(cuts_.empty() ? 0 : cuts_[0].size())),
         tokens_(c.n_layers) {}
-  void OnFfn(int64_t layer, const float*, const float* gate, int64_t n_tokens) override {
+  void OnFfn(int64_t layer, const float*, const float* gate, const float*,
+             int64_t n_tokens) override {
     tokens_[layer] += n_tokens;
     for (int64_t t = 0; t < n_tokens; ++t) {
       for (int64_t i = 0; i < c_.ffn_dim; ++i) {
@@ -458,7 +479,7 @@ TEST(ProfilerTest, SiluCutsReachTheirTargetSparsityOnStories260K) {
   ASSERT_TRUE(model.ok()) << model.status();
   auto tokens = TokenizeCorpusFile(CorpusPath(), (*model)->tokenizer(), 4096);
   ASSERT_TRUE(tokens.ok()) << tokens.status();
-  ProfileOptions o;  // window 256, targets 0.3 .. 0.9, frequencies at 0.5
+  ProfileOptions o;  // window 256, targets 0.1 .. 0.9, frequencies at 0.5
   ThreadPool pool(2);
   auto result = ProfileActivations(**model, *tokens, o, pool);
   ASSERT_TRUE(result.ok()) << result.status();
@@ -480,7 +501,9 @@ TEST(ProfilerTest, SiluCutsReachTheirTargetSparsityOnStories260K) {
     // The stored frequencies count exactly the magnitudes at or above the 0.5 cut.
     double freq_sum = 0;
     for (float f : s.layers[l].frequency) freq_sum += f;
-    const double below_half = direct.below_[l][2] / n;  // targets[2] == 0.5
+    const size_t half = std::find(s.targets.begin(), s.targets.end(), 0.5f) - s.targets.begin();
+    ASSERT_LT(half, s.targets.size());
+    const double below_half = direct.below_[l][half] / n;
     EXPECT_NEAR(1 - freq_sum / (*model)->config().ffn_dim, below_half, 1e-5) << "layer " << l;
     EXPECT_NEAR(result->layers[l].measured_sparsity, below_half, 1e-5);
   }

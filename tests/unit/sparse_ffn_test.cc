@@ -169,18 +169,30 @@ TEST_P(NeuronFfnTest, EqualsDenseRestrictedToTheSameRows) {
       std::vector<float> mags(ffn);
       for (int64_t i = 0; i < ffn; ++i) mags[i] = std::fabs(ref.act[i]);
       std::nth_element(mags.begin(), mags.begin() + ffn / 2, mags.end());
-      const FilterCase filters[] = {{"none", NeuronFilter::None()},
-                                    {"positive", NeuronFilter::Positive()},
-                                    {"magnitude", NeuronFilter::Magnitude(mags[ffn / 2])}};
+      const float median_act = mags[ffn / 2];
+      std::nth_element(mags.begin(), mags.begin() + ffn / 4, mags.end());
+      std::vector<float> coeffs(ffn);
+      for (int64_t i = 0; i < ffn; ++i) coeffs[i] = std::fabs(ref.coeff[i]);
+      std::nth_element(coeffs.begin(), coeffs.begin() + ffn / 2, coeffs.end());
+      const FilterCase filters[] = {
+          {"none", NeuronFilter::None()},
+          {"positive", NeuronFilter::Positive()},
+          {"magnitude", NeuronFilter::Magnitude(median_act)},
+          {"two-stage", NeuronFilter::Magnitude(mags[ffn / 4], coeffs[ffn / 2])}};
       const std::vector<float> out0 = RandomVector(dim, rng);
       for (const std::vector<int32_t>& cand : CandidateSets(ffn, rng)) {
         for (const FilterCase& fc : filters) {
           std::vector<int32_t> expect_ids;
+          int64_t expect_down = 0;
           std::vector<double> expect(out0.begin(), out0.end()), sum_abs(dim);
           for (int64_t c = 0; c < dim; ++c) sum_abs[c] = std::fabs(out0[c]);
           for (int32_t i : cand) {
             if (!Passes(fc.filter, ref.act[i])) continue;
             expect_ids.push_back(i);
+            // The coefficient is the dense product's bits too, so the second stage also picks
+            // the same rows.
+            if (std::fabs(ref.coeff[i]) < fc.filter.coeff_cut) continue;
+            ++expect_down;
             for (int64_t c = 0; c < dim; ++c) {
               const double p = static_cast<double>(ref.coeff[i]) * l.down_t.deq[i * dim + c];
               expect[c] += p;
@@ -200,6 +212,7 @@ TEST_P(NeuronFfnTest, EqualsDenseRestrictedToTheSameRows) {
             ASSERT_EQ(ran, static_cast<int64_t>(expect_ids.size()));
             ASSERT_EQ(std::vector<int32_t>(core.survivors().begin(), core.survivors().end()),
                       expect_ids);
+            ASSERT_EQ(core.down_rows(), expect_down);
             for (int64_t c = 0; c < dim; ++c) {
               ASSERT_NEAR(out[c], expect[c], Tolerance(ran + 1, sum_abs[c])) << "c=" << c;
             }
@@ -407,9 +420,34 @@ TEST(SparsityPlanTest, ValidationNamesWhatIsWrong) {
   stats.layers.resize(2);
   stats.layers[0].cuts = {0.01f, 0.02f};
   stats.layers[1].cuts = {0.03f, 0.04f};
+  // A profile from before coefficient cuts cannot serve threshold mode, and says so.
+  auto old = SparsityPlan::ForModel(silu->config(), SparsityMode::kThreshold, &stats, 0.5f, nullptr);
+  ASSERT_FALSE(old.ok());
+  EXPECT_NE(old.status().message().find("profile the model again"), std::string::npos)
+      << old.status();
+  stats.layers[0].coeff_cuts = {0.1f, 0.2f};
+  stats.layers[1].coeff_cuts = {0.3f, 0.4f};
   auto ok = SparsityPlan::ForModel(silu->config(), SparsityMode::kThreshold, &stats, 0.5f, nullptr);
   ASSERT_TRUE(ok.ok()) << ok.status();
-  EXPECT_EQ(ok->cuts, (std::vector<float>{0.02f, 0.04f}));
+  // Coefficient cuts of the target; no gate cut unless asked.
+  EXPECT_EQ(ok->coeff_cuts, (std::vector<float>{0.2f, 0.4f}));
+  EXPECT_EQ(ok->cuts, (std::vector<float>{0.0f, 0.0f}));
+  auto two = SparsityPlan::ForModel(silu->config(), SparsityMode::kThreshold, &stats, 0.5f,
+                                    nullptr, 0.3f);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(two->cuts, (std::vector<float>{0.01f, 0.03f}));
+  const NeuronFilter f = two->FilterFor(1, FfnActivation::kSilu);
+  EXPECT_EQ(f.kind, NeuronFilter::Kind::kMagnitude);
+  EXPECT_EQ(f.cut, 0.03f);
+  EXPECT_EQ(f.coeff_cut, 0.4f);
+  auto missing = SparsityPlan::ForModel(silu->config(), SparsityMode::kThreshold, &stats, 0.5f,
+                                        nullptr, 0.2f);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("0.3, 0.5"), std::string::npos) << missing.status();
+  SparsityPlan wrong = SparsityPlan::Uniform(SparsityMode::kDense, 2);
+  wrong.coeff_cuts[0] = 0.1f;
+  s = wrong.Validate(silu->config());
+  EXPECT_NE(s.message().find("threshold"), std::string::npos) << s;
   stats.ffn_dim = 128;
   auto mismatch =
       SparsityPlan::ForModel(silu->config(), SparsityMode::kThreshold, &stats, 0.5f, nullptr);
@@ -469,9 +507,10 @@ TEST(SparseFfnTest, ThresholdDropsExactlyTheNeuronsUnderTheCut) {
   const LlamaConfig& c = model->config();
   std::mt19937 rng(9);
   ThreadPool pool(2);
-  const float cut = 0.05f;
+  const float cut = 0.05f, coeff_cut = 0.01f;
   SparsityPlan plan = SparsityPlan::Uniform(SparsityMode::kThreshold, 2);
   plan.cuts = {cut, cut};
+  plan.coeff_cuts = {coeff_cut, 0.0f};
   plan.modes[1] = SparsityMode::kDense;
   auto sparse = SparseFfn::Create(*model, plan, pool);
   ASSERT_TRUE(sparse.ok()) << sparse.status();
@@ -490,23 +529,30 @@ TEST(SparseFfnTest, ThresholdDropsExactlyTheNeuronsUnderTheCut) {
   SwiGlu(gate.data(), up.data(), 2 * c.ffn_dim);
   std::vector<float> down(c.dim * c.ffn_dim);
   for (int64_t r = 0; r < c.dim; ++r) DequantizeMatrixRow(w.down, r, down.data() + r * c.ffn_dim);
-  int64_t kept = 0;
+  int64_t kept = 0, down_kept = 0;
   for (int64_t t = 0; t < 2; ++t) {
     for (int64_t r = 0; r < c.dim; ++r) {
       double ref = 0, sum_abs = 0;
       for (int64_t i = 0; i < c.ffn_dim; ++i) {
         if (std::fabs(act[t * c.ffn_dim + i]) < cut) continue;
+        if (std::fabs(gate[t * c.ffn_dim + i]) < coeff_cut) continue;
         const double p = static_cast<double>(gate[t * c.ffn_dim + i]) * down[r * c.ffn_dim + i];
         ref += p;
         sum_abs += std::fabs(p);
       }
       EXPECT_NEAR(got[t * c.dim + r], ref, Tolerance(c.ffn_dim, sum_abs));
     }
-    for (int64_t i = 0; i < c.ffn_dim; ++i) kept += std::fabs(act[t * c.ffn_dim + i]) >= cut;
+    for (int64_t i = 0; i < c.ffn_dim; ++i) {
+      const bool up = std::fabs(act[t * c.ffn_dim + i]) >= cut;
+      kept += up;
+      down_kept += up && std::fabs(gate[t * c.ffn_dim + i]) >= coeff_cut;
+    }
   }
   EXPECT_EQ((*sparse)->activity()[0].active, kept);
+  EXPECT_EQ((*sparse)->activity()[0].down, down_kept);
   EXPECT_LT(kept, 2 * c.ffn_dim);
-  EXPECT_GT(kept, 0);
+  EXPECT_LT(down_kept, kept);
+  EXPECT_GT(down_kept, 0);
   // The dense layer delegates to DenseFfn and counts every neuron.
   DenseFfn dense(*model, pool);
   std::vector<float> want(2 * c.dim);
