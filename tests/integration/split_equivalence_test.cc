@@ -4,9 +4,9 @@
 // every sampled-from logits row within the bound below. Models: stories260K (SwiGLU, shipped
 // GGUF), aidreams260K (SwiGLU, other shapes, converted from llama2.c by `thermocline convert`),
 // and a small synthetic ReLU-gated model in PowerInfer's layout (carries fc1/fc2 predictors);
-// hot fractions 0, 0.5 and 1. Modes: `dense` everywhere; `predicted` on the ReLU model (its
-// own predictors); on the SiLU models, which have no predictor, `threshold` (cuts profiled by
-// `thermocline profile`) as the sparse mode. Also `generate --split` prints exactly what local
+// hot fractions 0, 0.5 and 1. Modes: `dense` and `predicted` everywhere (the ReLU model's own
+// predictors; on the SiLU models predictors trained by `thermocline train-predictor` with the
+// magnitude cuts of `thermocline profile`), and `threshold` on the SiLU models. Also `generate --split` prints exactly what local
 // `generate` prints, and leaves nothing in /dev/shm.
 //
 // The logits bound (the workers' argument, docs/workers.md and worker_processes_test.cc): each
@@ -94,6 +94,18 @@ std::string Stats(const std::string& model) {
   return out;
 }
 
+// Predictors for a SiLU model, trained on its 0.5 magnitude cuts (a small, quick training: the
+// test needs a real predictor file, not a good one).
+std::string Predictor(const std::string& model, const std::string& stats) {
+  const std::string out = testing::TempDir() + "/predictor.gguf";
+  auto r = testing::RunCommand({Thermocline(), "train-predictor", "-m", model, "--corpus",
+                                Corpus(), "--tokens", "2000", "--window", "64", "--epochs", "3",
+                                "--stats", stats, "--stats-target", "0.5", "--threads", "1",
+                                "-o", out});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return out;
+}
+
 struct Output {
   std::vector<int32_t> tokens;
   std::vector<std::vector<float>> logits;  // the row each token was sampled from
@@ -158,10 +170,12 @@ TEST_P(SplitEquivalence, SameTokensAndLogitsAsOneProcess) {
   ASSERT_TRUE(model.ok()) << model.status();
   SparsityFlags flags;
   flags.mode = c.mode;
-  if (flags.mode == "threshold") {
+  const bool silu = (*model)->config().activation == FfnActivation::kSilu;
+  if (flags.mode == "threshold" || (flags.mode == "predicted" && silu)) {
     flags.stats_path = Stats(path);
     flags.target_sparsity = 0.5f;
   }
+  if (flags.mode == "predicted" && silu) flags.predictor_path = Predictor(path, flags.stats_path);
   const GenerationRequest req = Request(**model, c.prompt);
   const Output local = Local(**model, flags, req);
 
@@ -215,12 +229,18 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"stories_threshold_hot0", &Stories, "threshold", 0, kOnce},
                       Case{"stories_threshold_hot05", &Stories, "threshold", 0.5, kOnce},
                       Case{"stories_threshold_hot1", &Stories, "threshold", 1, kOnce},
+                      Case{"stories_predicted_hot0", &Stories, "predicted", 0, kOnce},
+                      Case{"stories_predicted_hot05", &Stories, "predicted", 0.5, kOnce},
+                      Case{"stories_predicted_hot1", &Stories, "predicted", 1, kOnce},
                       Case{"aidreams_dense_hot0", &Aidreams, "dense", 0, kDreamed},
                       Case{"aidreams_dense_hot05", &Aidreams, "dense", 0.5, kDreamed},
                       Case{"aidreams_dense_hot1", &Aidreams, "dense", 1, kDreamed},
                       Case{"aidreams_threshold_hot0", &Aidreams, "threshold", 0, kDreamed},
                       Case{"aidreams_threshold_hot05", &Aidreams, "threshold", 0.5, kDreamed},
                       Case{"aidreams_threshold_hot1", &Aidreams, "threshold", 1, kDreamed},
+                      Case{"aidreams_predicted_hot0", &Aidreams, "predicted", 0, kDreamed},
+                      Case{"aidreams_predicted_hot05", &Aidreams, "predicted", 0.5, kDreamed},
+                      Case{"aidreams_predicted_hot1", &Aidreams, "predicted", 1, kDreamed},
                       Case{"relu_dense_hot0", &Relu, "dense", 0, kOnce},
                       Case{"relu_dense_hot05", &Relu, "dense", 0.5, kOnce},
                       Case{"relu_dense_hot1", &Relu, "dense", 1, kOnce},
