@@ -13,6 +13,9 @@ PACKAGES=(
   # gRPC API and gateway (proto/, gateway/): protoc + grpc_cpp_plugin, gRPC++ with reflection,
   # sd_notify for systemd readiness and the watchdog.
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libsystemd-dev
+  # Metrics (gateway/metrics.cc): prometheus-cpp core for the registry and text format, and
+  # cpp-httplib (header-only) to serve /metrics.
+  prometheus-cpp-dev libcpp-httplib-dev
 )
 
 missing=()

@@ -1,0 +1,127 @@
+#include "gateway/log.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <ctime>
+#include <mutex>
+
+namespace thermocline::gateway {
+namespace {
+
+std::atomic<int> g_min_level{static_cast<int>(Level::kInfo)};
+std::mutex g_write_mu;
+
+bool NeedsQuotes(std::string_view v) {
+  if (v.empty()) return true;
+  for (unsigned char c : v) {
+    if (c <= ' ' || c == '"' || c == '=' || c == '\\' || c == 0x7f) return true;
+  }
+  return false;
+}
+
+// RFC 3339 UTC with microseconds: sortable, and unambiguous across time zones.
+std::string Timestamp() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  tm utc{};
+  gmtime_r(&ts.tv_sec, &utc);
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), "%04d-%02d-%02dT%02d:%02d:%02d.%06ldZ", utc.tm_year + 1900,
+                utc.tm_mon + 1, utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec,
+                static_cast<long>(ts.tv_nsec / 1000) % 1000000);
+  return buf;
+}
+
+}  // namespace
+
+LogField::LogField(std::string_view k, double v) : key(k) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.6g", v);
+  value = buf;
+}
+
+std::string_view LevelName(Level level) {
+  switch (level) {
+    case Level::kDebug:
+      return "debug";
+    case Level::kInfo:
+      return "info";
+    case Level::kWarn:
+      return "warn";
+    case Level::kError:
+      return "error";
+  }
+  return "info";
+}
+
+std::string LogfmtValue(std::string_view v) {
+  if (!NeedsQuotes(v)) return std::string(v);
+  std::string out = "\"";
+  for (unsigned char c : v) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (c < 0x20 || c == 0x7f) {
+          char esc[8];
+          std::snprintf(esc, sizeof(esc), "\\x%02x", c);
+          out += esc;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  out += '"';
+  return out;
+}
+
+std::string FormatLogLine(std::string_view ts, Level level, std::string_view component,
+                          std::string_view event, std::initializer_list<LogField> fields) {
+  std::string line;
+  line.reserve(128);
+  line.append("ts=").append(ts);
+  line.append(" level=").append(LevelName(level));
+  line.append(" component=").append(LogfmtValue(component));
+  line.append(" event=").append(LogfmtValue(event));
+  for (const LogField& f : fields) {
+    line.append(" ").append(f.key).append("=").append(LogfmtValue(f.value));
+  }
+  return line;
+}
+
+void SetMinLogLevel(Level level) { g_min_level.store(static_cast<int>(level)); }
+
+void Log(Level level, std::string_view event, std::initializer_list<LogField> fields,
+         std::string_view component) {
+  if (static_cast<int>(level) < g_min_level.load(std::memory_order_relaxed)) return;
+  std::string line = FormatLogLine(Timestamp(), level, component, event, fields);
+  line += '\n';
+  std::lock_guard<std::mutex> lock(g_write_mu);
+  const char* p = line.data();
+  size_t left = line.size();
+  while (left > 0) {
+    const ssize_t n = ::write(STDERR_FILENO, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // stderr gone: logging must never take the gateway down
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+}
+
+}  // namespace thermocline::gateway

@@ -1,0 +1,326 @@
+#include "gateway/metrics.h"
+
+#include <httplib.h>
+
+#include <charconv>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "gateway/log.h"
+#include "prometheus/text_serializer.h"
+
+namespace thermocline::gateway {
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+// Buckets (seconds) sized for a workstation: a small model streams a token in a millisecond, a
+// 70B one in a fraction of a second; prefill of a long prompt on the CPU can take tens of
+// seconds.
+const prometheus::Histogram::BucketBoundaries kTtftBuckets = {
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
+const prometheus::Histogram::BucketBoundaries kInterTokenBuckets = {
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5};
+const prometheus::Histogram::BucketBoundaries kE2eBuckets = {
+    0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300};
+const prometheus::Histogram::BucketBoundaries kQueueBuckets = {
+    0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
+const prometheus::Histogram::BucketBoundaries kBatchBuckets = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
+
+constexpr std::string_view kProcesses[] = {"gpu_worker", "cpu_worker", "gateway"};
+
+ClientMetric Sample(std::vector<ClientMetric::Label> labels, MetricType type, double value) {
+  ClientMetric m;
+  m.label = std::move(labels);
+  if (type == MetricType::Counter) {
+    m.counter.value = value;
+  } else {
+    m.gauge.value = value;
+  }
+  return m;
+}
+
+MetricFamily Family(std::string name, std::string help, MetricType type) {
+  MetricFamily f;
+  f.name = std::move(name);
+  f.help = std::move(help);
+  f.type = type;
+  return f;
+}
+
+// "host:port" -> host, port (port in [0, 65535]).
+bool ParseListenAddress(const std::string& addr, std::string* host, int* port) {
+  const size_t colon = addr.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == addr.size()) return false;
+  *host = addr.substr(0, colon);
+  if (host->size() > 2 && host->front() == '[' && host->back() == ']') {
+    *host = host->substr(1, host->size() - 2);  // [::1]:9090
+  }
+  const char* b = addr.data() + colon + 1;
+  const char* e = addr.data() + addr.size();
+  auto [ptr, ec] = std::from_chars(b, e, *port);
+  return ec == std::errc() && ptr == e && *port >= 0 && *port <= 65535;
+}
+
+}  // namespace
+
+GatewayMetrics::GatewayMetrics() : registry_(std::make_shared<prometheus::Registry>()) {
+  auto& r = *registry_;
+  queue_ = &prometheus::BuildHistogram()
+                .Name("thermocline_queue_time_seconds")
+                .Help("Time from a request's arrival to its first scheduled step")
+                .Register(r)
+                .Add({}, kQueueBuckets);
+  ttft_ = &prometheus::BuildHistogram()
+               .Name("thermocline_time_to_first_token_seconds")
+               .Help("Time from a request's arrival to its first streamed token")
+               .Register(r)
+               .Add({}, kTtftBuckets);
+  inter_token_ = &prometheus::BuildHistogram()
+                      .Name("thermocline_inter_token_latency_seconds")
+                      .Help("Time between two consecutive tokens of one stream")
+                      .Register(r)
+                      .Add({}, kInterTokenBuckets);
+  e2e_ = &prometheus::BuildHistogram()
+              .Name("thermocline_request_duration_seconds")
+              .Help("Time from a request's arrival to its final message")
+              .Register(r)
+              .Add({}, kE2eBuckets);
+  batch_ = &prometheus::BuildHistogram()
+                .Name("thermocline_batch_size")
+                .Help("Entries (sequences) in each step sent to the gpu worker")
+                .Register(r)
+                .Add({}, kBatchBuckets);
+  prompt_tokens_ = &prometheus::BuildCounter()
+                        .Name("thermocline_prompt_tokens_total")
+                        .Help("Prompt tokens of admitted requests")
+                        .Register(r)
+                        .Add({});
+  generated_tokens_ = &prometheus::BuildCounter()
+                           .Name("thermocline_generated_tokens_total")
+                           .Help("Tokens generated and streamed")
+                           .Register(r)
+                           .Add({});
+  requests_ = &prometheus::BuildCounter()
+                   .Name("thermocline_requests_total")
+                   .Help("Finished requests by outcome")
+                   .Register(r);
+  running_ = &prometheus::BuildGauge()
+                  .Name("thermocline_requests_running")
+                  .Help("Requests holding a KV slot")
+                  .Register(r)
+                  .Add({});
+  waiting_ = &prometheus::BuildGauge()
+                  .Name("thermocline_requests_waiting")
+                  .Help("Requests queued for a KV slot")
+                  .Register(r)
+                  .Add({});
+  kv_used_ = &prometheus::BuildGauge()
+                  .Name("thermocline_kv_slots_used")
+                  .Help("KV cache slots in use")
+                  .Register(r)
+                  .Add({});
+  kv_total_ = &prometheus::BuildGauge()
+                   .Name("thermocline_kv_slots_total")
+                   .Help("KV cache slots of the gpu worker")
+                   .Register(r)
+                   .Add({});
+  worker_up_ = &prometheus::BuildGauge()
+                    .Name("thermocline_worker_up")
+                    .Help("1 while the process serves, 0 while it is down or restarting")
+                    .Register(r);
+  worker_restarts_ = &prometheus::BuildCounter()
+                          .Name("thermocline_worker_restarts_total")
+                          .Help("Restarts of the process by the gateway's supervisor")
+                          .Register(r);
+  // Every process has its series from the start, so dashboards see 0 rather than nothing.
+  for (std::string_view p : kProcesses) {
+    worker_up_->Add({{"process", std::string(p)}}).Set(p == "gateway" ? 1 : 0);
+    worker_restarts_->Add({{"process", std::string(p)}});
+  }
+}
+
+GatewayMetrics::~GatewayMetrics() { Stop(); }
+
+void GatewayMetrics::ObserveQueueSeconds(double s) { queue_->Observe(s); }
+void GatewayMetrics::ObserveTtftSeconds(double s) { ttft_->Observe(s); }
+void GatewayMetrics::ObserveInterTokenSeconds(double s) { inter_token_->Observe(s); }
+void GatewayMetrics::ObserveE2eSeconds(double s) { e2e_->Observe(s); }
+void GatewayMetrics::AddPromptTokens(int64_t n) {
+  if (n > 0) prompt_tokens_->Increment(static_cast<double>(n));
+}
+void GatewayMetrics::AddGeneratedTokens(int64_t n) {
+  if (n > 0) generated_tokens_->Increment(static_cast<double>(n));
+}
+void GatewayMetrics::CountRequest(std::string_view outcome) {
+  requests_->Add({{"outcome", std::string(outcome)}}).Increment();
+}
+void GatewayMetrics::SetRunning(int64_t n) { running_->Set(static_cast<double>(n)); }
+void GatewayMetrics::SetWaiting(int64_t n) { waiting_->Set(static_cast<double>(n)); }
+void GatewayMetrics::ObserveBatchSize(int64_t entries) {
+  batch_->Observe(static_cast<double>(entries));
+}
+void GatewayMetrics::SetKvSlotsUsed(int64_t used, int64_t total) {
+  kv_used_->Set(static_cast<double>(used));
+  kv_total_->Set(static_cast<double>(total));
+}
+void GatewayMetrics::SetWorkerUp(std::string_view role, bool up) {
+  worker_up_->Add({{"process", std::string(role)}}).Set(up ? 1 : 0);
+}
+void GatewayMetrics::IncWorkerRestarts(std::string_view role) {
+  worker_restarts_->Add({{"process", std::string(role)}}).Increment();
+}
+
+absl::Status GatewayMetrics::AttachWorkerMetrics(const std::string& instance) {
+  auto region = ipc::WorkerMetricsRegion::Create(instance);
+  if (absl::IsFailedPrecondition(region.status())) {
+    // A live process owns it (perhaps this one): read it without owning it.
+    region = ipc::WorkerMetricsRegion::Attach(instance);
+  }
+  if (!region.ok()) {
+    return absl::Status(region.status().code(),
+                        absl::StrCat("worker metrics of instance '", instance,
+                                     "': ", region.status().message()));
+  }
+  std::lock_guard<std::mutex> lock(workers_mu_);
+  worker_region_ = std::move(*region);
+  return absl::OkStatus();
+}
+
+std::vector<MetricFamily> GatewayMetrics::CollectWorkers() const {
+  std::lock_guard<std::mutex> lock(workers_mu_);
+  if (worker_region_ == nullptr) return {};
+  MetricFamily steps = Family("thermocline_worker_steps_total",
+                              "Steps computed (gpu_worker: Steps served; cpu_worker: steps that "
+                              "reached it)",
+                              MetricType::Counter);
+  MetricFamily layer = Family("thermocline_layer_seconds_total",
+                              "Time per layer (gpu_worker: attention + hot FFN + the wait for the "
+                              "cold partial; cpu_worker: cold FFN)",
+                              MetricType::Counter);
+  MetricFamily ratio = Family("thermocline_active_neuron_ratio",
+                              "Share of the side's FFN neurons that ran, since the instance "
+                              "started (side: hot on the gpu_worker, cold on the cpu_worker)",
+                              MetricType::Gauge);
+  MetricFamily active = Family("thermocline_active_neurons_total",
+                               "FFN neurons that ran, summed over token rows", MetricType::Counter);
+  MetricFamily candidates = Family("thermocline_candidate_neurons_total",
+                                   "FFN neurons considered (predicted or all), summed over rows",
+                                   MetricType::Counter);
+  MetricFamily capacity = Family("thermocline_neurons_total",
+                                 "FFN neurons the side holds, summed over rows (the ratios' "
+                                 "denominator)",
+                                 MetricType::Counter);
+  MetricFamily recall = Family("thermocline_predictor_recall",
+                               "Predictor recall on the hot neurons against the exact active set, "
+                               "sampled every 16th step in predicted layers",
+                               MetricType::Gauge);
+  MetricFamily recall_samples = Family("thermocline_predictor_recall_samples_total",
+                                       "Token rows x layers the recall was sampled on",
+                                       MetricType::Counter);
+  MetricFamily wait = Family("thermocline_ring_wait_seconds_total",
+                             "Time blocked on the rings (gpu_worker: waiting for cold partials; "
+                             "cpu_worker: waiting for space to send them)",
+                             MetricType::Counter);
+  MetricFamily waits = Family("thermocline_ring_waits_total", "Waits counted in ring_wait_seconds",
+                              MetricType::Counter);
+  for (ipc::Role role : {ipc::Role::kGpuWorker, ipc::Role::kCpuWorker}) {
+    absl::StatusOr<ipc::WorkerMetricsSnapshot> s = worker_region_->Read(role);
+    const std::string process(ipc::RoleName(role));
+    if (!s.ok()) {
+      Log(Level::kWarn, "worker_metrics_unreadable",
+          {{"process", process}, {"error", std::string(s.status().message())}});
+      continue;
+    }
+    const std::string side = role == ipc::Role::kGpuWorker ? "hot" : "cold";
+    std::vector<ClientMetric::Label> p = {{"process", process}};
+    std::vector<ClientMetric::Label> ps = {{"process", process}, {"side", side}};
+    steps.metric.push_back(Sample(p, MetricType::Counter, static_cast<double>(s->steps)));
+    for (size_t l = 0; l < s->layer_ns.size(); ++l) {
+      layer.metric.push_back(Sample({{"layer", std::to_string(l)}, {"process", process}},
+                                    MetricType::Counter, s->layer_ns[l] * 1e-9));
+    }
+    if (s->capacity_neurons > 0) {
+      ratio.metric.push_back(Sample(ps, MetricType::Gauge,
+                                    static_cast<double>(s->active_neurons) /
+                                        static_cast<double>(s->capacity_neurons)));
+    }
+    active.metric.push_back(Sample(ps, MetricType::Counter, static_cast<double>(s->active_neurons)));
+    candidates.metric.push_back(
+        Sample(ps, MetricType::Counter, static_cast<double>(s->candidate_neurons)));
+    capacity.metric.push_back(
+        Sample(ps, MetricType::Counter, static_cast<double>(s->capacity_neurons)));
+    if (role == ipc::Role::kGpuWorker) {
+      const uint64_t truly_active = s->recall_true_positive + s->recall_false_negative;
+      if (truly_active > 0) {
+        recall.metric.push_back(Sample(p, MetricType::Gauge,
+                                       static_cast<double>(s->recall_true_positive) /
+                                           static_cast<double>(truly_active)));
+      }
+      recall_samples.metric.push_back(
+          Sample(p, MetricType::Counter, static_cast<double>(s->recall_samples)));
+    }
+    wait.metric.push_back(Sample(p, MetricType::Counter, s->ring_wait_ns * 1e-9));
+    waits.metric.push_back(Sample(p, MetricType::Counter, static_cast<double>(s->ring_waits)));
+  }
+  std::vector<MetricFamily> out;
+  for (MetricFamily* f : {&steps, &layer, &ratio, &active, &candidates, &capacity, &recall,
+                          &recall_samples, &wait, &waits}) {
+    if (!f->metric.empty()) out.push_back(std::move(*f));
+  }
+  return out;
+}
+
+std::string GatewayMetrics::RenderText() const {
+  std::vector<MetricFamily> families = registry_->Collect();
+  std::vector<MetricFamily> workers = CollectWorkers();
+  families.insert(families.end(), std::make_move_iterator(workers.begin()),
+                  std::make_move_iterator(workers.end()));
+  return prometheus::TextSerializer().Serialize(families);
+}
+
+absl::Status GatewayMetrics::Serve(const std::string& listen_addr) {
+  std::string host;
+  int port = 0;
+  if (!ParseListenAddress(listen_addr, &host, &port)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics listen address '", listen_addr, "' is not HOST:PORT"));
+  }
+  std::lock_guard<std::mutex> lock(server_mu_);
+  if (server_ != nullptr) return absl::FailedPreconditionError("metrics server already running");
+  auto server = std::make_unique<httplib::Server>();
+  server->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(RenderText(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  const int bound = port == 0 ? server->bind_to_any_port(host) : server->bind_to_port(host, port)
+                                                                      ? port
+                                                                      : -1;
+  if (bound < 0) {
+    return absl::UnavailableError(absl::StrCat("metrics: cannot listen on ", listen_addr));
+  }
+  port_ = bound;
+  httplib::Server* raw = server.get();
+  server_ = std::move(server);
+  server_thread_ = std::thread([raw] { raw->listen_after_bind(); });
+  Log(Level::kInfo, "metrics_listening", {{"address", absl::StrCat(host, ":", bound)}});
+  return absl::OkStatus();
+}
+
+int GatewayMetrics::port() const {
+  std::lock_guard<std::mutex> lock(server_mu_);
+  return port_;
+}
+
+void GatewayMetrics::Stop() {
+  std::lock_guard<std::mutex> lock(server_mu_);
+  if (server_ == nullptr) return;
+  server_->stop();
+  if (server_thread_.joinable()) server_thread_.join();
+  server_.reset();
+  port_ = 0;
+}
+
+}  // namespace thermocline::gateway

@@ -1,0 +1,105 @@
+// The gateway's Prometheus metrics (docs/metrics.md): request latencies, token counts, queue
+// and batch state, KV slot use, and every worker's own numbers, all served as Prometheus text
+// at GET /metrics by a cpp-httplib server (prometheus-cpp's own web server crashes next to
+// OpenBLAS/cuBLAS thread-locals; only prometheus-cpp core is used).
+//
+// The workers do not serve HTTP: they add to the instance's metrics segment
+// (shared/ipc/worker_metrics.h) and this class turns its counters into metrics with a `process`
+// label at scrape time, so a scrape always sees the workers' latest sums and the workers never
+// block on a scraper. Every method is thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/metric_family.h"
+#include "prometheus/registry.h"
+#include "shared/ipc/worker_metrics.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace thermocline::gateway {
+
+class GatewayMetrics {
+ public:
+  GatewayMetrics();
+  // Stops the server (if serving) and removes the worker metrics segment it created.
+  ~GatewayMetrics();
+  GatewayMetrics(const GatewayMetrics&) = delete;
+  GatewayMetrics& operator=(const GatewayMetrics&) = delete;
+
+  void ObserveQueueSeconds(double seconds);
+  void ObserveTtftSeconds(double seconds);
+  void ObserveInterTokenSeconds(double seconds);
+  void ObserveE2eSeconds(double seconds);
+  void AddPromptTokens(int64_t n);
+  void AddGeneratedTokens(int64_t n);
+  // outcome: a short fixed word ("eos", "length", "stop_sequence", "cancelled",
+  // "invalid_argument", ...); each distinct value is one time series, so never a request id.
+  void CountRequest(std::string_view outcome);
+  void SetRunning(int64_t n);
+  void SetWaiting(int64_t n);
+  void ObserveBatchSize(int64_t entries);
+  void SetKvSlotsUsed(int64_t used, int64_t total);
+  // role: "gpu_worker", "cpu_worker" or "gateway" (the `process` label).
+  void SetWorkerUp(std::string_view role, bool up);
+  void IncWorkerRestarts(std::string_view role);
+
+  // Creates the instance's worker metrics segment (thermocline-<instance>-metrics), which the
+  // workers attach to, or attaches to it when a live process (this one, for instance) already
+  // created it. Call before or after spawning the workers: they retry every second. Replaces a
+  // previously attached instance.
+  absl::Status AttachWorkerMetrics(const std::string& instance);
+
+  // Serves GET /metrics on `listen_addr` ("host:port"; port 0 picks a free one, see port()) from
+  // a thread of its own; other paths get 404. InvalidArgument for a bad address, Unavailable
+  // when the port cannot be bound, FailedPrecondition when already serving.
+  absl::Status Serve(const std::string& listen_addr);
+  int port() const;
+  // Stops serving and joins the thread; idempotent.
+  void Stop();
+
+  // The exposition text a scrape gets (also for tests and logs).
+  std::string RenderText() const;
+
+ private:
+  std::vector<prometheus::MetricFamily> CollectWorkers() const;
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Histogram* queue_ = nullptr;
+  prometheus::Histogram* ttft_ = nullptr;
+  prometheus::Histogram* inter_token_ = nullptr;
+  prometheus::Histogram* e2e_ = nullptr;
+  prometheus::Histogram* batch_ = nullptr;
+  prometheus::Counter* prompt_tokens_ = nullptr;
+  prometheus::Counter* generated_tokens_ = nullptr;
+  prometheus::Family<prometheus::Counter>* requests_ = nullptr;
+  prometheus::Gauge* running_ = nullptr;
+  prometheus::Gauge* waiting_ = nullptr;
+  prometheus::Gauge* kv_used_ = nullptr;
+  prometheus::Gauge* kv_total_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* worker_up_ = nullptr;
+  prometheus::Family<prometheus::Counter>* worker_restarts_ = nullptr;
+
+  mutable std::mutex workers_mu_;  // guards worker_region_
+  std::unique_ptr<ipc::WorkerMetricsRegion> worker_region_;
+
+  mutable std::mutex server_mu_;  // guards server_, server_thread_, port_
+  std::unique_ptr<httplib::Server> server_;
+  std::thread server_thread_;
+  int port_ = 0;
+};
+
+}  // namespace thermocline::gateway
