@@ -86,4 +86,9 @@ absl::Status ColdExecutor::Compute(const ipc::ActivationView& a, std::span<float
   return absl::OkStatus();
 }
 
+int64_t ColdExecutor::ColdNeurons(int64_t layer) const {
+  if (layer < 0 || layer >= static_cast<int64_t>(partition_.layers.size())) return 0;
+  return partition_.layers[layer].n_cold();
+}
+
 }  // namespace thermocline::cpu_worker

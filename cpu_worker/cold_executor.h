@@ -33,6 +33,9 @@ class ColdExecutor {
 
   // Neurons that ran in the last Compute, summed over rows.
   int64_t last_active() const { return last_active_; }
+  // Cold neurons of `layer` (0 for a layer out of range), the denominator of the cold
+  // active-neuron ratio.
+  int64_t ColdNeurons(int64_t layer) const;
 
  private:
   struct Lane {

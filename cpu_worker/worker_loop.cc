@@ -1,10 +1,13 @@
 #include "cpu_worker/worker_loop.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "shared/ipc/futex.h"
 #include "shared/ipc/messages.h"
+#include "shared/ipc/worker_metrics.h"
 #include "shared/util/status_macros.h"
 
 namespace thermocline::cpu_worker {
@@ -16,14 +19,23 @@ absl::string_view Av(std::string_view s) { return absl::string_view(s.data(), s.
 constexpr absl::Duration kIdleSlice = absl::Milliseconds(100);
 
 // Sends with waits of one slice at a time, so that a GPU worker that stopped reading cannot
-// keep this one from noticing a stop request. OK when stopping instead.
+// keep this one from noticing a stop request. OK when stopping instead. The time spent here is
+// this side's ring wait (the gpu->cpu ring's idle time is not: it only says no work came).
 template <typename SendFn>
-absl::Status SendPatiently(ipc::WorkerSession& session, SendFn send) {
+absl::Status SendPatiently(ipc::WorkerSession& session, ipc::WorkerMetricsWriter& metrics,
+                           SendFn send) {
+  const int64_t start = ipc::MonotonicNs();
+  absl::Status s;
   while (true) {
-    absl::Status s = send(kIdleSlice);
-    if (!absl::IsDeadlineExceeded(s)) return s;
-    if (!session.StopReason().empty()) return absl::OkStatus();
+    s = send(kIdleSlice);
+    if (!absl::IsDeadlineExceeded(s)) break;
+    if (!session.StopReason().empty()) {
+      s = absl::OkStatus();
+      break;
+    }
   }
+  metrics.AddRingWait(static_cast<uint64_t>(std::max<int64_t>(0, ipc::MonotonicNs() - start)));
+  return s;
 }
 
 }  // namespace
@@ -40,6 +52,12 @@ absl::Status RunCpuWorker(ipc::WorkerSession& session, ColdExecutor& executor,
       static_cast<uint32_t>(std::min<uint64_t>(from_gpu.capacity() / 2 / row_bytes, UINT32_MAX)),
       static_cast<uint32_t>(config.n_layers), static_cast<int32_t>(config.ffn_dim)};
   std::vector<float> y;
+  // Metrics are optional: without the gateway's segment the writer drops everything.
+  ipc::WorkerMetricsWriter metrics(t.instance(), ipc::Role::kCpuWorker, config.n_layers,
+                                   [&session](const std::string& line) { session.Log(line); });
+  metrics.MaybeAttach();
+  uint64_t last_step = 0;
+  bool any_step = false;
   session.SetReady();
   session.Log(absl::StrCat("ready, epoch ", t.epoch()));
   while (true) {
@@ -70,19 +88,35 @@ absl::Status RunCpuWorker(ipc::WorkerSession& session, ColdExecutor& executor,
     absl::Status s = a.status();
     if (s.ok()) {
       y.resize(static_cast<size_t>(a->rows) * a->dim);
+      metrics.MaybeAttach();
+      const int64_t start = ipc::MonotonicNs();
       // Computed straight from h in the ring (no copy); released after.
       s = executor.Compute(*a, y);
+      if (s.ok()) {
+        metrics.AddLayerNs(a->layer,
+                           static_cast<uint64_t>(std::max<int64_t>(0, ipc::MonotonicNs() - start)));
+        metrics.AddActivation();
+        // A step's Activations arrive in layer order; a new step id starts a new step.
+        if (!any_step || header.step_id != last_step) metrics.AddStep(a->rows);
+        any_step = true;
+        last_step = header.step_id;
+        const uint64_t n_cold =
+            static_cast<uint64_t>(executor.ColdNeurons(static_cast<int64_t>(a->layer)));
+        const uint64_t capacity = n_cold * a->rows;
+        metrics.AddNeurons(static_cast<uint64_t>(executor.last_active()),
+                           a->all_candidates ? capacity : a->active.size(), capacity);
+      }
     }
     TC_RETURN_IF_ERROR(from_gpu.Release());
     if (!s.ok()) {
       session.Log(absl::StrCat("step ", header.step_id, " layer ", header.layer,
                                " rejected: ", s.message()));
-      TC_RETURN_IF_ERROR(SendPatiently(session, [&](absl::Duration timeout) {
+      TC_RETURN_IF_ERROR(SendPatiently(session, metrics, [&](absl::Duration timeout) {
         return ipc::SendError(to_gpu, header.step_id, s, timeout);
       }));
       continue;
     }
-    TC_RETURN_IF_ERROR(SendPatiently(session, [&](absl::Duration timeout) {
+    TC_RETURN_IF_ERROR(SendPatiently(session, metrics, [&](absl::Duration timeout) {
       return ipc::SendPartial(to_gpu, header.step_id, header.layer, a->rows, a->dim, y, timeout);
     }));
   }

@@ -2,6 +2,8 @@
 
 #include <httplib.h>
 
+#include <sys/socket.h>
+
 #include <charconv>
 #include <string>
 #include <utility>
@@ -292,6 +294,12 @@ absl::Status GatewayMetrics::Serve(const std::string& listen_addr) {
   std::lock_guard<std::mutex> lock(server_mu_);
   if (server_ != nullptr) return absl::FailedPreconditionError("metrics server already running");
   auto server = std::make_unique<httplib::Server>();
+  // httplib's default also sets SO_REUSEPORT, which would let two gateways share a metrics port
+  // and split the scrapes between them; a taken port must be an error instead.
+  server->set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   server->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(RenderText(), "text/plain; version=0.0.4; charset=utf-8");
   });

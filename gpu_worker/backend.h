@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "shared/ipc/worker_metrics.h"
 #include "shared/runtime/forward.h"
 
 namespace thermocline::gpu_worker {
@@ -66,6 +67,9 @@ class Backend {
   // in batch order. On error the step is abandoned: KV rows it wrote hold garbage until a
   // retry at the same positions overwrites them.
   virtual absl::Status FinishStep(std::vector<float>* logits) = 0;
+  // Where per-layer times, neuron counts, cold waits and recall samples go (docs/metrics.md);
+  // null: nowhere. The writer outlives every later step.
+  virtual void SetMetrics(ipc::WorkerMetricsWriter* metrics) = 0;
 };
 
 }  // namespace thermocline::gpu_worker

@@ -20,7 +20,13 @@ constexpr absl::Duration kIdleSlice = absl::Milliseconds(100);
 class GpuWorker {
  public:
   GpuWorker(ipc::WorkerSession& session, Backend& backend, const LlamaConfig& config)
-      : session_(session), backend_(backend), config_(config) {}
+      : session_(session),
+        backend_(backend),
+        config_(config),
+        // Metrics are optional: without the gateway's segment the writer drops everything.
+        metrics_(session.transport().instance(), ipc::Role::kGpuWorker, config.n_layers,
+                 [&session](const std::string& line) { session.Log(line); }) {}
+  ~GpuWorker() { backend_.SetMetrics(nullptr); }
 
   absl::Status Run() {
     ipc::Transport& t = session_.transport();
@@ -34,6 +40,8 @@ class GpuWorker {
     RingColdLink link(t, to_cpu, from_cpu, config_.dim, config_.n_layers,
                       [this](const std::string& line) { session_.Log(line); });
     link_ = &link;
+    metrics_.MaybeAttach();
+    backend_.SetMetrics(&metrics_);
     const BackendLimits& lim = backend_.limits();
     step_limits_ = ipc::StepLimits{static_cast<uint32_t>(lim.max_batch), lim.n_kv_slots,
                                    lim.context, lim.vocab};
@@ -99,8 +107,10 @@ class GpuWorker {
       rows += want ? 1 : 0;
     }
     link_->BeginStep(step.step_id, epoch);
+    metrics_.MaybeAttach();
     absl::Status s = backend_.StartStep(batch_, *link_);
     if (s.ok()) s = backend_.FinishStep(&logits_);
+    if (s.ok()) metrics_.AddStep(batch_.size());
     if (!s.ok()) session_.Log(absl::StrCat("step ", step.step_id, " failed: ", s.ToString()));
     return Reply(step.step_id, s, logits_, rows);
   }
@@ -130,6 +140,7 @@ class GpuWorker {
   ipc::WorkerSession& session_;
   Backend& backend_;
   const LlamaConfig& config_;
+  ipc::WorkerMetricsWriter metrics_;
   ipc::RingProducer* to_gateway_ = nullptr;
   ipc::RingProducer* to_cpu_ = nullptr;
   ipc::RingConsumer* from_cpu_ = nullptr;

@@ -41,6 +41,7 @@ class HostBackend final : public Backend {
   // The host backend computes synchronously: StartStep records the batch, FinishStep runs it.
   absl::Status StartStep(std::span<const BatchEntry> batch, ColdLink& cold) override;
   absl::Status FinishStep(std::vector<float>* logits) override;
+  void SetMetrics(ipc::WorkerMetricsWriter* metrics) override { ffn_->SetMetrics(metrics); }
 
  private:
   HostBackend(const LlamaModel& model, KvCache kv, int threads);

@@ -2,6 +2,10 @@
 
 #include <algorithm>
 
+#include "shared/ipc/futex.h"
+#include "shared/kernels/matmul.h"
+#include "shared/sparsity/profiler.h"
+
 #include "shared/util/status_macros.h"
 
 namespace thermocline::gpu_worker {
@@ -45,6 +49,8 @@ absl::StatusOr<std::unique_ptr<SplitFfn>> SplitFfn::Create(const LlamaModel& mod
 void SplitFfn::BeginStep(ColdLink* link) {
   link_ = link;
   status_ = absl::OkStatus();
+  ++steps_;
+  mark_ns_ = ipc::MonotonicNs();
 }
 
 absl::Status SplitFfn::EndStep() {
@@ -69,7 +75,43 @@ void SplitFfn::PredictRows(int64_t layer, const float* h, int64_t n_tokens) {
   }
 }
 
+void SplitFfn::SampleRecall(int64_t layer, const float* h, int64_t t, NeuronFilter filter) {
+  const LlamaConfig& c = model_.config();
+  const LayerPartition& part = partition_.layers[layer];
+  const bool relu = c.activation == FfnActivation::kRelu;
+  if (part.hot.empty() || (!relu && filter.kind != NeuronFilter::Kind::kMagnitude)) return;
+  const uint32_t begin = t == 0 ? 0 : hot_end_[t - 1];
+  picked_.assign(c.ffn_dim, 0);
+  for (uint32_t k = begin; k < hot_end_[t]; ++k) picked_[hot_ids_[k]] = 1;
+  recall_gate_.resize(part.hot.size());
+  GatherMatMul(model_.layer(layer).gate, part.hot.data(), static_cast<int64_t>(part.hot.size()),
+               h + t * c.dim, recall_gate_.data(), pool_);
+  uint64_t tp = 0, fn = 0;
+  for (size_t k = 0; k < part.hot.size(); ++k) {
+    const float a = ActivationMagnitude(c.activation, recall_gate_[k]);
+    const bool active = relu && filter.kind != NeuronFilter::Kind::kMagnitude ? a > 0.0f
+                                                                              : a >= filter.cut;
+    if (!active) continue;
+    if (picked_[part.hot[k]]) {
+      ++tp;
+    } else {
+      ++fn;
+    }
+  }
+  metrics_->AddRecall(1, tp, fn);
+}
+
 void SplitFfn::Compute(int64_t layer, const float* h, int64_t n_tokens, float* out) {
+  ComputeLayer(layer, h, n_tokens, out);
+  if (metrics_ == nullptr) return;
+  // Each layer's time runs from the end of the previous layer's FFN, so it covers this layer's
+  // attention as well, without ForwardPass knowing about metrics.
+  const int64_t now = ipc::MonotonicNs();
+  metrics_->AddLayerNs(layer, static_cast<uint64_t>(std::max<int64_t>(0, now - mark_ns_)));
+  mark_ns_ = now;
+}
+
+void SplitFfn::ComputeLayer(int64_t layer, const float* h, int64_t n_tokens, float* out) {
   const LlamaConfig& c = model_.config();
   const int64_t dim = c.dim;
   const LayerPartition& part = partition_.layers[layer];
@@ -78,6 +120,10 @@ void SplitFfn::Compute(int64_t layer, const float* h, int64_t n_tokens, float* o
   if (!status_.ok()) return;  // the step is already lost; spend nothing more on it
   if (mode == SparsityMode::kDense && part.cold.empty()) {
     dense_.Compute(layer, h, n_tokens, out);
+    if (metrics_ != nullptr) {
+      const uint64_t all = static_cast<uint64_t>(n_tokens) * part.hot.size();
+      metrics_->AddNeurons(all, all, all);
+    }
     return;
   }
   const bool predicted = mode == SparsityMode::kPredicted;
@@ -103,22 +149,36 @@ void SplitFfn::Compute(int64_t layer, const float* h, int64_t n_tokens, float* o
     status_ = link_->SendCold(request);
     if (!status_.ok()) return;
     sent = true;
+    if (metrics_ != nullptr) metrics_->AddActivation();
   }
 
   const NeuronWeights& w = weights_[layer];
   const NeuronFilter filter = plan_.FilterFor(layer, c.activation);
+  uint64_t ran = 0, candidates = 0;
   for (int64_t t = 0; t < n_tokens; ++t) {
     std::span<const int32_t> hot = part.hot;
     if (predicted) {
       const uint32_t begin = t == 0 ? 0 : hot_end_[t - 1];
       hot = std::span<const int32_t>(hot_ids_).subspan(begin, hot_end_[t] - begin);
     }
-    if (!hot.empty()) neurons_.Compute(w, h + t * dim, hot, filter, out + t * dim, pool_);
+    candidates += hot.size();
+    if (!hot.empty()) ran += neurons_.Compute(w, h + t * dim, hot, filter, out + t * dim, pool_);
+  }
+  if (metrics_ != nullptr) {
+    metrics_->AddNeurons(ran, candidates, static_cast<uint64_t>(n_tokens) * part.hot.size());
+    // Sampled, not every step: the exact set costs a gate product over all hot neurons.
+    if (predicted && steps_ % kRecallEvery == 0) {
+      for (int64_t t = 0; t < n_tokens; ++t) SampleRecall(layer, h, t, filter);
+    }
   }
 
   if (!sent) return;
   y_cold_.resize(n_tokens * dim);
+  const int64_t wait_start = metrics_ != nullptr ? ipc::MonotonicNs() : 0;
   status_ = link_->ReceiveCold(layer, y_cold_);
+  if (metrics_ != nullptr) {
+    metrics_->AddRingWait(static_cast<uint64_t>(std::max<int64_t>(0, ipc::MonotonicNs() - wait_start)));
+  }
   if (!status_.ok()) {
     std::fill(out, out + n_tokens * dim, 0.0f);
     return;

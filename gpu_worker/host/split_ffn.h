@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "gpu_worker/backend.h"
+#include "shared/ipc/worker_metrics.h"
 #include "shared/model/llama_model.h"
 #include "shared/runtime/ffn.h"
 #include "shared/sparsity/neuron_ffn.h"
@@ -36,13 +37,24 @@ class SplitFfn final : public FfnExecutor {
   // anyway) and EndStep returns it.
   void BeginStep(ColdLink* link);
   absl::Status EndStep();
+  // Reports per layer to `metrics` (null: nowhere): the time since the previous layer's FFN
+  // ended (attention + hot FFN + the wait for the cold partial), the hot neurons that ran, the
+  // wait for the cold partial, and every kRecallEvery-th step in predicted layers the
+  // predictor's recall on the hot neurons against the exact active set.
+  void SetMetrics(ipc::WorkerMetricsWriter* metrics) { metrics_ = metrics; }
+  static constexpr uint64_t kRecallEvery = 16;
 
   void Compute(int64_t layer, const float* h, int64_t n_tokens, float* out) override;
 
  private:
   SplitFfn(const LlamaModel& model, SparsityPlan plan, Partition partition, ThreadPool& pool);
   // Fills hot_ids_/hot_end_ and cold_ids_/cold_end_ with each row's predicted neurons.
+  void ComputeLayer(int64_t layer, const float* h, int64_t n_tokens, float* out);
   void PredictRows(int64_t layer, const float* h, int64_t n_tokens);
+  // Recall of the predictor's hot pick for row t (hot_ids_ of that row) against the hot
+  // neurons that are truly active: act(gate . h) > 0 on ReLU models, or passing the layer's
+  // magnitude cut. Rows of layers with neither definition are not sampled.
+  void SampleRecall(int64_t layer, const float* h, int64_t t, NeuronFilter filter);
 
   const LlamaModel& model_;
   SparsityPlan plan_;
@@ -58,6 +70,11 @@ class SplitFfn final : public FfnExecutor {
   std::vector<int32_t> hot_ids_, cold_ids_;
   std::vector<uint32_t> hot_end_, cold_end_;
   std::vector<float> y_cold_;
+  ipc::WorkerMetricsWriter* metrics_ = nullptr;
+  int64_t mark_ns_ = 0;     // end of the previous layer's FFN, or the step's start
+  uint64_t steps_ = 0;      // steps begun, for the recall sampling period
+  std::vector<float> recall_gate_;
+  std::vector<uint8_t> picked_;  // [ffn_dim] scratch: picked by the predictor in this row
 };
 
 }  // namespace thermocline::gpu_worker

@@ -1,0 +1,238 @@
+// The workers' metrics from real processes: the test plays the gateway (creates the transport
+// and the metrics segment, spawns thermocline-gpu-worker and thermocline-cpu-worker, sends
+// Steps) and reads what the workers reported in the segment: the step counts equal the steps
+// sent, every layer has time on both sides, the active-neuron ratios are in [0, 1] (exactly 1
+// in dense mode), the predictor's recall is sampled in predicted mode, and a segment created
+// after the workers started is picked up by them.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "shared/ipc/messages.h"
+#include "shared/ipc/transport.h"
+#include "shared/ipc/worker_metrics.h"
+#include "tests/test_support.h"
+
+extern char** environ;
+
+namespace thermocline {
+namespace {
+
+using ipc::Role;
+
+constexpr int kLayers = 2;
+constexpr uint32_t kVocab = 300;
+
+// A small synthetic ReLU-gated model in PowerInfer's layout (with fc1/fc2 predictors, so the
+// predicted mode runs), written once per test binary by the real command.
+const std::string& ReluModel() {
+  static const std::string path = [] {
+    const std::string dir = testing::TempDir();
+    const std::string base = dir + "/relu.gguf", pwri = dir + "/relu.powerinfer.gguf";
+    auto r = testing::RunCommand(
+        {testing::BinDir() + "/thermocline", "synth", "--ffn-kind", "relu-gated", "--dim", "64",
+         "--ffn", "128", "--layers", std::to_string(kLayers), "--heads", "4", "--kv-heads", "2",
+         "--vocab", std::to_string(kVocab), "--context", "64", "--seed", "5", "--threads", "1",
+         "--powerinfer-output", pwri, "-o", base});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return pwri;
+  }();
+  return path;
+}
+
+class Instance {
+ public:
+  explicit Instance(const std::string& tag) {
+    static int counter = 0;
+    name_ = absl::StrCat("wmtest-", tag, "-", getpid(), "-", counter++);
+    auto t = ipc::Transport::Create(name_);
+    EXPECT_TRUE(t.ok()) << t.status();
+    transport_ = std::move(*t);
+    auto out = transport_->Producer(ipc::RingId::kGatewayToGpu);
+    auto in = transport_->Consumer(ipc::RingId::kGpuToGateway);
+    EXPECT_TRUE(out.ok() && in.ok());
+    to_gpu_ = std::make_unique<ipc::RingProducer>(std::move(*out));
+    from_gpu_ = std::make_unique<ipc::RingConsumer>(std::move(*in));
+  }
+  ~Instance() {
+    for (pid_t pid : pids_) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  }
+
+  const std::string& name() const { return name_; }
+
+  void CreateMetrics() {
+    auto m = ipc::WorkerMetricsRegion::Create(name_);
+    ASSERT_TRUE(m.ok()) << m.status();
+    metrics_ = std::move(*m);
+  }
+  ipc::WorkerMetricsSnapshot Read(Role role) {
+    auto s = metrics_->Read(role);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *s : ipc::WorkerMetricsSnapshot{};
+  }
+
+  bool StartWorkers(const std::vector<std::string>& args) {
+    const pid_t g = Spawn("thermocline-gpu-worker", args);
+    const pid_t c = Spawn("thermocline-cpu-worker", args);
+    return WaitReady(Role::kGpuWorker, g) && WaitReady(Role::kCpuWorker, c);
+  }
+
+  // One decode step of one token at `position` in slot 0; true when Logits came back.
+  bool Step(uint64_t step_id, int32_t position) {
+    const std::vector<ipc::StepEntry> entries = {
+        {0, position, static_cast<int32_t>(1 + (position * 37) % (kVocab - 1)),
+         ipc::kEntryWantsLogits}};
+    if (!ipc::SendStep(*to_gpu_, step_id, entries, absl::Seconds(5)).ok()) return false;
+    std::vector<std::byte> payload;
+    for (int i = 0; i < 600; ++i) {
+      auto h = from_gpu_->Receive(&payload, absl::Milliseconds(50));
+      if (absl::IsDeadlineExceeded(h.status())) continue;
+      if (!h.ok()) return false;
+      if (h->step_id != step_id) continue;
+      return ipc::ViewOf(*h, payload).kind() == ipc::MessageKind::kLogits;
+    }
+    return false;
+  }
+
+  std::string Log() const {
+    return testing::ReadFileOrDie(log_);
+  }
+
+ private:
+  pid_t Spawn(const std::string& binary, std::vector<std::string> args) {
+    args.insert(args.begin(), {testing::BinDir() + "/" + binary, "--instance", name_});
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    log_ = testing::TempDir() + "/" + name_ + ".log";
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 2, log_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    pid_t pid = 0;
+    EXPECT_EQ(posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ), 0) << argv[0];
+    posix_spawn_file_actions_destroy(&fa);
+    pids_.push_back(pid);
+    return pid;
+  }
+  bool WaitReady(Role role, pid_t pid) {
+    for (int i = 0; i < 3000; ++i) {
+      const ipc::ProcessInfo p = transport_->Process(role);
+      if (p.pid == pid && p.alive && p.state == ipc::ProcessState::kReady) return true;
+      if (p.state == ipc::ProcessState::kFailed) return false;
+      usleep(10000);
+    }
+    return false;
+  }
+
+  std::string name_;
+  std::unique_ptr<ipc::Transport> transport_;
+  std::unique_ptr<ipc::WorkerMetricsRegion> metrics_;
+  std::unique_ptr<ipc::RingProducer> to_gpu_;
+  std::unique_ptr<ipc::RingConsumer> from_gpu_;
+  std::vector<pid_t> pids_;
+  std::string log_;
+};
+
+std::vector<std::string> Flags(const std::string& sparsity) {
+  return {"--model", ReluModel(), "--threads", "1", "--hot-fraction", "0.5", "--sparsity",
+          sparsity};
+}
+
+double Ratio(uint64_t a, uint64_t b) { return b == 0 ? -1 : static_cast<double>(a) / b; }
+
+TEST(WorkerMetricsTest, DenseStepsLayerTimesAndFullRatios) {
+  Instance inst("dense");
+  inst.CreateMetrics();
+  ASSERT_TRUE(inst.StartWorkers(Flags("dense"))) << inst.Log();
+  constexpr int kSteps = 12;
+  for (int i = 0; i < kSteps; ++i) ASSERT_TRUE(inst.Step(i + 1, i)) << inst.Log();
+  const ipc::WorkerMetricsSnapshot gpu = inst.Read(Role::kGpuWorker);
+  const ipc::WorkerMetricsSnapshot cpu = inst.Read(Role::kCpuWorker);
+  EXPECT_EQ(gpu.steps, kSteps);
+  EXPECT_EQ(gpu.rows, kSteps);
+  // Dense with cold neurons: every layer sends one Activation per step and the CPU worker
+  // answers each before the GPU worker replies, so its counts are complete too.
+  EXPECT_EQ(gpu.activations, kSteps * kLayers);
+  EXPECT_EQ(cpu.steps, kSteps);
+  EXPECT_EQ(cpu.activations, kSteps * kLayers);
+  ASSERT_EQ(gpu.layer_ns.size(), static_cast<size_t>(kLayers));
+  ASSERT_EQ(cpu.layer_ns.size(), static_cast<size_t>(kLayers));
+  for (int l = 0; l < kLayers; ++l) {
+    EXPECT_GT(gpu.layer_ns[l], 0u) << "layer " << l;
+    EXPECT_GT(cpu.layer_ns[l], 0u) << "layer " << l;
+  }
+  // Dense runs every neuron of each side: 64 hot and 64 cold per layer and row.
+  EXPECT_EQ(gpu.capacity_neurons, uint64_t{kSteps} * kLayers * 64);
+  EXPECT_EQ(gpu.active_neurons, gpu.capacity_neurons);
+  EXPECT_EQ(cpu.capacity_neurons, uint64_t{kSteps} * kLayers * 64);
+  EXPECT_EQ(cpu.active_neurons, cpu.capacity_neurons);
+  EXPECT_EQ(gpu.ring_waits, uint64_t{kSteps} * kLayers);  // one wait per cold partial
+  EXPECT_EQ(gpu.recall_samples, 0u);                       // no predictor in dense mode
+  EXPECT_GT(gpu.pid, 0);
+  EXPECT_GT(cpu.pid, 0);
+}
+
+TEST(WorkerMetricsTest, PredictedRatiosAndRecall) {
+  Instance inst("predicted");
+  inst.CreateMetrics();
+  ASSERT_TRUE(inst.StartWorkers(Flags("predicted"))) << inst.Log();
+  constexpr int kSteps = 20;  // recall is sampled on the 16th step
+  for (int i = 0; i < kSteps; ++i) ASSERT_TRUE(inst.Step(i + 1, i)) << inst.Log();
+  const ipc::WorkerMetricsSnapshot gpu = inst.Read(Role::kGpuWorker);
+  const ipc::WorkerMetricsSnapshot cpu = inst.Read(Role::kCpuWorker);
+  EXPECT_EQ(gpu.steps, kSteps);
+  // The CPU worker sees only the steps whose predictor picked cold neurons.
+  EXPECT_LE(cpu.steps, uint64_t{kSteps});
+  EXPECT_LE(cpu.activations, gpu.activations);
+  for (int l = 0; l < kLayers; ++l) EXPECT_GT(gpu.layer_ns[l], 0u);
+  const double hot = Ratio(gpu.active_neurons, gpu.capacity_neurons);
+  EXPECT_GE(hot, 0.0);
+  EXPECT_LE(hot, 1.0);
+  EXPECT_LE(gpu.active_neurons, gpu.candidate_neurons);
+  EXPECT_LE(gpu.candidate_neurons, gpu.capacity_neurons);
+  if (cpu.capacity_neurons > 0) {
+    EXPECT_LE(cpu.active_neurons, cpu.candidate_neurons);
+    EXPECT_LE(cpu.candidate_neurons, cpu.capacity_neurons);
+  }
+  // One sampled step x one row x every layer.
+  EXPECT_EQ(gpu.recall_samples, uint64_t{kLayers});
+  const double recall =
+      Ratio(gpu.recall_true_positive, gpu.recall_true_positive + gpu.recall_false_negative);
+  if (recall >= 0) {
+    EXPECT_LE(recall, 1.0);
+  }
+}
+
+TEST(WorkerMetricsTest, WorkersPickUpASegmentCreatedLater) {
+  Instance inst("late");
+  ASSERT_TRUE(inst.StartWorkers(Flags("dense"))) << inst.Log();
+  ASSERT_TRUE(inst.Step(1, 0)) << inst.Log();  // served without metrics
+  inst.CreateMetrics();
+  // The workers retry once a second; steps keep being served meanwhile.
+  uint64_t step = 2;
+  for (int i = 0; i < 100 && inst.Read(Role::kGpuWorker).steps == 0; ++i) {
+    ASSERT_TRUE(inst.Step(step, static_cast<int32_t>(step - 1))) << inst.Log();
+    ++step;
+    if (step >= 60) break;  // the context is 64 positions
+    usleep(50'000);
+  }
+  EXPECT_GT(inst.Read(Role::kGpuWorker).steps, 0u) << inst.Log();
+  EXPECT_GT(inst.Read(Role::kCpuWorker).steps, 0u) << inst.Log();
+  const std::string log = inst.Log();
+  EXPECT_NE(log.find("metrics: not reporting yet"), std::string::npos) << log;
+  EXPECT_NE(log.find("metrics: reporting to"), std::string::npos) << log;
+}
+
+}  // namespace
+}  // namespace thermocline
