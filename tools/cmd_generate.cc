@@ -1,15 +1,19 @@
 // `thermocline generate`: generation on this machine, in this process, or with --split in the
 // two worker processes (thermocline-gpu-worker and thermocline-cpu-worker, started and
 // supervised by the driver library in shared/driver/; see docs/split.md). Both paths run the
-// same Generate loop, so they print the same text for the same flags.
+// same Generate loop, so they print the same text for the same flags. With --server ADDR the
+// generation runs in a thermocline-gateway instead (tools/grpc_client.h), with the same
+// sampling flags sent explicitly, so a greedy run prints what the local one prints.
 #include <signal.h>
 
 #include <atomic>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <thread>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_format.h"
 #include "shared/driver/split_engine.h"
 #include "shared/model/llama_model.h"
@@ -20,6 +24,7 @@
 #include "shared/tokenizer/tokenizer.h"
 #include "shared/util/cpu_features.h"
 #include "tools/command.h"
+#include "tools/grpc_client.h"
 
 namespace thermocline::tools {
 namespace {
@@ -95,6 +100,92 @@ int RunSplit(const LlamaModel& model, const GenerationRequest& req, const std::s
   return 0;
 }
 
+// Options of the local paths that a gateway decides for itself (its own flags).
+constexpr const char* kLocalOnly[] = {"model",     "threads",      "context",  "kv-type",
+                                      "split",     "hot-fraction", "plan",     "gpu-threads",
+                                      "cpu-threads", "instance",   "cpus",     "numa-node",
+                                      "bindir",    "worker-log"};
+
+// --server: one streaming Generate call; text to stdout as it arrives (after the prompt, as
+// the local paths print it), the final stats to stderr.
+int RunServer(const std::string& address, const std::string& prompt, int32_t max_new_tokens,
+              const SamplingParams& sp, bool ignore_eos, const std::vector<std::string>& stops,
+              std::optional<int32_t> logprobs, const std::string& request_id) {
+  v1::GenerateRequest req;
+  req.set_text(prompt);
+  req.set_max_new_tokens(max_new_tokens);
+  // Every sampling field is sent, defaults included, so that the server's own defaults never
+  // make a --server run differ from a local one with the same flags.
+  req.set_temperature(sp.temperature);
+  req.set_top_k(sp.top_k);
+  req.set_top_p(sp.top_p);
+  req.set_min_p(sp.min_p);
+  req.set_repetition_penalty(sp.repetition_penalty);
+  req.set_presence_penalty(sp.presence_penalty);
+  req.set_frequency_penalty(sp.frequency_penalty);
+  req.set_seed(sp.seed);
+  for (const std::string& stop : stops) req.add_stop(stop);
+  req.set_ignore_eos(ignore_eos);
+  if (logprobs.has_value()) {
+    req.set_logprobs(true);
+    req.set_top_logprobs(*logprobs);
+  }
+  req.set_request_id(request_id);
+
+  struct sigaction sa = {};
+  sa.sa_handler = OnInterrupt;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+
+  std::fwrite(prompt.data(), 1, prompt.size(), stdout);
+  std::fflush(stdout);
+  auto final = StreamGenerate(
+      address, req,
+      [&](const v1::TokenChunk& chunk) {
+        std::fwrite(chunk.text().data(), 1, chunk.text().size(), stdout);
+        std::fflush(stdout);
+        for (const v1::TokenLogprob& lp : chunk.logprobs()) {
+          std::string line = absl::StrFormat("logprob: token %d %.4f", lp.token_id(), lp.logprob());
+          for (const v1::TopLogprob& t : lp.top()) {
+            absl::StrAppendFormat(&line, " | %d \"%s\" %.4f", t.token_id(), absl::CHexEscape(t.text()),
+                                  t.logprob());
+          }
+          std::cerr << line << "\n";
+        }
+      },
+      &g_interrupted);
+  if (!final.ok()) {
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+    if (g_interrupted.load()) {
+      std::cerr << "thermocline generate: interrupted; request cancelled\n";
+      return 130;
+    }
+    return Fail(std::string(final.status().message()));
+  }
+  std::fwrite(final->text().data(), 1, final->text().size(), stdout);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+  const v1::Timings& t = final->timings();
+  std::string stats = absl::StrFormat(
+      "finish: %s", FinishReasonName(final->finish_reason()));
+  if (!final->matched_stop().empty()) {
+    absl::StrAppendFormat(&stats, " (stop \"%s\")", absl::CHexEscape(final->matched_stop()));
+  } else if (final->finish_reason() == v1::FINISH_REASON_EOS && final->matched_stop_token() >= 0) {
+    absl::StrAppendFormat(&stats, " (token %d)", final->matched_stop_token());
+  }
+  absl::StrAppendFormat(&stats,
+                        "; usage: %d prompt + %d completion tokens; queue %.3f s, first token "
+                        "%.3f s, decode %.1f tok/s, total %.3f s; seed %d; request %s\n",
+                        final->usage().prompt_tokens(), final->usage().completion_tokens(),
+                        t.queue_seconds(), t.time_to_first_token_seconds(),
+                        t.decode_tokens_per_second(), t.total_seconds(), final->seed(),
+                        final->request_id());
+  std::cerr << stats;
+  return 0;
+}
+
 int RunGenerate(const std::vector<std::string>& args) {
   std::string model_path, prompt, kv_type;
   int32_t max_new_tokens = 0, threads = 0, context = 0;
@@ -108,7 +199,7 @@ int RunGenerate(const std::vector<std::string>& args) {
   int numa_node = -1;
   po::options_description opts("options");
   opts.add_options()
-      ("model,m", po::value(&model_path)->required(), "model file (GGUF)")
+      ("model,m", po::value(&model_path), "model file (GGUF); required unless --server")
       ("prompt,p", po::value(&prompt)->default_value(""), "prompt text (BOS is prepended)")
       ("max-new-tokens,n", po::value(&max_new_tokens)->default_value(128), "tokens to generate at most")
       ("temperature,t", po::value(&sp.temperature)->default_value(0.8f, "0.8"), "0 = greedy")
@@ -138,6 +229,16 @@ int RunGenerate(const std::vector<std::string>& args) {
       ("bindir", po::value(&so.bindir), "directory of the worker executables (default: this one's)")
       ("worker-log", po::value(&so.log_path), "append the workers' output here (default: stderr)");
   opts.add(split_opts);
+  std::string server, request_id;
+  std::vector<std::string> stops;
+  int32_t logprobs = 0;
+  po::options_description server_opts("through a gateway (thermocline-gateway)");
+  server_opts.add_options()
+      ("server", po::value(&server), "generate on the gateway at HOST:PORT (gRPC), streaming the text")
+      ("stop", po::value(&stops)->composing(), "stop string (repeatable); the text ends before it")
+      ("logprobs", po::value(&logprobs), "print each token's log-probability and the N most likely alternatives to stderr")
+      ("request-id", po::value(&request_id), "request id for the gateway's logs (default: one it makes)");
+  opts.add(server_opts);
   po::positional_options_description pos;
   po::variables_map vm;
   int exit_code = 0;
@@ -146,6 +247,25 @@ int RunGenerate(const std::vector<std::string>& args) {
     return exit_code;
   }
   auto fail = Fail;
+  if (!vm.count("server")) {
+    for (const char* flag : {"stop", "logprobs", "request-id"}) {
+      if (vm.count(flag)) return fail(std::string("--") + flag + " needs --server");
+    }
+    if (model_path.empty()) return fail("--model is required (or --server ADDR)");
+  } else {
+    for (const char* flag : kLocalOnly) {
+      if (vm.count(flag) && !vm[flag].defaulted()) {
+        return fail(std::string("--") + flag + " is for local generation; the gateway has its own");
+      }
+    }
+    if (sp.penalty_window != 64) return fail("--penalty-window is fixed at 64 by the gateway");
+    if (max_new_tokens < 1) return fail("--max-new-tokens must be >= 1 with --server");
+    if (logprobs < 0) return fail("--logprobs must be >= 0");
+    if (absl::Status s = ValidateSamplingParams(sp); !s.ok()) return fail(std::string(s.message()));
+    return RunServer(server, prompt, max_new_tokens, sp, ignore_eos, stops,
+                     vm.count("logprobs") ? std::optional<int32_t>(logprobs) : std::nullopt,
+                     request_id);
+  }
   if (threads < 0) return fail("--threads must be >= 0");
   if (max_new_tokens < 0) return fail("--max-new-tokens must be >= 0");
   if (context < 0) return fail("--context must be >= 0");
