@@ -1,0 +1,275 @@
+// thermocline-gateway: serves thermocline.v1.Generation over gRPC from a model split between a
+// gpu worker and a cpu worker (docs/gateway.md). Startup: gRPC and /metrics listen first (health
+// NOT_SERVING, Generate UNAVAILABLE), then the model and the workers load, one warm-up step
+// runs, health turns SERVING and systemd hears READY=1.
+#include <signal.h>
+#include <systemd/sd-daemon.h>
+
+#include <atomic>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <thread>
+
+#include <boost/program_options.hpp>
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gateway/log.h"
+#include "gateway/metrics.h"
+#include "gateway/scheduler.h"
+#include "gateway/service.h"
+#include "shared/driver/split_engine.h"
+#include "shared/model/llama_model.h"
+#include "shared/sparsity/sparsity_options.h"
+
+namespace thermocline::gateway {
+namespace {
+
+namespace po = boost::program_options;
+
+constexpr char kServiceName[] = "thermocline.v1.Generation";
+// Requests and replies are small (a prompt of at most 64 KiB, token chunks); 4 MiB leaves room
+// for token-id prompts of a long context and refuses anything absurd before it is parsed.
+constexpr int kMaxMessageBytes = 4 << 20;
+
+int Fail(const std::string& msg) {
+  std::cerr << "thermocline-gateway: " << msg << "\n";
+  return 1;
+}
+
+// "host:port" -> the host part (for printing the bound address).
+std::string HostOf(const std::string& addr) {
+  const size_t colon = addr.rfind(':');
+  return colon == std::string::npos ? addr : addr.substr(0, colon);
+}
+
+int Main(int argc, char** argv) {
+  std::string model_path, listen, metrics_listen, workers;
+  double hot_fraction = 0;
+  SchedulerOptions sched;
+  SparsityFlags sf;
+  SparsityOptionValues sv;
+  driver::SplitEngineOptions so;
+  int32_t context = 0;
+  po::options_description opts("thermocline-gateway options");
+  // clang-format off
+  opts.add_options()
+      ("help,h", "this help")
+      ("model,m", po::value(&model_path), "model file (GGUF)")
+      ("hot-fraction", po::value(&hot_fraction), "share of each layer's FFN neurons on the gpu worker, in [0, 1]")
+      ("plan", po::value(&so.plan_path), "or: placement from `thermocline plan`")
+      ("listen", po::value(&listen)->default_value("127.0.0.1:50051"), "gRPC address host:port (port 0: a free one)")
+      ("metrics-listen", po::value(&metrics_listen)->default_value("127.0.0.1:9464"), "/metrics address host:port (port 0: a free one)")
+      ("instance", po::value(&so.instance)->default_value("default"), "shared-memory instance name")
+      ("workers", po::value(&workers)->default_value("spawn"), "spawn (start and restart the workers) or attach (systemd runs them)")
+      ("max-batch", po::value(&sched.max_batch)->default_value(4), "sequences decoded together")
+      ("max-queue", po::value(&sched.max_queue)->default_value(64), "requests waiting at most (more: RESOURCE_EXHAUSTED)")
+      ("kv-slots", po::value(&sched.kv_slots)->default_value(4), "KV cache slots (sequences held at once)")
+      ("context", po::value(&context)->default_value(0), "positions per slot (0 = the model's context)")
+      ("prefill-chunk", po::value(&sched.prefill_chunk)->default_value(64), "prompt positions per step")
+      ("gpu-threads", po::value(&so.gpu_threads)->default_value(1), "threads of the gpu worker")
+      ("cpu-threads", po::value(&so.cpu_threads)->default_value(1), "threads of the cpu worker")
+      ("kv-type", po::value(&so.kv_type)->default_value("f32"), "KV cache element type: f32 or f16")
+      ("cpus", po::value(&so.cpus), "CPUs the cpu worker runs on, e.g. 0-7")
+      ("bindir", po::value(&so.bindir), "directory of the worker executables (default: this one's)")
+      ("worker-log", po::value(&so.log_path), "append the workers' output here (default: stderr)");
+  // clang-format on
+  AddSparsityOptions(opts, sf, sv);
+  po::variables_map vm;
+  try {
+    po::store(po::parse_command_line(argc, argv, opts), vm);
+    po::notify(vm);
+  } catch (const std::exception& e) {
+    return Fail(e.what());
+  }
+  if (vm.count("help")) {
+    std::cout << opts << "\n";
+    return 0;
+  }
+  FinishSparsityOptions(vm, sv, sf);
+  if (model_path.empty()) return Fail("--model is required");
+  if (vm.count("hot-fraction") == vm.count("plan")) {
+    return Fail("exactly one of --hot-fraction F and --plan PLAN is required");
+  }
+  if (vm.count("hot-fraction")) {
+    if (!(hot_fraction >= 0 && hot_fraction <= 1)) return Fail("--hot-fraction must be in [0, 1]");
+    so.hot_fraction = hot_fraction;
+  }
+  if (workers != "spawn" && workers != "attach") {
+    return Fail("--workers must be spawn or attach, got " + workers);
+  }
+  if (sched.max_batch < 1) return Fail("--max-batch must be >= 1");
+  if (sched.max_queue < 0) return Fail("--max-queue must be >= 0");
+  if (sched.kv_slots < 1) return Fail("--kv-slots must be >= 1");
+  if (sched.prefill_chunk < 1) return Fail("--prefill-chunk must be >= 1");
+  if (context < 0) return Fail("--context must be >= 0");
+  if (so.gpu_threads < 1 || so.cpu_threads < 1) return Fail("--gpu-threads and --cpu-threads must be >= 1");
+  if (so.instance.empty()) return Fail("--instance must not be empty");
+
+  // SIGINT/SIGTERM are taken by a thread of their own (sigwait), blocked everywhere else; the
+  // workers are spawned with an empty mask and default dispositions by the driver.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGUSR2);  // main wakes the signal thread with it at the end
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+  GatewayMetrics metrics;
+  if (absl::Status s = metrics.AttachWorkerMetrics(so.instance); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
+  if (absl::Status s = metrics.Serve(metrics_listen); !s.ok()) return Fail(std::string(s.message()));
+
+  auto model_or = LlamaModel::Load(model_path);
+  if (!model_or.ok()) return Fail(std::string(model_or.status().message()));
+  const LlamaModel& model = **model_or;
+  const LlamaConfig& cfg = model.config();
+  if (context == 0 || context > cfg.context_length) {
+    if (context > cfg.context_length) {
+      return Fail(absl::StrCat("--context ", context, " exceeds the model's context of ",
+                               cfg.context_length));
+    }
+    context = static_cast<int32_t>(cfg.context_length);
+  }
+
+  RequestLimits limits;
+  limits.context = context;
+  limits.vocab_size = static_cast<int32_t>(cfg.vocab_size);
+  v1::ModelInfo info;
+  info.set_model(model_path.substr(model_path.rfind('/') + 1));
+  info.set_architecture("llama");
+  info.set_vocab_size(static_cast<int32_t>(cfg.vocab_size));
+  info.set_context_length(context);
+  info.set_n_layers(static_cast<int32_t>(cfg.n_layers));
+  info.set_embedding_dim(static_cast<int32_t>(cfg.dim));
+  info.set_ffn_dim(static_cast<int32_t>(cfg.ffn_dim));
+  info.set_bos_token_id(model.tokenizer().bos());
+  info.set_eos_token_id(model.tokenizer().eos());
+  info.set_max_batch(sched.max_batch);
+  info.set_max_queue(sched.max_queue);
+  info.set_max_new_tokens_limit(context);
+  info.set_max_prompt_bytes(limits.max_prompt_bytes);
+  info.set_max_stop_strings(limits.max_stop_strings);
+  info.set_max_top_logprobs(limits.max_top_logprobs);
+  info.set_sparsity(sf.mode);
+  info.set_hot_fraction(so.hot_fraction.value_or(0));
+  info.set_plan(so.plan_path);
+  info.set_workers(workers);
+  GenerationService service(model, limits, info);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int grpc_port = 0;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &grpc_port);
+  builder.RegisterService(&service);
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || grpc_port == 0) return Fail("cannot listen on " + listen);
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  auto set_health = [health](bool serving) {
+    health->SetServingStatus(serving);  // overall ("")
+    health->SetServingStatus(kServiceName, serving);
+  };
+  set_health(false);  // loading
+  std::cout << "listening grpc=" << HostOf(listen) << ":" << grpc_port
+            << " metrics=" << HostOf(metrics_listen) << ":" << metrics.port() << std::endl;
+
+  std::atomic<bool> stopping{false};
+  std::thread signal_thread([&] {
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    if (sig == SIGUSR2) return;  // woken by main at the end
+    stopping.store(true);
+    Log(Level::kInfo, "shutdown", {{"signal", sig}});
+    sd_notify(0, "STOPPING=1");
+    // In-flight calls get 2 s to end; then gRPC cancels them and their handlers return.
+    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  });
+
+  so.model_path = model_path;
+  so.config = cfg;
+  so.sparsity = sf;
+  so.kv_slots = sched.kv_slots + 1;  // + the probe slot (scheduler.h)
+  so.context = context;
+  so.max_batch = sched.max_batch + sched.prefill_chunk;  // one step is never cut
+  so.max_logits_rows = sched.max_batch;
+  so.attach = workers == "attach";
+  Log(Level::kInfo, "loading", {{"model", model_path}, {"instance", so.instance},
+                                {"workers", workers}});
+  auto engine = driver::SplitEngine::Create(so);
+  int rc = 0;
+  std::unique_ptr<Scheduler> scheduler;
+  if (!engine.ok()) {
+    rc = Fail(std::string(engine.status().message()));
+  } else {
+    Log(Level::kInfo, "workers_ready",
+        {{"gpu_pid", static_cast<int>((*engine)->worker_pid(ipc::Role::kGpuWorker))},
+         {"cpu_pid", static_cast<int>((*engine)->worker_pid(ipc::Role::kCpuWorker))}});
+    // Warm-up: one step through both workers before READY, so the first request does not pay
+    // for page faults and ring setup, and a worker that cannot compute fails startup.
+    std::vector<float> logits;
+    const BatchEntry warm{sched.kv_slots, 0, model.tokenizer().bos(), true};
+    if (absl::Status s = (*engine)->Run(std::span<const BatchEntry>(&warm, 1), logits); !s.ok()) {
+      rc = Fail(absl::StrCat("warm-up step failed: ", s.message()));
+    } else {
+      (*engine)->ReleaseSlot(sched.kv_slots);
+      metrics.SetWorkerUp("gpu_worker", true);
+      metrics.SetWorkerUp("cpu_worker", true);
+      scheduler = std::make_unique<Scheduler>(
+          *std::move(engine), model.tokenizer(), sched, &metrics,
+          [&set_health](bool serving, const std::string& why) {
+            set_health(serving);
+            Log(serving ? Level::kInfo : Level::kWarn, serving ? "serving" : "not_serving",
+                {{"reason", why}});
+          });
+      service.SetScheduler(scheduler.get());
+      set_health(true);
+      Log(Level::kInfo, "serving", {{"port", grpc_port}});
+      sd_notify(0, "READY=1");
+    }
+  }
+
+  // Watchdog: WATCHDOG=1 only while the scheduler makes progress (a step completed since the
+  // last ping) or has nothing to do; a scheduler stuck in a step stops the pings and systemd
+  // restarts the unit. A no-op without WATCHDOG_USEC (sd_watchdog_enabled returns 0).
+  std::atomic<bool> done{false};
+  std::thread watchdog;
+  uint64_t usec = 0;
+  if (scheduler && sd_watchdog_enabled(0, &usec) > 0) {
+    watchdog = std::thread([&, usec] {
+      uint64_t last = scheduler->progress();
+      while (!done.load()) {
+        std::this_thread::sleep_for(std::chrono::microseconds(usec / 3));
+        const uint64_t now = scheduler->progress();
+        if (now != last || scheduler->idle()) sd_notify(0, "WATCHDOG=1");
+        last = now;
+      }
+    });
+  }
+
+  if (rc == 0) server->Wait();
+  done.store(true);
+  if (watchdog.joinable()) watchdog.join();
+  if (!stopping.load()) {
+    server->Shutdown(std::chrono::system_clock::now());
+    server->Wait();
+    pthread_kill(signal_thread.native_handle(), SIGUSR2);
+  }
+  signal_thread.join();
+  service.SetScheduler(nullptr);
+  scheduler.reset();  // ends what still runs, then the engine stops the workers
+  metrics.Stop();
+  return rc;
+}
+
+}  // namespace
+}  // namespace thermocline::gateway
+
+int main(int argc, char** argv) { return thermocline::gateway::Main(argc, argv); }

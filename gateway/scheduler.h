@@ -1,0 +1,158 @@
+// The gateway's scheduler: one thread owns the SplitEngine and runs continuous batching over its
+// KV slots (docs/gateway.md#scheduling).
+//
+// Each step holds one decode entry per running sequence that has finished its prompt, plus up to
+// `prefill_chunk` prompt positions of the oldest sequence still prefilling, so a long prompt
+// never stalls the streams already decoding. Admission is FIFO: a waiting request takes a free
+// slot as soon as one exists and fewer than `max_batch` sequences run. A request whose caller
+// cancelled (or whose deadline passed) leaves at the next step boundary and its slot is released
+// in the engine at once, so the next queued request starts in the same step.
+//
+// Sampling, logprobs and text (stop strings, UTF-8) happen here per sequence; the gRPC handler
+// only forwards the finished GenerateResponse messages (Stream) to its caller.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "gateway/metrics.h"
+#include "shared/driver/split_engine.h"
+#include "shared/runtime/sampler.h"
+#include "shared/tokenizer/tokenizer.h"
+#include "thermocline/v1/generation.pb.h"
+
+namespace thermocline::gateway {
+
+// A validated generation request (gateway/validate.h builds it from the proto).
+struct Job {
+  std::vector<int32_t> prompt;  // token ids, BOS included when the prompt was text
+  int32_t max_new_tokens = 0;
+  SamplingParams sampling;      // seed already drawn when the caller gave none
+  std::vector<std::string> stop;
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  bool logprobs = false;
+  int32_t top_logprobs = 0;
+  std::string request_id;
+  absl::Time arrival;
+};
+
+// The handler's end of one request: the messages to send, in order, and at the end either a
+// Final message or an error status.
+class Stream {
+ public:
+  struct Event {
+    v1::GenerateResponse message;
+    absl::Status error;   // not OK: end the call with this status (no message)
+    bool last = false;    // after this event nothing more comes
+  };
+  // Waits up to `timeout` for events and moves them into *out (appends).
+  void Wait(absl::Duration timeout, std::vector<Event>* out);
+  // The caller is gone or its deadline passed: the scheduler drops the sequence at the next
+  // step boundary and frees its slot.
+  void Cancel();
+  bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
+
+  // Scheduler side.
+  void Push(Event event);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Event> events_;
+  std::atomic<bool> cancelled_{false};
+};
+
+struct SchedulerOptions {
+  int32_t max_batch = 4;      // sequences decoded together
+  int32_t max_queue = 64;     // requests waiting for a slot; beyond: RESOURCE_EXHAUSTED
+  int32_t kv_slots = 4;       // slots for sequences (the engine has one more: the probe slot)
+  int32_t prefill_chunk = 64; // prompt positions per step
+};
+
+// Health as the scheduler sees it: called with false when a worker is down or recovering and
+// with true once a step succeeded again.
+using HealthCallback = std::function<void(bool serving, const std::string& why)>;
+
+class Scheduler {
+ public:
+  // `engine` must have kv_slots + 1 slots (the last one is used to probe a dead worker while
+  // idle, so that recovery does not wait for the next request). `metrics` may be null.
+  Scheduler(std::unique_ptr<driver::SplitEngine> engine, const Tokenizer& tokenizer,
+            SchedulerOptions options, GatewayMetrics* metrics, HealthCallback health);
+  // Stops the thread; sequences still running get FINISH_REASON_CANCELLED.
+  ~Scheduler();
+
+  // Queues a request. RESOURCE_EXHAUSTED when max_queue requests already wait.
+  absl::StatusOr<std::shared_ptr<Stream>> Submit(Job job);
+
+  // Steps completed so far (the watchdog pings while this moves).
+  uint64_t progress() const { return progress_.load(std::memory_order_relaxed); }
+  // True while nothing runs or waits (the watchdog also pings then).
+  bool idle() const { return idle_.load(std::memory_order_relaxed); }
+  // Worker pids as of the last step (0 before the first).
+  pid_t worker_pid(ipc::Role role) const;
+
+ private:
+  struct Sequence;
+  void Loop();
+  void MonitorLoop();
+  // Builds and runs one step over `running_`; returns false when there was nothing to run.
+  bool Step();
+  void Emit(Sequence& seq, int32_t token, std::span<const float> row);
+  void Finish(Sequence& seq, v1::FinishReason reason, const std::string& matched_stop,
+              int32_t matched_token);
+  void Fail(Sequence& seq, const absl::Status& status);
+  void Retire(Sequence& seq);
+  void Probe();
+  // After every engine Run: counts the engine's restarts into the metrics (and flags health
+  // down if the monitor missed a quick one); NoteServing after a successful Run.
+  void NoteRestarts();
+  void NoteServing();
+  void PublishPids();
+  void UpdateGauges();
+
+  std::unique_ptr<driver::SplitEngine> engine_;
+  const Tokenizer& tokenizer_;
+  const SchedulerOptions options_;
+  GatewayMetrics* metrics_;
+  HealthCallback health_;
+  const int32_t probe_slot_;
+
+  std::mutex mu_;  // guards waiting_, stop_, probe_requested_
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  bool stop_ = false;
+  bool probe_requested_ = false;
+
+  // Scheduler thread only.
+  std::vector<std::unique_ptr<Sequence>> running_;
+  std::vector<int32_t> free_slots_;
+  int64_t seen_gpu_restarts_ = 0, seen_cpu_restarts_ = 0;
+
+  std::atomic<uint64_t> progress_{0};
+  std::atomic<bool> idle_{true};
+  std::atomic<pid_t> gpu_pid_{0}, cpu_pid_{0};
+  std::atomic<bool> serving_{true};
+  std::thread thread_;
+  std::thread monitor_;
+};
+
+// Natural-log softmax of `row` at `token` and the `n` most likely tokens (most likely first,
+// lowest id first on ties). Exposed for tests.
+v1::TokenLogprob LogprobsOf(std::span<const float> row, int32_t token, int32_t n,
+                            const Tokenizer& tokenizer);
+
+}  // namespace thermocline::gateway

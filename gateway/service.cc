@@ -1,0 +1,91 @@
+#include "gateway/service.h"
+
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "gateway/log.h"
+
+namespace thermocline::gateway {
+
+grpc::Status ToGrpc(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  // absl and gRPC share the canonical code numbering.
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+GenerationService::GenerationService(const LlamaModel& model, RequestLimits limits,
+                                     v1::ModelInfo info)
+    : model_(model), limits_(limits), info_(std::move(info)) {}
+
+grpc::Status GenerationService::Generate(grpc::ServerContext* context,
+                                         const v1::GenerateRequest* request,
+                                         grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  const absl::Time arrival = absl::Now();
+  auto job = ValidateGenerate(*request, limits_, model_.tokenizer());
+  if (!job.ok()) {
+    Log(Level::kInfo, "request_refused", {{"request_id", request->request_id()},
+                                          {"error", std::string(job.status().message())}});
+    return ToGrpc(job.status());
+  }
+  job->arrival = arrival;
+  if (job->request_id.empty()) {
+    job->request_id = absl::StrCat("gw-", getpid(), "-", next_id_.fetch_add(1));
+  }
+  Scheduler* scheduler = scheduler_.load();
+  if (scheduler == nullptr) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "the gateway is loading the model and starting its workers");
+  }
+  auto stream = scheduler->Submit(*std::move(job));
+  if (!stream.ok()) return ToGrpc(stream.status());
+  std::vector<Stream::Event> events;
+  while (true) {
+    // Short waits so that a cancelled call or a passed deadline is seen promptly and the
+    // scheduler frees the slot at its next step boundary.
+    (*stream)->Wait(absl::Milliseconds(20), &events);
+    for (Stream::Event& ev : events) {
+      if (!ev.error.ok()) return ToGrpc(ev.error);
+      if (!writer->Write(ev.message)) {
+        (*stream)->Cancel();  // the caller is gone
+        return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
+      }
+      if (ev.last) return grpc::Status::OK;
+    }
+    events.clear();
+    if (context->IsCancelled()) {
+      (*stream)->Cancel();
+      const bool expired = context->deadline() <= std::chrono::system_clock::now();
+      return expired ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded")
+                     : grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+    }
+  }
+}
+
+grpc::Status GenerationService::Tokenize(grpc::ServerContext*, const v1::TokenizeRequest* request,
+                                         v1::TokenizeResponse* response) {
+  if (absl::Status s = ValidateTokenize(*request, limits_); !s.ok()) return ToGrpc(s);
+  const Tokenizer& tok = model_.tokenizer();
+  for (int32_t id : tok.Encode(request->text(), request->add_bos())) {
+    response->add_token_ids(id);
+    response->add_pieces(tok.piece(id));
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status GenerationService::Detokenize(grpc::ServerContext*,
+                                           const v1::DetokenizeRequest* request,
+                                           v1::DetokenizeResponse* response) {
+  if (absl::Status s = ValidateDetokenize(*request, limits_); !s.ok()) return ToGrpc(s);
+  std::vector<int32_t> ids(request->token_ids().begin(), request->token_ids().end());
+  // Decode = a StreamingDetokenizer fed every id and flushed: always valid UTF-8.
+  response->set_text(model_.tokenizer().Decode(ids));
+  return grpc::Status::OK;
+}
+
+grpc::Status GenerationService::GetModelInfo(grpc::ServerContext*, const v1::GetModelInfoRequest*,
+                                             v1::ModelInfo* response) {
+  *response = info_;
+  return grpc::Status::OK;
+}
+
+}  // namespace thermocline::gateway

@@ -1,0 +1,195 @@
+// The e2e tests' gateway: a real thermocline-gateway process (posix_spawn, no shell) on free
+// ports, its stdout's "listening grpc=... metrics=..." line parsed for the address, its stderr
+// kept in a file (the workers' pids are read from its workers_ready line), and a gRPC channel
+// with the generated stubs. SIGTERM and reaping at the end; SIGKILL if it does not exit.
+#pragma once
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "tests/test_support.h"
+#include "thermocline/v1/generation.grpc.pb.h"
+
+extern char** environ;
+
+namespace thermocline::testing {
+
+inline std::string Stories260K() { return ModelPath("stories260K/stories260K.gguf"); }
+
+// What one Generate call returned, token by token.
+struct Completion {
+  grpc::Status status;
+  std::vector<int32_t> ids;
+  std::string text;  // every chunk's text + Final.text
+  v1::Final final;
+  int chunks = 0;
+};
+
+class Gateway {
+ public:
+  // Starts the gateway on stories260K with --hot-fraction 0.5 and `extra` flags; waits for the
+  // listening line and then for health SERVING.
+  explicit Gateway(const std::string& instance, std::vector<std::string> extra = {}) {
+    log_path_ = absl::StrCat(TempDir(), "/", instance, ".log");
+    std::vector<std::string> argv = {absl::StrCat(BinDir(), "/thermocline-gateway"),
+                                     "--model", Stories260K(), "--hot-fraction", "0.5",
+                                     "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+                                     "--instance", instance};
+    // A small context keeps the KV caches small; tests that need more pass their own.
+    if (std::find(extra.begin(), extra.end(), "--context") == extra.end()) {
+      extra.insert(extra.end(), {"--context", "256"});
+    }
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    int out[2];
+    if (pipe(out) != 0) ADD_FAILURE() << "pipe";
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    posix_spawn_file_actions_addclose(&fa, out[0]);
+    posix_spawn_file_actions_addopen(&fa, 2, log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    std::vector<char*> cargv;
+    for (auto& a : argv) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    const int rc = posix_spawn(&pid_, cargv[0], &fa, nullptr, cargv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    close(out[1]);
+    if (rc != 0) {
+      ADD_FAILURE() << "posix_spawn " << argv[0] << ": " << rc;
+      close(out[0]);
+      return;
+    }
+    // The first stdout line: "listening grpc=HOST:PORT metrics=HOST:PORT".
+    std::string line;
+    char c;
+    while (read(out[0], &c, 1) == 1 && c != '\n') line.push_back(c);
+    close(out[0]);
+    std::istringstream words(line);
+    std::string w;
+    while (words >> w) {
+      if (w.rfind("grpc=", 0) == 0) address_ = w.substr(5);
+      if (w.rfind("metrics=", 0) == 0) metrics_address_ = w.substr(8);
+    }
+    if (address_.empty()) {
+      ADD_FAILURE() << "no listening line; got '" << line << "'; log:\n" << Log();
+      return;
+    }
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(8 << 20);
+    channel_ = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
+    stub_ = v1::Generation::NewStub(channel_);
+    health_ = grpc::health::v1::Health::NewStub(channel_);
+    if (!WaitServing(true)) ADD_FAILURE() << "never SERVING; log:\n" << Log();
+  }
+
+  ~Gateway() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGTERM);
+    for (int i = 0; i < 200; ++i) {  // 20 s
+      if (waitpid(pid_, nullptr, WNOHANG) == pid_) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    ADD_FAILURE() << "the gateway did not exit on SIGTERM; killing it";
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+
+  v1::Generation::Stub& stub() { return *stub_; }
+  const std::string& address() const { return address_; }
+  const std::string& metrics_address() const { return metrics_address_; }
+  std::string Log() const { return ReadFileOrDie(log_path_); }
+
+  grpc::health::v1::HealthCheckResponse::ServingStatus Health(const std::string& service = "") {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    grpc::health::v1::HealthCheckRequest req;
+    req.set_service(service);
+    grpc::health::v1::HealthCheckResponse resp;
+    const grpc::Status s = health_->Check(&ctx, req, &resp);
+    return s.ok() ? resp.status() : grpc::health::v1::HealthCheckResponse::UNKNOWN;
+  }
+  // Polls until health (overall) is SERVING (true) or NOT_SERVING (false); 30 s at most.
+  bool WaitServing(bool serving) {
+    const auto want = serving ? grpc::health::v1::HealthCheckResponse::SERVING
+                              : grpc::health::v1::HealthCheckResponse::NOT_SERVING;
+    for (int i = 0; i < 3000; ++i) {
+      if (Health() == want) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
+
+  // The value of `key=` in the gateway's log line of `event` (first occurrence).
+  std::string LogValue(const std::string& event, const std::string& key) const {
+    std::istringstream lines(Log());
+    std::string line;
+    while (std::getline(lines, line)) {
+      if (line.find(absl::StrCat("event=", event)) == std::string::npos) continue;
+      const size_t at = line.find(absl::StrCat(" ", key, "="));
+      if (at == std::string::npos) continue;
+      const size_t begin = at + key.size() + 2;
+      return line.substr(begin, line.find(' ', begin) - begin);
+    }
+    return "";
+  }
+
+  // Runs one Generate call to the end. `context_setup` may set a deadline; `on_chunk` is
+  // called after each chunk with the number of chunks so far.
+  Completion Generate(const v1::GenerateRequest& req,
+                      const std::function<void(grpc::ClientContext&)>& context_setup = {},
+                      const std::function<void(grpc::ClientContext&, int)>& on_chunk = {}) {
+    Completion c;
+    grpc::ClientContext ctx;
+    if (context_setup) context_setup(ctx);
+    auto reader = stub_->Generate(&ctx, req);
+    v1::GenerateResponse resp;
+    while (reader->Read(&resp)) {
+      if (resp.has_chunk()) {
+        for (int32_t id : resp.chunk().token_ids()) c.ids.push_back(id);
+        c.text += resp.chunk().text();
+        ++c.chunks;
+        if (on_chunk) on_chunk(ctx, c.chunks);
+      } else if (resp.has_final()) {
+        c.final = resp.final();
+        c.text += resp.final().text();
+      }
+    }
+    c.status = reader->Finish();
+    return c;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  std::string log_path_;
+  std::string address_, metrics_address_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Generation::Stub> stub_;
+  std::unique_ptr<grpc::health::v1::Health::Stub> health_;
+};
+
+// A greedy request for `prompt` and `n` tokens.
+inline v1::GenerateRequest Greedy(const std::string& prompt, int n) {
+  v1::GenerateRequest r;
+  r.set_text(prompt);
+  r.set_max_new_tokens(n);
+  r.set_temperature(0);
+  return r;
+}
+
+}  // namespace thermocline::testing
