@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "absl/strings/escaping.h"
+#include "absl/time/clock.h"
 #include "absl/strings/str_format.h"
 #include "shared/driver/split_engine.h"
 #include "shared/model/llama_model.h"
@@ -110,7 +111,8 @@ constexpr const char* kLocalOnly[] = {"model",     "threads",      "context",  "
 // the local paths print it), the final stats to stderr.
 int RunServer(const std::string& address, const std::string& prompt, int32_t max_new_tokens,
               const SamplingParams& sp, bool ignore_eos, const std::vector<std::string>& stops,
-              std::optional<int32_t> logprobs, const std::string& request_id) {
+              std::optional<int32_t> logprobs, const std::string& request_id,
+              double wait_ready_seconds) {
   v1::GenerateRequest req;
   req.set_text(prompt);
   req.set_max_new_tokens(max_new_tokens);
@@ -138,32 +140,54 @@ int RunServer(const std::string& address, const std::string& prompt, int32_t max
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
 
-  std::fwrite(prompt.data(), 1, prompt.size(), stdout);
-  std::fflush(stdout);
-  auto final = StreamGenerate(
-      address, req,
-      [&](const v1::TokenChunk& chunk) {
-        std::fwrite(chunk.text().data(), 1, chunk.text().size(), stdout);
-        std::fflush(stdout);
-        for (const v1::TokenLogprob& lp : chunk.logprobs()) {
-          std::string line = absl::StrFormat("logprob: token %d %.4f", lp.token_id(), lp.logprob());
-          for (const v1::TopLogprob& t : lp.top()) {
-            absl::StrAppendFormat(&line, " | %d \"%s\" %.4f", t.token_id(), absl::CHexEscape(t.text()),
-                                  t.logprob());
+  // The prompt is printed with the first chunk (or the final message), so that a call the
+  // server refuses, or one retried while it starts, prints nothing on stdout.
+  bool printed_prompt = false;
+  auto print_prompt = [&] {
+    if (printed_prompt) return;
+    printed_prompt = true;
+    std::fwrite(prompt.data(), 1, prompt.size(), stdout);
+  };
+  const absl::Time give_up = absl::Now() + absl::Seconds(wait_ready_seconds);
+  absl::StatusOr<v1::Final> final;
+  while (true) {
+    final = StreamGenerate(
+        address, req,
+        [&](const v1::TokenChunk& chunk) {
+          print_prompt();
+          std::fwrite(chunk.text().data(), 1, chunk.text().size(), stdout);
+          std::fflush(stdout);
+          for (const v1::TokenLogprob& lp : chunk.logprobs()) {
+            std::string line =
+                absl::StrFormat("logprob: token %d %.4f", lp.token_id(), lp.logprob());
+            for (const v1::TopLogprob& t : lp.top()) {
+              absl::StrAppendFormat(&line, " | %d \"%s\" %.4f", t.token_id(),
+                                    absl::CHexEscape(t.text()), t.logprob());
+            }
+            std::cerr << line << "\n";
           }
-          std::cerr << line << "\n";
-        }
-      },
-      &g_interrupted);
+        },
+        &g_interrupted);
+    // UNAVAILABLE before any text: the gateway is starting (or restarting its workers), or not
+    // up yet. --wait-ready retries that for a while; nothing was generated, so nothing repeats.
+    if (final.ok() || printed_prompt || !absl::IsUnavailable(final.status()) ||
+        g_interrupted.load() || absl::Now() >= give_up) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+  }
   if (!final.ok()) {
-    std::fputc('\n', stdout);
-    std::fflush(stdout);
+    if (printed_prompt) {
+      std::fputc('\n', stdout);
+      std::fflush(stdout);
+    }
     if (g_interrupted.load()) {
       std::cerr << "thermocline generate: interrupted; request cancelled\n";
       return 130;
     }
     return Fail(std::string(final.status().message()));
   }
+  print_prompt();
   std::fwrite(final->text().data(), 1, final->text().size(), stdout);
   std::fputc('\n', stdout);
   std::fflush(stdout);
@@ -232,12 +256,14 @@ int RunGenerate(const std::vector<std::string>& args) {
   std::string server, request_id;
   std::vector<std::string> stops;
   int32_t logprobs = 0;
+  double wait_ready_seconds = 0;
   po::options_description server_opts("through a gateway (thermocline-gateway)");
   server_opts.add_options()
       ("server", po::value(&server), "generate on the gateway at HOST:PORT (gRPC), streaming the text")
       ("stop", po::value(&stops)->composing(), "stop string (repeatable); the text ends before it")
       ("logprobs", po::value(&logprobs), "print each token's log-probability and the N most likely alternatives to stderr")
-      ("request-id", po::value(&request_id), "request id for the gateway's logs (default: one it makes)");
+      ("request-id", po::value(&request_id), "request id for the gateway's logs (default: one it makes)")
+      ("wait-ready", po::value(&wait_ready_seconds), "retry up to this many seconds while the gateway answers UNAVAILABLE (starting)");
   opts.add(server_opts);
   po::positional_options_description pos;
   po::variables_map vm;
@@ -248,7 +274,7 @@ int RunGenerate(const std::vector<std::string>& args) {
   }
   auto fail = Fail;
   if (!vm.count("server")) {
-    for (const char* flag : {"stop", "logprobs", "request-id"}) {
+    for (const char* flag : {"stop", "logprobs", "request-id", "wait-ready"}) {
       if (vm.count(flag)) return fail(std::string("--") + flag + " needs --server");
     }
     if (model_path.empty()) return fail("--model is required (or --server ADDR)");
@@ -261,10 +287,13 @@ int RunGenerate(const std::vector<std::string>& args) {
     if (sp.penalty_window != 64) return fail("--penalty-window is fixed at 64 by the gateway");
     if (max_new_tokens < 1) return fail("--max-new-tokens must be >= 1 with --server");
     if (logprobs < 0) return fail("--logprobs must be >= 0");
+    if (!(wait_ready_seconds >= 0 && wait_ready_seconds <= 3600)) {
+      return fail("--wait-ready must be in [0, 3600] seconds");
+    }
     if (absl::Status s = ValidateSamplingParams(sp); !s.ok()) return fail(std::string(s.message()));
     return RunServer(server, prompt, max_new_tokens, sp, ignore_eos, stops,
                      vm.count("logprobs") ? std::optional<int32_t>(logprobs) : std::nullopt,
-                     request_id);
+                     request_id, wait_ready_seconds);
   }
   if (threads < 0) return fail("--threads must be >= 0");
   if (max_new_tokens < 0) return fail("--max-new-tokens must be >= 0");
