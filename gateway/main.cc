@@ -2,10 +2,14 @@
 // gpu worker and a cpu worker (docs/gateway.md). Startup: gRPC and /metrics listen first (health
 // NOT_SERVING, Generate UNAVAILABLE), then the model and the workers load, one warm-up step
 // runs, health turns SERVING and systemd hears READY=1.
+#include <fcntl.h>
 #include <signal.h>
+#include <unistd.h>
 #include <systemd/sd-daemon.h>
 
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -21,6 +25,7 @@
 #include "gateway/log.h"
 #include "gateway/metrics.h"
 #include "gateway/scheduler.h"
+#include "gateway/security.h"
 #include "gateway/service.h"
 #include "shared/driver/split_engine.h"
 #include "shared/model/llama_model.h"
@@ -41,6 +46,27 @@ int Fail(const std::string& msg) {
   return 1;
 }
 
+// A file flag's path must name a readable regular file; checked before anything is started so
+// that a typo ends startup at once with the flag's name, not minutes later inside a loader.
+absl::Status CheckReadable(const std::string& flag, const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, " ", path, ": cannot open (", std::strerror(errno), ")"));
+  }
+  close(fd);
+  return absl::OkStatus();
+}
+
+// "HOST:PORT" with a port in [0, 65535] (IPv6 hosts in brackets: "[::1]:50051").
+bool ValidListenAddress(const std::string& addr) {
+  const size_t colon = addr.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == addr.size()) return false;
+  const std::string port = addr.substr(colon + 1);
+  if (port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos) return false;
+  return std::stoi(port) <= 65535;
+}
+
 // "host:port" -> the host part (for printing the bound address).
 std::string HostOf(const std::string& addr) {
   const size_t colon = addr.rfind(':');
@@ -55,6 +81,8 @@ int Main(int argc, char** argv) {
   SparsityOptionValues sv;
   driver::SplitEngineOptions so;
   int32_t context = 0;
+  SecurityOptions security;
+  std::string auth_token_file;
   po::options_description opts("thermocline-gateway options");
   // clang-format off
   opts.add_options()
@@ -76,7 +104,12 @@ int Main(int argc, char** argv) {
       ("kv-type", po::value(&so.kv_type)->default_value("f32"), "KV cache element type: f32 or f16")
       ("cpus", po::value(&so.cpus), "CPUs the cpu worker runs on, e.g. 0-7")
       ("bindir", po::value(&so.bindir), "directory of the worker executables (default: this one's)")
-      ("worker-log", po::value(&so.log_path), "append the workers' output here (default: stderr)");
+      ("worker-log", po::value(&so.log_path), "append the workers' output here (default: stderr)")
+      ("max-restarts", po::value(&so.restart.max_restarts)->default_value(5), "restarts of one worker allowed within a minute; past that its steps fail UNAVAILABLE")
+      ("tls-cert", po::value(&security.tls_cert), "serve gRPC over TLS with this PEM certificate (chain)")
+      ("tls-key", po::value(&security.tls_key), "the PEM private key of --tls-cert")
+      ("tls-client-ca", po::value(&security.tls_client_ca), "mutual TLS: require client certificates signed by this PEM CA")
+      ("auth-token-file", po::value(&auth_token_file), "require 'authorization: Bearer <token>' on every Generation call; the token is this file's first line");
   // clang-format on
   AddSparsityOptions(opts, sf, sv);
   po::variables_map vm;
@@ -109,6 +142,29 @@ int Main(int argc, char** argv) {
   if (context < 0) return Fail("--context must be >= 0");
   if (so.gpu_threads < 1 || so.cpu_threads < 1) return Fail("--gpu-threads and --cpu-threads must be >= 1");
   if (so.instance.empty()) return Fail("--instance must not be empty");
+  if (so.restart.max_restarts < 0) return Fail("--max-restarts must be >= 0");
+  if (absl::Status s = CheckReadable("model", model_path); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
+  if (!so.plan_path.empty()) {
+    if (absl::Status s = CheckReadable("plan", so.plan_path); !s.ok()) {
+      return Fail(std::string(s.message()));
+    }
+  }
+  if (!ValidListenAddress(listen)) {
+    return Fail("--listen " + listen + ": not HOST:PORT with a port in [0, 65535]");
+  }
+  if (!ValidListenAddress(metrics_listen)) {
+    return Fail("--metrics-listen " + metrics_listen + ": not HOST:PORT with a port in [0, 65535]");
+  }
+  auto credentials = MakeServerCredentials(security);
+  if (!credentials.ok()) return Fail(std::string(credentials.status().message()));
+  std::string auth_token;
+  if (vm.count("auth-token-file")) {
+    auto token = LoadAuthToken(auth_token_file);
+    if (!token.ok()) return Fail(std::string(token.status().message()));
+    auth_token = *std::move(token);
+  }
 
   // SIGINT/SIGTERM are taken by a thread of their own (sigwait), blocked everywhere else; the
   // workers are spawned with an empty mask and default dispositions by the driver.
@@ -123,10 +179,13 @@ int Main(int argc, char** argv) {
   if (absl::Status s = metrics.AttachWorkerMetrics(so.instance); !s.ok()) {
     return Fail(std::string(s.message()));
   }
-  if (absl::Status s = metrics.Serve(metrics_listen); !s.ok()) return Fail(std::string(s.message()));
+  if (absl::Status s = metrics.Serve(metrics_listen); !s.ok()) {
+    return Fail(absl::StrCat("--metrics-listen ", metrics_listen, ": ", s.message(),
+                             " (a bad address, or the port is in use)"));
+  }
 
   auto model_or = LlamaModel::Load(model_path);
-  if (!model_or.ok()) return Fail(std::string(model_or.status().message()));
+  if (!model_or.ok()) return Fail(absl::StrCat("--model: ", model_or.status().message()));
   const LlamaModel& model = **model_or;
   const LlamaConfig& cfg = model.config();
   if (context == 0 || context > cfg.context_length) {
@@ -161,17 +220,23 @@ int Main(int argc, char** argv) {
   info.set_plan(so.plan_path);
   info.set_workers(workers);
   GenerationService service(model, limits, info);
+  service.SetAuthToken(auth_token);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int grpc_port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &grpc_port);
+  builder.AddListeningPort(listen, *credentials, &grpc_port);
+  // gRPC sets SO_REUSEPORT by default, so a second server on a busy port would "succeed" and
+  // share the traffic with the first; without it a port in use is an error here.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(&service);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || grpc_port == 0) return Fail("cannot listen on " + listen);
+  if (!server || grpc_port == 0) {
+    return Fail("--listen " + listen + ": cannot listen (a bad address, or the port is in use)");
+  }
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   auto set_health = [health](bool serving) {
     health->SetServingStatus(serving);  // overall ("")
@@ -182,6 +247,7 @@ int Main(int argc, char** argv) {
             << " metrics=" << HostOf(metrics_listen) << ":" << metrics.port() << std::endl;
 
   std::atomic<bool> stopping{false};
+  std::atomic<bool> worker_lost{false};  // attach mode: a worker died (see below)
   std::thread signal_thread([&] {
     int sig = 0;
     sigwait(&sigs, &sig);
@@ -224,10 +290,17 @@ int Main(int argc, char** argv) {
       metrics.SetWorkerUp("cpu_worker", true);
       scheduler = std::make_unique<Scheduler>(
           *std::move(engine), model.tokenizer(), sched, &metrics,
-          [&set_health](bool serving, const std::string& why) {
+          [&set_health, &worker_lost, &stopping, attach = so.attach](bool serving, const std::string& why) {
             set_health(serving);
             Log(serving ? Level::kInfo : Level::kWarn, serving ? "serving" : "not_serving",
                 {{"reason", why}});
+            // Attach mode: the dead worker belongs to systemd, which restarts it, but this
+            // gateway cannot take a new worker in (its transport and KV state are gone with
+            // the old one). Exiting non-zero lets Restart=on-failure bring the whole instance
+            // back; the surviving worker exits when it sees the gateway gone.
+            if (attach && !serving && !stopping.load() && !worker_lost.exchange(true)) {
+              kill(getpid(), SIGTERM);
+            }
           });
       service.SetScheduler(scheduler.get());
       set_health(true);
@@ -266,6 +339,10 @@ int Main(int argc, char** argv) {
   service.SetScheduler(nullptr);
   scheduler.reset();  // ends what still runs, then the engine stops the workers
   metrics.Stop();
+  if (worker_lost.load() && rc == 0) {
+    rc = Fail("a worker died and --workers attach cannot restart it; exiting for the service "
+              "manager to restart the instance");
+  }
   return rc;
 }
 

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gateway/log.h"
+#include "gateway/security.h"
 
 namespace thermocline::gateway {
 
@@ -17,10 +18,21 @@ GenerationService::GenerationService(const LlamaModel& model, RequestLimits limi
                                      v1::ModelInfo info)
     : model_(model), limits_(limits), info_(std::move(info)) {}
 
+grpc::Status GenerationService::Authorize(const grpc::ServerContext* context) const {
+  if (auth_token_.empty()) return grpc::Status::OK;
+  absl::Status s = CheckBearerToken(context->client_metadata(), auth_token_);
+  if (!s.ok()) {
+    Log(Level::kWarn, "unauthenticated", {{"peer", context->peer()},
+                                          {"error", std::string(s.message())}});
+  }
+  return ToGrpc(s);
+}
+
 grpc::Status GenerationService::Generate(grpc::ServerContext* context,
                                          const v1::GenerateRequest* request,
                                          grpc::ServerWriter<v1::GenerateResponse>* writer) {
   const absl::Time arrival = absl::Now();
+  if (grpc::Status a = Authorize(context); !a.ok()) return a;
   auto job = ValidateGenerate(*request, limits_, model_.tokenizer());
   if (!job.ok()) {
     Log(Level::kInfo, "request_refused", {{"request_id", request->request_id()},
@@ -61,8 +73,10 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* context,
   }
 }
 
-grpc::Status GenerationService::Tokenize(grpc::ServerContext*, const v1::TokenizeRequest* request,
+grpc::Status GenerationService::Tokenize(grpc::ServerContext* context,
+                                         const v1::TokenizeRequest* request,
                                          v1::TokenizeResponse* response) {
+  if (grpc::Status a = Authorize(context); !a.ok()) return a;
   if (absl::Status s = ValidateTokenize(*request, limits_); !s.ok()) return ToGrpc(s);
   const Tokenizer& tok = model_.tokenizer();
   for (int32_t id : tok.Encode(request->text(), request->add_bos())) {
@@ -72,9 +86,10 @@ grpc::Status GenerationService::Tokenize(grpc::ServerContext*, const v1::Tokeniz
   return grpc::Status::OK;
 }
 
-grpc::Status GenerationService::Detokenize(grpc::ServerContext*,
+grpc::Status GenerationService::Detokenize(grpc::ServerContext* context,
                                            const v1::DetokenizeRequest* request,
                                            v1::DetokenizeResponse* response) {
+  if (grpc::Status a = Authorize(context); !a.ok()) return a;
   if (absl::Status s = ValidateDetokenize(*request, limits_); !s.ok()) return ToGrpc(s);
   std::vector<int32_t> ids(request->token_ids().begin(), request->token_ids().end());
   // Decode = a StreamingDetokenizer fed every id and flushed: always valid UTF-8.
@@ -82,8 +97,10 @@ grpc::Status GenerationService::Detokenize(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status GenerationService::GetModelInfo(grpc::ServerContext*, const v1::GetModelInfoRequest*,
+grpc::Status GenerationService::GetModelInfo(grpc::ServerContext* context,
+                                             const v1::GetModelInfoRequest*,
                                              v1::ModelInfo* response) {
+  if (grpc::Status a = Authorize(context); !a.ok()) return a;
   *response = info_;
   return grpc::Status::OK;
 }

@@ -14,6 +14,9 @@
 namespace thermocline::gateway {
 
 class GenerationService final : public v1::Generation::Service {
+  // OK, or UNAUTHENTICATED when a token is required and the call lacks it.
+  grpc::Status Authorize(const grpc::ServerContext* context) const;
+
  public:
   // `model` (for the tokenizer and shapes) must outlive the service; `info` is what
   // GetModelInfo answers.
@@ -22,6 +25,11 @@ class GenerationService final : public v1::Generation::Service {
   // Set once the model is loaded and the workers are ready; until then Generate answers
   // UNAVAILABLE ("loading"). The scheduler must outlive the server's handlers.
   void SetScheduler(Scheduler* scheduler) { scheduler_.store(scheduler); }
+
+  // --auth-token-file: every call of this service must carry "authorization: Bearer <token>"
+  // or gets UNAUTHENTICATED. Set before the server starts; empty (the default) = no check.
+  // The health service stays open: probes learn only SERVING / NOT_SERVING from it.
+  void SetAuthToken(std::string token) { auth_token_ = std::move(token); }
 
   grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
                         grpc::ServerWriter<v1::GenerateResponse>* writer) override;
@@ -36,6 +44,7 @@ class GenerationService final : public v1::Generation::Service {
   const LlamaModel& model_;
   const RequestLimits limits_;
   const v1::ModelInfo info_;
+  std::string auth_token_;
   std::atomic<Scheduler*> scheduler_{nullptr};
   std::atomic<uint64_t> next_id_{1};
 };

@@ -16,6 +16,10 @@ PACKAGES=(
   # Metrics (gateway/metrics.cc): prometheus-cpp core for the registry and text format, and
   # cpp-httplib (header-only) to serve /metrics.
   prometheus-cpp-dev libcpp-httplib-dev
+  # Deployment and security (deploy/, gateway/security.cc, docs/operations.md): OpenSSL for the
+  # TLS flags' PEM checks, the openssl CLI for the tests' certificates, systemd-analyze for the
+  # unit test, clang (libFuzzer) for the fuzz targets.
+  libssl-dev openssl systemd clang
 )
 
 missing=()

@@ -112,7 +112,7 @@ constexpr const char* kLocalOnly[] = {"model",     "threads",      "context",  "
 int RunServer(const std::string& address, const std::string& prompt, int32_t max_new_tokens,
               const SamplingParams& sp, bool ignore_eos, const std::vector<std::string>& stops,
               std::optional<int32_t> logprobs, const std::string& request_id,
-              double wait_ready_seconds) {
+              double wait_ready_seconds, const ClientSecurity& security) {
   v1::GenerateRequest req;
   req.set_text(prompt);
   req.set_max_new_tokens(max_new_tokens);
@@ -167,7 +167,7 @@ int RunServer(const std::string& address, const std::string& prompt, int32_t max
             std::cerr << line << "\n";
           }
         },
-        &g_interrupted);
+        &g_interrupted, security);
     // UNAVAILABLE before any text: the gateway is starting (or restarting its workers), or not
     // up yet. --wait-ready retries that for a while; nothing was generated, so nothing repeats.
     if (final.ok() || printed_prompt || !absl::IsUnavailable(final.status()) ||
@@ -254,6 +254,7 @@ int RunGenerate(const std::vector<std::string>& args) {
       ("worker-log", po::value(&so.log_path), "append the workers' output here (default: stderr)");
   opts.add(split_opts);
   std::string server, request_id;
+  std::string tls_ca, tls_cert, tls_key, auth_token_file;
   std::vector<std::string> stops;
   int32_t logprobs = 0;
   double wait_ready_seconds = 0;
@@ -263,7 +264,11 @@ int RunGenerate(const std::vector<std::string>& args) {
       ("stop", po::value(&stops)->composing(), "stop string (repeatable); the text ends before it")
       ("logprobs", po::value(&logprobs), "print each token's log-probability and the N most likely alternatives to stderr")
       ("request-id", po::value(&request_id), "request id for the gateway's logs (default: one it makes)")
-      ("wait-ready", po::value(&wait_ready_seconds), "retry up to this many seconds while the gateway answers UNAVAILABLE (starting)");
+      ("wait-ready", po::value(&wait_ready_seconds), "retry up to this many seconds while the gateway answers UNAVAILABLE (starting)")
+      ("tls-ca", po::value(&tls_ca), "connect over TLS, trusting this PEM CA (default with --tls-cert: the system's roots)")
+      ("tls-cert", po::value(&tls_cert), "mutual TLS: this PEM client certificate (with --tls-key)")
+      ("tls-key", po::value(&tls_key), "mutual TLS: the PEM private key of --tls-cert")
+      ("auth-token-file", po::value(&auth_token_file), "send 'authorization: Bearer <first line of this file>'");
   opts.add(server_opts);
   po::positional_options_description pos;
   po::variables_map vm;
@@ -274,7 +279,8 @@ int RunGenerate(const std::vector<std::string>& args) {
   }
   auto fail = Fail;
   if (!vm.count("server")) {
-    for (const char* flag : {"stop", "logprobs", "request-id", "wait-ready"}) {
+    for (const char* flag : {"stop", "logprobs", "request-id", "wait-ready", "tls-ca", "tls-cert",
+                             "tls-key", "auth-token-file"}) {
       if (vm.count(flag)) return fail(std::string("--") + flag + " needs --server");
     }
     if (model_path.empty()) return fail("--model is required (or --server ADDR)");
@@ -291,9 +297,12 @@ int RunGenerate(const std::vector<std::string>& args) {
       return fail("--wait-ready must be in [0, 3600] seconds");
     }
     if (absl::Status s = ValidateSamplingParams(sp); !s.ok()) return fail(std::string(s.message()));
+    absl::StatusOr<ClientSecurity> security =
+        LoadClientSecurity(tls_ca, tls_cert, tls_key, auth_token_file);
+    if (!security.ok()) return fail(std::string(security.status().message()));
     return RunServer(server, prompt, max_new_tokens, sp, ignore_eos, stops,
                      vm.count("logprobs") ? std::optional<int32_t>(logprobs) : std::nullopt,
-                     request_id, wait_ready_seconds);
+                     request_id, wait_ready_seconds, *security);
   }
   if (threads < 0) return fail("--threads must be >= 0");
   if (max_new_tokens < 0) return fail("--max-new-tokens must be >= 0");

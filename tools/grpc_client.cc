@@ -6,9 +6,12 @@
 #include <cctype>
 #include <chrono>
 #include <condition_variable>
+#include <fstream>
+#include <sstream>
 #include <mutex>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "thermocline/v1/generation.grpc.pb.h"
 
@@ -20,7 +23,53 @@ absl::StatusCode ToAbsl(grpc::StatusCode code) {
   return static_cast<absl::StatusCode>(static_cast<int>(code));
 }
 
+absl::StatusOr<std::string> ReadFile(const char* flag, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat(flag, " ", path, ": cannot read"));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (ss.str().empty()) return absl::InvalidArgumentError(absl::StrCat(flag, " ", path, ": empty"));
+  return ss.str();
+}
+
 }  // namespace
+
+absl::StatusOr<ClientSecurity> LoadClientSecurity(const std::string& tls_ca,
+                                                  const std::string& tls_cert,
+                                                  const std::string& tls_key,
+                                                  const std::string& auth_token_file) {
+  ClientSecurity s;
+  if (tls_cert.empty() != tls_key.empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key go together; give both");
+  }
+  s.tls = !tls_ca.empty() || !tls_cert.empty();
+  if (!tls_ca.empty()) {
+    absl::StatusOr<std::string> ca = ReadFile("--tls-ca", tls_ca);
+    if (!ca.ok()) return ca.status();
+    s.root_ca = *std::move(ca);
+  }
+  if (!tls_cert.empty()) {
+    absl::StatusOr<std::string> cert = ReadFile("--tls-cert", tls_cert);
+    if (!cert.ok()) return cert.status();
+    absl::StatusOr<std::string> key = ReadFile("--tls-key", tls_key);
+    if (!key.ok()) return key.status();
+    s.cert_chain = *std::move(cert);
+    s.private_key = *std::move(key);
+  }
+  if (!auth_token_file.empty()) {
+    absl::StatusOr<std::string> token = ReadFile("--auth-token-file", auth_token_file);
+    if (!token.ok()) return token.status();
+    // The first line, as the gateway reads its own copy.
+    absl::string_view t(*token);
+    t = absl::StripAsciiWhitespace(t.substr(0, t.find('\n')));
+    if (t.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--auth-token-file ", auth_token_file, ": the first line is empty"));
+    }
+    s.bearer_token = std::string(t);
+  }
+  return s;
+}
 
 std::string FinishReasonName(v1::FinishReason reason) {
   std::string name = v1::FinishReason_Name(reason);
@@ -33,13 +82,25 @@ std::string FinishReasonName(v1::FinishReason reason) {
 
 absl::StatusOr<v1::Final> StreamGenerate(
     const std::string& address, const v1::GenerateRequest& request,
-    const std::function<void(const v1::TokenChunk&)>& on_chunk, const std::atomic<bool>* cancel) {
+    const std::function<void(const v1::TokenChunk&)>& on_chunk, const std::atomic<bool>* cancel,
+    const ClientSecurity& security) {
   grpc::ChannelArguments args;
   // Long prompts and many logprobs make big messages; the server sets its own limits.
   args.SetMaxReceiveMessageSize(64 << 20);
-  auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (security.tls) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = security.root_ca;
+    ssl.pem_cert_chain = security.cert_chain;
+    ssl.pem_private_key = security.private_key;
+    credentials = grpc::SslCredentials(ssl);
+  }
+  auto channel = grpc::CreateCustomChannel(address, credentials, args);
   auto stub = v1::Generation::NewStub(channel);
   grpc::ClientContext context;
+  if (!security.bearer_token.empty()) {
+    context.AddMetadata("authorization", absl::StrCat("Bearer ", security.bearer_token));
+  }
 
   // Cancellation from a signal handler can only set a flag; this thread turns it into
   // TryCancel, which is safe from any thread.
