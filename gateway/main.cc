@@ -143,6 +143,18 @@ int Main(int argc, char** argv) {
   if (so.gpu_threads < 1 || so.cpu_threads < 1) return Fail("--gpu-threads and --cpu-threads must be >= 1");
   if (so.instance.empty()) return Fail("--instance must not be empty");
   if (so.restart.max_restarts < 0) return Fail("--max-restarts must be >= 0");
+  // SIGINT/SIGTERM are taken by a thread of their own (sigwait), blocked everywhere else; the
+  // mask is set before anything can start a thread (gRPC starts its own when the credentials
+  // below are made), since threads inherit it: a thread with SIGTERM unblocked would take the
+  // signal's default action and kill the gateway without its cleanup. The workers are spawned
+  // with an empty mask and default dispositions by the driver.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGUSR2);  // main wakes the signal thread with it at the end
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
   if (absl::Status s = CheckReadable("model", model_path); !s.ok()) {
     return Fail(std::string(s.message()));
   }
@@ -166,14 +178,6 @@ int Main(int argc, char** argv) {
     auth_token = *std::move(token);
   }
 
-  // SIGINT/SIGTERM are taken by a thread of their own (sigwait), blocked everywhere else; the
-  // workers are spawned with an empty mask and default dispositions by the driver.
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGINT);
-  sigaddset(&sigs, SIGTERM);
-  sigaddset(&sigs, SIGUSR2);  // main wakes the signal thread with it at the end
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
   GatewayMetrics metrics;
   if (absl::Status s = metrics.AttachWorkerMetrics(so.instance); !s.ok()) {

@@ -163,6 +163,13 @@ TEST_F(DeploySecurity, TlsServesEncryptedAndRefusesPlaintext) {
   const grpc::Status plain = Info(Channel(s.address, grpc::InsecureChannelCredentials()));
   EXPECT_FALSE(plain.ok());
   EXPECT_EQ(plain.error_code(), grpc::StatusCode::UNAVAILABLE) << plain.error_message();
+  // SIGTERM is a clean exit (status 0, segments removed), also with gRPC's TLS threads running.
+  s.process.Signal(SIGTERM);
+  const std::optional<int> st = s.process.Wait(20);
+  ASSERT_TRUE(st.has_value());
+  EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0) << "status " << *st << "\n"
+                                                       << s.process.Log();
+  EXPECT_TRUE(ipc::ListInstanceSegments(absl::StrCat("tls-", getpid())).empty());
 }
 
 TEST_F(DeploySecurity, MutualTlsRequiresAClientCertificateFromTheCa) {
