@@ -20,6 +20,9 @@ PACKAGES=(
   # TLS flags' PEM checks, the openssl CLI for the tests' certificates, systemd-analyze for the
   # unit test, clang (libFuzzer) for the fuzz targets.
   libssl-dev openssl systemd clang
+  # The Python client test (tests/e2e/python/): gRPC and protobuf for /usr/bin/python3; the
+  # message classes come from protobuf-compiler above (3.21, as python3-protobuf).
+  python3-grpcio python3-protobuf
 )
 
 missing=()
