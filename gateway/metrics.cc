@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 
 #include <charconv>
+#include <chrono>
 #include <string>
 #include <utility>
 
@@ -313,6 +314,10 @@ absl::Status GatewayMetrics::Serve(const std::string& listen_addr) {
   httplib::Server* raw = server.get();
   server_ = std::move(server);
   server_thread_ = std::thread([raw] { raw->listen_after_bind(); });
+  // httplib's stop() only shuts the socket down once the listen loop runs; a Stop() that came
+  // first would be lost and the join would hang. The loop marks itself running as it starts.
+  // (Serve holds server_mu_, so no Stop() can end the loop before it is seen running.)
+  while (!raw->is_running()) std::this_thread::sleep_for(std::chrono::microseconds(100));
   Log(Level::kInfo, "metrics_listening", {{"address", absl::StrCat(host, ":", bound)}});
   return absl::OkStatus();
 }
