@@ -41,7 +41,6 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
-#include <numeric>
 #include <sstream>
 #include <string>
 #include <thread>
