@@ -1,10 +1,14 @@
 // thermocline-gpu-worker: the dense half of a split model (docs/workers.md). Attaches to an
 // instance's transport, loads the model with its placement and sparsity plan, and serves Steps
 // from the gateway, exchanging every layer's cold neurons with the CPU worker.
+#include <cctype>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "gpu_worker/host/host_backend.h"
+#if THERMOCLINE_HAVE_CUDA
+#include "gpu_worker/cuda/cuda_backend.h"
+#endif
 #include "gpu_worker/worker_loop.h"
 #include "shared/ipc/worker_flags.h"
 #include "shared/ipc/worker_session.h"
@@ -12,18 +16,51 @@
 namespace po = boost::program_options;
 using namespace thermocline;
 
+namespace {
+
+// Bytes from "0", "123", "512M", "24G" or "1.5GiB" (K/M/G/T are powers of 1024); -1 if malformed.
+int64_t ParseBytes(const std::string& text) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (...) {
+    return -1;
+  }
+  std::string unit = text.substr(used);
+  if (unit.size() > 1 && (unit.back() == 'B' || unit.back() == 'b')) unit.pop_back();
+  if (unit.size() > 1 && (unit.back() == 'i')) unit.pop_back();
+  double scale = 1;
+  const std::string units = "KMGT";
+  const size_t power =
+      unit.size() == 1 ? units.find(static_cast<char>(std::toupper(static_cast<unsigned char>(unit[0]))))
+                       : std::string::npos;
+  if (power != std::string::npos) {
+    for (size_t i = 0; i <= power; ++i) scale *= 1024.0;
+  } else if (!unit.empty() && unit != "B" && unit != "b") {
+    return -1;
+  }
+  // Also refuses nan, inf and sizes past int64 (stod accepts them).
+  if (!(v >= 0) || !(v * scale < 9.0e18)) return -1;
+  return static_cast<int64_t>(v * scale);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   ipc::CommonWorkerFlags common;
-  std::string backend_name, kv_type;
+  std::string backend_name, kv_type, vram_budget;
   gpu_worker::HostBackendOptions options;
   po::options_description opts("thermocline-gpu-worker options");
   ipc::AddCommonWorkerOptions(opts, common);
   opts.add_options()
-      ("backend", po::value(&backend_name)->default_value("host"), "compute backend: host")
+      ("backend", po::value(&backend_name)->default_value("host"), "compute backend: host or cuda")
       ("kv-slots", po::value(&options.n_kv_slots)->default_value(4), "KV cache slots (sequences)")
       ("context", po::value(&options.context)->default_value(0), "positions per slot (0 = the model's context length)")
       ("max-batch", po::value(&options.max_batch)->default_value(512), "most entries in one Step")
-      ("kv-type", po::value(&kv_type)->default_value("f32"), "KV cache element type: f32 or f16");
+      ("kv-type", po::value(&kv_type)->default_value("f32"), "KV cache element type: f32 or f16")
+      ("vram-budget", po::value(&vram_budget)->default_value("0"),
+       "cuda: device memory the backend may use, e.g. 20G (0 = the device's free memory)");
   int exit_code = 0;
   if (!ipc::ParseWorkerCommandLine("thermocline-gpu-worker", "gpu_worker", opts, argc, argv,
                                    common, exit_code)) {
@@ -33,8 +70,26 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "gpu_worker: %s\n", msg.c_str());
     return 2;
   };
-  if (backend_name != "host") {
-    return usage_error("--backend " + backend_name + " is not available; the only backend is host");
+  if (backend_name != "host" && backend_name != "cuda") {
+    return usage_error("--backend " + backend_name + " is not available; backends: host, cuda");
+  }
+#if !THERMOCLINE_HAVE_CUDA
+  if (backend_name == "cuda") {
+    return usage_error("--backend cuda: this binary was built without CUDA (configure with "
+                       "-DTHERMOCLINE_CUDA=ON on a machine with nvcc); use --backend host");
+  }
+#else
+  // Checked before attaching, like the other flags: a machine without a device is told at once.
+  if (backend_name == "cuda") {
+    if (absl::Status s = gpu_worker::CudaAvailable(); !s.ok()) {
+      return usage_error("--backend cuda: no usable CUDA device: " + std::string(s.message()));
+    }
+  }
+#endif
+  const int64_t budget_bytes = ParseBytes(vram_budget);
+  if (budget_bytes < 0) {
+    return usage_error("--vram-budget '" + vram_budget +
+                       "' is not a byte count such as 0, 512M or 24G");
   }
   if (kv_type != "f32" && kv_type != "f16") return usage_error("--kv-type must be f32 or f16");
   if (options.context < 0) return usage_error("--context must be >= 0");
@@ -57,8 +112,25 @@ int main(int argc, char** argv) {
   s.Log(absl::StrCat("loaded ", common.model_path, ": ", config.n_layers, " layers, ", hot, " of ",
                      config.n_layers * config.ffn_dim, " FFN neurons hot, sparsity ",
                      common.sparsity.mode, ", ", common.threads, " threads"));
-  auto backend = gpu_worker::HostBackend::Create(*loaded->model, std::move(loaded->plan),
-                                                 std::move(loaded->partition), options);
+  absl::StatusOr<std::unique_ptr<gpu_worker::Backend>> backend;
+  if (backend_name == "host") {
+    backend = gpu_worker::HostBackend::Create(*loaded->model, std::move(loaded->plan),
+                                              std::move(loaded->partition), options);
+  }
+#if THERMOCLINE_HAVE_CUDA
+  if (backend_name == "cuda") {
+    gpu_worker::CudaBackendOptions cuda;
+    cuda.threads = options.threads;
+    cuda.n_kv_slots = options.n_kv_slots;
+    cuda.context = options.context;
+    cuda.max_batch = options.max_batch;
+    cuda.kv_type = options.kv_type;
+    cuda.vram_budget = budget_bytes;
+    cuda.log = [&s](const std::string& line) { s.Log(line); };
+    backend = gpu_worker::CreateCudaBackend(*loaded->model, std::move(loaded->plan),
+                                            std::move(loaded->partition), cuda);
+  }
+#endif
   if (!backend.ok()) s.Fail(backend.status());
   absl::Status run = gpu_worker::RunGpuWorker(s, **backend, config);
   if (!run.ok()) s.Fail(run);

@@ -1,0 +1,461 @@
+// The CUDA backend's own kernels (launchers and contracts in kernels.h). One translation unit,
+// so the four architectures compile it once each: the build stays a few .cu-minutes on 2 cores.
+//
+// Arithmetic follows the host code the tests compare against (shared/runtime/ops.cc,
+// shared/sparsity/neuron_ffn.h): the same formulas in fp32, summed in a different order.
+#include <cuda_fp16.h>
+
+#include "gpu_worker/cuda/kernels.h"
+
+namespace thermocline::gpu_worker::cuda {
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kQK = 32;  // elements per Q8_0 / Q4_0 block (ggml_type.h)
+
+__device__ __forceinline__ float WarpSum(float v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float WarpMax(float v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum (or max) over the block; every thread gets the result. `red` holds one float per warp.
+template <bool kMax>
+__device__ float BlockReduce(float v, float* red) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int n_warps = (blockDim.x + kWarp - 1) / kWarp;
+  v = kMax ? WarpMax(v) : WarpSum(v);
+  __syncthreads();  // `red` may still be read by a previous reduction
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float r = lane < n_warps ? red[lane] : (kMax ? -INFINITY : 0.0f);
+  r = kMax ? WarpMax(r) : WarpSum(r);
+  return r;
+}
+
+__device__ __forceinline__ float HalfBits(const uint8_t* p) {
+  return __half2float(*reinterpret_cast<const __half*>(p));
+}
+
+// ---- weight rows by block type: one FFN kernel template serves all three ----
+// BlockDot: the dot product of block b (32 elements) of a row with h[32 b ..].
+// Load: element c of a row.
+
+struct F16Rows {
+  __device__ static float BlockDot(const uint8_t* row, int64_t b, const float* h) {
+    const __half2* p = reinterpret_cast<const __half2*>(row) + b * (kQK / 2);
+    const float* x = h + b * kQK;
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kQK / 2; ++j) {
+      const float2 w = __half22float2(p[j]);
+      s += w.x * x[2 * j] + w.y * x[2 * j + 1];
+    }
+    return s;
+  }
+  __device__ static float Load(const uint8_t* row, int64_t c) {
+    return __half2float(reinterpret_cast<const __half*>(row)[c]);
+  }
+};
+
+struct Q8Rows {  // {fp16 d; int8 qs[32]}: x = q * d
+  static constexpr int kBytes = 34;
+  __device__ static float BlockDot(const uint8_t* row, int64_t b, const float* h) {
+    const uint8_t* blk = row + b * kBytes;
+    const int8_t* q = reinterpret_cast<const int8_t*>(blk + 2);
+    const float* x = h + b * kQK;
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kQK; ++j) s += static_cast<float>(q[j]) * x[j];
+    return s * HalfBits(blk);
+  }
+  __device__ static float Load(const uint8_t* row, int64_t c) {
+    const uint8_t* blk = row + (c / kQK) * kBytes;
+    return static_cast<float>(reinterpret_cast<const int8_t*>(blk + 2)[c % kQK]) * HalfBits(blk);
+  }
+};
+
+struct Q4Rows {  // {fp16 d; uint8 qs[16]}: byte j = element j (low nibble), j + 16 (high)
+  static constexpr int kBytes = 18;
+  __device__ static float BlockDot(const uint8_t* row, int64_t b, const float* h) {
+    const uint8_t* blk = row + b * kBytes;
+    const uint8_t* q = blk + 2;
+    const float* x = h + b * kQK;
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kQK / 2; ++j) {
+      s += static_cast<float>((q[j] & 0x0F) - 8) * x[j];
+      s += static_cast<float>((q[j] >> 4) - 8) * x[j + kQK / 2];
+    }
+    return s * HalfBits(blk);
+  }
+  __device__ static float Load(const uint8_t* row, int64_t c) {
+    const uint8_t* blk = row + (c / kQK) * kBytes;
+    const int j = static_cast<int>(c % kQK);
+    const int q = j < kQK / 2 ? (blk[2 + j] & 0x0F) : (blk[2 + j - kQK / 2] >> 4);
+    return static_cast<float>(q - 8) * HalfBits(blk);
+  }
+};
+
+// One warp: the dot product of a whole row with h (lanes take blocks in turn, so the warp
+// reads consecutive bytes).
+template <typename W>
+__device__ float WarpRowDot(const uint8_t* row, const float* h, int64_t dim) {
+  const int lane = threadIdx.x % kWarp;
+  float s = 0.0f;
+  for (int64_t b = lane; b < dim / kQK; b += kWarp) s += W::BlockDot(row, b, h);
+  return WarpSum(s);
+}
+
+// ---- norms, conversions, rope ----
+
+__global__ void RmsNormKernel(const float* x, const float* w, const int32_t* row_map, int64_t n,
+                              float eps, float* out, __half* out_half) {
+  __shared__ float red[32];
+  const int64_t r = blockIdx.x;
+  const float* xr = x + (row_map ? row_map[r] : r) * n;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+  ss = BlockReduce<false>(ss, red);
+  const float scale = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = w[i] * (scale * xr[i]);
+    if (out) out[r * n + i] = v;
+    if (out_half) out_half[r * n + i] = __float2half_rn(v);
+  }
+}
+
+__global__ void ToHalfKernel(const float* x, int64_t n, bool relu, __half* out) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  out[i] = __float2half_rn(relu ? fmaxf(x[i], 0.0f) : x[i]);
+}
+
+__global__ void RopeKernel(float* x, int64_t rows, int64_t row_stride, int64_t n_heads,
+                           int64_t head_dim, int64_t rope_dim, const int32_t* positions,
+                           float base) {
+  const int64_t pairs = rope_dim / 2;
+  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (t >= rows * n_heads * pairs) return;
+  const int64_t r = t / (n_heads * pairs), h = (t / pairs) % n_heads, i = 2 * (t % pairs);
+  // The same float operations as ops.cc: base^(i / rope_dim), then pos * freq.
+  const float freq = 1.0f / powf(base, static_cast<float>(i) / static_cast<float>(rope_dim));
+  const float val = static_cast<float>(positions[r]) * freq;
+  const float fcr = cosf(val), fci = sinf(val);
+  float* v = x + r * row_stride + h * head_dim + i;
+  const float v0 = v[0], v1 = v[1];
+  v[0] = v0 * fcr - v1 * fci;
+  v[1] = v0 * fci + v1 * fcr;
+}
+
+// ---- KV cache and attention ----
+
+__device__ __forceinline__ void StoreKv(float* p, float v) { *p = v; }
+__device__ __forceinline__ void StoreKv(__half* p, float v) { *p = __float2half_rn(v); }
+__device__ __forceinline__ float LoadKv(const float* p) { return *p; }
+__device__ __forceinline__ float LoadKv(const __half* p) { return __half2float(*p); }
+
+template <typename T>
+__global__ void KvStoreKernel(KvDesc kv, int64_t layer, const float* k, const float* v,
+                              const int32_t* slots, const int32_t* positions, int64_t rows) {
+  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (t >= rows * kv.kv_dim) return;
+  const int64_t r = t / kv.kv_dim, i = t % kv.kv_dim;
+  const int64_t off = ((layer * kv.n_slots + slots[r]) * kv.capacity + positions[r]) * kv.kv_dim + i;
+  StoreKv(static_cast<T*>(kv.k) + off, k[t]);
+  StoreKv(static_cast<T*>(kv.v) + off, v[t]);
+}
+
+// One block per (row, query head): warps take positions in turn for the scores (a warp reads
+// one key row at a time, coalesced), then threads take output dims for the weighted sum.
+template <typename T>
+__global__ void AttentionKernel(KvDesc kv, int64_t layer, const float* q, const int32_t* slots,
+                                const int32_t* positions, int64_t n_heads, int64_t n_kv_heads,
+                                int64_t head_dim, float* scores, float* out) {
+  __shared__ float red[32];
+  const int64_t r = blockIdx.x, h = blockIdx.y;
+  const int64_t n_pos = static_cast<int64_t>(positions[r]) + 1;
+  const int64_t kv_off = (h / (n_heads / n_kv_heads)) * head_dim;
+  const int64_t base = (layer * kv.n_slots + slots[r]) * kv.capacity;
+  const T* keys = static_cast<const T*>(kv.k);
+  const T* vals = static_cast<const T*>(kv.v);
+  const float* qh = q + r * n_heads * head_dim + h * head_dim;
+  float* s = scores + (r * n_heads + h) * kv.capacity;
+  const float scale = 1.0f / sqrtf(static_cast<float>(head_dim));
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int n_warps = blockDim.x / kWarp;
+  for (int64_t t = warp; t < n_pos; t += n_warps) {
+    const T* kr = keys + (base + t) * kv.kv_dim + kv_off;
+    float d = 0.0f;
+    for (int64_t i = lane; i < head_dim; i += kWarp) d += qh[i] * LoadKv(kr + i);
+    d = WarpSum(d);
+    if (lane == 0) s[t] = d * scale;
+  }
+  __syncthreads();
+  float m = -INFINITY;
+  for (int64_t t = threadIdx.x; t < n_pos; t += blockDim.x) m = fmaxf(m, s[t]);
+  m = BlockReduce<true>(m, red);
+  float sum = 0.0f;
+  for (int64_t t = threadIdx.x; t < n_pos; t += blockDim.x) {
+    const float e = expf(s[t] - m);
+    s[t] = e;
+    sum += e;
+  }
+  sum = BlockReduce<false>(sum, red);  // its barriers also publish s[] to the block
+  const float inv = 1.0f / sum;
+  for (int64_t i = threadIdx.x; i < head_dim; i += blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t t = 0; t < n_pos; ++t) acc += (s[t] * inv) * LoadKv(vals + (base + t) * kv.kv_dim + kv_off + i);
+    out[r * n_heads * head_dim + h * head_dim + i] = acc;
+  }
+}
+
+// ---- predictor selection ----
+
+// Order-preserving compaction: the block walks the neurons in chunks of blockDim; within a
+// chunk, warp ballots and a prefix over the warps' counts give each active neuron its place.
+__global__ void PredictSelectKernel(const float* scores, int64_t ffn, float threshold,
+                                    const int32_t* hot_slot, int32_t* hot_idx, int32_t* hot_count,
+                                    int32_t* cold_ids, int32_t* cold_count) {
+  __shared__ int warp_hot[32], warp_cold[32];
+  __shared__ int base_hot, base_cold;
+  const int64_t r = blockIdx.x;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int n_warps = blockDim.x / kWarp;
+  if (threadIdx.x == 0) base_hot = base_cold = 0;
+  __syncthreads();
+  for (int64_t c0 = 0; c0 < ffn; c0 += blockDim.x) {
+    const int64_t i = c0 + threadIdx.x;
+    const bool active = i < ffn && scores[r * ffn + i] >= threshold;
+    const int32_t slot = active ? hot_slot[i] : -1;
+    const bool is_hot = active && slot >= 0, is_cold = active && slot < 0;
+    const unsigned bh = __ballot_sync(0xffffffffu, is_hot);
+    const unsigned bc = __ballot_sync(0xffffffffu, is_cold);
+    if (lane == 0) {
+      warp_hot[warp] = __popc(bh);
+      warp_cold[warp] = __popc(bc);
+    }
+    __syncthreads();
+    int off_hot = base_hot, off_cold = base_cold;
+    for (int w = 0; w < warp; ++w) {
+      off_hot += warp_hot[w];
+      off_cold += warp_cold[w];
+    }
+    const unsigned below = (1u << lane) - 1u;
+    if (is_hot) hot_idx[r * ffn + off_hot + __popc(bh & below)] = slot;
+    if (is_cold) cold_ids[r * ffn + off_cold + __popc(bc & below)] = static_cast<int32_t>(i);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int w = 0; w < n_warps; ++w) {
+        base_hot += warp_hot[w];
+        base_cold += warp_cold[w];
+      }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    hot_count[r] = base_hot;
+    cold_count[r] = base_cold;
+  }
+}
+
+__global__ void PackColdKernel(const int32_t* cold_ids, const int32_t* cold_count, int64_t stride,
+                               int32_t* packed, uint32_t* row_end) {
+  __shared__ int64_t begin;
+  const int64_t r = blockIdx.x;
+  if (threadIdx.x == 0) {
+    int64_t b = 0;
+    for (int64_t j = 0; j < r; ++j) b += cold_count[j];
+    begin = b;
+    row_end[r] = static_cast<uint32_t>(b + cold_count[r]);
+  }
+  __syncthreads();
+  for (int64_t k = threadIdx.x; k < cold_count[r]; k += blockDim.x) {
+    packed[begin + k] = cold_ids[r * stride + k];
+  }
+}
+
+// ---- the sparse hot FFN ----
+
+__device__ __forceinline__ int32_t CandidateCount(const HotFfnArgs& a, int64_t r) {
+  return a.counts ? a.counts[r] : a.fixed_count;
+}
+
+// Gate and up: one warp per candidate. Writes each candidate's coefficient (0 when filtered).
+template <typename W>
+__global__ void HotGateUpKernel(HotFfnArgs a) {
+  const int64_t r = blockIdx.y;
+  const int warps = blockDim.x / kWarp;
+  const int64_t k = static_cast<int64_t>(blockIdx.x) * warps + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const int32_t count = CandidateCount(a, r);
+  if (a.stats && blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(a.stats + 1, static_cast<uint32_t>(count));
+  if (k >= count) return;
+  const int64_t n = a.idx[r * a.idx_stride + k];
+  const float* h = a.h + r * a.dim;
+  const float g = WarpRowDot<W>(a.gate + n * a.row_bytes, h, a.dim);
+  // act(g) as ops.cc computes it: relu, or v * (1 / (1 + exp(-v))).
+  const float act = a.relu ? (g > 0.0f ? g : 0.0f) : g * (1.0f / (1.0f + expf(-g)));
+  bool pass = true;
+  if (a.filter == 1) pass = act > 0.0f;
+  if (a.filter == 2) pass = fabsf(act) >= a.cut;
+  float c = 0.0f;
+  if (pass) {
+    const float u = WarpRowDot<W>(a.up + n * a.row_bytes, h, a.dim);
+    c = a.relu ? (g > 0.0f ? g * u : 0.0f) : act * u;
+    if (a.coeff_cut > 0.0f && fabsf(c) < a.coeff_cut) c = 0.0f;
+    if (a.stats && lane == 0) atomicAdd(a.stats, 1u);
+  }
+  if (lane == 0) a.coeff[r * a.max_count + k] = c;
+}
+
+constexpr int kDownChunk = 64;  // candidates per block of the down kernel
+
+// Down: y[r][c] += sum_k coeff_k down_k[c]; blocks take (column tile, candidate chunk, row) and
+// add their partial sums atomically, so the sum order varies run to run in the last bits.
+template <typename W>
+__global__ void HotDownKernel(HotFfnArgs a) {
+  __shared__ float cf[kDownChunk];
+  __shared__ int32_t ids[kDownChunk];
+  const int64_t r = blockIdx.z;
+  const int64_t k0 = static_cast<int64_t>(blockIdx.y) * kDownChunk;
+  const int32_t count = CandidateCount(a, r);
+  if (k0 >= count) return;
+  const int64_t kn = min(static_cast<int64_t>(kDownChunk), count - k0);
+  for (int64_t j = threadIdx.x; j < kn; j += blockDim.x) {
+    cf[j] = a.coeff[r * a.max_count + k0 + j];
+    ids[j] = a.idx[r * a.idx_stride + k0 + j];
+  }
+  __syncthreads();
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= a.dim) return;
+  float acc = 0.0f;
+  for (int64_t j = 0; j < kn; ++j) {
+    if (cf[j] == 0.0f) continue;  // the same for every thread: no divergence
+    acc += cf[j] * W::Load(a.down + ids[j] * a.row_bytes, c);
+  }
+  if (acc != 0.0f) atomicAdd(a.y + r * a.dim + c, acc);
+}
+
+template <typename W>
+cudaError_t HotFfn(const HotFfnArgs& a, cudaStream_t stream) {
+  if (cudaError_t e = cudaMemsetAsync(a.y, 0, a.rows * a.dim * sizeof(float), stream); e != cudaSuccess) {
+    return e;
+  }
+  if (a.max_count == 0 || a.rows == 0) return cudaSuccess;
+  constexpr int kThreads = 256;
+  const dim3 gu((a.max_count + kThreads / kWarp - 1) / (kThreads / kWarp), a.rows);
+  HotGateUpKernel<W><<<gu, kThreads, 0, stream>>>(a);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  const dim3 dn((a.dim + kThreads - 1) / kThreads, (a.max_count + kDownChunk - 1) / kDownChunk,
+                a.rows);
+  HotDownKernel<W><<<dn, kThreads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+__global__ void MergeKernel(float* x, const float* y_hot, const float* y_cold, int64_t n) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  // (y_hot + y_cold) first, as the host split FFN sums its output before the residual add.
+  x[i] += y_cold ? y_hot[i] + y_cold[i] : y_hot[i];
+}
+
+unsigned Blocks(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
+
+}  // namespace
+
+cudaError_t LaunchRmsNorm(const float* x, const float* w, const int32_t* row_map, int64_t rows,
+                          int64_t n, float eps, float* out, uint16_t* out_half,
+                          cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  RmsNormKernel<<<static_cast<unsigned>(rows), 256, 0, stream>>>(
+      x, w, row_map, n, eps, out, reinterpret_cast<__half*>(out_half));
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchToHalf(const float* x, int64_t n, bool relu, uint16_t* out, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  ToHalfKernel<<<Blocks(n, 256), 256, 0, stream>>>(x, n, relu, reinterpret_cast<__half*>(out));
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRope(float* x, int64_t rows, int64_t row_stride, int64_t n_heads,
+                       int64_t head_dim, int64_t rope_dim, const int32_t* positions, float base,
+                       cudaStream_t stream) {
+  const int64_t n = rows * n_heads * (rope_dim / 2);
+  if (n == 0) return cudaSuccess;
+  RopeKernel<<<Blocks(n, 256), 256, 0, stream>>>(x, rows, row_stride, n_heads, head_dim, rope_dim,
+                                                 positions, base);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchKvStore(const KvDesc& kv, int64_t layer, const float* k, const float* v,
+                          const int32_t* slots, const int32_t* positions, int64_t rows,
+                          cudaStream_t stream) {
+  const int64_t n = rows * kv.kv_dim;
+  if (n == 0) return cudaSuccess;
+  if (kv.f16) {
+    KvStoreKernel<__half><<<Blocks(n, 256), 256, 0, stream>>>(kv, layer, k, v, slots, positions, rows);
+  } else {
+    KvStoreKernel<float><<<Blocks(n, 256), 256, 0, stream>>>(kv, layer, k, v, slots, positions, rows);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAttention(const KvDesc& kv, int64_t layer, const float* q, const int32_t* slots,
+                            const int32_t* positions, int64_t rows, int64_t n_heads,
+                            int64_t n_kv_heads, int64_t head_dim, float* scores, float* out,
+                            cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(n_heads));
+  if (kv.f16) {
+    AttentionKernel<__half><<<grid, 256, 0, stream>>>(kv, layer, q, slots, positions, n_heads,
+                                                      n_kv_heads, head_dim, scores, out);
+  } else {
+    AttentionKernel<float><<<grid, 256, 0, stream>>>(kv, layer, q, slots, positions, n_heads,
+                                                     n_kv_heads, head_dim, scores, out);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchPredictSelect(const float* scores, int64_t rows, int64_t ffn, float threshold,
+                                const int32_t* hot_slot, int32_t* hot_idx, int32_t* hot_count,
+                                int32_t* cold_ids, int32_t* cold_count, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  PredictSelectKernel<<<static_cast<unsigned>(rows), 1024, 0, stream>>>(
+      scores, ffn, threshold, hot_slot, hot_idx, hot_count, cold_ids, cold_count);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchPackCold(const int32_t* cold_ids, const int32_t* cold_count, int64_t rows,
+                           int64_t stride, int32_t* packed, uint32_t* row_end,
+                           cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  PackColdKernel<<<static_cast<unsigned>(rows), 256, 0, stream>>>(cold_ids, cold_count, stride,
+                                                                  packed, row_end);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchHotFfn(const HotFfnArgs& args, cudaStream_t stream) {
+  switch (args.weights) {
+    case HotWeights::kF16:
+      return HotFfn<F16Rows>(args, stream);
+    case HotWeights::kQ8_0:
+      return HotFfn<Q8Rows>(args, stream);
+    case HotWeights::kQ4_0:
+      return HotFfn<Q4Rows>(args, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchMerge(float* x, const float* y_hot, const float* y_cold, int64_t n,
+                        cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  MergeKernel<<<Blocks(n, 256), 256, 0, stream>>>(x, y_hot, y_cold, n);
+  return cudaGetLastError();
+}
+
+}  // namespace thermocline::gpu_worker::cuda

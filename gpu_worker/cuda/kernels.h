@@ -1,0 +1,107 @@
+// Launchers of the CUDA backend's own kernels (kernels.cu). This header is plain C++17 with POD
+// arguments so that kernels.cu needs no Abseil and the .cc files that call it need no nvcc; each
+// launcher only enqueues on `stream` and returns the launch's cudaError_t (the caller turns it
+// into a Status naming the kernel, cuda_check.h).
+//
+// Conventions: matrices are row-major; "rows" are batch entries; half values travel as their
+// IEEE bits in uint16_t (the .cu file reinterprets them as __half).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace thermocline::gpu_worker::cuda {
+
+// out[r][i] = w[i] * (x[src][i] / sqrt(mean(x[src]^2) + eps)), src = row_map ? row_map[r] : r;
+// out_half (optional) receives the same values as fp16 for the next cuBLAS product.
+cudaError_t LaunchRmsNorm(const float* x, const float* w, const int32_t* row_map, int64_t rows,
+                          int64_t n, float eps, float* out, uint16_t* out_half,
+                          cudaStream_t stream);
+
+// out[i] = fp16(relu ? max(x[i], 0) : x[i]) for i < n.
+cudaError_t LaunchToHalf(const float* x, int64_t n, bool relu, uint16_t* out, cudaStream_t stream);
+
+// Rotates adjacent pairs of the first rope_dim dims of each head of row r (x + r * row_stride)
+// by positions[r] * base^(-2j / rope_dim), as shared/runtime/ops.h's Rope.
+cudaError_t LaunchRope(float* x, int64_t rows, int64_t row_stride, int64_t n_heads,
+                       int64_t head_dim, int64_t rope_dim, const int32_t* positions, float base,
+                       cudaStream_t stream);
+
+// The device KV cache: per layer, slot and position one kv_dim row of keys (values), f32 or
+// fp16, laid out as shared/runtime/kv_cache.h's host cache.
+struct KvDesc {
+  void* k = nullptr;
+  void* v = nullptr;
+  bool f16 = false;
+  int64_t n_slots = 0, capacity = 0, kv_dim = 0;
+};
+
+// Stores row r of k and v ([rows][kv_dim]) at (layer, slots[r], positions[r]).
+cudaError_t LaunchKvStore(const KvDesc& kv, int64_t layer, const float* k, const float* v,
+                          const int32_t* slots, const int32_t* positions, int64_t rows,
+                          cudaStream_t stream);
+
+// Decode attention with grouped-query heads: row r's query heads q[r][h * head_dim ..] attend
+// over positions [0, positions[r]] of slot slots[r] (kv head h / (n_heads / n_kv_heads)).
+// scores: scratch of rows * n_heads * kv.capacity floats. out: [rows][n_heads * head_dim].
+cudaError_t LaunchAttention(const KvDesc& kv, int64_t layer, const float* q, const int32_t* slots,
+                            const int32_t* positions, int64_t rows, int64_t n_heads,
+                            int64_t n_kv_heads, int64_t head_dim, float* scores, float* out,
+                            cudaStream_t stream);
+
+// The predictor's decision for each row: neuron i is predicted active when
+// scores[r][i] >= threshold. Active hot neurons (hot_slot[i] >= 0) go to
+// hot_idx[r * ffn + ..] as their compact hot index, active cold ones to cold_ids[r * ffn + ..]
+// as global ids, ascending (the CPU worker requires ascending ids); counts per row.
+cudaError_t LaunchPredictSelect(const float* scores, int64_t rows, int64_t ffn, float threshold,
+                                const int32_t* hot_slot, int32_t* hot_idx, int32_t* hot_count,
+                                int32_t* cold_ids, int32_t* cold_count, cudaStream_t stream);
+
+// Packs the per-row cold lists (row r at cold_ids + r * stride) into packed[] back to back and
+// writes row_end[r] = the end of row r's list (ColdRequest's layout).
+cudaError_t LaunchPackCold(const int32_t* cold_ids, const int32_t* cold_count, int64_t rows,
+                           int64_t stride, int32_t* packed, uint32_t* row_end,
+                           cudaStream_t stream);
+
+// Storage of the hot FFN rows on the device: fp16 (F32/F16/BF16 models) or the model's own
+// Q8_0 / Q4_0 blocks.
+enum class HotWeights : int { kF16 = 0, kQ8_0 = 1, kQ4_0 = 2 };
+
+// The sparse hot FFN of one layer for `rows` rows (neuron_ffn.h's arithmetic):
+//   candidates of row r: idx[r * idx_stride + k] for k < count(r), compact hot row numbers,
+//   count(r) = counts ? counts[r] : fixed_count (at most max_count);
+//   g = gate_k . h_r; a = act(g); filter (0 none, 1 a > 0, 2 |a| >= cut);
+//   c = act(g) * (up_k . h_r), dropped when coeff_cut > 0 and |c| < coeff_cut;
+//   y[r] = sum_k c_k down_k (y is overwritten).
+// coeff: scratch of rows * max_count floats. stats[0] += neurons that passed the filter,
+// stats[1] += candidates (for the worker's metrics); stats may be null.
+struct HotFfnArgs {
+  HotWeights weights = HotWeights::kF16;
+  const uint8_t* gate = nullptr;
+  const uint8_t* up = nullptr;
+  const uint8_t* down = nullptr;  // one row per neuron (ffn_down_t)
+  int64_t row_bytes = 0;
+  int64_t dim = 0;  // a multiple of 32
+  bool relu = false;
+  int filter = 0;
+  float cut = 0.0f;
+  float coeff_cut = 0.0f;
+  const int32_t* idx = nullptr;
+  int64_t idx_stride = 0;
+  const int32_t* counts = nullptr;
+  int32_t fixed_count = 0;
+  int64_t max_count = 0;
+  const float* h = nullptr;
+  int64_t rows = 0;
+  float* coeff = nullptr;
+  uint32_t* stats = nullptr;
+  float* y = nullptr;
+};
+cudaError_t LaunchHotFfn(const HotFfnArgs& args, cudaStream_t stream);
+
+// x[i] += y_hot[i] + y_cold[i] (y_cold may be null: the layer had no cold work) for i < n.
+cudaError_t LaunchMerge(float* x, const float* y_hot, const float* y_cold, int64_t n,
+                        cudaStream_t stream);
+
+}  // namespace thermocline::gpu_worker::cuda
