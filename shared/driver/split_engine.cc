@@ -77,7 +77,7 @@ absl::StatusOr<std::string> SelfBinDir() {
 std::vector<std::string> GpuWorkerArgv(const SplitEngineOptions& o) {
   std::vector<std::string> a = {o.bindir + "/" + kGpuWorkerBinary};
   AddCommon(o, o.gpu_threads, a);
-  a.insert(a.end(), {"--backend", "host", "--kv-slots", absl::StrCat(o.kv_slots), "--context",
+  a.insert(a.end(), {"--backend", o.gpu_backend, "--kv-slots", absl::StrCat(o.kv_slots), "--context",
                      absl::StrCat(o.context), "--max-batch", absl::StrCat(o.max_batch),
                      "--kv-type", o.kv_type});
   a.insert(a.end(), o.extra_gpu_args.begin(), o.extra_gpu_args.end());

@@ -111,7 +111,7 @@ class CudaWorkerTest : public ::testing::Test {
     if (mode == "predicted") flags.predictor_path = FixedPredictor(dir_, **model);
     driver::SplitEngineOptions host_o = Options(path, **model, hot, flags);
     driver::SplitEngineOptions cuda_o = host_o;
-    cuda_o.extra_gpu_args = {"--backend", "cuda"};
+    cuda_o.gpu_backend = "cuda";
     std::vector<std::vector<float>> want, got;
     {
       auto host = driver::SplitEngine::Create(host_o);
@@ -167,7 +167,8 @@ TEST_F(CudaWorkerTest, BudgetTooSmallIsRefusedWithBytes) {
   auto model = LlamaModel::Load(path);
   ASSERT_TRUE(model.ok()) << model.status();
   driver::SplitEngineOptions o = Options(path, **model, 0.5, SparsityFlags{});
-  o.extra_gpu_args = {"--backend", "cuda", "--vram-budget", "64K"};
+  o.gpu_backend = "cuda";
+  o.extra_gpu_args = {"--vram-budget", "64K"};
   o.log_path = dir_ + "/workers.log";
   o.restart.max_restarts = 0;
   o.ready_timeout = absl::Seconds(30);
