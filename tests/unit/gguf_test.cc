@@ -105,6 +105,17 @@ TEST(GgufRawTest, ValidFileParses) {
   EXPECT_EQ((*f)->FindTensor("c"), nullptr);
 }
 
+// A metadata-only file may stop before the alignment padding; its (empty) data section starts
+// at the end of the file.
+TEST(GgufRawTest, NoTensorsAndNoPaddingParses) {
+  RawGguf g;
+  g.Header(0, 0, 3);
+  const std::string bytes = g.bytes() + std::string(6, '\xef');
+  auto f = Parse(bytes);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ((*f)->data_offset(), bytes.size());
+}
+
 TEST(GgufRawTest, PowerInferMagicAccepted) {
   RawGguf g;
   g.Header(0, 1, 3, "PWRI").KvU32("k", 1);
