@@ -4,9 +4,12 @@
 // with the generated stubs. SIGTERM and reaping at the end; SIGKILL if it does not exit.
 #pragma once
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,6 +25,7 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "tests/test_support.h"
@@ -182,6 +186,32 @@ class Gateway {
   std::unique_ptr<v1::Generation::Stub> stub_;
   std::unique_ptr<grpc::health::v1::Health::Stub> health_;
 };
+
+// GET /metrics from a gateway's metrics address ("HOST:PORT") over a plain socket: HTTP/1.0,
+// so the server closes after the reply. The whole response (headers included); "" when the
+// address is bad.
+inline std::string ScrapeMetrics(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port)) return "";
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return "";
+  sockaddr_in sa = {};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, address.substr(0, colon).c_str(), &sa.sin_addr);
+  std::string out;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0) {
+    const std::string req = "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n";
+    if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
+      char buf[4096];
+      ssize_t n;
+      while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+    }
+  }
+  close(fd);
+  return out;
+}
 
 // A greedy request for `prompt` and `n` tokens.
 inline v1::GenerateRequest Greedy(const std::string& prompt, int n) {

@@ -15,29 +15,6 @@
 namespace thermocline::testing {
 namespace {
 
-// GET /metrics over a plain socket (HTTP/1.0: the server closes after the reply).
-std::string Scrape(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  int port = 0;
-  if (!absl::SimpleAtoi(address.substr(colon + 1), &port)) return "";
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa = {};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(static_cast<uint16_t>(port));
-  inet_pton(AF_INET, address.substr(0, colon).c_str(), &sa.sin_addr);
-  std::string out;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0) {
-    const std::string req = "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n";
-    if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
-      char buf[4096];
-      ssize_t n;
-      while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
-    }
-  }
-  close(fd);
-  return out;
-}
-
 void KillWorkerMidStreams(const std::string& role) {
   Gateway gw(absl::StrCat("e2e-kill-", role, "-", getpid()), {"--max-batch", "4"});
   const char* kPrompts[] = {"Once upon a time", "The little dog", "Lily wanted"};
@@ -82,7 +59,7 @@ void KillWorkerMidStreams(const std::string& role) {
   ASSERT_NE(down, std::string::npos) << log;
   EXPECT_NE(log.find("event=serving", down), std::string::npos) << log;
   // The restart is counted in /metrics.
-  const std::string metrics = Scrape(gw.metrics_address());
+  const std::string metrics = ScrapeMetrics(gw.metrics_address());
   bool counted = false;
   std::istringstream lines(metrics);
   std::string line;

@@ -29,28 +29,6 @@
 namespace thermocline::testing {
 namespace {
 
-std::string Scrape(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  int port = 0;
-  if (!absl::SimpleAtoi(address.substr(colon + 1), &port)) return "";
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in sa = {};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(static_cast<uint16_t>(port));
-  inet_pton(AF_INET, address.substr(0, colon).c_str(), &sa.sin_addr);
-  std::string out;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0) {
-    const std::string req = "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n";
-    if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
-      char buf[4096];
-      ssize_t n;
-      while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
-    }
-  }
-  close(fd);
-  return out;
-}
-
 // The value of an unlabelled metric line "name value", or -1.
 double Metric(const std::string& text, const std::string& name) {
   std::istringstream lines(text);
@@ -267,7 +245,7 @@ TEST(Soak, ChaosUnder64StreamsLosesNothingAndLeaksNothing) {
   double slots = -1;
   std::string metrics;
   for (int i = 0; i < 100 && slots != 0; ++i) {
-    metrics = Scrape(gw->metrics_address());
+    metrics = ScrapeMetrics(gw->metrics_address());
     slots = Metric(metrics, "thermocline_kv_slots_used");
     if (slots != 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
