@@ -24,6 +24,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "bench/decode_loop.h"
 #include "shared/driver/split_engine.h"
 #include "shared/model/llama_model.h"
 #include "shared/runtime/forward.h"
@@ -32,10 +33,11 @@
 #include "shared/sparsity/sparsity_mode.h"
 
 using namespace thermocline;
+using bench::Decode;
+using bench::kPrompt;
+using bench::Median;
 
 namespace {
-
-constexpr int kPrompt = 8;
 
 int Usage() {
   std::fprintf(stderr,
@@ -43,32 +45,6 @@ int Usage() {
                "[--hot-fraction 0.4] [--vram-budget 0] [--sparsity exact] "
                "[--configs cpu,hybrid,gpu]\n");
   return 2;
-}
-
-// Prefills kPrompt tokens, then decodes `tokens` greedily one step at a time; appends each
-// decode step's seconds to `times` and the tokens to `out`.
-absl::Status Decode(BatchRunner& runner, int tokens, std::vector<double>& times,
-                    std::vector<int32_t>& out) {
-  runner.ResetSlot(0);
-  std::vector<BatchEntry> batch;
-  for (int p = 0; p < kPrompt; ++p) batch.push_back({0, p, 3 + p, p == kPrompt - 1});
-  std::vector<float> logits;
-  if (absl::Status s = runner.Run(batch, logits); !s.ok()) return s;
-  for (int i = 0; i < tokens; ++i) {
-    const int32_t next = static_cast<int32_t>(
-        std::max_element(logits.begin(), logits.end()) - logits.begin());
-    out.push_back(next);
-    BatchEntry e{0, kPrompt + i, next, true};
-    const auto t0 = std::chrono::steady_clock::now();
-    if (absl::Status s = runner.Run(std::span<const BatchEntry>(&e, 1), logits); !s.ok()) return s;
-    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return absl::OkStatus();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 struct Config {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "bench/decode_loop.h"
 #include "shared/driver/split_engine.h"
 #include "shared/model/llama_model.h"
 #include "shared/runtime/forward.h"
@@ -31,10 +32,11 @@
 #include "shared/util/membw.h"
 
 using namespace thermocline;
+using bench::Decode;
+using bench::kPrompt;
+using bench::Median;
 
 namespace {
-
-constexpr int kPrompt = 8;
 
 int Usage() {
   std::fprintf(stderr,
@@ -42,33 +44,6 @@ int Usage() {
                "[--hot-fraction 0.5] [--sparsity MODE [--stats S] [--target-sparsity T] "
                "[--predictor P]]\n");
   return 2;
-}
-
-// Prefills kPrompt tokens, then decodes `tokens` greedily, one step at a time; appends each
-// step's seconds to `times` and the decoded tokens to `out`.
-absl::Status Decode(BatchRunner& runner, int tokens, std::vector<double>& times,
-                    std::vector<int32_t>& out) {
-  runner.ResetSlot(0);
-  std::vector<BatchEntry> batch;
-  for (int p = 0; p < kPrompt; ++p) batch.push_back({0, p, 3 + p, p == kPrompt - 1});
-  std::vector<float> logits;
-  if (absl::Status s = runner.Run(batch, logits); !s.ok()) return s;
-  for (int i = 0; i < tokens; ++i) {
-    const int32_t next = static_cast<int32_t>(
-        std::max_element(logits.begin(), logits.end()) - logits.begin());
-    out.push_back(next);
-    BatchEntry e{0, kPrompt + i, next, true};
-    const auto t0 = std::chrono::steady_clock::now();
-    if (absl::Status s = runner.Run(std::span<const BatchEntry>(&e, 1), logits); !s.ok()) return s;
-    times.push_back(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return absl::OkStatus();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 }  // namespace
