@@ -100,7 +100,15 @@ absl::StatusOr<SparsityPlan> SparsityPlan::ForModel(
       }
       TC_ASSIGN_OR_RETURN(plan.coeff_cuts[l], stats->CoeffCutFor(l, *target_sparsity));
       if (gate_sparsity && *gate_sparsity > 0) {
-        TC_ASSIGN_OR_RETURN(plan.cuts[l], stats->CutFor(l, *gate_sparsity));
+        // The gate sparsity often comes from the default, so say which flag asked for it.
+        absl::StatusOr<float> cut = stats->CutFor(l, *gate_sparsity);
+        if (!cut.ok()) {
+          return absl::Status(cut.status().code(),
+                              absl::StrCat("--gate-sparsity ", *gate_sparsity, " (default ",
+                                           kDefaultGateSparsity, "; 0 turns the gate cut off): ",
+                                           cut.status().message()));
+        }
+        plan.cuts[l] = *cut;
       }
     }
   }

@@ -444,6 +444,8 @@ TEST(SparsityPlanTest, ValidationNamesWhatIsWrong) {
                                         nullptr, 0.2f);
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find("0.3, 0.5"), std::string::npos) << missing.status();
+  EXPECT_NE(missing.status().message().find("--gate-sparsity 0.2"), std::string::npos)
+      << missing.status();
   SparsityPlan wrong = SparsityPlan::Uniform(SparsityMode::kDense, 2);
   wrong.coeff_cuts[0] = 0.1f;
   s = wrong.Validate(silu->config());
