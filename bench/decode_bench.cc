@@ -15,7 +15,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 #include "shared/runtime/forward.h"
 #include "shared/util/cpu_features.h"
 #include "shared/util/membw.h"
@@ -60,12 +60,12 @@ int main(int argc, char** argv) {
   std::printf("%-28s %7s %8s %12s %10s %10s %10s %7s\n", "model", "type", "threads", "MB/token",
               "read GB/s", "floor t/s", "tok/s", "ratio");
   for (const std::string& path : models) {
-    auto model = LlamaModel::Load(path);
+    auto model = Model::Load(path);
     if (!model.ok()) {
       std::fprintf(stderr, "decode_bench: %s\n", std::string(model.status().message()).c_str());
       return 1;
     }
-    const LlamaConfig& c = (*model)->config();
+    const ModelConfig& c = (*model)->config();
     const int prompt = 8;
     auto kv = KvCache::Create(c, 1, std::min<int64_t>(c.context_length, prompt + tokens + 1),
                               GgmlType::kF32);

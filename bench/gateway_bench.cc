@@ -53,7 +53,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "shared/driver/split_engine.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 #include "shared/runtime/generate.h"
 #include "thermocline/v1/generation.grpc.pb.h"
 
@@ -371,9 +371,9 @@ int main(int argc, char** argv) {
     std::printf("model: synthesized %s in %.1f s (dim 512, ffn 1376 relu-gated, 8 layers, "
                 "vocab 4096, f32)\n", model_path.c_str(), Seconds(t0, Clock::now()));
   }
-  auto model = LlamaModel::Load(model_path);
+  auto model = Model::Load(model_path);
   if (!model.ok()) return fail(std::string(model.status().message()));
-  const LlamaConfig& config = (*model)->config();
+  const ModelConfig& config = (*model)->config();
   const Tokenizer& tok = (*model)->tokenizer();
   std::vector<std::vector<int32_t>> prompts;
   for (const char* p : kPrompts) prompts.push_back(tok.Encode(p, /*add_bos=*/true));

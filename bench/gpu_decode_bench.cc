@@ -26,7 +26,7 @@
 #include "absl/strings/str_split.h"
 #include "bench/decode_loop.h"
 #include "shared/driver/split_engine.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 #include "shared/runtime/forward.h"
 #include "shared/runtime/kv_cache.h"
 #include "shared/sparsity/sparse_ffn.h"
@@ -96,9 +96,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "gpu_decode_bench: %s: %s\n", what.c_str(), std::string(s.message()).c_str());
     return 1;
   };
-  auto model = LlamaModel::Load(model_path);
+  auto model = Model::Load(model_path);
   if (!model.ok()) return fail("load", model.status());
-  const LlamaConfig& c = (*model)->config();
+  const ModelConfig& c = (*model)->config();
   auto plan = SparsityPlanFromFlags(**model, sf);
   if (!plan.ok()) return fail("sparsity", plan.status());
   const int64_t context = std::min<int64_t>(c.context_length, kPrompt + tokens + 1);

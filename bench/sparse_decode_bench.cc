@@ -35,7 +35,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 #include "shared/runtime/forward.h"
 #include "shared/sparsity/predictor.h"
 #include "shared/sparsity/sparse_ffn.h"
@@ -79,11 +79,11 @@ class InputRecorder final : public FfnObserver {
 
 // A random rank-r predictor whose per-layer thresholds make it pick `fraction[l]` of the
 // neurons on the recorded inputs.
-absl::StatusOr<PredictorSet> SpeedProxyPredictor(const LlamaModel& model, int64_t rank,
+absl::StatusOr<PredictorSet> SpeedProxyPredictor(const Model& model, int64_t rank,
                                                  const InputRecorder& rec,
                                                  const std::vector<double>& fraction,
                                                  ThreadPool& pool) {
-  const LlamaConfig& c = model.config();
+  const ModelConfig& c = model.config();
   std::mt19937 rng(1);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<PredictorWeights> layers(c.n_layers);
@@ -172,10 +172,10 @@ int main(int argc, char** argv) {
               "thr", "MB/token", "read GB/s", "floor t/s", "tok/s", "ratio", "best", "active",
               "cand");
   for (const std::string& path : o.models) {
-    auto model = LlamaModel::Load(path);
+    auto model = Model::Load(path);
     if (!model.ok()) return Fail(model.status());
-    const LlamaModel& m = **model;
-    const LlamaConfig& c = m.config();
+    const Model& m = **model;
+    const ModelConfig& c = m.config();
     int64_t dense_ffn = 0;
     for (int64_t l = 0; l < c.n_layers; ++l) {
       const LayerWeights& w = m.layer(l);

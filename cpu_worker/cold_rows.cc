@@ -20,9 +20,9 @@ MatrixView Gather(const MatrixView& src, const std::vector<int32_t>& ids, uint8_
 
 }  // namespace
 
-absl::StatusOr<ColdRows> ColdRows::Build(const LlamaModel& model, const Partition& partition,
+absl::StatusOr<ColdRows> ColdRows::Build(const Model& model, const Partition& partition,
                                          std::optional<int> node, ThreadPool& pool) {
-  const LlamaConfig& c = model.config();
+  const ModelConfig& c = model.config();
   if (static_cast<int64_t>(partition.layers.size()) != c.n_layers) {
     return absl::InvalidArgumentError("cold rows: partition and model disagree on layers");
   }

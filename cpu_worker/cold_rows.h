@@ -11,7 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "cpu_worker/numa.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 #include "shared/sparsity/neuron_ffn.h"
 #include "shared/sparsity/partition.h"
 #include "shared/util/thread_pool.h"
@@ -23,7 +23,7 @@ class ColdRows {
   // Copies the cold rows of every layer into memory on `node` (nullopt: ordinary memory).
   // Models without ffn_down_t get their down rows from DownRows (a transposed copy of one
   // layer's ffn_down at a time, dropped once its cold rows are copied).
-  static absl::StatusOr<ColdRows> Build(const LlamaModel& model, const Partition& partition,
+  static absl::StatusOr<ColdRows> Build(const Model& model, const Partition& partition,
                                         std::optional<int> node, ThreadPool& pool);
 
   // Layer l's cold neurons as NeuronWeights over compact rows (0 rows when it has none).

@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
   s.Log(placed->description);
   auto loaded = ipc::LoadWorkerModel(common);
   if (!loaded.ok()) s.Fail(loaded.status());
-  const LlamaConfig& config = loaded->model->config();
+  const ModelConfig& config = loaded->model->config();
   ThreadPool pool(common.threads);
   auto rows = cpu_worker::ColdRows::Build(*loaded->model, loaded->partition, placed->node, pool);
   if (!rows.ok()) s.Fail(rows.status());

@@ -41,7 +41,7 @@ absl::Status SendPatiently(ipc::WorkerSession& session, ipc::WorkerMetricsWriter
 }  // namespace
 
 absl::Status RunCpuWorker(ipc::WorkerSession& session, ColdExecutor& executor,
-                          const LlamaConfig& config) {
+                          const ModelConfig& config) {
   ipc::Transport& t = session.transport();
   TC_ASSIGN_OR_RETURN(ipc::RingConsumer from_gpu, t.Consumer(ipc::RingId::kGpuToCpu));
   TC_ASSIGN_OR_RETURN(ipc::RingProducer to_gpu, t.Producer(ipc::RingId::kCpuToGpu));

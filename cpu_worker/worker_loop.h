@@ -6,13 +6,13 @@
 #include "absl/status/status.h"
 #include "cpu_worker/cold_executor.h"
 #include "shared/ipc/worker_session.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 
 namespace thermocline::cpu_worker {
 
 // Marks the worker ready and serves until Shutdown, SIGTERM or the gateway's death (OK), or a
 // fatal transport error (returned).
 absl::Status RunCpuWorker(ipc::WorkerSession& session, ColdExecutor& executor,
-                          const LlamaConfig& config);
+                          const ModelConfig& config);
 
 }  // namespace thermocline::cpu_worker

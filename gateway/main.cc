@@ -28,7 +28,7 @@
 #include "gateway/security.h"
 #include "gateway/service.h"
 #include "shared/driver/split_engine.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 #include "shared/sparsity/sparsity_options.h"
 
 namespace thermocline::gateway {
@@ -188,10 +188,10 @@ int Main(int argc, char** argv) {
                              " (a bad address, or the port is in use)"));
   }
 
-  auto model_or = LlamaModel::Load(model_path);
+  auto model_or = Model::Load(model_path);
   if (!model_or.ok()) return Fail(absl::StrCat("--model: ", model_or.status().message()));
-  const LlamaModel& model = **model_or;
-  const LlamaConfig& cfg = model.config();
+  const Model& model = **model_or;
+  const ModelConfig& cfg = model.config();
   if (context == 0 || context > cfg.context_length) {
     if (context > cfg.context_length) {
       return Fail(absl::StrCat("--context ", context, " exceeds the model's context of ",

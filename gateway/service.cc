@@ -14,7 +14,7 @@ grpc::Status ToGrpc(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
-GenerationService::GenerationService(const LlamaModel& model, RequestLimits limits,
+GenerationService::GenerationService(const Model& model, RequestLimits limits,
                                      v1::ModelInfo info)
     : model_(model), limits_(limits), info_(std::move(info)) {}
 

@@ -8,7 +8,7 @@
 
 #include "gateway/scheduler.h"
 #include "gateway/validate.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 #include "thermocline/v1/generation.grpc.pb.h"
 
 namespace thermocline::gateway {
@@ -20,7 +20,7 @@ class GenerationService final : public v1::Generation::Service {
  public:
   // `model` (for the tokenizer and shapes) must outlive the service; `info` is what
   // GetModelInfo answers.
-  GenerationService(const LlamaModel& model, RequestLimits limits, v1::ModelInfo info);
+  GenerationService(const Model& model, RequestLimits limits, v1::ModelInfo info);
 
   // Set once the model is loaded and the workers are ready; until then Generate answers
   // UNAVAILABLE ("loading"). The scheduler must outlive the server's handlers.
@@ -41,7 +41,7 @@ class GenerationService final : public v1::Generation::Service {
                             v1::ModelInfo* response) override;
 
  private:
-  const LlamaModel& model_;
+  const Model& model_;
   const RequestLimits limits_;
   const v1::ModelInfo info_;
   std::string auth_token_;

@@ -106,7 +106,7 @@ int main(int argc, char** argv) {
   s.Log(absl::StrCat("attached to instance '", common.instance, "' (pid ", getpid(), ")"));
   auto loaded = ipc::LoadWorkerModel(common);
   if (!loaded.ok()) s.Fail(loaded.status());
-  const LlamaConfig& config = loaded->model->config();
+  const ModelConfig& config = loaded->model->config();
   int64_t hot = 0;
   for (const LayerPartition& l : loaded->partition.layers) hot += static_cast<int64_t>(l.hot.size());
   s.Log(absl::StrCat("loaded ", common.model_path, ": ", config.n_layers, " layers, ", hot, " of ",

@@ -19,7 +19,7 @@ constexpr absl::Duration kIdleSlice = absl::Milliseconds(100);
 
 class GpuWorker {
  public:
-  GpuWorker(ipc::WorkerSession& session, Backend& backend, const LlamaConfig& config)
+  GpuWorker(ipc::WorkerSession& session, Backend& backend, const ModelConfig& config)
       : session_(session),
         backend_(backend),
         config_(config),
@@ -139,7 +139,7 @@ class GpuWorker {
 
   ipc::WorkerSession& session_;
   Backend& backend_;
-  const LlamaConfig& config_;
+  const ModelConfig& config_;
   ipc::WorkerMetricsWriter metrics_;
   ipc::RingProducer* to_gateway_ = nullptr;
   ipc::RingProducer* to_cpu_ = nullptr;
@@ -153,7 +153,7 @@ class GpuWorker {
 }  // namespace
 
 absl::Status RunGpuWorker(ipc::WorkerSession& session, Backend& backend,
-                          const LlamaConfig& config) {
+                          const ModelConfig& config) {
   GpuWorker worker(session, backend, config);
   return worker.Run();
 }

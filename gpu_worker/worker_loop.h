@@ -6,13 +6,13 @@
 #include "absl/status/status.h"
 #include "gpu_worker/backend.h"
 #include "shared/ipc/worker_session.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 
 namespace thermocline::gpu_worker {
 
 // Marks the worker ready and serves until Shutdown, SIGTERM or the gateway's death (OK), or a
 // fatal transport error (returned).
 absl::Status RunGpuWorker(ipc::WorkerSession& session, Backend& backend,
-                          const LlamaConfig& config);
+                          const ModelConfig& config);
 
 }  // namespace thermocline::gpu_worker

@@ -17,7 +17,7 @@
 #include "absl/time/clock.h"
 #include "absl/strings/str_format.h"
 #include "shared/driver/split_engine.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 #include "shared/runtime/generate.h"
 #include "shared/sparsity/sparse_ffn.h"
 #include "shared/sparsity/sparsity_mode.h"
@@ -61,7 +61,7 @@ absl::StatusOr<GenerationStats> GenerateAndPrint(BatchRunner& runner, const Toke
   return stats;
 }
 
-int RunSplit(const LlamaModel& model, const GenerationRequest& req, const std::string& prompt,
+int RunSplit(const Model& model, const GenerationRequest& req, const std::string& prompt,
              int64_t capacity, const std::string& kv_type, const SparsityFlags& sf,
              driver::SplitEngineOptions so) {
   so.model_path = model.file().path();
@@ -323,9 +323,9 @@ int RunGenerate(const std::vector<std::string>& args) {
     if (vm.count("numa-node")) so.numa_node = numa_node;
   }
 
-  auto model_or = LlamaModel::Load(model_path);
+  auto model_or = Model::Load(model_path);
   if (!model_or.ok()) return fail(std::string(model_or.status().message()));
-  const LlamaModel& model = **model_or;
+  const Model& model = **model_or;
   const Tokenizer& tok = model.tokenizer();
   auto plan = SparsityPlanFromFlags(model, sf);
   if (!plan.ok()) return fail(std::string(plan.status().message()));

@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "absl/strings/str_format.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 #include "shared/runtime/corpus.h"
 #include "shared/sparsity/sparse_ffn.h"
 #include "shared/sparsity/sparsity_options.h"
@@ -61,10 +61,10 @@ int RunPerplexity(const std::vector<std::string>& args) {
     ffn_options.quantized_down_t_type = down_t_type == "f16" ? GgmlType::kF16 : GgmlType::kF32;
   }
 
-  auto model_or = LlamaModel::Load(model_path);
+  auto model_or = Model::Load(model_path);
   if (!model_or.ok()) return fail(std::string(model_or.status().message()));
-  const LlamaModel& model = **model_or;
-  const LlamaConfig& c = model.config();
+  const Model& model = **model_or;
+  const ModelConfig& c = model.config();
   if (window < 2 || window > c.context_length) {
     return fail(absl::StrFormat("--window %d must be in [2, %d] (the model's context)", window,
                                 c.context_length));

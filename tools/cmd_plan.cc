@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_format.h"
 #include "shared/model/gguf.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 #include "shared/sparsity/activation_stats.h"
 #include "shared/sparsity/placement.h"
 #include "shared/sparsity/planner.h"
@@ -53,9 +53,9 @@ int RunPlan(const std::vector<std::string>& args) {
     std::cerr << "thermocline plan: " << msg << "\n";
     return 1;
   };
-  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<Model> model;
   if (!model_path.empty()) {
-    auto model_or = LlamaModel::Load(model_path);
+    auto model_or = Model::Load(model_path);
     if (!model_or.ok()) return fail(std::string(model_or.status().message()));
     model = std::move(*model_or);
   }
@@ -69,7 +69,7 @@ int RunPlan(const std::vector<std::string>& args) {
 
   if (!model) return fail("--model is required");
   if (output.empty()) return fail("-o/--output is required");
-  const LlamaConfig& config = model->config();
+  const ModelConfig& config = model->config();
   std::unique_ptr<ActivationStats> stats;
   if (!stats_path.empty()) {
     auto stats_or = ReadActivationStats(stats_path, &config);

@@ -10,7 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 #include "shared/runtime/corpus.h"
 #include "shared/sparsity/activation_stats.h"
 #include "shared/sparsity/profiler.h"
@@ -62,9 +62,9 @@ int RunProfile(const std::vector<std::string>& args) {
   }
   o.progress = true;
 
-  auto model_or = LlamaModel::Load(model_path);
+  auto model_or = Model::Load(model_path);
   if (!model_or.ok()) return fail(std::string(model_or.status().message()));
-  const LlamaModel& model = **model_or;
+  const Model& model = **model_or;
   if (absl::Status s = ValidateProfileOptions(o, model.config()); !s.ok()) {
     return fail(std::string(s.message()));
   }

@@ -10,7 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 #include "shared/runtime/corpus.h"
 #include "shared/sparsity/activation_stats.h"
 #include "shared/sparsity/predictor.h"
@@ -96,10 +96,10 @@ int RunTrainPredictor(const std::vector<std::string>& args) {
   }
   o.progress = true;
 
-  auto model_or = LlamaModel::Load(model_path);
+  auto model_or = Model::Load(model_path);
   if (!model_or.ok()) return fail(std::string(model_or.status().message()));
-  const LlamaModel& model = **model_or;
-  const LlamaConfig& c = model.config();
+  const Model& model = **model_or;
+  const ModelConfig& c = model.config();
   if (c.activation == FfnActivation::kSilu && stats_path.empty()) {
     return fail(model_path +
                 " is a SiLU model: which of its neurons count as active is defined "

@@ -117,7 +117,7 @@ struct MemoryPlan {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(const LlamaModel& model, SparsityPlan plan, Partition partition,
+  CudaBackend(const Model& model, SparsityPlan plan, Partition partition,
               const CudaBackendOptions& options)
       : model_(model), plan_(std::move(plan)), partition_(std::move(partition)), options_(options) {}
   ~CudaBackend() override;
@@ -140,7 +140,7 @@ class CudaBackend final : public Backend {
   absl::Status Layer(int64_t l, int64_t n);
   absl::Status Ffn(int64_t l, int64_t n);
 
-  const LlamaModel& model_;
+  const Model& model_;
   SparsityPlan plan_;
   Partition partition_;
   CudaBackendOptions options_;
@@ -192,7 +192,7 @@ CudaBackend::~CudaBackend() {
 }
 
 MemoryPlan CudaBackend::Plan() const {
-  const LlamaConfig& c = model_.config();
+  const ModelConfig& c = model_.config();
   MemoryPlan p;
   const int64_t b = options_.max_batch;
   p.attention = c.n_layers * 2 * (2 * c.dim * c.dim + 2 * c.kv_dim * c.dim);
@@ -224,7 +224,7 @@ MemoryPlan CudaBackend::Plan() const {
 }
 
 absl::Status CudaBackend::Init() {
-  const LlamaConfig& c = model_.config();
+  const ModelConfig& c = model_.config();
   context_ = options_.context > 0 ? options_.context : c.context_length;
   if (options_.n_kv_slots < 1) return absl::InvalidArgumentError("--kv-slots must be >= 1");
   if (options_.max_batch < 1) return absl::InvalidArgumentError("--max-batch must be >= 1");
@@ -376,7 +376,7 @@ absl::Status CudaBackend::Init() {
 }
 
 absl::Status CudaBackend::Validate(std::span<const BatchEntry> batch) const {
-  const LlamaConfig& c = model_.config();
+  const ModelConfig& c = model_.config();
   if (batch.empty() || static_cast<int64_t>(batch.size()) > limits_.max_batch) {
     return absl::InvalidArgumentError(
         absl::StrCat("step of ", batch.size(), " entries, outside [1, ", limits_.max_batch, "]"));
@@ -428,7 +428,7 @@ absl::Status CudaBackend::FinishStep(std::vector<float>* logits) {
 }
 
 absl::Status CudaBackend::RunStep(std::vector<float>* logits) {
-  const LlamaConfig& c = model_.config();
+  const ModelConfig& c = model_.config();
   const int64_t n = static_cast<int64_t>(batch_.size()), dim = c.dim;
   mark_ns_ = ipc::MonotonicNs();
   // Token embeddings stay in host memory: gathering n rows here and uploading them costs n * dim
@@ -471,7 +471,7 @@ absl::Status CudaBackend::RunStep(std::vector<float>* logits) {
 }
 
 absl::Status CudaBackend::Layer(int64_t l, int64_t n) {
-  const LlamaConfig& c = model_.config();
+  const ModelConfig& c = model_.config();
   const DeviceLayer& d = layers_[l];
   const int64_t dim = c.dim, kvd = c.kv_dim;
   TC_CUDA(LaunchRmsNorm(x_.get(), d.attn_norm.get(), nullptr, n, dim, c.rms_eps, nullptr,
@@ -504,7 +504,7 @@ absl::Status CudaBackend::Layer(int64_t l, int64_t n) {
 }
 
 absl::Status CudaBackend::Ffn(int64_t l, int64_t n) {
-  const LlamaConfig& c = model_.config();
+  const ModelConfig& c = model_.config();
   const DeviceLayer& d = layers_[l];
   const LayerPartition& part = partition_.layers[l];
   const int64_t dim = c.dim, ffn = c.ffn_dim;
@@ -613,7 +613,7 @@ absl::Status CudaBackend::Ffn(int64_t l, int64_t n) {
 }  // namespace
 }  // namespace cuda
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const LlamaModel& model,
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const Model& model,
                                                            SparsityPlan plan, Partition partition,
                                                            const CudaBackendOptions& options) {
   auto b = std::make_unique<cuda::CudaBackend>(model, std::move(plan), std::move(partition), options);

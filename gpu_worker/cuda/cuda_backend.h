@@ -13,7 +13,7 @@
 #include "absl/status/statusor.h"
 #include "gpu_worker/backend.h"
 #include "shared/model/ggml_type.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 #include "shared/sparsity/partition.h"
 #include "shared/sparsity/sparsity_mode.h"
 
@@ -34,7 +34,7 @@ struct CudaBackendOptions {
 
 // Loads the model's device part onto the GPU. `model` must outlive the backend (token
 // embeddings stay in its host mapping: each step gathers its rows on the host).
-absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const LlamaModel& model,
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const Model& model,
                                                            SparsityPlan plan, Partition partition,
                                                            const CudaBackendOptions& options);
 

@@ -5,13 +5,13 @@
 
 namespace thermocline::gpu_worker {
 
-HostBackend::HostBackend(const LlamaModel& model, KvCache kv, int threads)
+HostBackend::HostBackend(const Model& model, KvCache kv, int threads)
     : model_(model), kv_(std::move(kv)), pool_(threads) {}
 
 absl::StatusOr<std::unique_ptr<HostBackend>> HostBackend::Create(
-    const LlamaModel& model, SparsityPlan plan, Partition partition,
+    const Model& model, SparsityPlan plan, Partition partition,
     const HostBackendOptions& options) {
-  const LlamaConfig& c = model.config();
+  const ModelConfig& c = model.config();
   const int64_t context = options.context > 0 ? options.context : c.context_length;
   if (options.n_kv_slots < 1) return absl::InvalidArgumentError("--kv-slots must be >= 1");
   if (options.max_batch < 1) return absl::InvalidArgumentError("--max-batch must be >= 1");

@@ -31,7 +31,7 @@ struct HostBackendOptions {
 class HostBackend final : public Backend {
  public:
   // `model` must outlive the backend.
-  static absl::StatusOr<std::unique_ptr<HostBackend>> Create(const LlamaModel& model,
+  static absl::StatusOr<std::unique_ptr<HostBackend>> Create(const Model& model,
                                                              SparsityPlan plan,
                                                              Partition partition,
                                                              const HostBackendOptions& options);
@@ -44,9 +44,9 @@ class HostBackend final : public Backend {
   void SetMetrics(ipc::WorkerMetricsWriter* metrics) override { ffn_->SetMetrics(metrics); }
 
  private:
-  HostBackend(const LlamaModel& model, KvCache kv, int threads);
+  HostBackend(const Model& model, KvCache kv, int threads);
 
-  const LlamaModel& model_;
+  const Model& model_;
   KvCache kv_;
   ThreadPool pool_;
   std::unique_ptr<SplitFfn> ffn_;

@@ -10,7 +10,7 @@
 
 namespace thermocline::gpu_worker {
 
-SplitFfn::SplitFfn(const LlamaModel& model, SparsityPlan plan, Partition partition,
+SplitFfn::SplitFfn(const Model& model, SparsityPlan plan, Partition partition,
                    ThreadPool& pool)
     : model_(model),
       plan_(std::move(plan)),
@@ -18,10 +18,10 @@ SplitFfn::SplitFfn(const LlamaModel& model, SparsityPlan plan, Partition partiti
       pool_(pool),
       dense_(model, pool) {}
 
-absl::StatusOr<std::unique_ptr<SplitFfn>> SplitFfn::Create(const LlamaModel& model,
+absl::StatusOr<std::unique_ptr<SplitFfn>> SplitFfn::Create(const Model& model,
                                                            SparsityPlan plan, Partition partition,
                                                            ThreadPool& pool) {
-  const LlamaConfig& c = model.config();
+  const ModelConfig& c = model.config();
   TC_RETURN_IF_ERROR(plan.Validate(c));
   if (static_cast<int64_t>(partition.layers.size()) != c.n_layers) {
     return absl::InvalidArgumentError("split FFN: partition and model disagree on layers");
@@ -58,15 +58,15 @@ absl::Status SplitFfn::EndStep() {
   return status_;
 }
 
-void SplitFfn::PredictRows(int64_t layer, const float* h, int64_t n_tokens) {
-  const LlamaConfig& c = model_.config();
+void SplitFfn::PredictRows(int64_t layer, const float* predictor_input, int64_t n_tokens) {
+  const ModelConfig& c = model_.config();
   const LayerPartition& part = partition_.layers[layer];
   hot_ids_.clear();
   cold_ids_.clear();
   hot_end_.clear();
   cold_end_.clear();
   for (int64_t t = 0; t < n_tokens; ++t) {
-    plan_.predictors->Predict(layer, h + t * c.dim, &predicted_, pool_);
+    plan_.predictors->Predict(layer, predictor_input + t * c.dim, &predicted_, pool_);
     SplitIds(part, predicted_, &hot_tmp_, &cold_tmp_);
     hot_ids_.insert(hot_ids_.end(), hot_tmp_.begin(), hot_tmp_.end());
     cold_ids_.insert(cold_ids_.end(), cold_tmp_.begin(), cold_tmp_.end());
@@ -76,7 +76,7 @@ void SplitFfn::PredictRows(int64_t layer, const float* h, int64_t n_tokens) {
 }
 
 void SplitFfn::SampleRecall(int64_t layer, const float* h, int64_t t, NeuronFilter filter) {
-  const LlamaConfig& c = model_.config();
+  const ModelConfig& c = model_.config();
   const LayerPartition& part = partition_.layers[layer];
   const bool relu = c.activation == FfnActivation::kRelu;
   if (part.hot.empty() || (!relu && filter.kind != NeuronFilter::Kind::kMagnitude)) return;
@@ -101,8 +101,9 @@ void SplitFfn::SampleRecall(int64_t layer, const float* h, int64_t t, NeuronFilt
   metrics_->AddRecall(1, tp, fn);
 }
 
-void SplitFfn::Compute(int64_t layer, const float* h, int64_t n_tokens, float* out) {
-  ComputeLayer(layer, h, n_tokens, out);
+void SplitFfn::Compute(int64_t layer, const float* h, const float* predictor_input,
+                       int64_t n_tokens, float* out) {
+  ComputeLayer(layer, h, predictor_input, n_tokens, out);
   if (metrics_ == nullptr) return;
   // Each layer's time runs from the end of the previous layer's FFN, so it covers this layer's
   // attention as well, without ForwardPass knowing about metrics.
@@ -111,15 +112,16 @@ void SplitFfn::Compute(int64_t layer, const float* h, int64_t n_tokens, float* o
   mark_ns_ = now;
 }
 
-void SplitFfn::ComputeLayer(int64_t layer, const float* h, int64_t n_tokens, float* out) {
-  const LlamaConfig& c = model_.config();
+void SplitFfn::ComputeLayer(int64_t layer, const float* h, const float* predictor_input,
+                            int64_t n_tokens, float* out) {
+  const ModelConfig& c = model_.config();
   const int64_t dim = c.dim;
   const LayerPartition& part = partition_.layers[layer];
   const SparsityMode mode = plan_.mode(layer);
   std::fill(out, out + n_tokens * dim, 0.0f);
   if (!status_.ok()) return;  // the step is already lost; spend nothing more on it
   if (mode == SparsityMode::kDense && part.cold.empty()) {
-    dense_.Compute(layer, h, n_tokens, out);
+    dense_.Compute(layer, h, predictor_input, n_tokens, out);
     if (metrics_ != nullptr) {
       const uint64_t all = static_cast<uint64_t>(n_tokens) * part.hot.size();
       metrics_->AddNeurons(all, all, all);
@@ -127,7 +129,7 @@ void SplitFfn::ComputeLayer(int64_t layer, const float* h, int64_t n_tokens, flo
     return;
   }
   const bool predicted = mode == SparsityMode::kPredicted;
-  if (predicted) PredictRows(layer, h, n_tokens);
+  if (predicted) PredictRows(layer, predictor_input, n_tokens);
 
   // Cold first, so the CPU worker runs while the hot neurons are computed here.
   bool sent = false;

@@ -17,7 +17,7 @@
 #include "absl/status/statusor.h"
 #include "gpu_worker/backend.h"
 #include "shared/ipc/worker_metrics.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 #include "shared/runtime/ffn.h"
 #include "shared/sparsity/neuron_ffn.h"
 #include "shared/sparsity/partition.h"
@@ -28,7 +28,7 @@ namespace thermocline::gpu_worker {
 
 class SplitFfn final : public FfnExecutor {
  public:
-  static absl::StatusOr<std::unique_ptr<SplitFfn>> Create(const LlamaModel& model,
+  static absl::StatusOr<std::unique_ptr<SplitFfn>> Create(const Model& model,
                                                           SparsityPlan plan, Partition partition,
                                                           ThreadPool& pool);
 
@@ -44,19 +44,22 @@ class SplitFfn final : public FfnExecutor {
   void SetMetrics(ipc::WorkerMetricsWriter* metrics) { metrics_ = metrics; }
   static constexpr uint64_t kRecallEvery = 16;
 
-  void Compute(int64_t layer, const float* h, int64_t n_tokens, float* out) override;
+  using FfnExecutor::Compute;
+  void Compute(int64_t layer, const float* h, const float* predictor_input, int64_t n_tokens,
+               float* out) override;
 
  private:
-  SplitFfn(const LlamaModel& model, SparsityPlan plan, Partition partition, ThreadPool& pool);
+  SplitFfn(const Model& model, SparsityPlan plan, Partition partition, ThreadPool& pool);
   // Fills hot_ids_/hot_end_ and cold_ids_/cold_end_ with each row's predicted neurons.
-  void ComputeLayer(int64_t layer, const float* h, int64_t n_tokens, float* out);
-  void PredictRows(int64_t layer, const float* h, int64_t n_tokens);
+  void ComputeLayer(int64_t layer, const float* h, const float* predictor_input,
+                    int64_t n_tokens, float* out);
+  void PredictRows(int64_t layer, const float* predictor_input, int64_t n_tokens);
   // Recall of the predictor's hot pick for row t (hot_ids_ of that row) against the hot
   // neurons that are truly active: act(gate . h) > 0 on ReLU models, or passing the layer's
   // magnitude cut. Rows of layers with neither definition are not sampled.
   void SampleRecall(int64_t layer, const float* h, int64_t t, NeuronFilter filter);
 
-  const LlamaModel& model_;
+  const Model& model_;
   SparsityPlan plan_;
   Partition partition_;
   ThreadPool& pool_;

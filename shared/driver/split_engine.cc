@@ -95,7 +95,7 @@ std::vector<std::string> CpuWorkerArgv(const SplitEngineOptions& o) {
 }
 
 absl::StatusOr<std::unique_ptr<SplitEngine>> SplitEngine::Create(SplitEngineOptions o) {
-  const LlamaConfig& c = o.config;
+  const ModelConfig& c = o.config;
   if (c.vocab_size <= 0 || c.dim <= 0 || c.ffn_dim <= 0 || c.context_length <= 0) {
     return absl::InvalidArgumentError("split: the model's config (vocab, dims, context) is unset");
   }

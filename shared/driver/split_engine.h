@@ -35,7 +35,7 @@
 #include "shared/driver/supervisor.h"
 #include "shared/ipc/ring.h"
 #include "shared/ipc/transport.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 #include "shared/runtime/generate.h"
 #include "shared/sparsity/sparsity_mode.h"
 
@@ -49,7 +49,7 @@ struct SplitEngineOptions {
   std::string model_path;
   // The model's shapes (the caller has loaded it for its tokenizer): vocab and positions for
   // validating steps, dims for sizing the rings.
-  LlamaConfig config;
+  ModelConfig config;
 
   // Placement of the FFN neurons: a plan from `thermocline plan`, or a fixed hot fraction.
   std::string plan_path;

@@ -11,7 +11,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 #include "shared/sparsity/partition.h"
 #include "shared/sparsity/placement.h"
 #include "shared/sparsity/sparsity_mode.h"
@@ -84,7 +84,7 @@ inline bool ParseWorkerCommandLine(const char* program, const char* prefix,
 
 // What both workers load from the common flags.
 struct WorkerModel {
-  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<Model> model;
   SparsityPlan plan;
   Placement placement;
   Partition partition;

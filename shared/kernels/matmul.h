@@ -16,19 +16,11 @@
 #include <cstdint>
 
 #include "shared/model/ggml_type.h"
+#include "shared/model/matrix_view.h"
 #include "shared/util/thread_pool.h"
 
 namespace thermocline {
 
-struct MatrixView {
-  GgmlType type = GgmlType::kF32;
-  int64_t rows = 0;
-  int64_t cols = 0;  // a multiple of the type's block size
-  const uint8_t* data = nullptr;
-  int64_t row_bytes = 0;  // RowBytes(type, cols) for a packed tensor
-
-  const uint8_t* row(int64_t r) const { return data + r * row_bytes; }
-};
 
 // y[t * y_stride + r] = sum_c W[r][c] * x[t * x_stride + c] for t < n_tokens, r < w.rows.
 // Work is split over the pool's threads by rows; each thread streams its rows once for all tokens.

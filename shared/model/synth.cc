@@ -483,7 +483,12 @@ void SynthRow(const SynthTensorContext& c, int64_t r, float* out, std::vector<fl
         const float* b = c.basis.data() + (r % d.basis_rank) * o.dim;
         for (int64_t j = 0; j < n; ++j) out[j] = sign * b[j];
       } else {
-        out[k] = static_cast<float>(1.0 / d.gate_scale);  // relu(h_k / gate_scale), about 1
+        // relu(h_k / gate_scale), about 1, where h = ffn_norm(x). The predictors read ffn_inp
+        // x itself (PowerInfer's input): ffn_norm multiplies coordinate k by its weight
+        // gate_scale * residual_rms / persistent_value (below) and every other one by 1, so
+        // this row carries that weight and the whole fc1 output is rms(x) times the one over
+        // h: the same decisions, since relu and the >= 0 test are scale-invariant.
+        out[k] = static_cast<float>(d.residual_rms[s.layer] / d.persistent_value);
       }
       return;
     }

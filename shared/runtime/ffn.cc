@@ -1,39 +1,190 @@
 #include "shared/runtime/ffn.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
+#include "shared/kernels/matmul.h"
 #include "shared/runtime/ops.h"
 
 namespace thermocline {
+namespace {
 
-void DenseFfn::Compute(int64_t layer, const float* h, int64_t n_tokens, float* out) {
-  const LlamaConfig& c = model_.config();
+void AddRowBias(const std::vector<float>& b, int64_t n_rows, int64_t width, float* y) {
+  if (b.empty()) return;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    for (int64_t i = 0; i < width; ++i) y[r * width + i] += b[i];
+  }
+}
+
+}  // namespace
+
+void Activate(FfnActivation activation, float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    switch (activation) {
+      case FfnActivation::kSilu:
+        x[i] = x[i] * (1.0f / (1.0f + std::exp(-x[i])));
+        break;
+      case FfnActivation::kRelu:
+      case FfnActivation::kDrelu:
+        x[i] = x[i] > 0.0f ? x[i] : 0.0f;
+        break;
+      case FfnActivation::kGelu:
+        x[i] = Gelu(x[i]);
+        break;
+    }
+  }
+}
+
+void GatedActivate(FfnActivation activation, float* gate, const float* up, int64_t n) {
+  switch (activation) {
+    case FfnActivation::kSilu:
+      SwiGlu(gate, up, n);
+      break;
+    case FfnActivation::kRelu:
+      ReluGlu(gate, up, n);
+      break;
+    case FfnActivation::kGelu:
+      GeluGlu(gate, up, n);
+      break;
+    case FfnActivation::kDrelu:
+      DreluGlu(gate, up, n);
+      break;
+  }
+}
+
+void DenseFfn::RunFfn(const FfnWeights& w, const std::vector<float>& up_b, int64_t nf,
+                      const float* h, int64_t n, float* out) {
+  const ModelConfig& c = model_.config();
+  gate_.resize(n * nf);
+  if (w.gate.empty()) {
+    MatMul(w.up, h, n, c.dim, gate_.data(), nf, pool_);
+    AddRowBias(up_b, n, nf, gate_.data());
+    Activate(c.activation, gate_.data(), n * nf);
+  } else {
+    up_.resize(n * nf);
+    MatMul(w.gate, h, n, c.dim, gate_.data(), nf, pool_);
+    MatMul(w.up, h, n, c.dim, up_.data(), nf, pool_);
+    AddRowBias(up_b, n, nf, up_.data());
+    for (int64_t t = 0; t < n; ++t) {
+      GatedActivate(c.activation, gate_.data() + t * nf, up_.data() + t * nf, nf);
+    }
+  }
+  MatMul(w.down, gate_.data(), n, nf, out, c.dim, pool_);
+}
+
+void DenseFfn::Compute(int64_t layer, const float* h, const float* predictor_input,
+                       int64_t n_tokens, float* out) {
+  const ModelConfig& c = model_.config();
   const LayerWeights& w = model_.layer(layer);
+  if (!w.experts.empty()) {
+    ComputeMoe(layer, h, n_tokens, out);
+    return;
+  }
   const int64_t nf = c.ffn_dim;
+  const bool gated = !w.gate.empty();
   gate_.resize(n_tokens * nf);
-  up_.resize(n_tokens * nf);
-  MatMul(w.gate, h, n_tokens, c.dim, gate_.data(), nf, pool_);
-  MatMul(w.up, h, n_tokens, c.dim, up_.data(), nf, pool_);
-  if (observer_ != nullptr) observer_->OnFfn(layer, h, gate_.data(), up_.data(), n_tokens);
+  if (gated) {
+    up_.resize(n_tokens * nf);
+    MatMul(w.gate, h, n_tokens, c.dim, gate_.data(), nf, pool_);
+    MatMul(w.up, h, n_tokens, c.dim, up_.data(), nf, pool_);
+    AddRowBias(w.up_b, n_tokens, nf, up_.data());
+  } else {
+    MatMul(w.up, h, n_tokens, c.dim, gate_.data(), nf, pool_);
+    AddRowBias(w.up_b, n_tokens, nf, gate_.data());
+  }
+  if (observer_ != nullptr) {
+    observer_->OnPredictorInput(layer, predictor_input, n_tokens);
+    observer_->OnFfn(layer, h, gate_.data(), gated ? up_.data() : nullptr, n_tokens);
+  }
   for (int64_t t = 0; t < n_tokens; ++t) {
-    if (c.activation == FfnActivation::kSilu) {
-      SwiGlu(gate_.data() + t * nf, up_.data() + t * nf, nf);
+    if (gated) {
+      GatedActivate(c.activation, gate_.data() + t * nf, up_.data() + t * nf, nf);
     } else {
-      ReluGlu(gate_.data() + t * nf, up_.data() + t * nf, nf);
+      Activate(c.activation, gate_.data() + t * nf, nf);
     }
   }
   if (!w.has_down_t) {
     MatMul(w.down, gate_.data(), n_tokens, nf, out, c.dim, pool_);
-    return;
+  } else {
+    if (static_cast<int64_t>(all_rows_.size()) != nf) {
+      all_rows_.resize(nf);
+      std::iota(all_rows_.begin(), all_rows_.end(), 0);
+    }
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      std::fill(out + t * c.dim, out + (t + 1) * c.dim, 0.0f);
+      AxpyRows(w.down_t, all_rows_.data(), gate_.data() + t * nf, nf, out + t * c.dim, pool_);
+    }
   }
-  if (static_cast<int64_t>(all_rows_.size()) != nf) {
-    all_rows_.resize(nf);
-    std::iota(all_rows_.begin(), all_rows_.end(), 0);
+  AddRowBias(w.down_b, n_tokens, c.dim, out);
+}
+
+void DenseFfn::ComputeMoe(int64_t layer, const float* h, int64_t n_tokens, float* out) {
+  const ModelConfig& c = model_.config();
+  const LayerWeights& w = model_.layer(layer);
+  const int64_t n_exp = c.n_experts, k = c.n_experts_used, dim = c.dim;
+  // Routing as llama.cpp: softmax over every expert, the k largest (lower id first on ties),
+  // their probabilities as weights, renormalised to sum 1 where the architecture does.
+  probs_.resize(n_tokens * n_exp);
+  MatMul(w.router, h, n_tokens, dim, probs_.data(), n_exp, pool_);
+  picks_.resize(n_tokens * k);
+  pick_w_.resize(n_tokens * k);
+  std::vector<int32_t> order(n_exp);
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    float* p = probs_.data() + t * n_exp;
+    Softmax(p, n_exp);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [p](int32_t a, int32_t b) { return p[a] > p[b]; });
+    float sum = 0.0f;
+    for (int64_t j = 0; j < k; ++j) {
+      picks_[t * k + j] = order[j];
+      pick_w_[t * k + j] = p[order[j]];
+      sum += p[order[j]];
+    }
+    if (c.expert_weights_norm) {
+      for (int64_t j = 0; j < k; ++j) pick_w_[t * k + j] /= sum;
+    }
+  }
+  // Each expert runs once over the tokens that picked it; outputs land per (token, pick) and
+  // are summed in pick order, so the result does not depend on how tokens were grouped.
+  picks_y_.resize(n_tokens * k * dim);
+  for (int64_t e = 0; e < n_exp; ++e) {
+    moe_rows_.clear();
+    for (int64_t i = 0; i < n_tokens * k; ++i) {
+      if (picks_[i] == e) moe_rows_.push_back(i);
+    }
+    if (moe_rows_.empty()) continue;
+    const int64_t m = static_cast<int64_t>(moe_rows_.size());
+    moe_h_.resize(m * dim);
+    moe_y_.resize(m * dim);
+    for (int64_t r = 0; r < m; ++r) {
+      const float* src = h + (moe_rows_[r] / k) * dim;
+      std::copy(src, src + dim, moe_h_.begin() + r * dim);
+    }
+    RunFfn(w.experts[e], {}, c.ffn_dim, moe_h_.data(), m, moe_y_.data());
+    for (int64_t r = 0; r < m; ++r) {
+      std::copy(moe_y_.begin() + r * dim, moe_y_.begin() + (r + 1) * dim,
+                picks_y_.begin() + moe_rows_[r] * dim);
+    }
   }
   for (int64_t t = 0; t < n_tokens; ++t) {
-    std::fill(out + t * c.dim, out + (t + 1) * c.dim, 0.0f);
-    AxpyRows(w.down_t, all_rows_.data(), gate_.data() + t * nf, nf, out + t * c.dim, pool_);
+    float* o = out + t * dim;
+    std::fill(o, o + dim, 0.0f);
+    for (int64_t j = 0; j < k; ++j) {
+      const float wj = pick_w_[t * k + j];
+      const float* y = picks_y_.data() + (t * k + j) * dim;
+      for (int64_t i = 0; i < dim; ++i) o[i] += y[i] * wj;
+    }
+  }
+  if (!w.shared.up.empty()) {
+    shared_y_.resize(n_tokens * dim);
+    RunFfn(w.shared, {}, c.shared_expert_ffn_dim, h, n_tokens, shared_y_.data());
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      float g = 0.0f;
+      for (int64_t i = 0; i < dim; ++i) g += w.shared_gate[i] * h[t * dim + i];
+      g = 1.0f / (1.0f + std::exp(-g));
+      for (int64_t i = 0; i < dim; ++i) out[t * dim + i] += shared_y_[t * dim + i] * g;
+    }
   }
 }
 

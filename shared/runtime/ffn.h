@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 #include "shared/util/thread_pool.h"
 
 namespace thermocline {
@@ -14,8 +14,15 @@ namespace thermocline {
 class FfnExecutor {
  public:
   virtual ~FfnExecutor() = default;
-  // out[t][0..dim) = FFN_layer(h[t]) for t < n_tokens; h is the ffn_norm output.
-  virtual void Compute(int64_t layer, const float* h, int64_t n_tokens, float* out) = 0;
+  // out[t][0..dim) = FFN_layer(h[t]) for t < n_tokens; h is the FFN's input (ffn_norm(x), or
+  // the shared norm of a parallel block). predictor_input[t] is what the layer's activation
+  // predictors read: the tensor PowerInfer's own graph feeds them (arch.h PredictorInput).
+  virtual void Compute(int64_t layer, const float* h, const float* predictor_input,
+                       int64_t n_tokens, float* out) = 0;
+  // For callers that drive one FFN on its own (tests, tools): the predictors read h.
+  void Compute(int64_t layer, const float* h, int64_t n_tokens, float* out) {
+    Compute(layer, h, h, n_tokens, out);
+  }
 };
 
 // Sees what the dense FFN computes, for the offline tools (profiler, predictor trainer).
@@ -23,24 +30,46 @@ class FfnObserver {
  public:
   virtual ~FfnObserver() = default;
   // h: [n_tokens][dim] FFN inputs; gate, up: [n_tokens][ffn_dim] gate pre-activations (before
-  // silu/relu) and up projections. Called from the thread that runs the forward pass.
+  // the activation) and up projections. In FFNs without a gate (plain MLPs), `gate` is the up
+  // projection plus its bias (what the activation reads) and `up` is null. Called from the
+  // thread that runs the forward pass; not called for MoE layers.
   virtual void OnFfn(int64_t layer, const float* h, const float* gate, const float* up,
                      int64_t n_tokens) = 0;
+  // Called just before OnFfn with the same layer's predictor input (see FfnExecutor::Compute).
+  virtual void OnPredictorInput(int64_t /*layer*/, const float* /*x*/, int64_t /*n_tokens*/) {}
 };
 
-// Every neuron, every token: gate and up as GEMMs, the activation, then down.
+// Every neuron, every token: gate and up as GEMMs, the activation, then down; in MoE layers the
+// router's top-k experts per token (each expert's tokens in one GEMM) and the shared expert.
 class DenseFfn final : public FfnExecutor {
  public:
-  DenseFfn(const LlamaModel& model, ThreadPool& pool) : model_(model), pool_(pool) {}
-  void Compute(int64_t layer, const float* h, int64_t n_tokens, float* out) override;
+  DenseFfn(const Model& model, ThreadPool& pool) : model_(model), pool_(pool) {}
+  using FfnExecutor::Compute;
+  void Compute(int64_t layer, const float* h, const float* predictor_input, int64_t n_tokens,
+               float* out) override;
   void set_observer(FfnObserver* observer) { observer_ = observer; }
 
  private:
-  const LlamaModel& model_;
+  // One FFN (dense or one expert) over n rows of h into out ([n][dim]).
+  void RunFfn(const FfnWeights& w, const std::vector<float>& up_b, int64_t nf, const float* h,
+              int64_t n, float* out);
+  void ComputeMoe(int64_t layer, const float* h, int64_t n_tokens, float* out);
+
+  const Model& model_;
   ThreadPool& pool_;
   FfnObserver* observer_ = nullptr;
   std::vector<float> gate_, up_;
   std::vector<int32_t> all_rows_;  // 0..ffn_dim-1, for the transposed-down (axpy) form
+  // MoE scratch: router probabilities, picks, gathered rows and per-pick outputs.
+  std::vector<float> probs_, moe_h_, moe_y_, picks_y_, shared_y_;
+  std::vector<int32_t> picks_;
+  std::vector<float> pick_w_;
+  std::vector<int64_t> moe_rows_;
 };
+
+// act(x) in place for the activation of a plain (non-gated) MLP.
+void Activate(FfnActivation activation, float* x, int64_t n);
+// gate[i] = act(gate[i]) * up[i] for the gated forms (dReLU: relu(gate) * relu(up)).
+void GatedActivate(FfnActivation activation, float* gate, const float* up, int64_t n);
 
 }  // namespace thermocline

@@ -1,9 +1,11 @@
 #include "shared/runtime/forward.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "shared/kernels/matmul.h"
 #include "shared/runtime/ops.h"
 #include "shared/util/fp16.h"
 
@@ -14,33 +16,71 @@ namespace {
 inline float LoadKv(const float* p, int64_t i) { return p[i]; }
 inline float LoadKv(const uint16_t* p, int64_t i) { return Fp16ToFp32(p[i]); }
 
-// One query head attending over positions [0, n_pos) of one slot: scores in run.c's order.
+// One query head attending over positions [first, n_pos) of one slot: scores in run.c's order,
+// then gemma2's soft cap when set.
 template <typename T>
-void AttendHead(const KvCache& kv, int64_t layer, int64_t slot, int64_t n_pos, int64_t kv_offset,
-                int64_t head_dim, const float* q, float* scores, float* out) {
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  for (int64_t t = 0; t < n_pos; ++t) {
+void AttendHead(const KvCache& kv, int64_t layer, int64_t slot, int64_t first, int64_t n_pos,
+                int64_t kv_offset, int64_t head_dim, float scale, float softcap, const float* q,
+                float* scores, float* out) {
+  const int64_t n = n_pos - first;
+  for (int64_t t = first; t < n_pos; ++t) {
     const T* k = reinterpret_cast<const T*>(kv.key(layer, slot, t)) + kv_offset;
     float s = 0.0f;
     for (int64_t i = 0; i < head_dim; ++i) s += q[i] * LoadKv(k, i);
-    scores[t] = s * scale;
+    scores[t - first] = s * scale;
   }
-  Softmax(scores, n_pos);
+  if (softcap > 0.0f) SoftCap(scores, n, softcap);
+  Softmax(scores, n);
   std::memset(out, 0, head_dim * sizeof(float));
-  for (int64_t t = 0; t < n_pos; ++t) {
+  for (int64_t t = first; t < n_pos; ++t) {
     const T* v = reinterpret_cast<const T*>(kv.value(layer, slot, t)) + kv_offset;
-    const float a = scores[t];
+    const float a = scores[t - first];
     for (int64_t i = 0; i < head_dim; ++i) out[i] += a * LoadKv(v, i);
+  }
+}
+
+void AddBias(const std::vector<float>& b, int64_t n_rows, float* y) {
+  if (b.empty()) return;
+  const int64_t n = static_cast<int64_t>(b.size());
+  for (int64_t r = 0; r < n_rows; ++r) {
+    for (int64_t i = 0; i < n; ++i) y[r * n + i] += b[i];
   }
 }
 
 }  // namespace
 
-ForwardPass::ForwardPass(const LlamaModel& model, KvCache& kv, ThreadPool& pool, FfnExecutor* ffn)
+ForwardPass::ForwardPass(const Model& model, KvCache& kv, ThreadPool& pool, FfnExecutor* ffn)
     : model_(model), kv_(kv), pool_(pool), ffn_(ffn) {
   if (ffn_ == nullptr) {
     own_ffn_ = std::make_unique<DenseFfn>(model, pool);
     ffn_ = own_ffn_.get();
+  }
+  const ModelConfig& c = model.config();
+  rope_.head_dim = c.head_dim;
+  rope_.rope_dim = c.rope_dim;
+  rope_.neox = c.arch != nullptr && c.arch->rope == RopeStyle::kNeox;
+  rope_.freq_factors = model.rope_freqs().empty() ? nullptr : model.rope_freqs().data();
+  const RopeScaling& rs = c.rope_scaling;
+  if (rs.kind != RopeScaling::Kind::kNone) rope_.freq_scale = 1.0f / rs.factor;
+  if (rs.kind == RopeScaling::Kind::kYarn) {
+    rope_.ext_factor = rs.ext_factor;
+    rope_.attn_factor = rs.attn_factor;
+    RopeYarnCorrDims(c.rope_dim, rs.original_context, c.rope_freq_base, rs.beta_fast,
+                     rs.beta_slow, &rope_.corr_low, &rope_.corr_high);
+  }
+}
+
+void ForwardPass::Norm(const std::vector<float>& w, const std::vector<float>& b, const float* x,
+                       int64_t n, float* out) const {
+  const ModelConfig& c = model_.config();
+  const bool layer_norm = c.arch != nullptr && c.arch->norm == NormKind::kLayer;
+  for (int64_t e = 0; e < n; ++e) {
+    if (layer_norm) {
+      LayerNorm(x + e * c.dim, w.data(), b.empty() ? nullptr : b.data(), c.dim, c.rms_eps,
+                out + e * c.dim);
+    } else {
+      RmsNorm(x + e * c.dim, w.data(), c.dim, c.rms_eps, out + e * c.dim);
+    }
   }
 }
 
@@ -76,10 +116,11 @@ absl::Status ForwardPass::Validate(std::span<const BatchEntry> batch) const {
 }
 
 void ForwardPass::Attention(int64_t layer, std::span<const BatchEntry> batch) {
-  const LlamaConfig& c = model_.config();
+  const ModelConfig& c = model_.config();
   const int64_t n = static_cast<int64_t>(batch.size());
   const int64_t group = c.n_heads / c.n_kv_heads;
   const int64_t cap = kv_.capacity();
+  const int64_t window = c.layers.empty() ? 0 : c.layers[layer].sliding_window;
   scores_.resize(pool_.size() * cap);
   const bool f16 = kv_.type() == GgmlType::kF16;
   pool_.Run([&](int tid, int nth) {
@@ -87,60 +128,127 @@ void ForwardPass::Attention(int64_t layer, std::span<const BatchEntry> batch) {
     for (int64_t job = tid; job < n * c.n_heads; job += nth) {
       const int64_t e = job / c.n_heads, h = job % c.n_heads;
       const BatchEntry& entry = batch[e];
-      const float* q = q_.data() + e * c.dim + h * c.head_dim;
-      float* out = att_.data() + e * c.dim + h * c.head_dim;
+      const float* q = q_.data() + e * c.q_dim + h * c.head_dim;
+      float* out = att_.data() + e * c.q_dim + h * c.head_dim;
       const int64_t kv_offset = (h / group) * c.head_dim;
+      const int64_t n_pos = entry.position + 1;
+      // A sliding-window layer sees the last `window` positions, itself included.
+      const int64_t first = window > 0 ? std::max<int64_t>(0, n_pos - window) : 0;
       if (f16) {
-        AttendHead<uint16_t>(kv_, layer, entry.slot, entry.position + 1, kv_offset, c.head_dim,
-                             q, scores, out);
+        AttendHead<uint16_t>(kv_, layer, entry.slot, first, n_pos, kv_offset, c.head_dim,
+                             c.attn_scale, c.attn_softcap, q, scores, out);
       } else {
-        AttendHead<float>(kv_, layer, entry.slot, entry.position + 1, kv_offset, c.head_dim, q,
-                          scores, out);
+        AttendHead<float>(kv_, layer, entry.slot, first, n_pos, kv_offset, c.head_dim,
+                          c.attn_scale, c.attn_softcap, q, scores, out);
       }
     }
   });
 }
 
+void ForwardPass::QkvAndRope(int64_t layer, std::span<const BatchEntry> batch, const float* in) {
+  const ModelConfig& c = model_.config();
+  const LayerWeights& w = model_.layer(layer);
+  const int64_t n = static_cast<int64_t>(batch.size());
+  MatMul(w.wq, in, n, c.dim, q_.data(), c.q_dim, pool_);
+  MatMul(w.wk, in, n, c.dim, k_.data(), c.kv_dim, pool_);
+  MatMul(w.wv, in, n, c.dim, v_.data(), c.kv_dim, pool_);
+  AddBias(w.bq, n, q_.data());
+  AddBias(w.bk, n, k_.data());
+  AddBias(w.bv, n, v_.data());
+  // q/k norms: over the whole projection (olmo2) or per head (qwen3, gemma3), before RoPE.
+  auto qk_norm = [&](const std::vector<float>& nw, float* x, int64_t width) {
+    if (nw.empty()) return;
+    const int64_t span = static_cast<int64_t>(nw.size());
+    for (int64_t e = 0; e < n; ++e) {
+      for (int64_t off = 0; off < width; off += span) {
+        RmsNorm(x + e * width + off, nw.data(), span, c.rms_eps, x + e * width + off);
+      }
+    }
+  };
+  qk_norm(w.q_norm, q_.data(), c.q_dim);
+  qk_norm(w.k_norm, k_.data(), c.kv_dim);
+  RopeParams rope = rope_;
+  rope.base = c.layers.empty() ? c.rope_freq_base : c.layers[layer].rope_freq_base;
+  const bool plain = !rope.neox && rope.freq_factors == nullptr && rope.freq_scale == 1.0f &&
+                     rope.ext_factor == 0.0f && rope.attn_factor == 1.0f;
+  for (int64_t e = 0; e < n; ++e) {
+    const BatchEntry& entry = batch[e];
+    float* q = q_.data() + e * c.q_dim;
+    float* k = k_.data() + e * c.kv_dim;
+    if (plain) {  // run.c's rope, kept as the reference path for llama2.c's models
+      Rope(q, c.n_heads, c.head_dim, c.rope_dim, entry.position, rope.base);
+      Rope(k, c.n_kv_heads, c.head_dim, c.rope_dim, entry.position, rope.base);
+    } else {
+      RopeExt(q, c.n_heads, rope, entry.position);
+      RopeExt(k, c.n_kv_heads, rope, entry.position);
+    }
+    kv_.Store(layer, entry.slot, entry.position, k, v_.data() + e * c.kv_dim);
+  }
+}
+
 absl::Status ForwardPass::Run(std::span<const BatchEntry> batch, std::vector<float>& logits) {
   if (absl::Status s = Validate(batch); !s.ok()) return s;
-  const LlamaConfig& c = model_.config();
+  const ModelConfig& c = model_.config();
+  const ArchSpec* arch = c.arch;
+  const bool parallel = arch != nullptr && arch->parallel_block;
   const int64_t n = static_cast<int64_t>(batch.size());
-  const int64_t dim = c.dim, kvd = c.kv_dim;
+  const int64_t dim = c.dim;
   x_.resize(n * dim);
   xb_.resize(n * dim);
-  q_.resize(n * dim);
-  k_.resize(n * kvd);
-  v_.resize(n * kvd);
-  att_.resize(n * dim);
+  q_.resize(n * c.q_dim);
+  k_.resize(n * c.kv_dim);
+  v_.resize(n * c.kv_dim);
+  att_.resize(n * c.q_dim);
   proj_.resize(n * dim);
+  ffn_out_.resize(n * dim);
 
+  const float embed_scale =
+      arch != nullptr && arch->embed_scale ? std::sqrt(static_cast<float>(dim)) : 1.0f;
   for (int64_t e = 0; e < n; ++e) {
     DequantizeMatrixRow(model_.token_embd(), batch[e].token, x_.data() + e * dim);
+    if (embed_scale != 1.0f) {
+      for (int64_t i = 0; i < dim; ++i) x_[e * dim + i] *= embed_scale;
+    }
   }
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = model_.layer(l);
-    for (int64_t e = 0; e < n; ++e) {
-      RmsNorm(x_.data() + e * dim, w.attn_norm.data(), dim, c.rms_eps, xb_.data() + e * dim);
+    // Attention reads the pre-norm of x, or x itself in blocks without one (olmo2).
+    const float* attn_in = x_.data();
+    if (!w.attn_norm.empty()) {
+      Norm(w.attn_norm, w.attn_norm_b, x_.data(), n, xb_.data());
+      attn_in = xb_.data();
     }
-    MatMul(w.wq, xb_.data(), n, dim, q_.data(), dim, pool_);
-    MatMul(w.wk, xb_.data(), n, dim, k_.data(), kvd, pool_);
-    MatMul(w.wv, xb_.data(), n, dim, v_.data(), kvd, pool_);
-    for (int64_t e = 0; e < n; ++e) {
-      const BatchEntry& entry = batch[e];
-      Rope(q_.data() + e * dim, c.n_heads, c.head_dim, c.rope_dim, entry.position,
-           c.rope_freq_base);
-      Rope(k_.data() + e * kvd, c.n_kv_heads, c.head_dim, c.rope_dim, entry.position,
-           c.rope_freq_base);
-      kv_.Store(l, entry.slot, entry.position, k_.data() + e * kvd, v_.data() + e * kvd);
-    }
+    QkvAndRope(l, batch, attn_in);
     Attention(l, batch);
-    MatMul(w.wo, att_.data(), n, dim, proj_.data(), dim, pool_);
-    for (int64_t i = 0; i < n * dim; ++i) x_[i] += proj_[i];
-    for (int64_t e = 0; e < n; ++e) {
-      RmsNorm(x_.data() + e * dim, w.ffn_norm.data(), dim, c.rms_eps, xb_.data() + e * dim);
+    MatMul(w.wo, att_.data(), n, c.q_dim, proj_.data(), dim, pool_);
+    AddBias(w.bo, n, proj_.data());
+    if (!w.post_attn_norm.empty()) {
+      for (int64_t e = 0; e < n; ++e) {
+        RmsNorm(proj_.data() + e * dim, w.post_attn_norm.data(), dim, c.rms_eps,
+                proj_.data() + e * dim);
+      }
     }
-    ffn_->Compute(l, xb_.data(), n, proj_.data());
+    if (parallel) {
+      // x += ffn(n(x)) + attn(n(x)) from the one norm; the predictors read x (falcon).
+      ffn_->Compute(l, attn_in, x_.data(), n, ffn_out_.data());
+      for (int64_t i = 0; i < n * dim; ++i) x_[i] += ffn_out_[i] + proj_[i];
+      continue;
+    }
     for (int64_t i = 0; i < n * dim; ++i) x_[i] += proj_[i];
+    // x is now ffn_inp, what PowerInfer's llama-family predictors read.
+    const float* ffn_in = x_.data();
+    if (!w.ffn_norm.empty()) {
+      Norm(w.ffn_norm, w.ffn_norm_b, x_.data(), n, xb_.data());
+      ffn_in = xb_.data();
+    }
+    ffn_->Compute(l, ffn_in, x_.data(), n, ffn_out_.data());
+    if (!w.post_ffn_norm.empty()) {
+      for (int64_t e = 0; e < n; ++e) {
+        RmsNorm(ffn_out_.data() + e * dim, w.post_ffn_norm.data(), dim, c.rms_eps,
+                ffn_out_.data() + e * dim);
+      }
+    }
+    for (int64_t i = 0; i < n * dim; ++i) x_[i] += ffn_out_[i];
   }
   for (const BatchEntry& e : batch) kv_.set_length(e.slot, e.position + 1);
 
@@ -148,13 +256,14 @@ absl::Status ForwardPass::Run(std::span<const BatchEntry> batch, std::vector<flo
   int64_t n_out = 0;
   for (int64_t e = 0; e < n; ++e) {
     if (!batch[e].want_logits) continue;
-    RmsNorm(x_.data() + e * dim, model_.output_norm().data(), dim, c.rms_eps,
-            xb_.data() + n_out * dim);
+    std::copy(x_.begin() + e * dim, x_.begin() + (e + 1) * dim, proj_.begin() + n_out * dim);
     ++n_out;
   }
+  Norm(model_.output_norm(), model_.output_norm_b(), proj_.data(), n_out, xb_.data());
   logits.resize(n_out * c.vocab_size);
   if (n_out > 0) {
     MatMul(model_.output(), xb_.data(), n_out, dim, logits.data(), c.vocab_size, pool_);
+    if (c.final_softcap > 0.0f) SoftCap(logits.data(), n_out * c.vocab_size, c.final_softcap);
   }
   return absl::OkStatus();
 }

@@ -7,7 +7,7 @@
 
 namespace thermocline {
 
-absl::StatusOr<KvCache> KvCache::Create(const LlamaConfig& config, int64_t n_slots,
+absl::StatusOr<KvCache> KvCache::Create(const ModelConfig& config, int64_t n_slots,
                                         int64_t capacity, GgmlType type) {
   if (type != GgmlType::kF32 && type != GgmlType::kF16) {
     return absl::InvalidArgumentError("KV cache type must be f32 or f16");

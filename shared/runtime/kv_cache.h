@@ -7,14 +7,14 @@
 
 #include "absl/status/statusor.h"
 #include "shared/model/ggml_type.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 
 namespace thermocline {
 
 class KvCache {
  public:
   // `type` is kF32 or kF16. capacity is the number of positions per slot.
-  static absl::StatusOr<KvCache> Create(const LlamaConfig& config, int64_t n_slots,
+  static absl::StatusOr<KvCache> Create(const ModelConfig& config, int64_t n_slots,
                                         int64_t capacity, GgmlType type);
 
   int64_t n_slots() const { return n_slots_; }

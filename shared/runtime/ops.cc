@@ -1,6 +1,10 @@
 #include "shared/runtime/ops.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
+
+#include "shared/util/fp16.h"
 
 namespace thermocline {
 
@@ -11,6 +15,20 @@ void RmsNorm(const float* x, const float* w, int64_t n, float eps, float* out) {
   ss += eps;
   ss = 1.0f / std::sqrt(ss);
   for (int64_t i = 0; i < n; ++i) out[i] = w[i] * (ss * x[i]);
+}
+
+void LayerNorm(const float* x, const float* w, const float* b, int64_t n, float eps, float* out) {
+  float mean = 0.0f;
+  for (int64_t i = 0; i < n; ++i) mean += x[i];
+  mean /= static_cast<float>(n);
+  float var = 0.0f;
+  for (int64_t i = 0; i < n; ++i) var += (x[i] - mean) * (x[i] - mean);
+  var /= static_cast<float>(n);
+  const float scale = 1.0f / std::sqrt(var + eps);
+  for (int64_t i = 0; i < n; ++i) {
+    const float y = (x[i] - mean) * scale * w[i];
+    out[i] = b != nullptr ? y + b[i] : y;
+  }
 }
 
 void Rope(float* x, int64_t n_heads, int64_t head_dim, int64_t rope_dim, int64_t pos, float base) {
@@ -27,6 +45,45 @@ void Rope(float* x, int64_t n_heads, int64_t head_dim, int64_t rope_dim, int64_t
   }
 }
 
+void RopeYarnCorrDims(int64_t rope_dim, int64_t original_context, float base, float beta_fast,
+                      float beta_slow, float* low, float* high) {
+  const float n_dims = static_cast<float>(rope_dim);
+  auto corr_dim = [&](float n_rot) {
+    return n_dims * std::log(static_cast<float>(original_context) / (n_rot * 2.0f * 3.14159265358979f)) /
+           (2.0f * std::log(base));
+  };
+  *low = std::max(0.0f, std::floor(corr_dim(beta_fast)));
+  *high = std::min(n_dims - 1.0f, std::ceil(corr_dim(beta_slow)));
+}
+
+void RopeExt(float* x, int64_t n_heads, const RopeParams& p, int64_t pos) {
+  const int64_t half = p.rope_dim / 2;
+  for (int64_t i = 0; i < p.rope_dim; i += 2) {
+    // The same theta as Rope (run.c's order), then llama.cpp's adjustments in its order.
+    const float freq =
+        1.0f / std::pow(p.base, static_cast<float>(i) / static_cast<float>(p.rope_dim));
+    float theta_extrap = static_cast<float>(pos) * freq;
+    if (p.freq_factors != nullptr) theta_extrap /= p.freq_factors[i / 2];
+    float theta = p.freq_scale * theta_extrap;
+    float mscale = p.attn_factor;
+    if (p.ext_factor != 0.0f) {
+      const float y = (static_cast<float>(i / 2) - p.corr_low) / std::max(0.001f, p.corr_high - p.corr_low);
+      const float ramp = (1.0f - std::min(1.0f, std::max(0.0f, y))) * p.ext_factor;
+      theta = theta * (1.0f - ramp) + theta_extrap * ramp;
+      mscale *= 1.0f + 0.1f * std::log(1.0f / p.freq_scale);
+    }
+    const float fcr = std::cos(theta) * mscale, fci = std::sin(theta) * mscale;
+    for (int64_t h = 0; h < n_heads; ++h) {
+      float* v = x + h * p.head_dim;
+      float* a = p.neox ? v + i / 2 : v + i;
+      float* b = p.neox ? v + i / 2 + half : v + i + 1;
+      const float v0 = *a, v1 = *b;
+      *a = v0 * fcr - v1 * fci;
+      *b = v0 * fci + v1 * fcr;
+    }
+  }
+}
+
 void Softmax(float* x, int64_t n) {
   float max_val = x[0];
   for (int64_t i = 1; i < n; ++i) max_val = x[i] > max_val ? x[i] : max_val;
@@ -36,6 +93,43 @@ void Softmax(float* x, int64_t n) {
     sum += x[i];
   }
   for (int64_t i = 0; i < n; ++i) x[i] /= sum;
+}
+
+void SoftCap(float* x, int64_t n, float cap) {
+  for (int64_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] / cap);
+}
+
+namespace {
+
+// ggml's table: the tanh GELU of every fp16 value, rounded to fp16.
+const std::vector<uint16_t>& GeluTable() {
+  static const std::vector<uint16_t> table = [] {
+    std::vector<uint16_t> t(1 << 16);
+    for (uint32_t i = 0; i < t.size(); ++i) {
+      const float x = Fp16ToFp32(static_cast<uint16_t>(i));
+      const float y =
+          0.5f * x * (1.0f + std::tanh(0.79788456080286535587989211986876f * x * (1.0f + 0.044715f * x * x)));
+      t[i] = Fp32ToFp16(y);
+    }
+    return t;
+  }();
+  return table;
+}
+
+}  // namespace
+
+float Gelu(float x) {
+  if (x <= -10.0f) return 0.0f;
+  if (x >= 10.0f) return x;
+  return Fp16ToFp32(GeluTable()[Fp32ToFp16(x)]);
+}
+
+void GeluGlu(float* gate, const float* up, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) gate[i] = Gelu(gate[i]) * up[i];
+}
+
+void DreluGlu(float* gate, const float* up, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) gate[i] = gate[i] > 0.0f && up[i] > 0.0f ? gate[i] * up[i] : 0.0f;
 }
 
 void SwiGlu(float* gate, const float* up, int64_t n) {

@@ -229,7 +229,7 @@ absl::Status WriteActivationStats(const ActivationStats& stats, const std::strin
 }
 
 absl::StatusOr<ActivationStats> ReadActivationStats(const std::string& path,
-                                                    const LlamaConfig* config) {
+                                                    const ModelConfig* config) {
   const std::string where = absl::StrCat("activation stats ", path);
   absl::StatusOr<std::unique_ptr<GgufFile>> file_or =
       OpenGgufOfArchitecture(path, kArch, "activation stats",

@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 
 namespace thermocline {
 
@@ -62,6 +62,6 @@ struct ActivationStats {
 absl::Status WriteActivationStats(const ActivationStats& stats, const std::string& path);
 // Validates shapes against `config` when given.
 absl::StatusOr<ActivationStats> ReadActivationStats(const std::string& path,
-                                                    const LlamaConfig* config = nullptr);
+                                                    const ModelConfig* config = nullptr);
 
 }  // namespace thermocline

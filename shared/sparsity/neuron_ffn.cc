@@ -211,7 +211,7 @@ void NeuronFfn::RunSurvivors(const NeuronWeights& w, const float* h, float coeff
   for (int s = 0; s < shares; ++s) down_rows_ += static_cast<int64_t>(lanes_[s].down_kept);
 }
 
-absl::StatusOr<DownRows> DownRows::ForLayer(const LlamaModel& model, int64_t layer,
+absl::StatusOr<DownRows> DownRows::ForLayer(const Model& model, int64_t layer,
                                             std::optional<GgmlType> quantized_type,
                                             ThreadPool& pool) {
   const LayerWeights& w = model.layer(layer);

@@ -24,7 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "shared/kernels/matmul.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 #include "shared/util/thread_pool.h"
 
 namespace thermocline {
@@ -151,7 +151,7 @@ class DownRows {
 
   // Borrows `model.layer(layer).down_t`, or builds the transposed copy. quantized_type applies
   // to Q8_0/Q4_0 models only and must be kF32, kF16, kQ8_0 or kQ4_0 (default: the model's own).
-  static absl::StatusOr<DownRows> ForLayer(const LlamaModel& model, int64_t layer,
+  static absl::StatusOr<DownRows> ForLayer(const Model& model, int64_t layer,
                                            std::optional<GgmlType> quantized_type,
                                            ThreadPool& pool);
   // The transposed copy of `down` ([dim][ffn_dim]) as [ffn_dim][dim] rows of `type` (the same

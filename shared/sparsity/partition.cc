@@ -9,7 +9,7 @@
 namespace thermocline {
 
 absl::StatusOr<Partition> Partition::FromPlacement(const Placement& placement,
-                                                   const LlamaConfig& config) {
+                                                   const ModelConfig& config) {
   TC_RETURN_IF_ERROR(ValidatePlacement(placement));
   if (static_cast<int64_t>(placement.layers.size()) != config.n_layers) {
     return absl::InvalidArgumentError(absl::StrCat("placement has ", placement.layers.size(),
@@ -45,7 +45,7 @@ void SplitIds(const LayerPartition& layer, std::span<const int32_t> ids, std::ve
   for (int32_t id : ids) (layer.cold_index[id] < 0 ? hot : cold)->push_back(id);
 }
 
-absl::StatusOr<Placement> PlacementFromFlags(const LlamaConfig& config,
+absl::StatusOr<Placement> PlacementFromFlags(const ModelConfig& config,
                                              const PlacementFlags& flags) {
   const bool has_plan = !flags.plan_path.empty();
   if (has_plan == flags.hot_fraction.has_value()) {

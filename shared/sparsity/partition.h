@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 #include "shared/sparsity/placement.h"
 
 namespace thermocline {
@@ -29,7 +29,7 @@ struct Partition {
 
   // hot = the placement's gpu_bucket, cold = the rest; the placement must match `config`.
   static absl::StatusOr<Partition> FromPlacement(const Placement& placement,
-                                                 const LlamaConfig& config);
+                                                 const ModelConfig& config);
 };
 
 // Splits ascending global ids into the hot ones and the cold ones (both stay ascending).
@@ -44,7 +44,7 @@ struct PlacementFlags {
   std::optional<double> hot_fraction;
   std::string stats_path;
 };
-absl::StatusOr<Placement> PlacementFromFlags(const LlamaConfig& config,
+absl::StatusOr<Placement> PlacementFromFlags(const ModelConfig& config,
                                              const PlacementFlags& flags);
 
 }  // namespace thermocline

@@ -75,7 +75,7 @@ absl::StatusOr<std::vector<int32_t>> ReadI32Vector(const GgufFile& f, const std:
   return out;
 }
 
-absl::StatusOr<Placement> Read(const std::string& path, const LlamaConfig* config) {
+absl::StatusOr<Placement> Read(const std::string& path, const ModelConfig* config) {
   const std::string where = absl::StrCat("placement ", path);
   absl::StatusOr<std::unique_ptr<GgufFile>> file_or =
       OpenGgufOfArchitecture(path, kArch, "placement", "a PowerInfer .gpuidx or `thermocline plan` output");
@@ -149,7 +149,7 @@ int64_t Placement::n_gpu_neurons() const {
   return n;
 }
 
-Placement Placement::Uniform(const LlamaConfig& config, double hot_fraction,
+Placement Placement::Uniform(const ModelConfig& config, double hot_fraction,
                              const ActivationStats* stats) {
   const double fraction = std::clamp(std::isfinite(hot_fraction) ? hot_fraction : 0.0, 0.0, 1.0);
   const int64_t nf = config.ffn_dim;
@@ -229,7 +229,7 @@ absl::Status WritePlacement(const Placement& placement, const std::string& path)
   return w.WriteFile(path);
 }
 
-absl::StatusOr<Placement> ReadPlacement(const std::string& path, const LlamaConfig& config) {
+absl::StatusOr<Placement> ReadPlacement(const std::string& path, const ModelConfig& config) {
   return Read(path, &config);
 }
 

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 #include "shared/sparsity/activation_stats.h"
 
 namespace thermocline {
@@ -36,7 +36,7 @@ struct Placement {
 
   // Every layer's neurons split by a fixed fraction, hottest first when stats are given, else
   // the lowest ids (for tests: --hot-fraction).
-  static Placement Uniform(const LlamaConfig& config, double hot_fraction,
+  static Placement Uniform(const ModelConfig& config, double hot_fraction,
                            const ActivationStats* stats = nullptr);
 };
 
@@ -44,7 +44,7 @@ struct Placement {
 absl::Status ValidatePlacement(const Placement& placement);
 absl::Status WritePlacement(const Placement& placement, const std::string& path);
 // Validates the file and its shapes against `config` (layers, ffn_dim).
-absl::StatusOr<Placement> ReadPlacement(const std::string& path, const LlamaConfig& config);
+absl::StatusOr<Placement> ReadPlacement(const std::string& path, const ModelConfig& config);
 // The same without a model: shapes come from the file (for `thermocline plan --show`).
 absl::StatusOr<Placement> ReadPlacement(const std::string& path);
 

@@ -93,7 +93,7 @@ std::string FormatBytes(int64_t bytes) {
   return absl::StrFormat("%d B", bytes);
 }
 
-absl::StatusOr<int64_t> PredictorBytes(const GgufFile& file, const LlamaConfig& config) {
+absl::StatusOr<int64_t> PredictorBytes(const GgufFile& file, const ModelConfig& config) {
   int64_t total = 0;
   int64_t found = 0;
   std::string missing;
@@ -122,8 +122,8 @@ absl::StatusOr<int64_t> PredictorBytes(const GgufFile& file, const LlamaConfig& 
   return total;
 }
 
-DenseCharges ChargeDense(const LlamaModel& model, const PlannerOptions& options) {
-  const LlamaConfig& c = model.config();
+DenseCharges ChargeDense(const Model& model, const PlannerOptions& options) {
+  const ModelConfig& c = model.config();
   DenseCharges d;
   d.token_embd = MatrixBytes(model.token_embd());
   d.output = model.output_tied() ? 0 : MatrixBytes(model.output());
@@ -139,9 +139,9 @@ DenseCharges ChargeDense(const LlamaModel& model, const PlannerOptions& options)
   return d;
 }
 
-absl::StatusOr<Plan> PlanPlacement(const LlamaModel& model, const ActivationStats& stats,
+absl::StatusOr<Plan> PlanPlacement(const Model& model, const ActivationStats& stats,
                                    const PlannerOptions& options) {
-  const LlamaConfig& c = model.config();
+  const ModelConfig& c = model.config();
   if (stats.dim != c.dim || stats.ffn_dim != c.ffn_dim ||
       static_cast<int64_t>(stats.layers.size()) != c.n_layers) {
     return absl::InvalidArgumentError(
@@ -276,7 +276,7 @@ absl::StatusOr<Plan> PlanPlacement(const LlamaModel& model, const ActivationStat
   return plan;
 }
 
-std::string FormatPlan(const Plan& plan, const LlamaConfig& c) {
+std::string FormatPlan(const Plan& plan, const ModelConfig& c) {
   const DenseCharges& d = plan.dense;
   std::string out = absl::StrFormat("VRAM budget %s; dense part %s:\n", FormatBytes(plan.budget),
                                     FormatBytes(d.total()));

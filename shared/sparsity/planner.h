@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 #include "shared/sparsity/activation_stats.h"
 #include "shared/sparsity/placement.h"
 
@@ -50,7 +50,7 @@ struct PlannerOptions {
 
 // Bytes of every blk.N.fc1.weight / blk.N.fc2.weight in `file` (0 when it has none), with their
 // shapes checked against `config`: what the GPU worker uploads for `predicted` mode.
-absl::StatusOr<int64_t> PredictorBytes(const GgufFile& file, const LlamaConfig& config);
+absl::StatusOr<int64_t> PredictorBytes(const GgufFile& file, const ModelConfig& config);
 
 struct DenseCharges {
   int64_t token_embd = 0;
@@ -84,15 +84,15 @@ struct Plan {
 };
 
 // Dense charges alone (for reports and for the error when the budget is too small).
-DenseCharges ChargeDense(const LlamaModel& model, const PlannerOptions& options);
+DenseCharges ChargeDense(const Model& model, const PlannerOptions& options);
 
 // Places neurons as described above. `stats` must come from this model (shapes are checked).
-absl::StatusOr<Plan> PlanPlacement(const LlamaModel& model, const ActivationStats& stats,
+absl::StatusOr<Plan> PlanPlacement(const Model& model, const ActivationStats& stats,
                                    const PlannerOptions& options);
 
 // The report `thermocline plan` prints: dense charges, per-layer counts and bytes, the expected
 // GPU share.
-std::string FormatPlan(const Plan& plan, const LlamaConfig& config);
+std::string FormatPlan(const Plan& plan, const ModelConfig& config);
 // The report `thermocline plan --show` prints for any placement file.
 std::string FormatPlacement(const Placement& placement);
 

@@ -6,6 +6,7 @@
 #include <limits>
 #include <optional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "shared/model/quant.h"
@@ -137,8 +138,39 @@ void PredictorSet::RebindOwned() {
   }
 }
 
+std::string_view PredictorInputName(const ModelConfig& config) {
+  const bool layer_input =
+      config.arch != nullptr && config.arch->predictor_input == PredictorInput::kLayerInput;
+  return layer_input ? "layer_input" : "ffn_inp";
+}
+
+absl::Status CheckPredictorInput(const GgufFile& f, const ModelConfig& config) {
+  const std::string want(PredictorInputName(config));
+  if (f.FindValue(Key("input")) != nullptr) {
+    TC_ASSIGN_OR_RETURN(std::string got, f.GetString(Key("input")));
+    if (got != want) {
+      return Invalid(f, absl::StrCat(Key("input"), " = '", got, "' but a ", config.arch_name(),
+                                     " model's predictors read '", want,
+                                     "'; retrain them with `thermocline train-predictor`"));
+    }
+    return absl::OkStatus();
+  }
+  // PowerInfer's own files carry no thermocline key and were trained on its graph's input.
+  // Thermocline files without the key predate the fix and were trained on ffn_norm(x).
+  for (const auto& [key, value] : f.metadata()) {
+    if (absl::StartsWith(key, kPrefix)) {
+      return Invalid(f, absl::StrCat(
+                            "was trained by an older Thermocline on ffn_norm(x), but the "
+                            "predictors now read '", want,
+                            "' as PowerInfer's do (docs/formats.md); retrain them with "
+                            "`thermocline train-predictor`"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<PredictorSet> PredictorSet::FromGguf(std::shared_ptr<const GgufFile> file,
-                                                    const LlamaConfig& config) {
+                                                    const ModelConfig& config) {
   if (file == nullptr) return absl::InvalidArgumentError("predictors: no file");
   const GgufFile& f = *file;
   if (config.n_layers <= 0 || config.dim <= 0 || config.ffn_dim <= 0) {
@@ -164,6 +196,8 @@ absl::StatusOr<PredictorSet> PredictorSet::FromGguf(std::shared_ptr<const GgufFi
     return Invalid(f, absl::StrCat("has a predictor for layer ", config.n_layers,
                                    " but the model has only ", config.n_layers, " layers"));
   }
+
+  TC_RETURN_IF_ERROR(CheckPredictorInput(f, config));
 
   PredictorSet set;
   set.layers_.resize(config.n_layers);
@@ -215,13 +249,13 @@ absl::StatusOr<PredictorSet> PredictorSet::FromGguf(std::shared_ptr<const GgufFi
 }
 
 absl::StatusOr<PredictorSet> PredictorSet::Load(const std::string& path,
-                                                const LlamaConfig& config) {
+                                                const ModelConfig& config) {
   TC_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(path));
   return FromGguf(std::shared_ptr<const GgufFile>(std::move(file)), config);
 }
 
 absl::StatusOr<PredictorSet> PredictorSet::FromWeights(const std::vector<PredictorWeights>& layers,
-                                                       const LlamaConfig& config, GgmlType type,
+                                                       const ModelConfig& config, GgmlType type,
                                                        float threshold) {
   if (static_cast<int64_t>(layers.size()) != config.n_layers) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -344,7 +378,7 @@ void PredictorSet::Predict(int64_t layer, const float* h, std::vector<int32_t>* 
   }
 }
 
-absl::Status WritePredictors(const PredictorSet& set, const LlamaConfig& config,
+absl::Status WritePredictors(const PredictorSet& set, const ModelConfig& config,
                              const std::string& path) {
   if (set.n_layers() != config.n_layers) {
     return absl::InvalidArgumentError(absl::StrCat("write predictors ", path, ": the set has ",
@@ -357,6 +391,7 @@ absl::Status WritePredictors(const PredictorSet& set, const LlamaConfig& config,
   w.SetValue(Key("block_count"), GgufU32(static_cast<uint32_t>(config.n_layers)));
   w.SetValue(Key("model_dim"), GgufU32(static_cast<uint32_t>(config.dim)));
   w.SetValue(Key("model_ffn_dim"), GgufU32(static_cast<uint32_t>(config.ffn_dim)));
+  w.SetValue(Key("input"), GgufString(std::string(PredictorInputName(config))));
   std::vector<int32_t> ranks;
   for (int64_t l = 0; l < set.n_layers(); ++l) {
     ranks.push_back(static_cast<int32_t>(set.layer(l).rank));

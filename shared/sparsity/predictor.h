@@ -22,7 +22,7 @@
 #include "absl/status/statusor.h"
 #include "shared/kernels/matmul.h"
 #include "shared/model/gguf.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 #include "shared/util/thread_pool.h"
 
 namespace thermocline {
@@ -69,12 +69,12 @@ class PredictorSet {
   // and powerinfer.sparse_threshold; checks shapes against `config`. A layer without a
   // predictor is an error naming it.
   static absl::StatusOr<PredictorSet> FromGguf(std::shared_ptr<const GgufFile> file,
-                                               const LlamaConfig& config);
-  static absl::StatusOr<PredictorSet> Load(const std::string& path, const LlamaConfig& config);
+                                               const ModelConfig& config);
+  static absl::StatusOr<PredictorSet> Load(const std::string& path, const ModelConfig& config);
   // A set over f32 weights held in memory, stored as `type` (F32, F16 or BF16; Q8_0/Q4_0 when
   // dim and every rank are multiples of 32). One entry per layer of `config`.
   static absl::StatusOr<PredictorSet> FromWeights(const std::vector<PredictorWeights>& layers,
-                                                  const LlamaConfig& config, GgmlType type,
+                                                  const ModelConfig& config, GgmlType type,
                                                   float threshold = 0.0f);
 
   // The global threshold (powerinfer.sparse_threshold).
@@ -133,7 +133,14 @@ class PredictorSet {
 // and, when the set carries a report: thermocline.predictor.training_tokens (u64),
 // recall_target (f32), criterion (str), and recall / precision / predicted_active /
 // true_active (f32[] per layer, measured on held-out tokens).
-absl::Status WritePredictors(const PredictorSet& set, const LlamaConfig& config,
+// What a model's predictors read, as stored in thermocline.predictor.input: "ffn_inp" (the
+// residual stream before ffn_norm, PowerInfer's input for the llama family) or "layer_input"
+// (the layer's input, PowerInfer's falcon). Files without the key are PowerInfer's (accepted) or
+// older Thermocline files trained on ffn_norm(x) (refused with a message to retrain).
+std::string_view PredictorInputName(const ModelConfig& config);
+absl::Status CheckPredictorInput(const GgufFile& file, const ModelConfig& config);
+
+absl::Status WritePredictors(const PredictorSet& set, const ModelConfig& config,
                              const std::string& path);
 
 }  // namespace thermocline

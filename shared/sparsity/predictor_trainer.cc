@@ -369,7 +369,7 @@ std::vector<int64_t> RanksToTry(const PredictorTrainerOptions& options) {
 }  // namespace
 
 absl::Status ValidatePredictorTrainerOptions(const PredictorTrainerOptions& o,
-                                             const LlamaConfig& config) {
+                                             const ModelConfig& config) {
   auto bad = [](const std::string& msg) { return absl::InvalidArgumentError(msg); };
   if (o.window < 2 || o.window > config.context_length) {
     return bad(absl::StrCat("--window ", o.window, " must be in [2, ", config.context_length,
@@ -430,7 +430,7 @@ absl::Status ValidatePredictorTrainerOptions(const PredictorTrainerOptions& o,
   return absl::OkStatus();
 }
 
-std::vector<int64_t> DefaultRankCandidates(const LlamaConfig& config, GgmlType type) {
+std::vector<int64_t> DefaultRankCandidates(const ModelConfig& config, GgmlType type) {
   const int64_t step = TypeTraits(type).block_size > 1 ? 32 : 16;
   std::vector<int64_t> out;
   for (int64_t div : {16, 8, 4, 2}) {
@@ -479,10 +479,13 @@ int64_t LayerSamples::bytes() const {
 
 namespace {
 
-// Keeps (h, active mask) of every token the dense FFN sees, up to the cap.
+// Keeps (predictor input, active mask) of every token the dense FFN sees, up to the cap. The
+// input is what the predictors read at run time (FfnExecutor::Compute's predictor_input:
+// PowerInfer's ffn_inp for the llama family), so trained files stay interchangeable with
+// PowerInfer's.
 class SampleCollector final : public FfnObserver {
  public:
-  SampleCollector(const LlamaConfig& config, const PredictorTrainerOptions& o, int64_t expected)
+  SampleCollector(const ModelConfig& config, const PredictorTrainerOptions& o, int64_t expected)
       : config_(config), options_(o), mask_((config.ffn_dim + 63) / 64) {
     layers_.reserve(config.n_layers);
     for (int64_t l = 0; l < config.n_layers; ++l) {
@@ -491,9 +494,14 @@ class SampleCollector final : public FfnObserver {
     }
   }
 
-  void OnFfn(int64_t layer, const float* h, const float* gate, const float* /*up*/,
+  void OnPredictorInput(int64_t /*layer*/, const float* x, int64_t /*n_tokens*/) override {
+    input_ = x;
+  }
+
+  void OnFfn(int64_t layer, const float* /*h*/, const float* gate, const float* /*up*/,
              int64_t n_tokens) override {
     LayerSamples& s = layers_[layer];
+    const float* x = input_;
     const int64_t nf = config_.ffn_dim;
     const bool relu = config_.activation == FfnActivation::kRelu;
     const float cut = relu ? 0.0f : options_.magnitude_cuts[layer];
@@ -505,7 +513,7 @@ class SampleCollector final : public FfnObserver {
         const bool active = relu ? g[i] > 0.0f : std::abs(g[i] / (1.0f + std::exp(-g[i]))) >= cut;
         if (active) mask_[i >> 6] |= uint64_t{1} << (i & 63);
       }
-      s.Add(h + t * config_.dim, mask_.data(),
+      s.Add(x + t * config_.dim, mask_.data(),
             SplitOfSample(s.size(), options_.holdout, options_.seed));
     }
   }
@@ -513,18 +521,19 @@ class SampleCollector final : public FfnObserver {
   std::vector<LayerSamples> Take() { return std::move(layers_); }
 
  private:
-  const LlamaConfig& config_;
+  const ModelConfig& config_;
   const PredictorTrainerOptions& options_;
   std::vector<uint64_t> mask_;
   std::vector<LayerSamples> layers_;
+  const float* input_ = nullptr;  // this layer's predictor input, from OnPredictorInput
 };
 
 }  // namespace
 
 absl::StatusOr<std::vector<LayerSamples>> CollectPredictorSamples(
-    const LlamaModel& model, std::span<const int32_t> tokens,
+    const Model& model, std::span<const int32_t> tokens,
     const PredictorTrainerOptions& options, ThreadPool& pool) {
-  const LlamaConfig& config = model.config();
+  const ModelConfig& config = model.config();
   TC_RETURN_IF_ERROR(ValidatePredictorTrainerOptions(options, config));
   // Run only the windows whose samples will be kept.
   const int64_t per_window = options.window - 1;
@@ -670,11 +679,11 @@ absl::StatusOr<LayerTrainingResult> TrainLayerPredictor(
   return result;
 }
 
-absl::StatusOr<PredictorTrainingSummary> TrainPredictors(const LlamaModel& model,
+absl::StatusOr<PredictorTrainingSummary> TrainPredictors(const Model& model,
                                                          std::span<const int32_t> tokens,
                                                          const PredictorTrainerOptions& options,
                                                          ThreadPool& pool) {
-  const LlamaConfig& config = model.config();
+  const ModelConfig& config = model.config();
   PredictorTrainerOptions o = options;
   if (o.rank == 0 && o.rank_candidates.empty()) {
     o.rank_candidates = DefaultRankCandidates(config, o.type);

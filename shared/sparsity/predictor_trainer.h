@@ -34,7 +34,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 #include "shared/sparsity/predictor.h"
 #include "shared/util/thread_pool.h"
 
@@ -67,11 +67,11 @@ struct PredictorTrainerOptions {
 
 // Checks option ranges against the model; errors name the option.
 absl::Status ValidatePredictorTrainerOptions(const PredictorTrainerOptions& options,
-                                             const LlamaConfig& config);
+                                             const ModelConfig& config);
 
 // dim/16, dim/8, dim/4, dim/2, rounded up to multiples of 16 (32 for quantized storage), at
 // least 16, without duplicates.
-std::vector<int64_t> DefaultRankCandidates(const LlamaConfig& config, GgmlType type);
+std::vector<int64_t> DefaultRankCandidates(const ModelConfig& config, GgmlType type);
 
 enum class SampleSplit : uint8_t { kTrain = 0, kCalibration = 1, kTest = 2 };
 
@@ -110,7 +110,7 @@ class LayerSamples {
 
 // Runs the model over `tokens` in windows and returns one LayerSamples per layer.
 absl::StatusOr<std::vector<LayerSamples>> CollectPredictorSamples(
-    const LlamaModel& model, std::span<const int32_t> tokens,
+    const Model& model, std::span<const int32_t> tokens,
     const PredictorTrainerOptions& options, ThreadPool& pool);
 
 // Recall, precision and active shares of `set`'s layer on the samples of one split.
@@ -150,7 +150,7 @@ struct PredictorTrainingSummary {
 };
 
 // Collects, trains every layer, calibrates, folds and evaluates (steps 1-5 above).
-absl::StatusOr<PredictorTrainingSummary> TrainPredictors(const LlamaModel& model,
+absl::StatusOr<PredictorTrainingSummary> TrainPredictors(const Model& model,
                                                          std::span<const int32_t> tokens,
                                                          const PredictorTrainerOptions& options,
                                                          ThreadPool& pool);

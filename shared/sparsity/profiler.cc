@@ -37,7 +37,7 @@ constexpr int64_t kMinParallelValues = 1 << 15;
 // magnitudes at or above the layer's frequency cut.
 class ProfileObserver final : public FfnObserver {
  public:
-  ProfileObserver(const LlamaConfig& config, ThreadPool& pool)
+  ProfileObserver(const ModelConfig& config, ThreadPool& pool)
       : config_(config), pool_(pool), layers_(config.n_layers), scratch_(pool.size()) {
     for (Layer& l : layers_) {
       l.positive.assign(config.ffn_dim, 0);
@@ -139,7 +139,7 @@ class ProfileObserver final : public FfnObserver {
     int min_key = MagnitudeHistogram::kBins, min_ckey = MagnitudeHistogram::kBins;
     int max_key = -1, max_ckey = -1;
   };
-  const LlamaConfig& config_;
+  const ModelConfig& config_;
   ThreadPool& pool_;
   std::vector<Layer> layers_;
   std::vector<Scratch> scratch_;
@@ -215,7 +215,7 @@ std::vector<float> MagnitudeHistogram::OctaveShares(int log2_min, int octaves) c
   return out;
 }
 
-absl::Status ValidateProfileOptions(const ProfileOptions& o, const LlamaConfig& config) {
+absl::Status ValidateProfileOptions(const ProfileOptions& o, const ModelConfig& config) {
   if (o.window < 2 || o.window > config.context_length) {
     return absl::InvalidArgumentError(absl::StrCat("--window ", o.window, " must be in [2, ",
                                                    config.context_length,
@@ -243,10 +243,10 @@ absl::Status ValidateProfileOptions(const ProfileOptions& o, const LlamaConfig& 
   return absl::OkStatus();
 }
 
-absl::StatusOr<ProfileResult> ProfileActivations(const LlamaModel& model,
+absl::StatusOr<ProfileResult> ProfileActivations(const Model& model,
                                                  std::span<const int32_t> tokens,
                                                  const ProfileOptions& options, ThreadPool& pool) {
-  const LlamaConfig& c = model.config();
+  const ModelConfig& c = model.config();
   TC_RETURN_IF_ERROR(ValidateProfileOptions(options, c));
   const bool relu = c.activation == FfnActivation::kRelu;
   TC_ASSIGN_OR_RETURN(KvCache kv, KvCache::Create(c, 1, options.window, GgmlType::kF32));

@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 #include "shared/sparsity/activation_stats.h"
 #include "shared/util/thread_pool.h"
 
@@ -91,10 +91,10 @@ struct ProfileResult {
 };
 
 // Checks the options (targets, frequency target, window against the model's context).
-absl::Status ValidateProfileOptions(const ProfileOptions& options, const LlamaConfig& config);
+absl::Status ValidateProfileOptions(const ProfileOptions& options, const ModelConfig& config);
 
 // Runs the profile over `tokens` (a tokenized corpus, no BOS) with the forward pass on `pool`.
-absl::StatusOr<ProfileResult> ProfileActivations(const LlamaModel& model,
+absl::StatusOr<ProfileResult> ProfileActivations(const Model& model,
                                                  std::span<const int32_t> tokens,
                                                  const ProfileOptions& options, ThreadPool& pool);
 

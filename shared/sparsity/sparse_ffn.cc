@@ -7,13 +7,13 @@
 
 namespace thermocline {
 
-SparseFfn::SparseFfn(const LlamaModel& model, SparsityPlan plan, ThreadPool& pool)
+SparseFfn::SparseFfn(const Model& model, SparsityPlan plan, ThreadPool& pool)
     : model_(model), plan_(std::move(plan)), pool_(pool), dense_(model, pool) {}
 
-absl::StatusOr<std::unique_ptr<SparseFfn>> SparseFfn::Create(const LlamaModel& model,
+absl::StatusOr<std::unique_ptr<SparseFfn>> SparseFfn::Create(const Model& model,
                                                              SparsityPlan plan, ThreadPool& pool,
                                                              const SparseFfnOptions& options) {
-  const LlamaConfig& c = model.config();
+  const ModelConfig& c = model.config();
   TC_RETURN_IF_ERROR(plan.Validate(c));
   std::unique_ptr<SparseFfn> ffn(new SparseFfn(model, std::move(plan), pool));
   ffn->down_rows_.resize(c.n_layers);
@@ -43,7 +43,7 @@ absl::StatusOr<std::unique_ptr<SparseFfn>> SparseFfn::Create(const LlamaModel& m
 }
 
 void SparseFfn::RunToken(Worker& worker, ThreadPool& pool, int64_t layer, const float* h,
-                         const float* gate, float* out) {
+                         const float* predictor_input, const float* gate, float* out) {
   const NeuronWeights& w = weights_[layer];
   const NeuronFilter filter = plan_.FilterFor(layer, model_.config().activation);
   if (gate != nullptr) {
@@ -52,19 +52,20 @@ void SparseFfn::RunToken(Worker& worker, ThreadPool& pool, int64_t layer, const 
     worker.down += worker.neurons.down_rows();
     return;
   }
-  plan_.predictors->Predict(layer, h, &worker.predicted, pool);
+  plan_.predictors->Predict(layer, predictor_input, &worker.predicted, pool);
   worker.candidates += static_cast<int64_t>(worker.predicted.size());
   worker.active += worker.neurons.Compute(w, h, worker.predicted, filter, out, pool);
   worker.down += worker.neurons.down_rows();
 }
 
-void SparseFfn::Compute(int64_t layer, const float* h, int64_t n_tokens, float* out) {
-  const LlamaConfig& c = model_.config();
+void SparseFfn::Compute(int64_t layer, const float* h, const float* predictor_input,
+                        int64_t n_tokens, float* out) {
+  const ModelConfig& c = model_.config();
   const SparsityMode mode = plan_.mode(layer);
   LayerActivity& act = activity_[layer];
   act.tokens += n_tokens;
   if (mode == SparsityMode::kDense) {
-    dense_.Compute(layer, h, n_tokens, out);
+    dense_.Compute(layer, h, predictor_input, n_tokens, out);
     act.candidates += n_tokens * c.ffn_dim;
     act.active += n_tokens * c.ffn_dim;
     act.down += n_tokens * c.ffn_dim;
@@ -82,13 +83,14 @@ void SparseFfn::Compute(int64_t layer, const float* h, int64_t n_tokens, float* 
   auto token_gate = [&](int64_t t) { return gate != nullptr ? gate + t * c.ffn_dim : nullptr; };
   if (n_tokens == 1 || pool_.size() == 1) {
     for (int64_t t = 0; t < n_tokens; ++t) {
-      RunToken(workers_[0], pool_, layer, h + t * c.dim, token_gate(t), out + t * c.dim);
+      RunToken(workers_[0], pool_, layer, h + t * c.dim, predictor_input + t * c.dim,
+               token_gate(t), out + t * c.dim);
     }
   } else {
     pool_.Run([&](int tid, int nth) {
       for (int64_t t = tid; t < n_tokens; t += nth) {
-        RunToken(workers_[tid], *workers_[tid].solo, layer, h + t * c.dim, token_gate(t),
-                 out + t * c.dim);
+        RunToken(workers_[tid], *workers_[tid].solo, layer, h + t * c.dim,
+                 predictor_input + t * c.dim, token_gate(t), out + t * c.dim);
       }
     });
   }

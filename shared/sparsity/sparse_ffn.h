@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 #include "shared/runtime/ffn.h"
 #include "shared/sparsity/neuron_ffn.h"
 #include "shared/sparsity/sparsity_mode.h"
@@ -35,7 +35,7 @@ class SparseFfn final : public FfnExecutor {
  public:
   // Validates the plan against the model and builds the transposed down rows of every
   // non-dense layer whose model has none (see DownRows for the memory this costs).
-  static absl::StatusOr<std::unique_ptr<SparseFfn>> Create(const LlamaModel& model,
+  static absl::StatusOr<std::unique_ptr<SparseFfn>> Create(const Model& model,
                                                            SparsityPlan plan, ThreadPool& pool,
                                                            const SparseFfnOptions& options = {});
 
@@ -43,7 +43,9 @@ class SparseFfn final : public FfnExecutor {
   // one MatMul (bit-identical per token). One token then runs through NeuronFfn with the pool
   // splitting its neurons; several tokens are split over the pool's threads instead, each
   // running its tokens alone: one parallel region per layer rather than a few per token.
-  void Compute(int64_t layer, const float* h, int64_t n_tokens, float* out) override;
+  using FfnExecutor::Compute;
+  void Compute(int64_t layer, const float* h, const float* predictor_input, int64_t n_tokens,
+               float* out) override;
 
   const SparsityPlan& plan() const { return plan_; }
   const std::vector<LayerActivity>& activity() const { return activity_; }
@@ -62,9 +64,9 @@ class SparseFfn final : public FfnExecutor {
   const NeuronWeights& weights(int64_t layer) const { return weights_[layer]; }
 
  private:
-  SparseFfn(const LlamaModel& model, SparsityPlan plan, ThreadPool& pool);
+  SparseFfn(const Model& model, SparsityPlan plan, ThreadPool& pool);
 
-  const LlamaModel& model_;
+  const Model& model_;
   SparsityPlan plan_;
   ThreadPool& pool_;
   DenseFfn dense_;
@@ -79,8 +81,8 @@ class SparseFfn final : public FfnExecutor {
     std::vector<int32_t> predicted;
     int64_t candidates = 0, active = 0, down = 0;
   };
-  void RunToken(Worker& worker, ThreadPool& pool, int64_t layer, const float* h, const float* gate,
-                float* out);
+  void RunToken(Worker& worker, ThreadPool& pool, int64_t layer, const float* h,
+                const float* predictor_input, const float* gate, float* out);
 
   std::vector<Worker> workers_;
   std::vector<int32_t> all_ids_;   // 0..ffn_dim-1

@@ -73,7 +73,7 @@ bool SparsityPlan::AllDense() const {
 }
 
 absl::StatusOr<SparsityPlan> SparsityPlan::ForModel(
-    const LlamaConfig& config, SparsityMode mode, const ActivationStats* stats,
+    const ModelConfig& config, SparsityMode mode, const ActivationStats* stats,
     std::optional<float> target_sparsity, std::shared_ptr<const PredictorSet> predictors,
     std::optional<float> gate_sparsity) {
   SparsityPlan plan = Uniform(mode, config.n_layers);
@@ -122,7 +122,7 @@ absl::StatusOr<SparsityPlan> SparsityPlan::ForModel(
   return plan;
 }
 
-absl::Status SparsityPlan::Validate(const LlamaConfig& config) const {
+absl::Status SparsityPlan::Validate(const ModelConfig& config) const {
   const int64_t n = config.n_layers;
   if (static_cast<int64_t>(modes.size()) != n || static_cast<int64_t>(cuts.size()) != n ||
       static_cast<int64_t>(coeff_cuts.size()) != n) {
@@ -178,10 +178,10 @@ absl::Status SparsityPlan::Validate(const LlamaConfig& config) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<SparsityPlan> SparsityPlanFromFlags(const LlamaModel& model,
+absl::StatusOr<SparsityPlan> SparsityPlanFromFlags(const Model& model,
                                                    const SparsityFlags& flags) {
   TC_ASSIGN_OR_RETURN(SparsityMode mode, ParseSparsityModeOrError(flags.mode));
-  const LlamaConfig& c = model.config();
+  const ModelConfig& c = model.config();
   const bool uses_cuts = mode == SparsityMode::kThreshold ||
                          (mode == SparsityMode::kPredicted && c.activation == FfnActivation::kSilu);
   if (flags.stats_path.empty() != !flags.target_sparsity.has_value()) {

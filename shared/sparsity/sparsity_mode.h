@@ -21,7 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 #include "shared/sparsity/activation_stats.h"
 #include "shared/sparsity/neuron_ffn.h"
 #include "shared/sparsity/predictor.h"
@@ -51,7 +51,7 @@ struct SparsityPlan {
   // (threshold: each layer's coefficient cut for that target, and its gate cut for
   // `gate_sparsity` when given; predicted on a SiLU model: the gate cut for the target,
   // optional), `predictors` (predicted). Then Validate.
-  static absl::StatusOr<SparsityPlan> ForModel(const LlamaConfig& config, SparsityMode mode,
+  static absl::StatusOr<SparsityPlan> ForModel(const ModelConfig& config, SparsityMode mode,
                                                const ActivationStats* stats,
                                                std::optional<float> target_sparsity,
                                                std::shared_ptr<const PredictorSet> predictors,
@@ -67,7 +67,7 @@ struct SparsityPlan {
   // Checks the plan against the model: one entry per layer, exact only on ReLU models, a
   // positive finite cut for every threshold layer, predictors for every predicted layer (with
   // the model's shapes). Errors name the layer and what is missing.
-  absl::Status Validate(const LlamaConfig& config) const;
+  absl::Status Validate(const ModelConfig& config) const;
 };
 
 // The command-line face of a plan, shared by `generate`, `perplexity`, the benchmarks and the
@@ -90,7 +90,7 @@ struct SparsityFlags {
 // Parses the mode, reads the statistics and predictors it needs (checked against the model's
 // shapes) and builds the plan. A PowerInfer model carries its predictors (blk.N.fc1/fc2), so
 // `predicted` needs no --predictor for it. Errors say which flag is missing or wrong.
-absl::StatusOr<SparsityPlan> SparsityPlanFromFlags(const LlamaModel& model,
+absl::StatusOr<SparsityPlan> SparsityPlanFromFlags(const Model& model,
                                                    const SparsityFlags& flags);
 
 }  // namespace thermocline

@@ -126,7 +126,7 @@ TEST_F(CudaKernelsTest, KvStoreAndAttentionMatchHostF32) { CheckAttention(false,
 TEST_F(CudaKernelsTest, KvStoreAndAttentionMatchHostF16) { CheckAttention(true, rng_, stream_); }
 
 void CheckAttention(bool f16, std::mt19937& rng, cudaStream_t stream) {
-  LlamaConfig c;
+  ModelConfig c;
   c.n_layers = 2;
   c.n_heads = 8;
   c.n_kv_heads = 2;  // GQA: 4 query heads per kv head

@@ -16,7 +16,7 @@
 
 #include "gpu_worker/cuda/cuda_backend.h"
 #include "shared/driver/split_engine.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 #include "shared/sparsity/predictor.h"
 #include "tests/test_support.h"
 
@@ -39,8 +39,8 @@ std::string SynthModel(const std::string& dir, const std::string& type) {
 // everywhere, so its score is +-sum(relu(fc1 h)) and the pick is the same fixed half of the
 // neurons on the host (f32) and on the device (fp16): the test exercises the predicted path
 // (selection, packing, per-row cold ids) without borderline flips.
-std::string FixedPredictor(const std::string& dir, const LlamaModel& model) {
-  const LlamaConfig& c = model.config();
+std::string FixedPredictor(const std::string& dir, const Model& model) {
+  const ModelConfig& c = model.config();
   std::mt19937 rng(11);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   std::bernoulli_distribution pick(0.5);
@@ -70,7 +70,7 @@ class CudaWorkerTest : public ::testing::Test {
     dir_ = testing::TempDir();
   }
 
-  driver::SplitEngineOptions Options(const std::string& path, const LlamaModel& model,
+  driver::SplitEngineOptions Options(const std::string& path, const Model& model,
                                      double hot, const SparsityFlags& flags) {
     driver::SplitEngineOptions o;
     o.model_path = path;
@@ -104,7 +104,7 @@ class CudaWorkerTest : public ::testing::Test {
 
   void Compare(const std::string& type, const std::string& mode, double hot, double bound) {
     const std::string path = SynthModel(dir_, type);
-    auto model = LlamaModel::Load(path);
+    auto model = Model::Load(path);
     ASSERT_TRUE(model.ok()) << model.status();
     SparsityFlags flags;
     flags.mode = mode;
@@ -164,7 +164,7 @@ TEST_F(CudaWorkerTest, PredictedAllHotF16) { Compare("f16", "predicted", 1.0, kF
 
 TEST_F(CudaWorkerTest, BudgetTooSmallIsRefusedWithBytes) {
   const std::string path = SynthModel(dir_, "q8_0");
-  auto model = LlamaModel::Load(path);
+  auto model = Model::Load(path);
   ASSERT_TRUE(model.ok()) << model.status();
   driver::SplitEngineOptions o = Options(path, **model, 0.5, SparsityFlags{});
   o.gpu_backend = "cuda";

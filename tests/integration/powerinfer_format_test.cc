@@ -19,7 +19,7 @@
 
 #include "gtest/gtest.h"
 #include "shared/model/gguf.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 #include "shared/model/quant.h"
 #include "shared/runtime/corpus.h"
 #include "shared/runtime/forward.h"
@@ -86,7 +86,7 @@ std::vector<float> Rows(const GgufTensorInfo& t) {
   return out;
 }
 
-std::vector<int32_t> CorpusTokens(const LlamaModel& model, int64_t n) {
+std::vector<int32_t> CorpusTokens(const Model& model, int64_t n) {
   auto tokens = TokenizeCorpusFile(Corpus(), model.tokenizer(), n);
   EXPECT_TRUE(tokens.ok()) << tokens.status();
   return tokens.ok() ? *tokens : std::vector<int32_t>{};
@@ -94,7 +94,7 @@ std::vector<int32_t> CorpusTokens(const LlamaModel& model, int64_t n) {
 
 // Logits of a 48-token corpus prompt (one multi-position call: the batched paths) and 8 greedy
 // decode steps (one token per call: the single-token paths).
-std::vector<float> RunLogits(const LlamaModel& model, ThreadPool& pool, FfnExecutor* ffn) {
+std::vector<float> RunLogits(const Model& model, ThreadPool& pool, FfnExecutor* ffn) {
   auto kv = KvCache::Create(model.config(), 1, 64, GgmlType::kF32);
   EXPECT_TRUE(kv.ok()) << kv.status();
   ForwardPass pass(model, *kv, pool, ffn);
@@ -193,7 +193,7 @@ TEST(PowerInferFormatTest, LayoutKeysAndTensors) {
       EXPECT_EQ(fc2->type, GgmlType::kF16);
     }
 
-    auto model = LlamaModel::Load(p.powerinfer);
+    auto model = Model::Load(p.powerinfer);
     ASSERT_TRUE(model.ok()) << model.status();
     EXPECT_TRUE((*model)->file().is_powerinfer());
     EXPECT_EQ((*model)->config().activation, FfnActivation::kRelu);
@@ -216,8 +216,8 @@ TEST(PowerInferFormatTest, LayoutKeysAndTensors) {
 TEST(PowerInferFormatTest, DenseLogitsMatchTheLlamaLayout) {
   for (const std::string type : {"f32", "f16"}) {
     const ModelPair p = WritePair(type);
-    auto llama = LlamaModel::Load(p.llama);
-    auto pi = LlamaModel::Load(p.powerinfer);
+    auto llama = Model::Load(p.llama);
+    auto pi = Model::Load(p.powerinfer);
     ASSERT_TRUE(llama.ok()) << llama.status();
     ASSERT_TRUE(pi.ok()) << pi.status();
     ThreadPool pool(2);
@@ -238,9 +238,9 @@ class PowerInferModesTest : public ::testing::Test {
 ModelPair* PowerInferModesTest::pair_ = nullptr;
 
 TEST_F(PowerInferModesTest, EveryModeRuns) {
-  auto model = LlamaModel::Load(pair_->powerinfer);
+  auto model = Model::Load(pair_->powerinfer);
   ASSERT_TRUE(model.ok()) << model.status();
-  const LlamaConfig& c = (*model)->config();
+  const ModelConfig& c = (*model)->config();
   // Threshold: coefficient cuts from the profiler at 95% sparsity drop the down rows of the
   // weakest half of the neurons that fire (whose up rows still run: a ReLU zero skips both).
   ProfileOptions po;
@@ -308,9 +308,9 @@ TEST_F(PowerInferModesTest, EveryModeRuns) {
 // The analytic predictors lose little: perplexity over the corpus within 2% of exact's (the
 // issue's bound for predictors).
 TEST_F(PowerInferModesTest, PredictedPerplexityWithinTwoPercentOfExact) {
-  auto model = LlamaModel::Load(pair_->powerinfer);
+  auto model = Model::Load(pair_->powerinfer);
   ASSERT_TRUE(model.ok()) << model.status();
-  const LlamaConfig& c = (*model)->config();
+  const ModelConfig& c = (*model)->config();
   ThreadPool pool(2);
   const std::vector<int32_t> tokens = CorpusTokens(**model, 2000);
   CorpusWindowOptions wo;
@@ -338,8 +338,8 @@ TEST_F(PowerInferModesTest, PredictedPerplexityWithinTwoPercentOfExact) {
 // picks the same neurons, so its predicted logits match the PowerInfer file's as closely as the
 // dense ones do.
 TEST_F(PowerInferModesTest, LlamaLayoutRunsThePowerInferPredictors) {
-  auto llama = LlamaModel::Load(pair_->llama);
-  auto pi = LlamaModel::Load(pair_->powerinfer);
+  auto llama = Model::Load(pair_->llama);
+  auto pi = Model::Load(pair_->powerinfer);
   ASSERT_TRUE(llama.ok()) << llama.status();
   ASSERT_TRUE(pi.ok()) << pi.status();
   ThreadPool pool(2);

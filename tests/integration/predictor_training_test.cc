@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 #include "shared/runtime/corpus.h"
 #include "shared/sparsity/predictor.h"
 #include "shared/sparsity/predictor_trainer.h"
@@ -101,9 +101,9 @@ TEST_F(PredictorTrainingTest, HeldOutRecallReachesTarget) {
   EXPECT_TRUE(Contains(r.out, "recall")) << r.out;
   EXPECT_TRUE(Contains(r.out, "wrote " + out)) << r.out;
 
-  auto model = LlamaModel::Load(*model_);
+  auto model = Model::Load(*model_);
   ASSERT_TRUE(model.ok()) << model.status();
-  const LlamaConfig& c = (*model)->config();
+  const ModelConfig& c = (*model)->config();
   auto set = PredictorSet::Load(out, c);
   ASSERT_TRUE(set.ok()) << set.status();
   const PredictorReport& report = set->report();
@@ -247,7 +247,7 @@ TEST_F(PredictorTrainingTest, SiluModelTrainsOnProfiledCuts) {
                                                out});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::printf("%s", r.out.c_str());
-  auto m = LlamaModel::Load(model);
+  auto m = Model::Load(model);
   ASSERT_TRUE(m.ok()) << m.status();
   auto set = PredictorSet::Load(out, (*m)->config());
   ASSERT_TRUE(set.ok()) << set.status();

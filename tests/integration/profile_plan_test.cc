@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 #include "shared/sparsity/activation_stats.h"
 #include "shared/sparsity/placement.h"
 #include "shared/sparsity/planner.h"
@@ -34,7 +34,7 @@ TEST(ProfilePlanTest, Stories260KProfileThenPlan) {
   EXPECT_TRUE(Contains(r.out, "cut@0.50")) << r.out;
   EXPECT_TRUE(Contains(r.out, "top10%")) << r.out;
   EXPECT_TRUE(Contains(r.err, "profile pass 2/2")) << r.err;  // the progress bar
-  auto model = LlamaModel::Load(Stories());
+  auto model = Model::Load(Stories());
   ASSERT_TRUE(model.ok());
   auto s = ReadActivationStats(stats, &(*model)->config());
   ASSERT_TRUE(s.ok()) << s.status();

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 #include "shared/runtime/forward.h"
 #include "shared/runtime/generate.h"
 #include "tests/test_support.h"
@@ -107,7 +107,7 @@ struct RunResult {
 RunResult RunGreedy(const std::string& model_path, const Reference& ref, int threads,
                     GgmlType kv_type = GgmlType::kF32) {
   RunResult out;
-  auto model = LlamaModel::Load(model_path);
+  auto model = Model::Load(model_path);
   EXPECT_TRUE(model.ok()) << model.status();
   if (!model.ok()) return out;
   const int64_t vocab = (*model)->config().vocab_size;

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 #include "shared/runtime/corpus.h"
 #include "shared/runtime/forward.h"
 #include "shared/sparsity/predictor.h"
@@ -49,7 +49,7 @@ std::string ReluModel(const std::string& type) {
 }
 
 // Logits of a 24-token prompt (one multi-position call) and 8 greedy decode steps.
-std::vector<float> RunLogits(const LlamaModel& model, ThreadPool& pool, FfnExecutor* ffn) {
+std::vector<float> RunLogits(const Model& model, ThreadPool& pool, FfnExecutor* ffn) {
   auto kv = KvCache::Create(model.config(), 1, 32, GgmlType::kF32);
   EXPECT_TRUE(kv.ok()) << kv.status();
   ForwardPass pass(model, *kv, pool, ffn);
@@ -71,7 +71,7 @@ std::vector<float> RunLogits(const LlamaModel& model, ThreadPool& pool, FfnExecu
 
 TEST(ExactSparsityTest, LogitsEqualDenseOnReluModel) {
   for (const std::string type : {"f32", "f16"}) {
-    auto model = LlamaModel::Load(ReluModel(type));
+    auto model = Model::Load(ReluModel(type));
     ASSERT_TRUE(model.ok()) << model.status();
     ASSERT_EQ((*model)->config().activation, FfnActivation::kRelu);
     for (int threads : {1, 2}) {
@@ -126,7 +126,7 @@ class ThresholdSparsityTest : public ::testing::Test {
   // Perplexity in `mode` at `target` (threshold), through the same flag path as the commands.
   static Measured Run(const std::string& mode, std::optional<float> target) {
     Measured m;
-    auto model = LlamaModel::Load(Stories());
+    auto model = Model::Load(Stories());
     EXPECT_TRUE(model.ok()) << model.status();
     if (!model.ok()) return m;
     auto tokens = TokenizeCorpusFile(Corpus(), (*model)->tokenizer(), 15000);
@@ -242,9 +242,9 @@ TEST(PerplexityCommandTest, ClearErrors) {
 // mode into exact mode: the same perplexity, and the predicted share shows 1.
 TEST(PerplexityCommandTest, PredictedModeReadsAPredictorFile) {
   const std::string model_path = ReluModel("f32");
-  auto model = LlamaModel::Load(model_path);
+  auto model = Model::Load(model_path);
   ASSERT_TRUE(model.ok()) << model.status();
-  const LlamaConfig& c = (*model)->config();
+  const ModelConfig& c = (*model)->config();
   std::vector<PredictorWeights> layers(c.n_layers);
   for (PredictorWeights& p : layers) {
     p.rank = 32;

@@ -33,7 +33,7 @@
 #include "gtest/gtest.h"
 #include "shared/driver/split_engine.h"
 #include "shared/ipc/segment.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 #include "shared/runtime/forward.h"
 #include "shared/runtime/generate.h"
 #include "shared/runtime/kv_cache.h"
@@ -111,7 +111,7 @@ struct Output {
   std::vector<std::vector<float>> logits;  // the row each token was sampled from
 };
 
-GenerationRequest Request(const LlamaModel& model, const std::string& prompt) {
+GenerationRequest Request(const Model& model, const std::string& prompt) {
   GenerationRequest req;
   req.prompt = model.tokenizer().Encode(prompt, /*add_bos=*/true);
   req.max_new_tokens = kNewTokens;
@@ -120,7 +120,7 @@ GenerationRequest Request(const LlamaModel& model, const std::string& prompt) {
   return req;
 }
 
-Output Collect(BatchRunner& runner, const LlamaModel& model, const GenerationRequest& req) {
+Output Collect(BatchRunner& runner, const Model& model, const GenerationRequest& req) {
   Output out;
   auto stats = Generate(runner, model.tokenizer().eos(), req,
                         [&](int32_t token, std::span<const float> logits) {
@@ -134,7 +134,7 @@ Output Collect(BatchRunner& runner, const LlamaModel& model, const GenerationReq
 
 // The single-process engine, one thread (the order of SparseFfn's sums with one thread is the
 // order the workers use).
-Output Local(const LlamaModel& model, const SparsityFlags& flags, const GenerationRequest& req) {
+Output Local(const Model& model, const SparsityFlags& flags, const GenerationRequest& req) {
   auto plan = SparsityPlanFromFlags(model, flags);
   EXPECT_TRUE(plan.ok()) << plan.status();
   ThreadPool pool(1);
@@ -166,7 +166,7 @@ class SplitEquivalence : public ::testing::TestWithParam<Case> {};
 TEST_P(SplitEquivalence, SameTokensAndLogitsAsOneProcess) {
   const Case& c = GetParam();
   const std::string path = c.model();
-  auto model = LlamaModel::Load(path);
+  auto model = Model::Load(path);
   ASSERT_TRUE(model.ok()) << model.status();
   SparsityFlags flags;
   flags.mode = c.mode;
@@ -254,7 +254,7 @@ INSTANTIATE_TEST_SUITE_P(
 // to one ForwardPass::Run over the whole batch. Entries that break the position rule are
 // refused before anything is sent, and the engine goes on.
 TEST(SplitEngineBatches, LongBatchesAreCutIntoStepsAndBadOnesRefused) {
-  auto model = LlamaModel::Load(Relu());
+  auto model = Model::Load(Relu());
   ASSERT_TRUE(model.ok()) << model.status();
   // Two slots, the second prompt interleaved with the first; every entry wants logits.
   std::vector<BatchEntry> batch;

@@ -33,7 +33,7 @@
 #include "shared/driver/split_engine.h"
 #include "shared/ipc/segment.h"
 #include "shared/ipc/transport.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 #include "shared/runtime/forward.h"
 #include "shared/runtime/generate.h"
 #include "shared/runtime/kv_cache.h"
@@ -61,7 +61,7 @@ struct Output {
 class SplitRecovery : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto m = LlamaModel::Load(Stories());
+    auto m = Model::Load(Stories());
     ASSERT_TRUE(m.ok()) << m.status();
     model_ = std::move(*m);
   }
@@ -160,7 +160,7 @@ class SplitRecovery : public ::testing::Test {
     };
   }
 
-  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<Model> model_;
   Output reference_;
   driver::SplitEngine* engine_ = nullptr;  // the engine of WithEngine's body
 };

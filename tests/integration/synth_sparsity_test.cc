@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 #include "shared/model/synth.h"
 #include "shared/runtime/corpus.h"
 #include "shared/runtime/ffn.h"
@@ -35,7 +35,7 @@ struct LayerMeasure {
 
 class SparsityObserver final : public FfnObserver {
  public:
-  SparsityObserver(const LlamaConfig& c, const SynthSparsityDesign& d) : c_(c), d_(d) {
+  SparsityObserver(const ModelConfig& c, const SynthSparsityDesign& d) : c_(c), d_(d) {
     layers_.resize(c.n_layers);
     for (LayerMeasure& m : layers_) m.fires.assign(c.ffn_dim, 0);
   }
@@ -58,7 +58,7 @@ class SparsityObserver final : public FfnObserver {
   const std::vector<LayerMeasure>& layers() const { return layers_; }
 
  private:
-  const LlamaConfig& c_;
+  const ModelConfig& c_;
   const SynthSparsityDesign& d_;
   std::vector<LayerMeasure> layers_;
 };
@@ -100,10 +100,10 @@ double RankCorrelation(const std::vector<double>& a, const std::vector<double>& 
 
 std::vector<LayerStats> Measure(const SynthOptions& o, const std::string& path, int64_t n_tokens,
                                 int64_t window) {
-  auto model = LlamaModel::Load(path);
+  auto model = Model::Load(path);
   EXPECT_TRUE(model.ok()) << model.status();
   if (!model.ok()) return {};
-  const LlamaConfig& c = (*model)->config();
+  const ModelConfig& c = (*model)->config();
   const SynthSparsityDesign d = DesignSynthSparsity(o);
   auto tokens = TokenizeCorpusFile(Corpus(), (*model)->tokenizer(), n_tokens);
   EXPECT_TRUE(tokens.ok()) << tokens.status();
@@ -254,7 +254,7 @@ TEST(SynthSparsityTest, AnalyticPredictorsReachTheirRecall) {
   auto file = GgufFile::Open(path);
   ASSERT_TRUE(file.ok()) << file.status();
   std::shared_ptr<const GgufFile> shared_file(std::move(*file));
-  auto model = LlamaModel::Load(path);
+  auto model = Model::Load(path);
   ASSERT_TRUE(model.ok()) << model.status();
   auto set = PredictorSet::FromGguf(shared_file, (*model)->config());
   ASSERT_TRUE(set.ok()) << set.status();
@@ -337,7 +337,7 @@ TEST(SynthSparsityExplore, DISABLED_Report) {
   auto file = GgufFile::Open(pi_path);
   ASSERT_TRUE(file.ok()) << file.status();
   std::shared_ptr<const GgufFile> shared_file(std::move(*file));
-  auto model = LlamaModel::Load(pi_path);
+  auto model = Model::Load(pi_path);
   ASSERT_TRUE(model.ok()) << model.status();
   auto set = PredictorSet::FromGguf(shared_file, (*model)->config());
   ASSERT_TRUE(set.ok()) << set.status();

@@ -36,7 +36,7 @@
 #include "gtest/gtest.h"
 #include "shared/ipc/messages.h"
 #include "shared/ipc/transport.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 #include "shared/runtime/forward.h"
 #include "shared/runtime/kv_cache.h"
 #include "shared/sparsity/sparse_ffn.h"
@@ -248,9 +248,9 @@ std::vector<std::vector<ipc::StepEntry>> Steps(int32_t vocab) {
 
 // The single-process engine's logits for the same steps.
 std::vector<std::vector<float>> Reference(const std::string& model_path, const SparsityFlags& flags) {
-  auto model = LlamaModel::Load(model_path);
+  auto model = Model::Load(model_path);
   EXPECT_TRUE(model.ok()) << model.status();
-  const LlamaConfig& c = (*model)->config();
+  const ModelConfig& c = (*model)->config();
   ThreadPool pool(1);
   auto plan = SparsityPlanFromFlags(**model, flags);
   EXPECT_TRUE(plan.ok()) << plan.status();
@@ -300,7 +300,7 @@ SparsityFlags FlagsOf(const SplitCase& sc) {
 double CompareSplit(const SplitCase& sc) {
   SCOPED_TRACE(absl::StrCat(sc.model, " ", sc.mode, " hot ", sc.hot_fraction));
   const auto reference = Reference(sc.model, FlagsOf(sc));
-  auto model = LlamaModel::Load(sc.model);
+  auto model = Model::Load(sc.model);
   const uint32_t vocab = static_cast<uint32_t>((*model)->config().vocab_size);
   Instance inst("cmp");
   EXPECT_TRUE(inst.StartWorkers(WorkerArgs(sc))) << inst.Log();

@@ -80,7 +80,7 @@ TEST(ActivationStatsTest, RoundTrip) {
   ASSERT_TRUE(back.ok()) << back.status();
   ExpectSame(s, *back);
 
-  LlamaConfig config;
+  ModelConfig config;
   config.dim = 16;
   config.ffn_dim = 40;
   config.n_layers = 3;
@@ -370,7 +370,7 @@ TEST(MagnitudeHistogramTest, QuantilesAreWithinOneBinOfExact) {
 // profiler: tokens with gate > 0, and per layer the magnitudes below given cuts.
 class DirectCounter final : public FfnObserver {
  public:
-  DirectCounter(const LlamaConfig& c, std::vector<std::vector<float>> cuts)
+  DirectCounter(const ModelConfig& c, std::vector<std::vector<float>> cuts)
       : c_(c),
         cuts_(std::move(cuts)),
         positive_(c.n_layers, std::vector<int64_t>(c.ffn_dim)),
@@ -389,13 +389,13 @@ class DirectCounter final : public FfnObserver {
       }
     }
   }
-  const LlamaConfig& c_;
+  const ModelConfig& c_;
   std::vector<std::vector<float>> cuts_;
   std::vector<std::vector<int64_t>> positive_, below_;
   std::vector<int64_t> tokens_;
 };
 
-void RunDirect(const LlamaModel& model, std::span<const int32_t> tokens, int64_t window,
+void RunDirect(const Model& model, std::span<const int32_t> tokens, int64_t window,
                DirectCounter& counter) {
   ThreadPool pool(1);
   auto kv = KvCache::Create(model.config(), 1, window, GgmlType::kF32);
@@ -439,7 +439,7 @@ TEST(ProfilerTest, ReluFrequenciesMatchADirectCount) {
                                       "-o",
                                       path});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  auto model = LlamaModel::Load(path);
+  auto model = Model::Load(path);
   ASSERT_TRUE(model.ok()) << model.status();
   ASSERT_EQ((*model)->config().activation, FfnActivation::kRelu);
   auto tokens = TokenizeCorpusFile(CorpusPath(), (*model)->tokenizer(), 1200);
@@ -475,7 +475,7 @@ TEST(ProfilerTest, ReluFrequenciesMatchADirectCount) {
 }
 
 TEST(ProfilerTest, SiluCutsReachTheirTargetSparsityOnStories260K) {
-  auto model = LlamaModel::Load(testing::ModelPath("stories260K/stories260K.gguf"));
+  auto model = Model::Load(testing::ModelPath("stories260K/stories260K.gguf"));
   ASSERT_TRUE(model.ok()) << model.status();
   auto tokens = TokenizeCorpusFile(CorpusPath(), (*model)->tokenizer(), 4096);
   ASSERT_TRUE(tokens.ok()) << tokens.status();
@@ -526,7 +526,7 @@ TEST(ProfilerTest, SiluCutsReachTheirTargetSparsityOnStories260K) {
 }
 
 TEST(ProfilerTest, OptionsAreValidated) {
-  LlamaConfig c;
+  ModelConfig c;
   c.context_length = 512;
   ProfileOptions o;
   EXPECT_TRUE(ValidateProfileOptions(o, c).ok());

@@ -34,8 +34,8 @@ LayerPlacement MakeLayer(int64_t n, std::vector<int32_t> bucket) {
   return l;
 }
 
-LlamaConfig Config(int64_t layers, int64_t ffn) {
-  LlamaConfig c;
+ModelConfig Config(int64_t layers, int64_t ffn) {
+  ModelConfig c;
   c.dim = 16;
   c.ffn_dim = ffn;
   c.n_layers = layers;
@@ -239,7 +239,7 @@ TEST(PlacementTest, ReadRejectsInconsistentFiles) {
 }
 
 TEST(PlacementTest, Uniform) {
-  const LlamaConfig c = Config(2, 10);
+  const ModelConfig c = Config(2, 10);
   Placement p = Placement::Uniform(c, 0.3, nullptr);
   ASSERT_EQ(p.layers.size(), 2u);
   EXPECT_EQ(p.layers[0].gpu_bucket, (std::vector<int32_t>{0, 1, 2}));
@@ -291,7 +291,7 @@ TEST(ByteSizeTest, ParsesUnitsAndRejectsGarbage) {
 class PlannerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    auto model = LlamaModel::Load(testing::ModelPath("stories260K/stories260K.gguf"));
+    auto model = Model::Load(testing::ModelPath("stories260K/stories260K.gguf"));
     ASSERT_TRUE(model.ok()) << model.status();
     model_ = model->release();
     auto tokens =
@@ -316,10 +316,10 @@ class PlannerTest : public ::testing::Test {
   }
   static int64_t Dense() { return ChargeDense(*model_, Options(1)).total(); }
 
-  static LlamaModel* model_;
+  static Model* model_;
   static ActivationStats* stats_;
 };
-LlamaModel* PlannerTest::model_ = nullptr;
+Model* PlannerTest::model_ = nullptr;
 ActivationStats* PlannerTest::stats_ = nullptr;
 
 TEST_F(PlannerTest, ChargesTheDensePart) {

@@ -25,8 +25,8 @@ void ExpectError(const absl::Status& s, const std::string& substr) {
       << "message: " << s.message() << "\nexpected to contain: " << substr;
 }
 
-LlamaConfig SmallConfig(int64_t dim = 64, int64_t ffn = 96, int64_t layers = 2) {
-  LlamaConfig c;
+ModelConfig SmallConfig(int64_t dim = 64, int64_t ffn = 96, int64_t layers = 2) {
+  ModelConfig c;
   c.dim = dim;
   c.ffn_dim = ffn;
   c.n_layers = layers;
@@ -42,7 +42,7 @@ std::vector<float> RandomVector(std::mt19937& rng, int64_t n, float scale) {
   return v;
 }
 
-std::vector<PredictorWeights> RandomWeights(const LlamaConfig& c, std::vector<int64_t> ranks,
+std::vector<PredictorWeights> RandomWeights(const ModelConfig& c, std::vector<int64_t> ranks,
                                             uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<PredictorWeights> out;
@@ -67,7 +67,7 @@ std::vector<float> Rounded(const std::vector<float>& v, GgmlType type) {
 
 // score = fc2 . relu(fc1 . h) in double.
 std::vector<double> ReferenceScores(const std::vector<float>& fc1, const std::vector<float>& fc2,
-                                    int64_t rank, const LlamaConfig& c, const float* h) {
+                                    int64_t rank, const ModelConfig& c, const float* h) {
   std::vector<double> hidden(rank), scores(c.ffn_dim);
   for (int64_t k = 0; k < rank; ++k) {
     double s = 0;
@@ -85,7 +85,7 @@ std::vector<double> ReferenceScores(const std::vector<float>& fc1, const std::ve
 // Checks Scores and Predict of `set` against the reference computed from `weights` (already
 // rounded to the stored type), at the set's per-layer thresholds.
 void ExpectMatchesReference(const PredictorSet& set, const std::vector<PredictorWeights>& weights,
-                            const LlamaConfig& c, ThreadPool& pool) {
+                            const ModelConfig& c, ThreadPool& pool) {
   std::mt19937 rng(7);
   for (int64_t l = 0; l < set.n_layers(); ++l) {
     for (int trial = 0; trial < 4; ++trial) {
@@ -135,7 +135,7 @@ std::vector<PredictorWeights> RoundedWeights(std::vector<PredictorWeights> w, Gg
 }
 
 TEST(PredictorSetTest, F32MatchesDoubleReference) {
-  const LlamaConfig c = SmallConfig();
+  const ModelConfig c = SmallConfig();
   const auto weights = RandomWeights(c, {16, 24}, 1);
   auto set = PredictorSet::FromWeights(weights, c, GgmlType::kF32, 0.1f);
   ASSERT_TRUE(set.ok()) << set.status();
@@ -151,7 +151,7 @@ TEST(PredictorSetTest, F32MatchesDoubleReference) {
 }
 
 TEST(PredictorSetTest, F16AndPerLayerThresholds) {
-  const LlamaConfig c = SmallConfig();
+  const ModelConfig c = SmallConfig();
   const auto weights = RandomWeights(c, {32, 8}, 2);
   auto set = PredictorSet::FromWeights(weights, c, GgmlType::kF16);
   ASSERT_TRUE(set.ok()) << set.status();
@@ -168,7 +168,7 @@ TEST(PredictorSetTest, F16AndPerLayerThresholds) {
 }
 
 TEST(PredictorSetTest, CopiesOwnTheirWeights) {
-  const LlamaConfig c = SmallConfig();
+  const ModelConfig c = SmallConfig();
   const auto weights = RandomWeights(c, {16, 16}, 3);
   PredictorSet copy;
   {
@@ -182,7 +182,7 @@ TEST(PredictorSetTest, CopiesOwnTheirWeights) {
 }
 
 TEST(PredictorSetTest, FromWeightsValidates) {
-  const LlamaConfig c = SmallConfig();
+  const ModelConfig c = SmallConfig();
   auto weights = RandomWeights(c, {16, 16}, 4);
   ExpectError(PredictorSet::FromWeights({weights[0]}, c, GgmlType::kF32).status(),
               "1 layers given, the model has 2");
@@ -206,7 +206,7 @@ TEST(PredictorSetTest, FromWeightsValidates) {
 
 // A PowerInfer-style model file: PWRI magic, llama metadata, predictors in F16.
 struct PowerInferFile {
-  LlamaConfig config = SmallConfig();
+  ModelConfig config = SmallConfig();
   std::vector<int64_t> ranks = {32, 16};
   std::vector<PredictorWeights> weights = RandomWeights(config, ranks, 5);
   float threshold = 0.25f;
@@ -294,7 +294,7 @@ TEST(PredictorSetTest, BadFilesGiveClearErrors) {
   }
   {
     PowerInferFile pf;
-    LlamaConfig other = pf.config;
+    ModelConfig other = pf.config;
     other.ffn_dim = 128;
     ExpectError(PredictorSet::Load(pf.Write(), other).status(),
                 "expected (32, 128) to match 'blk.0.fc1.weight'");
@@ -304,7 +304,7 @@ TEST(PredictorSetTest, BadFilesGiveClearErrors) {
 }
 
 TEST(PredictorSetTest, WriteReadRoundTrip) {
-  const LlamaConfig c = SmallConfig();
+  const ModelConfig c = SmallConfig();
   const auto weights = RandomWeights(c, {16, 32}, 6);
   for (GgmlType type : {GgmlType::kF32, GgmlType::kF16}) {
     auto set = PredictorSet::FromWeights(weights, c, type, -0.5f);
@@ -343,7 +343,7 @@ TEST(PredictorSetTest, WriteReadRoundTrip) {
     ExpectMatchesReference(*back, RoundedWeights(weights, type), c, pool);
 
     // The file names the model it was trained for.
-    LlamaConfig other = c;
+    ModelConfig other = c;
     other.n_layers = 3;
     ExpectError(PredictorSet::Load(path, other).status(),
                 "thermocline.predictor.block_count = 2 but the model has 3");
@@ -376,7 +376,7 @@ TEST(PredictorTrainerTest, SplitsAreExactAndSeeded) {
 }
 
 TEST(PredictorTrainerTest, OptionsAreValidated) {
-  const LlamaConfig c = SmallConfig();
+  const ModelConfig c = SmallConfig();
   PredictorTrainerOptions o;
   o.window = 128;
   EXPECT_TRUE(ValidatePredictorTrainerOptions(o, c).ok());
@@ -396,7 +396,7 @@ TEST(PredictorTrainerTest, OptionsAreValidated) {
               }),
               "rank 48 must be in [1, 65536] and a multiple of 32");
   ExpectError(with([](auto& x) { x.magnitude_cuts = {0.1f, 0.1f}; }), "ReLU-gated");
-  LlamaConfig silu = c;
+  ModelConfig silu = c;
   silu.activation = FfnActivation::kSilu;
   ExpectError(ValidatePredictorTrainerOptions(o, silu), "needs one activation cut per layer");
   EXPECT_EQ(DefaultRankCandidates(SmallConfig(4096, 11008, 1), GgmlType::kF16),
@@ -406,7 +406,7 @@ TEST(PredictorTrainerTest, OptionsAreValidated) {
 }
 
 // Samples whose truth is a rank-8 ReLU MLP with a margin: a trainer that works recovers it.
-LayerSamples LearnableSamples(const LlamaConfig& c, int64_t n, float holdout, uint64_t seed) {
+LayerSamples LearnableSamples(const ModelConfig& c, int64_t n, float holdout, uint64_t seed) {
   std::mt19937 rng(11);
   const int64_t true_rank = 8;
   const std::vector<float> g1 = RandomVector(rng, true_rank * c.dim, 1.0f);
@@ -427,7 +427,7 @@ LayerSamples LearnableSamples(const LlamaConfig& c, int64_t n, float holdout, ui
 }
 
 TEST(PredictorTrainerTest, LearnsALearnableLayerDeterministically) {
-  const LlamaConfig c = SmallConfig(32, 64, 1);
+  const ModelConfig c = SmallConfig(32, 64, 1);
   PredictorTrainerOptions o;
   o.holdout = 0.2f;
   o.rank = 16;
@@ -470,7 +470,7 @@ TEST(PredictorTrainerTest, LearnsALearnableLayerDeterministically) {
 }
 
 TEST(PredictorTrainerTest, AutoRankStopsWhenALargerRankAddsTooLittle) {
-  const LlamaConfig c = SmallConfig(32, 64, 1);
+  const ModelConfig c = SmallConfig(32, 64, 1);
   PredictorTrainerOptions o;
   o.holdout = 0.2f;
   o.rank_candidates = {4, 16, 32};

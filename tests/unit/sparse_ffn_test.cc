@@ -370,7 +370,7 @@ TEST(SparsityModeTest, NamesRoundTrip) {
 }
 
 // A small synthetic model on disk, loaded.
-std::unique_ptr<LlamaModel> SynthModel(GgmlType type, SynthFfnKind kind) {
+std::unique_ptr<Model> SynthModel(GgmlType type, SynthFfnKind kind) {
   SynthOptions o;
   o.dim = 64;
   o.ffn = 160;
@@ -384,7 +384,7 @@ std::unique_ptr<LlamaModel> SynthModel(GgmlType type, SynthFfnKind kind) {
   o.threads = 1;
   const std::string path = testing::TempDir() + "/m.gguf";
   EXPECT_TRUE(WriteSynthModel(o, path).ok());
-  auto model = LlamaModel::Load(path);
+  auto model = Model::Load(path);
   EXPECT_TRUE(model.ok()) << model.status();
   return model.ok() ? std::move(*model) : nullptr;
 }
@@ -469,7 +469,7 @@ TEST(SparseFfnTest, ExactEqualsDenseAndCountsActiveNeurons) {
   for (GgmlType type : {GgmlType::kF32, GgmlType::kF16}) {
     auto model = SynthModel(type, SynthFfnKind::kReluGated);
     ASSERT_TRUE(model);
-    const LlamaConfig& c = model->config();
+    const ModelConfig& c = model->config();
     std::mt19937 rng(5);
     for (int threads : {1, 2}) {
       ThreadPool pool(threads);
@@ -506,7 +506,7 @@ TEST(SparseFfnTest, ExactEqualsDenseAndCountsActiveNeurons) {
 TEST(SparseFfnTest, ThresholdDropsExactlyTheNeuronsUnderTheCut) {
   auto model = SynthModel(GgmlType::kF32, SynthFfnKind::kSwiGlu);
   ASSERT_TRUE(model);
-  const LlamaConfig& c = model->config();
+  const ModelConfig& c = model->config();
   std::mt19937 rng(9);
   ThreadPool pool(2);
   const float cut = 0.05f, coeff_cut = 0.01f;
@@ -568,7 +568,7 @@ TEST(SparseFfnTest, ThresholdDropsExactlyTheNeuronsUnderTheCut) {
 TEST(SparseFfnTest, QuantizedDownTypeChoice) {
   auto model = SynthModel(GgmlType::kQ4_0, SynthFfnKind::kReluGated);
   ASSERT_TRUE(model);
-  const LlamaConfig& c = model->config();
+  const ModelConfig& c = model->config();
   ThreadPool pool(2);
   auto same = SparseFfn::Create(*model, SparsityPlan::Uniform(SparsityMode::kExact, 2), pool);
   ASSERT_TRUE(same.ok()) << same.status();
@@ -594,7 +594,7 @@ TEST(SparseFfnTest, QuantizedDownTypeChoice) {
 }
 
 // A random low-rank predictor per layer: fires on roughly half the neurons at threshold 0.
-std::shared_ptr<const PredictorSet> RandomPredictors(const LlamaConfig& c, float threshold,
+std::shared_ptr<const PredictorSet> RandomPredictors(const ModelConfig& c, float threshold,
                                                      std::mt19937& rng) {
   std::vector<PredictorWeights> layers(c.n_layers);
   for (PredictorWeights& p : layers) {
@@ -612,7 +612,7 @@ std::shared_ptr<const PredictorSet> RandomPredictors(const LlamaConfig& c, float
 TEST(SparseFfnTest, PredictedRunsThePredictedNeuronsThatFire) {
   auto model = SynthModel(GgmlType::kF16, SynthFfnKind::kReluGated);
   ASSERT_TRUE(model);
-  const LlamaConfig& c = model->config();
+  const ModelConfig& c = model->config();
   std::mt19937 rng(17);
   SparsityPlan plan = SparsityPlan::Uniform(SparsityMode::kPredicted, c.n_layers);
   plan.predictors = RandomPredictors(c, 0.0f, rng);
@@ -677,7 +677,7 @@ TEST(SparseFfnTest, PredictedRunsThePredictedNeuronsThatFire) {
 TEST(SparsityPlanTest, PredictorShapesMustMatch) {
   auto big = SynthModel(GgmlType::kF32, SynthFfnKind::kReluGated);
   ASSERT_TRUE(big);
-  LlamaConfig other = big->config();
+  ModelConfig other = big->config();
   other.ffn_dim = 96;
   std::mt19937 rng(2);
   SparsityPlan plan = SparsityPlan::Uniform(SparsityMode::kPredicted, 2);

@@ -13,7 +13,7 @@
 #include "cpu_worker/numa.h"
 #include "gpu_worker/host/split_ffn.h"
 #include "gtest/gtest.h"
-#include "shared/model/llama_model.h"
+#include "shared/model/model.h"
 #include "shared/sparsity/partition.h"
 #include "shared/sparsity/sparse_ffn.h"
 #include "tests/test_support.h"
@@ -21,14 +21,14 @@
 namespace thermocline {
 namespace {
 
-std::unique_ptr<LlamaModel> Stories() {
-  auto m = LlamaModel::Load(testing::ModelPath("stories260K/stories260K.gguf"));
+std::unique_ptr<Model> Stories() {
+  auto m = Model::Load(testing::ModelPath("stories260K/stories260K.gguf"));
   EXPECT_TRUE(m.ok()) << m.status();
   return std::move(*m);
 }
 
 // A placement with a random half of every layer's neurons hot.
-Placement RandomPlacement(const LlamaConfig& c, uint32_t seed) {
+Placement RandomPlacement(const ModelConfig& c, uint32_t seed) {
   std::mt19937 rng(seed);
   Placement p;
   p.layers.resize(c.n_layers);
@@ -46,7 +46,7 @@ Placement RandomPlacement(const LlamaConfig& c, uint32_t seed) {
 
 TEST(SplitWorkerTest, PartitionIsDisjointAndCoversEveryNeuron) {
   auto model = Stories();
-  const LlamaConfig& c = model->config();
+  const ModelConfig& c = model->config();
   for (double f : {0.0, 0.3, 1.0}) {
     auto part = Partition::FromPlacement(Placement::Uniform(c, f), c);
     ASSERT_TRUE(part.ok()) << part.status();
@@ -75,7 +75,7 @@ TEST(SplitWorkerTest, PartitionIsDisjointAndCoversEveryNeuron) {
 
 TEST(SplitWorkerTest, ColdRowsEqualTheModelsRows) {
   auto model = Stories();
-  const LlamaConfig& c = model->config();
+  const ModelConfig& c = model->config();
   ThreadPool pool(1);
   auto part = Partition::FromPlacement(RandomPlacement(c, 7), c);
   ASSERT_TRUE(part.ok());
@@ -98,7 +98,7 @@ TEST(SplitWorkerTest, ColdRowsEqualTheModelsRows) {
 
 TEST(SplitWorkerTest, ColdExecutorEqualsNeuronFfnOverTheSameIds) {
   auto model = Stories();
-  const LlamaConfig& c = model->config();
+  const ModelConfig& c = model->config();
   ThreadPool pool(1);
   auto part = Partition::FromPlacement(RandomPlacement(c, 11), c);
   ASSERT_TRUE(part.ok());
@@ -198,7 +198,7 @@ class LoopbackLink final : public gpu_worker::ColdLink {
 
 TEST(SplitWorkerTest, SplitFfnMatchesSingleProcessFfn) {
   auto model = Stories();
-  const LlamaConfig& c = model->config();
+  const ModelConfig& c = model->config();
   ThreadPool pool(1);
   std::mt19937 rng(5);
   std::normal_distribution<float> normal;

@@ -1,0 +1,31 @@
+// A weight matrix as a view into memory (usually the mapped model file): the one type the model
+// description, the kernels and the backends share. It lives below the kernels so that describing
+// a model never depends on how it is computed.
+#pragma once
+
+#include <cstdint>
+
+#include "shared/model/ggml_type.h"
+
+namespace thermocline {
+
+struct MatrixView {
+  GgmlType type = GgmlType::kF32;
+  int64_t rows = 0;
+  int64_t cols = 0;  // a multiple of the type's block size
+  const uint8_t* data = nullptr;
+  int64_t row_bytes = 0;  // RowBytes(type, cols) for a packed tensor
+
+  const uint8_t* row(int64_t r) const { return data + r * row_bytes; }
+  bool empty() const { return rows == 0; }
+  // Rows [begin, begin + n) as a matrix of their own (fused tensors such as attn_qkv hold
+  // several projections one after the other).
+  MatrixView RowRange(int64_t begin, int64_t n) const {
+    MatrixView m = *this;
+    m.rows = n;
+    m.data = data + begin * row_bytes;
+    return m;
+  }
+};
+
+}  // namespace thermocline
