@@ -35,6 +35,7 @@ class ColdRows {
  private:
   NodeMemory memory_;
   std::vector<NeuronWeights> layers_;
+  std::vector<std::vector<float>> up_b_;  // per layer, the cold neurons' up biases (or none)
 };
 
 }  // namespace thermocline::cpu_worker

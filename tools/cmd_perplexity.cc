@@ -95,7 +95,7 @@ int RunPerplexity(const std::vector<std::string>& args) {
   if (!result.ok()) return fail(std::string(result.status().message()));
 
   std::cout << absl::StrFormat("model: %s (%s, %s FFN)\n", model_path, model.weight_type_name(),
-                               c.activation == FfnActivation::kRelu ? "relu" : "silu");
+                               ActivationName(c.activation));
   std::cout << absl::StrFormat("sparsity: %s", sf.mode);
   if (sf.target_sparsity) std::cout << absl::StrFormat(" (target %.2f)", *sf.target_sparsity);
   std::cout << "\n";

@@ -100,7 +100,7 @@ int RunTrainPredictor(const std::vector<std::string>& args) {
   if (!model_or.ok()) return fail(std::string(model_or.status().message()));
   const Model& model = **model_or;
   const ModelConfig& c = model.config();
-  if (c.activation == FfnActivation::kSilu && stats_path.empty()) {
+  if (!IsReluFamily(c.activation) && stats_path.empty()) {
     return fail(model_path +
                 " is a SiLU model: which of its neurons count as active is defined "
                 "by the magnitude cuts of --stats (from `thermocline profile`)");
@@ -108,7 +108,7 @@ int RunTrainPredictor(const std::vector<std::string>& args) {
   if (!stats_path.empty()) {
     auto stats = ReadActivationStats(stats_path, &c);
     if (!stats.ok()) return fail(std::string(stats.status().message()));
-    if (c.activation == FfnActivation::kSilu) {
+    if (!IsReluFamily(c.activation)) {
       if (stats->criterion != "magnitude") {
         return fail("--stats " + stats_path + " has criterion '" + stats->criterion +
                     "', expected 'magnitude' for this SiLU model");

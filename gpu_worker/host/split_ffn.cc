@@ -34,9 +34,12 @@ absl::StatusOr<std::unique_ptr<SplitFfn>> SplitFfn::Create(const Model& model,
     NeuronWeights& nw = ffn->weights_[l];
     nw.gate = model.layer(l).gate;
     nw.up = model.layer(l).up;
+    nw.up_b = model.layer(l).up_b;
     nw.activation = c.activation;
     // Dense, wholly hot layers run DenseFfn; layers without hot neurons compute nothing here.
-    const bool dense_all_hot = ffn->plan_.mode(l) == SparsityMode::kDense && part.cold.empty();
+    // MoE layers run whole on this side (placing experts' neurons is not built yet).
+    const bool dense_all_hot = (ffn->plan_.mode(l) == SparsityMode::kDense && part.cold.empty()) ||
+                               c.layers[l].moe;
     if (dense_all_hot || part.hot.empty()) continue;
     TC_ASSIGN_OR_RETURN(ffn->down_rows_[l], DownRows::ForLayer(model, l, std::nullopt, pool));
     nw.down_t = ffn->down_rows_[l].view();
@@ -78,14 +81,18 @@ void SplitFfn::PredictRows(int64_t layer, const float* predictor_input, int64_t 
 void SplitFfn::SampleRecall(int64_t layer, const float* h, int64_t t, NeuronFilter filter) {
   const ModelConfig& c = model_.config();
   const LayerPartition& part = partition_.layers[layer];
-  const bool relu = c.activation == FfnActivation::kRelu;
+  const bool relu = IsReluFamily(c.activation);
   if (part.hot.empty() || (!relu && filter.kind != NeuronFilter::Kind::kMagnitude)) return;
   const uint32_t begin = t == 0 ? 0 : hot_end_[t - 1];
   picked_.assign(c.ffn_dim, 0);
   for (uint32_t k = begin; k < hot_end_[t]; ++k) picked_[hot_ids_[k]] = 1;
   recall_gate_.resize(part.hot.size());
-  GatherMatMul(model_.layer(layer).gate, part.hot.data(), static_cast<int64_t>(part.hot.size()),
+  const NeuronWeights& w = weights_[layer];
+  GatherMatMul(w.selector(), part.hot.data(), static_cast<int64_t>(part.hot.size()),
                h + t * c.dim, recall_gate_.data(), pool_);
+  if (!w.gated() && !w.up_b.empty()) {
+    for (size_t k = 0; k < part.hot.size(); ++k) recall_gate_[k] += w.up_b[part.hot[k]];
+  }
   uint64_t tp = 0, fn = 0;
   for (size_t k = 0; k < part.hot.size(); ++k) {
     const float a = ActivationMagnitude(c.activation, recall_gate_[k]);
@@ -120,7 +127,7 @@ void SplitFfn::ComputeLayer(int64_t layer, const float* h, const float* predicto
   const SparsityMode mode = plan_.mode(layer);
   std::fill(out, out + n_tokens * dim, 0.0f);
   if (!status_.ok()) return;  // the step is already lost; spend nothing more on it
-  if (mode == SparsityMode::kDense && part.cold.empty()) {
+  if ((mode == SparsityMode::kDense && part.cold.empty()) || c.layers[layer].moe) {
     dense_.Compute(layer, h, predictor_input, n_tokens, out);
     if (metrics_ != nullptr) {
       const uint64_t all = static_cast<uint64_t>(n_tokens) * part.hot.size();
@@ -174,7 +181,10 @@ void SplitFfn::ComputeLayer(int64_t layer, const float* h, const float* predicto
     }
   }
 
-  if (!sent) return;
+  if (!sent) {
+    AddDownBias(layer, n_tokens, out);
+    return;
+  }
   y_cold_.resize(n_tokens * dim);
   const int64_t wait_start = metrics_ != nullptr ? ipc::MonotonicNs() : 0;
   status_ = link_->ReceiveCold(layer, y_cold_);
@@ -186,6 +196,17 @@ void SplitFfn::ComputeLayer(int64_t layer, const float* h, const float* predicto
     return;
   }
   for (int64_t i = 0; i < n_tokens * dim; ++i) out[i] += y_cold_[i];
+  AddDownBias(layer, n_tokens, out);
+}
+
+void SplitFfn::AddDownBias(int64_t layer, int64_t n_tokens, float* out) const {
+  // One vector per layer, not per neuron: the hot side adds it once, after the merge.
+  const std::vector<float>& b = model_.layer(layer).down_b;
+  if (b.empty()) return;
+  const int64_t dim = model_.config().dim;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    for (int64_t i = 0; i < dim; ++i) out[t * dim + i] += b[i];
+  }
 }
 
 }  // namespace thermocline::gpu_worker

@@ -26,6 +26,20 @@ const ArchSpec* FindArch(std::string_view name) {
 
 std::span<const ArchSpec* const> AllArchs() { return kArchs; }
 
+const char* ActivationName(FfnActivation a) {
+  switch (a) {
+    case FfnActivation::kSilu:
+      return "silu";
+    case FfnActivation::kRelu:
+      return "relu";
+    case FfnActivation::kGelu:
+      return "gelu";
+    case FfnActivation::kDrelu:
+      return "drelu";
+  }
+  return "?";
+}
+
 std::string KnownArchNames() {
   return absl::StrJoin(kArchs, ", ", [](std::string* out, const ArchSpec* a) {
     out->append(a->name);

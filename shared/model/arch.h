@@ -28,6 +28,13 @@ enum class FfnActivation {
   kDrelu,  // dReLU (PowerInfer's Bamboo, TurboSparse): down(relu(gate x) * relu(up x))
 };
 
+// ReLU-family activations: a neuron whose gate pre-activation is <= 0 contributes exactly 0,
+// so `exact` sparsity applies and predictors are trained on "gate > 0".
+inline bool IsReluFamily(FfnActivation a) {
+  return a == FfnActivation::kRelu || a == FfnActivation::kDrelu;
+}
+const char* ActivationName(FfnActivation a);  // "silu", "relu", "gelu", "drelu"
+
 enum class NormKind {
   kRms,    // w * x / sqrt(mean(x^2) + eps)
   kLayer,  // w * (x - mean) / sqrt(var + eps) + b (LayerNorm, weight and bias)

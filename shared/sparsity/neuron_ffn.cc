@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "shared/model/quant.h"
+#include "shared/runtime/ops.h"
 
 namespace thermocline {
 namespace {
@@ -14,6 +15,20 @@ namespace {
 // silu(g) with the float operations of ops.cc's SwiGlu, so that silu(g) * u below rounds
 // exactly as the dense pass's fused loop does.
 inline float Silu(float g) { return g * (1.0f / (1.0f + std::exp(-g))); }
+
+// act(g) with the dense pass's operations (runtime/ffn.cc), for every activation.
+inline float Act(FfnActivation activation, float g) {
+  switch (activation) {
+    case FfnActivation::kRelu:
+    case FfnActivation::kDrelu:
+      return g > 0.0f ? g : 0.0f;
+    case FfnActivation::kGelu:
+      return Gelu(g);
+    case FfnActivation::kSilu:
+      break;
+  }
+  return Silu(g);
+}
 
 // absl::StrCat here predates std::string_view support.
 std::string TypeName(GgmlType t) { return std::string(TypeTraits(t).name); }
@@ -34,11 +49,9 @@ int SharesFor(int64_t n, int64_t bytes_per_item, int n_threads) {
 // candidate is written and the output position advances only for kept ones.
 size_t Compact(FfnActivation activation, const int32_t* candidates, const float* gate, size_t n,
                NeuronFilter filter, int32_t* ids, float* act) {
-  const bool relu = activation == FfnActivation::kRelu;
   size_t m = 0;
   for (size_t k = 0; k < n; ++k) {
-    const float g = gate[k];
-    const float a = relu ? (g > 0.0f ? g : 0.0f) : Silu(g);
+    const float a = Act(activation, gate[k]);
     bool keep = true;
     switch (filter.kind) {
       case NeuronFilter::Kind::kNone:
@@ -62,14 +75,18 @@ size_t Compact(FfnActivation activation, const int32_t* candidates, const float*
 absl::Status ValidateNeuronWeights(const NeuronWeights& w) {
   const MatrixView* mats[] = {&w.gate, &w.up, &w.down_t};
   const char* names[] = {"gate", "up", "down_t"};
-  for (int k = 0; k < 3; ++k) {
+  for (int k = w.gated() ? 0 : 1; k < 3; ++k) {
     const MatrixView& m = *mats[k];
-    if (m.data == nullptr || m.rows != w.gate.rows || m.cols != w.gate.cols) {
+    if (m.data == nullptr || m.rows != w.up.rows || m.cols != w.up.cols) {
       return absl::InvalidArgumentError(
           absl::StrCat("neuron FFN: ", names[k], " is ", m.rows, "x", m.cols,
                        (m.data == nullptr ? " (no data)" : ""),
-                       "; every matrix must be [ffn_dim][dim] = ", w.gate.rows, "x", w.gate.cols));
+                       "; every matrix must be [ffn_dim][dim] = ", w.up.rows, "x", w.up.cols));
     }
+  }
+  if (!w.up_b.empty() && static_cast<int64_t>(w.up_b.size()) != w.up.rows) {
+    return absl::InvalidArgumentError(absl::StrCat("neuron FFN: up bias has ", w.up_b.size(),
+                                                   " values for ", w.up.rows, " neurons"));
   }
   return absl::OkStatus();
 }
@@ -113,12 +130,15 @@ int64_t NeuronFfn::Compute(const NeuronWeights& w, const float* h,
   // One parallel region for the whole pipeline: each share runs the gate over its candidates,
   // then up and down over its own survivors. Survivor counts per share differ only by sampling
   // noise (a predicted set is mostly survivors), which costs less than a second region.
-  const int shares = SharesFor(static_cast<int64_t>(n), w.gate.row_bytes, pool.size());
+  const int shares = SharesFor(static_cast<int64_t>(n), w.selector().row_bytes, pool.size());
   auto run_share = [&](int s) {
     const size_t k0 = n * s / shares, k1 = n * (s + 1) / shares;
     ThreadPool& solo = *lanes_[s].solo;
-    GatherMatMul(w.gate, candidates.data() + k0, static_cast<int64_t>(k1 - k0), h,
+    GatherMatMul(w.selector(), candidates.data() + k0, static_cast<int64_t>(k1 - k0), h,
                  gate_.data() + k0, solo);
+    if (!w.gated() && !w.up_b.empty()) {
+      for (size_t k = k0; k < k1; ++k) gate_[k] += w.up_b[candidates[k]];
+    }
     const size_t kept = Compact(w.activation, candidates.data() + k0, gate_.data() + k0, k1 - k0,
                                 filter, ids_.data() + k0, coeff_.data() + k0);
     lanes_[s].kept = kept;
@@ -162,8 +182,19 @@ size_t NeuronFfn::RunRange(const NeuronWeights& w, const float* h, size_t k0, si
   const int64_t len = static_cast<int64_t>(k1 - k0);
   if (zero_acc) std::fill(acc, acc + w.dim(), 0.0f);
   if (len == 0) return 0;
-  GatherMatMul(w.up, ids_.data() + k0, len, h, up_.data() + k0, solo);
-  for (size_t k = k0; k < k1; ++k) coeff_[k] = coeff_[k] * up_[k];
+  // Gated: the coefficient is act(g) * (up . h + b) (dReLU: times relu of it); without a gate
+  // it is the activation alone.
+  if (w.gated()) {
+    GatherMatMul(w.up, ids_.data() + k0, len, h, up_.data() + k0, solo);
+    if (!w.up_b.empty()) {
+      for (size_t k = k0; k < k1; ++k) up_[k] += w.up_b[ids_[k]];
+    }
+    if (w.activation == FfnActivation::kDrelu) {
+      for (size_t k = k0; k < k1; ++k) coeff_[k] = coeff_[k] * (up_[k] > 0.0f ? up_[k] : 0.0f);
+    } else {
+      for (size_t k = k0; k < k1; ++k) coeff_[k] = coeff_[k] * up_[k];
+    }
+  }
   if (!(coeff_cut > 0.0f)) {
     AxpyRows(w.down_t, ids_.data() + k0, coeff_.data() + k0, len, acc, solo);
     return k1 - k0;

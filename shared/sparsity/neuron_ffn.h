@@ -53,13 +53,19 @@ struct NeuronFilter {
 };
 
 // One layer's FFN weights in neuron-major form: gate, up and down_t are all [ffn_dim][dim],
-// row i belonging to neuron i.
+// row i belonging to neuron i. FFNs without a gate (plain MLPs: falcon, starcoder2) leave gate
+// empty: neuron i's activation is then act(up_i . h + up_b[i]) and it scales down_t row i by
+// that alone. up_b (empty: none) is indexed like the rows.
 struct NeuronWeights {
   MatrixView gate, up, down_t;
   FfnActivation activation = FfnActivation::kSilu;
+  std::span<const float> up_b;
 
-  int64_t ffn_dim() const { return gate.rows; }
-  int64_t dim() const { return gate.cols; }
+  bool gated() const { return !gate.empty(); }
+  // The rows whose product decides whether a neuron runs: gate's, or up's without a gate.
+  const MatrixView& selector() const { return gated() ? gate : up; }
+  int64_t ffn_dim() const { return up.rows; }
+  int64_t dim() const { return up.cols; }
 };
 
 // Shapes agree: gate, up and down_t have the same rows and cols.

@@ -1,4 +1,5 @@
 #include "shared/sparsity/predictor_trainer.h"
+#include "shared/sparsity/profiler.h"
 
 #include <algorithm>
 #include <cmath>
@@ -408,7 +409,7 @@ absl::Status ValidatePredictorTrainerOptions(const PredictorTrainerOptions& o,
     return bad("--recall-target must be in (0, 1)");
   }
   if (!(o.holdout > 0 && o.holdout <= 0.5f)) return bad("--holdout must be in (0, 0.5]");
-  if (config.activation == FfnActivation::kRelu) {
+  if (IsReluFamily(config.activation)) {
     if (!o.magnitude_cuts.empty()) {
       return bad(
           "magnitude cuts (--stats) apply to SiLU models; this model is ReLU-gated, where "
@@ -503,14 +504,14 @@ class SampleCollector final : public FfnObserver {
     LayerSamples& s = layers_[layer];
     const float* x = input_;
     const int64_t nf = config_.ffn_dim;
-    const bool relu = config_.activation == FfnActivation::kRelu;
+    const bool relu = IsReluFamily(config_.activation);
     const float cut = relu ? 0.0f : options_.magnitude_cuts[layer];
     for (int64_t t = 0; t < n_tokens; ++t) {
       if (s.size() >= options_.max_samples_per_layer) return;
       std::fill(mask_.begin(), mask_.end(), 0);
       const float* g = gate + t * nf;
       for (int64_t i = 0; i < nf; ++i) {
-        const bool active = relu ? g[i] > 0.0f : std::abs(g[i] / (1.0f + std::exp(-g[i]))) >= cut;
+        const bool active = relu ? g[i] > 0.0f : ActivationMagnitude(config_.activation, g[i]) >= cut;
         if (active) mask_[i >> 6] |= uint64_t{1} << (i & 63);
       }
       s.Add(x + t * config_.dim, mask_.data(),
@@ -763,7 +764,7 @@ absl::StatusOr<PredictorTrainingSummary> TrainPredictors(const Model& model,
   PredictorReport report;
   report.training_tokens = summary.train_samples;
   report.recall_target = o.recall_target;
-  report.criterion = config.activation == FfnActivation::kRelu ? "relu" : "magnitude";
+  report.criterion = IsReluFamily(config.activation) ? "relu" : "magnitude";
   for (int64_t l = 0; l < config.n_layers; ++l) {
     report.layers.push_back(
         EvaluatePredictorLayer(summary.predictors, l, samples[l], SampleSplit::kTest, pool));

@@ -248,7 +248,7 @@ absl::StatusOr<ProfileResult> ProfileActivations(const Model& model,
                                                  const ProfileOptions& options, ThreadPool& pool) {
   const ModelConfig& c = model.config();
   TC_RETURN_IF_ERROR(ValidateProfileOptions(options, c));
-  const bool relu = c.activation == FfnActivation::kRelu;
+  const bool relu = IsReluFamily(c.activation);
   TC_ASSIGN_OR_RETURN(KvCache kv, KvCache::Create(c, 1, options.window, GgmlType::kF32));
   ProfileObserver observer(c, pool);
   DenseFfn ffn(model, pool);

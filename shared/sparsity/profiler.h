@@ -27,6 +27,7 @@
 
 #include "absl/status/statusor.h"
 #include "shared/model/model.h"
+#include "shared/runtime/ops.h"
 #include "shared/sparsity/activation_stats.h"
 #include "shared/util/thread_pool.h"
 
@@ -101,9 +102,11 @@ absl::StatusOr<ProfileResult> ProfileActivations(const Model& model,
 // The per-layer table `thermocline profile` prints.
 std::string FormatProfileReport(const ProfileResult& result);
 
-// The magnitude the profile counts for one gate pre-activation: relu(g) or |silu(g)|.
+// The magnitude the profile counts for one gate pre-activation (the up pre-activation in FFNs
+// without a gate): relu(g) for the ReLU family, |silu(g)| or |gelu(g)|.
 inline float ActivationMagnitude(FfnActivation act, float gate) {
-  if (act == FfnActivation::kRelu) return gate > 0.0f ? gate : 0.0f;
+  if (IsReluFamily(act)) return gate > 0.0f ? gate : 0.0f;
+  if (act == FfnActivation::kGelu) return std::fabs(Gelu(gate));
   return std::fabs(gate / (1.0f + std::exp(-gate)));
 }
 

@@ -24,6 +24,7 @@ absl::StatusOr<std::unique_ptr<SparseFfn>> SparseFfn::Create(const Model& model,
     NeuronWeights& nw = ffn->weights_[l];
     nw.gate = w.gate;
     nw.up = w.up;
+    nw.up_b = w.up_b;
     nw.activation = c.activation;
     if (ffn->plan_.mode(l) == SparsityMode::kDense) continue;
     TC_ASSIGN_OR_RETURN(ffn->down_rows_[l],
@@ -76,8 +77,14 @@ void SparseFfn::Compute(int64_t layer, const float* h, const float* predictor_in
   if (mode != SparsityMode::kPredicted) {
     // Every neuron is a candidate: the gate is a plain MatMul over contiguous rows, streamed
     // once for all tokens with no id indirection.
+    const NeuronWeights& w = weights_[layer];
     batch_gate_.resize(n_tokens * c.ffn_dim);
-    MatMul(weights_[layer].gate, h, n_tokens, c.dim, batch_gate_.data(), c.ffn_dim, pool_);
+    MatMul(w.selector(), h, n_tokens, c.dim, batch_gate_.data(), c.ffn_dim, pool_);
+    if (!w.gated() && !w.up_b.empty()) {
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        for (int64_t i = 0; i < c.ffn_dim; ++i) batch_gate_[t * c.ffn_dim + i] += w.up_b[i];
+      }
+    }
     gate = batch_gate_.data();
   }
   auto token_gate = [&](int64_t t) { return gate != nullptr ? gate + t * c.ffn_dim : nullptr; };
@@ -93,6 +100,13 @@ void SparseFfn::Compute(int64_t layer, const float* h, const float* predictor_in
                  predictor_input + t * c.dim, token_gate(t), out + t * c.dim);
       }
     });
+  }
+  // The down bias is one vector per layer, not per neuron: added once to the sum.
+  const std::vector<float>& down_b = model_.layer(layer).down_b;
+  if (!down_b.empty()) {
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      for (int64_t i = 0; i < c.dim; ++i) out[t * c.dim + i] += down_b[i];
+    }
   }
   for (Worker& worker : workers_) {
     act.candidates += worker.candidates;

@@ -52,14 +52,14 @@ NeuronFilter SparsityPlan::FilterFor(int64_t layer, FfnActivation activation) co
     case SparsityMode::kThreshold:
       // On a ReLU model a zero activation is never worth its up row, whatever the gate cut.
       return NeuronFilter::Magnitude(
-          activation == FfnActivation::kRelu
+          IsReluFamily(activation)
               ? std::max(cuts[layer], std::numeric_limits<float>::denorm_min())
               : cuts[layer],
           coeff_cuts[layer]);
     case SparsityMode::kPredicted:
       // A predicted neuron whose ReLU activation is 0 contributes nothing: skipping its up and
       // down rows loses nothing and saves the reads of the predictor's false positives.
-      return activation == FfnActivation::kRelu ? NeuronFilter::Positive()
+      return IsReluFamily(activation) ? NeuronFilter::Positive()
                                                 : NeuronFilter::Magnitude(cuts[layer]);
     case SparsityMode::kDense:
       break;
@@ -79,7 +79,7 @@ absl::StatusOr<SparsityPlan> SparsityPlan::ForModel(
   SparsityPlan plan = Uniform(mode, config.n_layers);
   const bool wants_cuts =
       mode == SparsityMode::kThreshold ||
-      (mode == SparsityMode::kPredicted && config.activation == FfnActivation::kSilu);
+      (mode == SparsityMode::kPredicted && !IsReluFamily(config.activation));
   if (mode == SparsityMode::kThreshold && (stats == nullptr || !target_sparsity)) {
     return absl::InvalidArgumentError(
         "sparsity mode 'threshold' needs activation statistics and a target sparsity (the "
@@ -137,6 +137,13 @@ absl::Status SparsityPlan::Validate(const ModelConfig& config) const {
                                                        " is not a finite value >= 0"));
       }
     }
+    const bool moe_layer = l < static_cast<int64_t>(config.layers.size()) && config.layers[l].moe;
+    if (moe_layer && modes[l] != SparsityMode::kDense) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sparsity plan: layer ", l, " is a mixture-of-experts layer, which runs dense (mode '",
+          std::string(SparsityModeName(modes[l])),
+          "' within the chosen experts is not built yet); use --sparsity dense"));
+    }
     if (modes[l] != SparsityMode::kThreshold && coeff_cuts[l] != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "sparsity plan: layer ", l, ": a coefficient cut belongs to mode 'threshold' only"));
@@ -146,7 +153,7 @@ absl::Status SparsityPlan::Validate(const ModelConfig& config) const {
       case SparsityMode::kThreshold:
         break;
       case SparsityMode::kExact:
-        if (config.activation != FfnActivation::kRelu) {
+        if (!IsReluFamily(config.activation)) {
           return absl::InvalidArgumentError(absl::StrCat(
               "sparsity plan: layer ", l,
               ": mode 'exact' needs a ReLU-gated model (this one uses SiLU, whose activation is "
@@ -183,7 +190,7 @@ absl::StatusOr<SparsityPlan> SparsityPlanFromFlags(const Model& model,
   TC_ASSIGN_OR_RETURN(SparsityMode mode, ParseSparsityModeOrError(flags.mode));
   const ModelConfig& c = model.config();
   const bool uses_cuts = mode == SparsityMode::kThreshold ||
-                         (mode == SparsityMode::kPredicted && c.activation == FfnActivation::kSilu);
+                         (mode == SparsityMode::kPredicted && !IsReluFamily(c.activation));
   if (flags.stats_path.empty() != !flags.target_sparsity.has_value()) {
     return absl::InvalidArgumentError(
         "--stats and --target-sparsity go together: the statistics hold one cut per layer for "

@@ -1,0 +1,188 @@
+// Every architecture against llama.cpp's own logits (../shared/models/archs/, README there):
+// the 32-position prompt batch, the 16 greedy picks and the logits behind each of them (the
+// KV-cache path, one token per step), dense in this process and split over the two worker
+// processes at hot fractions 0, 0.5 and 1.
+//
+// Bounds. The models are tiny (dim 64) fp32 models, so for the architectures without GELU the
+// only difference from llama.cpp is the order of fp32 sums: each logit passes through a few
+// hundred roundings of relative size 2^-24 that partly cancel; llama.cpp's own float64 check
+// (np_check.txt) sits at 2e-7..7e-7 of max|logit|. We allow 1e-5 of max(1, max|logit|)
+// (measured: <= 7.2e-7). GELU models go through ggml's fp16 GELU table (ops.h Gelu), emulated
+// here: an input that lands within an fp32 rounding of an fp16 rounding boundary takes the
+// neighbouring table entry, one fp16 step (2^-11 relative) of one activation. The README's float64
+// emulation shows the same flips (falcon 2.7e-5, starcoder2 2.9e-4, gemma2 9.7e-4 of max|logit|,
+// gemma2 through 26 layers), so GELU models get 2e-3 of max|logit| (measured: falcon 1.6e-5,
+// starcoder2 1.3e-4, gemma2 5.2e-4). Greedy picks must be llama.cpp's exactly: the smallest
+// top-2 gap in these files (0.0001, llama-rope-linear) is above both bounds' absolute size at
+// that model's logit scale.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "shared/driver/split_engine.h"
+#include "shared/ipc/segment.h"
+#include "shared/model/model.h"
+#include "shared/runtime/forward.h"
+#include "tests/test_support.h"
+
+namespace thermocline {
+namespace {
+
+constexpr int64_t kVocab = 512;
+constexpr int kGreedy = 16;
+
+struct ArchCase {
+  const char* name;
+  bool gelu;
+};
+
+const ArchCase kCases[] = {
+    {"llama-rope-llama3", false}, {"llama-rope-yarn", false}, {"llama-rope-linear", false},
+    {"llama-gqa-headdim", false}, {"llama-moe", false},       {"qwen2", false},
+    {"qwen2moe", false},          {"olmo2", false},           {"gemma2", true},
+    {"phi3", false},              {"starcoder2", true},       {"falcon", true},
+};
+
+std::string ArchPath(const std::string& file) { return testing::ModelPath("archs/" + file); }
+
+std::vector<int32_t> Ints(const std::string& text) {
+  std::istringstream in(text);
+  std::vector<int32_t> v;
+  int32_t x;
+  while (in >> x) v.push_back(x);
+  return v;
+}
+
+// "greedy 16: 391 97 ..." on the first line of X.greedy.txt.
+std::vector<int32_t> ReferenceGreedy(const std::string& name) {
+  const std::string text = testing::ReadFileOrDie(ArchPath(name + ".greedy.txt"));
+  const std::string first = text.substr(0, text.find('\n'));
+  return Ints(first.substr(first.find(':') + 1));
+}
+
+double Bound(const ArchCase& c, const float* ref, int64_t n) {
+  double m = 1.0;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, static_cast<double>(std::abs(ref[i])));
+  return (c.gelu ? 2e-3 : 1e-5) * m;
+}
+
+// max |a - b| over rows, checked row by row against the row's bound.
+void ExpectClose(const ArchCase& c, const std::vector<float>& got, const std::vector<float>& ref,
+                 int64_t rows, const char* what) {
+  ASSERT_EQ(got.size(), static_cast<size_t>(rows * kVocab)) << what;
+  double worst = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* a = got.data() + r * kVocab;
+    const float* b = ref.data() + r * kVocab;
+    const double bound = Bound(c, b, kVocab);
+    double d = 0;
+    for (int64_t i = 0; i < kVocab; ++i) d = std::max(d, static_cast<double>(std::abs(a[i] - b[i])));
+    worst = std::max(worst, d / bound);
+    ASSERT_LE(d, bound) << what << ": row " << r;
+  }
+  std::printf("%s %s: worst row at %.3f of its bound\n", c.name, what, worst);
+}
+
+int32_t Argmax(const float* x) { return static_cast<int32_t>(std::max_element(x, x + kVocab) - x); }
+
+// The prompt batch, then greedy single-token steps: all prompt logits, and the logits behind
+// each greedy pick (row 0 = last prompt row).
+struct RunOutput {
+  std::vector<float> prompt;
+  std::vector<float> steps;
+  std::vector<int32_t> greedy;
+};
+
+RunOutput RunGreedy(BatchRunner& runner, const std::vector<int32_t>& ids) {
+  RunOutput out;
+  std::vector<BatchEntry> batch;
+  for (size_t p = 0; p < ids.size(); ++p) {
+    batch.push_back({0, static_cast<int32_t>(p), ids[p], true});
+  }
+  EXPECT_TRUE(runner.Run(batch, out.prompt).ok());
+  if (out.prompt.size() != ids.size() * kVocab) return out;
+  std::vector<float> row(out.prompt.end() - kVocab, out.prompt.end());
+  for (int s = 0; s < kGreedy; ++s) {
+    out.steps.insert(out.steps.end(), row.begin(), row.end());
+    const int32_t pick = Argmax(row.data());
+    out.greedy.push_back(pick);
+    if (s + 1 == kGreedy) break;
+    BatchEntry e{0, static_cast<int32_t>(ids.size() + s), pick, true};
+    row.clear();
+    EXPECT_TRUE(runner.Run({&e, 1}, row).ok());
+    if (row.size() != static_cast<size_t>(kVocab)) return out;
+  }
+  return out;
+}
+
+class ArchReferenceTest : public ::testing::TestWithParam<ArchCase> {};
+
+TEST_P(ArchReferenceTest, DenseMatchesLlamaCpp) {
+  const ArchCase& c = GetParam();
+  auto model = Model::Load(ArchPath(std::string(c.name) + ".gguf"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::vector<int32_t> ids = Ints(testing::ReadFileOrDie(ArchPath("ids32.txt")));
+  ASSERT_EQ(ids.size(), 32u);
+  const std::vector<float> ref = testing::ReadF32File(ArchPath(std::string(c.name) + ".logits.f32"));
+  const std::vector<float> ref_steps =
+      testing::ReadF32File(ArchPath(std::string(c.name) + ".greedy_steps.f32"));
+  for (int threads : {1, 2}) {
+    SCOPED_TRACE(threads);
+    ThreadPool pool(threads);
+    auto kv = KvCache::Create((*model)->config(), 1, 64, GgmlType::kF32);
+    ASSERT_TRUE(kv.ok()) << kv.status();
+    ForwardPass pass(**model, *kv, pool);
+    ForwardPassRunner runner(pass);
+    const RunOutput out = RunGreedy(runner, ids);
+    ExpectClose(c, out.prompt, ref, 32, "prompt logits");
+    ExpectClose(c, out.steps, ref_steps, kGreedy, "greedy-step logits");
+    EXPECT_EQ(out.greedy, ReferenceGreedy(c.name));
+  }
+}
+
+TEST_P(ArchReferenceTest, SplitMatchesLlamaCpp) {
+  const ArchCase& c = GetParam();
+  const std::string path = ArchPath(std::string(c.name) + ".gguf");
+  auto model = Model::Load(path);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::vector<int32_t> ids = Ints(testing::ReadFileOrDie(ArchPath("ids32.txt")));
+  const std::vector<float> ref = testing::ReadF32File(ArchPath(std::string(c.name) + ".logits.f32"));
+  const std::vector<float> ref_steps =
+      testing::ReadF32File(ArchPath(std::string(c.name) + ".greedy_steps.f32"));
+  for (double hot : {0.0, 0.5, 1.0}) {
+    SCOPED_TRACE(hot);
+    driver::SplitEngineOptions o;
+    o.model_path = path;
+    o.config = (*model)->config();
+    o.hot_fraction = hot;
+    o.kv_slots = 1;
+    o.context = 64;
+    o.bindir = testing::BinDir();
+    std::string instance;
+    {
+      auto engine = driver::SplitEngine::Create(o);
+      ASSERT_TRUE(engine.ok()) << engine.status();
+      instance = (*engine)->instance();
+      const RunOutput out = RunGreedy(**engine, ids);
+      ExpectClose(c, out.prompt, ref, 32, "split prompt logits");
+      ExpectClose(c, out.steps, ref_steps, kGreedy, "split greedy-step logits");
+      EXPECT_EQ(out.greedy, ReferenceGreedy(c.name));
+      EXPECT_EQ((*engine)->stats().restarts, 0);
+    }
+    EXPECT_TRUE(ipc::ListInstanceSegments(instance).empty());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, ArchReferenceTest, ::testing::ValuesIn(kCases),
+                         [](const ::testing::TestParamInfo<ArchCase>& info) {
+                           std::string n = info.param.name;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
+
+}  // namespace
+}  // namespace thermocline
