@@ -1,6 +1,7 @@
 // llama.cpp's own tokenizer test vectors (../shared/tokenizers, README there): for every
 // vocabulary, every case must encode to exactly llama.cpp's ids, raw (.out) and with
 // add_special (.out-add-special), and decode back to the input.
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
