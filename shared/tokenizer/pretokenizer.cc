@@ -50,6 +50,7 @@ struct Spec {
   std::vector<const char*> regexes;
   bool ignore_merges = false;
   bool add_bos = false;
+  bool clean_spaces = true;  // llama.cpp's clean_up_tokenization_spaces default for the name
 };
 
 const std::vector<Spec>& Specs() {
@@ -58,21 +59,27 @@ const std::vector<Spec>& Specs() {
       {{"llama3", "llama-v3", "llama-bpe", "falcon3"}, {kLlama3}, true, true},
       {{"dbrx", "smaug-bpe"}, {kLlama3}},
       {{"deepseek-llm"},
-       {R"([\r\n])", kDeepseekLetters, kDeepseekPunct, R"(\s+$)", kCjk, R"(\p{N}+)"}},
-      {{"deepseek-coder"}, {R"([\r\n])", R"(\s?\p{L}+)", R"(\s?\p{P}+)", kCjk, R"(\p{N})"}},
+       {R"([\r\n])", kDeepseekLetters, kDeepseekPunct, R"(\s+$)", kCjk, R"(\p{N}+)"},
+       false, false, false},
+      {{"deepseek-coder"},
+       {R"([\r\n])", R"(\s?\p{L}+)", R"(\s?\p{P}+)", kCjk, R"(\p{N})"},
+       false, false, false},
       {{"deepseek-v3"},
        {R"(\p{N}{1,3})", R"([\x{4E00}-\x{9FA5}\x{3040}-\x{309F}\x{30A0}-\x{30FF}]+)",
-        R"([!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"}},
+        R"([!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"},
+       false, false, false},
       {{"falcon"}, {R"([\p{P}\$\+<=>\^~\|`]+)", kGpt2, "[0-9][0-9][0-9]"}},
       {{"gpt-2", "phi-2", "mpt", "olmo", "jais", "gigachat", "jina-es", "jina-de", "jina-v2-es",
         "jina-v2-de"},
        {kGpt2}},
-      {{"starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b"},
-       {R"(\p{N})", kGpt2}},
-      {{"qwen2", "deepseek-r1-qwen", "megrez", "stablelm2"}, {kQwen2}},
-      {{"poro-chat", "bloom", "gpt3-finnish"}, {kPoro}},
-      {{"viking"}, {kPoro, R"(\p{N})"}},
-      {{"tekken"}, {kTekken}, true, true},
+      {{"starcoder", "refact", "codeshell", "exaone", "minerva-7b"}, {R"(\p{N})", kGpt2}},
+      {{"command-r", "smollm"}, {R"(\p{N})", kGpt2}, false, false, false},
+      {{"qwen2", "deepseek-r1-qwen"}, {kQwen2}, false, false, false},
+      {{"megrez", "stablelm2"}, {kQwen2}},
+      {{"bloom", "gpt3-finnish"}, {kPoro}},
+      {{"poro-chat"}, {kPoro}, false, false, false},
+      {{"viking"}, {kPoro, R"(\p{N})"}, false, false, false},
+      {{"tekken"}, {kTekken}, true, true, false},
   };
   return *specs;
 }
@@ -111,6 +118,7 @@ absl::StatusOr<std::shared_ptr<const Pretokenizer>> Pretokenizer::ForName(std::s
   p->name_ = std::string(want);
   p->ignore_merges_ = spec->ignore_merges;
   p->add_bos_ = spec->add_bos;
+  p->clean_spaces_ = spec->clean_spaces;
   for (const char* pattern : spec->regexes) {
     auto re = std::make_unique<Regex>();
     int error = 0;

@@ -39,6 +39,8 @@ class Pretokenizer {
   // (llama3, tekken), and BOS is added unless tokenizer.ggml.add_bos_token says otherwise.
   bool ignore_merges() const { return ignore_merges_; }
   bool add_bos_default() const { return add_bos_; }
+  // Whether llama.cpp's detokenizer cleans up spaces for this name (CleanUpTokenizationSpaces).
+  bool clean_spaces() const { return clean_spaces_; }
 
  private:
   struct Regex;
@@ -47,6 +49,7 @@ class Pretokenizer {
   std::string name_;
   bool ignore_merges_ = false;
   bool add_bos_ = false;
+  bool clean_spaces_ = true;
   std::vector<std::unique_ptr<Regex>> regexes_;
 };
 

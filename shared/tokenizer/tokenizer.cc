@@ -15,6 +15,7 @@
 #include "shared/tokenizer/byte_level.h"
 #include "shared/tokenizer/pretokenizer.h"
 #include "shared/tokenizer/utf8.h"
+#include "shared/tokenizer/wordpiece.h"
 #include "shared/util/status_macros.h"
 
 namespace thermocline {
@@ -106,11 +107,13 @@ absl::StatusOr<Tokenizer> Tokenizer::FromGguf(const GgufFile& file) {
     kind = TokenizerKind::kSentencePiece;
   } else if (model == "gpt2") {
     kind = TokenizerKind::kBpe;
+  } else if (model == "bert") {
+    kind = TokenizerKind::kWordPiece;
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("tokenizer.ggml.model is '", model,
-                     "'; supported are 'llama' (SentencePiece) and 'gpt2' (byte-level BPE)",
-                     model == "bert" ? "; WordPiece is not implemented" : ""));
+                     "'; supported are 'llama' (SentencePiece), 'gpt2' (byte-level BPE) and "
+                     "'bert' (WordPiece)"));
   }
   TC_ASSIGN_OR_RETURN(std::vector<std::string> pieces, StringArray(file, "tokenizer.ggml.tokens"));
   const size_t n = pieces.size();
@@ -166,6 +169,22 @@ absl::StatusOr<Tokenizer> Tokenizer::FromGguf(const GgufFile& file) {
     TC_ASSIGN_OR_RETURN(t.unk_, SpecialId(file, "tokenizer.ggml.unknown_token_id", 0, vocab));
     TC_ASSIGN_OR_RETURN(t.add_space_prefix_,
                         OptionalBool(file, "tokenizer.ggml.add_space_prefix", true));
+  } else if (kind == TokenizerKind::kWordPiece) {
+    // llama.cpp's WordPiece defaults: [CLS] 101 as BOS, [UNK] 100, [SEP] 102 (the GGUF key is
+    // spelled "seperator"), no EOS.
+    TC_ASSIGN_OR_RETURN(int32_t bos, SpecialId(file, "tokenizer.ggml.bos_token_id", 101, vocab));
+    TC_ASSIGN_OR_RETURN(t.bos_, SpecialId(file, "tokenizer.ggml.cls_token_id", bos, vocab));
+    TC_ASSIGN_OR_RETURN(t.eos_, SpecialId(file, "tokenizer.ggml.eos_token_id", -1, vocab));
+    TC_ASSIGN_OR_RETURN(t.unk_, SpecialId(file, "tokenizer.ggml.unknown_token_id", 100, vocab));
+    TC_ASSIGN_OR_RETURN(t.sep_, SpecialId(file, "tokenizer.ggml.seperator_token_id", 102, vocab));
+    TC_ASSIGN_OR_RETURN(t.add_space_prefix_,
+                        OptionalBool(file, "tokenizer.ggml.add_space_prefix", false));
+    t.clean_spaces_ = true;
+    if (t.bos_ < 0 || t.sep_ < 0) {
+      return absl::InvalidArgumentError(
+          "a WordPiece vocabulary needs [CLS] (tokenizer.ggml.cls_token_id) and [SEP] "
+          "(tokenizer.ggml.seperator_token_id) inside the vocabulary");
+    }
   } else {
     if (file.FindValue("tokenizer.ggml.merges") == nullptr) {
       return absl::InvalidArgumentError(
@@ -181,6 +200,7 @@ absl::StatusOr<Tokenizer> Tokenizer::FromGguf(const GgufFile& file) {
     }
     TC_ASSIGN_OR_RETURN(t.pre_, Pretokenizer::ForName(pre));
     add_bos_default = t.pre_->add_bos_default();
+    t.clean_spaces_ = t.pre_->clean_spaces();
     // llama.cpp's BPE defaults: BOS = EOS = 11 (GPT-NeoX's), no unknown token.
     TC_ASSIGN_OR_RETURN(t.bos_, SpecialId(file, "tokenizer.ggml.bos_token_id", 11, vocab));
     TC_ASSIGN_OR_RETURN(t.eos_, SpecialId(file, "tokenizer.ggml.eos_token_id", 11, vocab));
@@ -291,6 +311,7 @@ absl::Status Tokenizer::Index() {
     }
     // On duplicate pieces the lowest id wins, so that encoding is stable.
     piece_to_id_.try_emplace(pieces_[id], id);
+    max_piece_bytes_ = std::max(max_piece_bytes_, pieces_[id].size());
   }
 
   // End-of-turn / end-of-generation tokens by text where the file names none; like llama.cpp,
@@ -330,7 +351,14 @@ absl::Status Tokenizer::Index() {
 }
 
 std::string_view Tokenizer::model_name() const {
-  return kind_ == TokenizerKind::kBpe ? "gpt2" : "llama";
+  switch (kind_) {
+    case TokenizerKind::kBpe:
+      return "gpt2";
+    case TokenizerKind::kWordPiece:
+      return "bert";
+    default:
+      return "llama";
+  }
 }
 
 const std::string& Tokenizer::pre() const {
@@ -397,15 +425,32 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, const EncodeOption
       continue;
     }
     const std::string_view part = text.substr(f.offset, f.length);
-    if (kind_ == TokenizerKind::kBpe) {
-      EncodeBpe(part, &out);
-    } else {
-      EncodeSpm(part, add_space_prefix_ && prev_special, &out);
+    switch (kind_) {
+      case TokenizerKind::kBpe:
+        EncodeBpe(part, &out);
+        break;
+      case TokenizerKind::kWordPiece:
+        EncodeWordPiece(part, &out);
+        break;
+      case TokenizerKind::kSentencePiece:
+        EncodeSpm(part, add_space_prefix_ && prev_special, &out);
+        break;
     }
     prev_special = false;
   }
+  if (options.add_special && kind_ == TokenizerKind::kWordPiece) out.push_back(sep_);
   if (options.add_special && add_eos_) out.push_back(eos_);
   return out;
+}
+
+void Tokenizer::EncodeWordPiece(std::string_view text, std::vector<int32_t>* out) const {
+  auto lookup = [&](std::string_view piece) {
+    auto it = piece_to_id_.find(Av(piece));
+    return it == piece_to_id_.end() ? -1 : it->second;
+  };
+  for (const std::string& word : WordPieceWords(text)) {
+    WordPieceEncodeWord(word, max_piece_bytes_, lookup, unk_, out);
+  }
 }
 
 void Tokenizer::EncodeBpe(std::string_view text, std::vector<int32_t>* out) const {
@@ -531,14 +576,15 @@ std::string Tokenizer::TokenBytes(int32_t prev, int32_t id, bool render_special)
   const std::string& piece = pieces_[id];
   const TokenType type = types_[id];
   if (type == TokenType::kControl) return render_special ? piece : "";
-  if (kind_ == TokenizerKind::kBpe) {
+  if (kind_ != TokenizerKind::kSentencePiece) {
     switch (type) {
       case TokenType::kUnknown:
         return render_special ? piece : "";
       case TokenType::kUserDefined:
         return piece;
       case TokenType::kNormal:
-        return byte_level::Decode(piece);
+        if (kind_ == TokenizerKind::kBpe) return byte_level::Decode(piece);
+        break;
       default:
         return "";  // llama.cpp prints no other type
     }
@@ -557,7 +603,9 @@ std::string Tokenizer::TokenBytes(int32_t prev, int32_t id, bool render_special)
     }
   }
   // Encode added a dummy-prefix space to the text; dropping it after BOS gives the text back.
-  if (prev == bos_ && !out.empty() && out[0] == ' ') out.erase(0, 1);
+  if (kind_ == TokenizerKind::kSentencePiece && prev == bos_ && !out.empty() && out[0] == ' ') {
+    out.erase(0, 1);
+  }
   return out;
 }
 
@@ -567,6 +615,51 @@ std::string Tokenizer::Decode(std::span<const int32_t> ids, bool render_special)
   for (int32_t id : ids) out += detok.Push(id);
   out += detok.Flush();
   return out;
+}
+
+std::string CleanUpTokenizationSpaces(std::string_view text) {
+  // Three passes as in llama.cpp's llama_vocab::impl::detokenize; each keeps the first byte.
+  std::string a;
+  a.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char x = text[i];
+    if (i > 0 && text[i - 1] == ' ' && (x == '?' || x == '!' || x == '.' || x == ',')) {
+      a.pop_back();  // " ?" -> "?"
+    }
+    a.push_back(x);
+  }
+  std::string b;
+  b.reserve(a.size());
+  char prev = a.empty() ? '\0' : a[0];
+  if (!a.empty()) b.push_back(a[0]);
+  for (size_t i = 1; i < a.size(); ++i) {
+    const char x = a[i];
+    if (x == '\'' && i + 1 < a.size() && prev == ' ' && a[i + 1] == ' ') {  // " ' " -> "'"
+      b.pop_back();
+      b.push_back(x);
+      prev = '\0';  // llama.cpp blanks the next space in place, so it is the next "previous"
+      ++i;
+      continue;
+    }
+    b.push_back(x);
+    prev = x;
+  }
+  std::string c;
+  c.reserve(b.size());
+  if (!b.empty()) c.push_back(b[0]);
+  for (size_t i = 1; i < b.size(); ++i) {
+    const char x = b[i];
+    if (b[i - 1] == ' ' && x == '\'' && i + 1 < b.size()) {
+      const char x1 = b[i + 1];
+      const char x2 = i + 2 < b.size() ? b[i + 2] : '\0';
+      // " 's" " 'm" " 're" " 've" lose the space; " 't" " 'd" " 'll" keep it.
+      if (x1 == 's' || x1 == 'm' || (x1 == 'r' && x2 == 'e') || (x1 == 'v' && x2 == 'e')) {
+        c.pop_back();
+      }
+    }
+    c.push_back(x);
+  }
+  return c;
 }
 
 std::string StreamingDetokenizer::Push(int32_t id) {

@@ -1,6 +1,6 @@
-// Tokenizer built from a GGUF vocabulary: SentencePiece (`tokenizer.ggml.model = llama`) or
-// byte-level BPE (`gpt2`, with llama.cpp's pre-tokenizers), with llama.cpp's special-token
-// handling.
+// Tokenizer built from a GGUF vocabulary: SentencePiece (`tokenizer.ggml.model = llama`),
+// byte-level BPE (`gpt2`, with llama.cpp's pre-tokenizers) or WordPiece (`bert`,
+// wordpiece.h), with llama.cpp's special-token handling.
 //
 // SentencePiece encoding follows llama.cpp's SPM tokenizer (and llama2.c's run.c, which agrees
 // on real prompts): a "dummy prefix" space (add_space_prefix), spaces as U+2581, pairwise merges
@@ -15,9 +15,9 @@
 //
 // Special tokens (llama.cpp's tokenizer_st_partition): with parse_special, the text of every
 // control, user-defined and unknown token is cut out of the input as that token's id (longest
-// texts first). Without it, BPE vocabularies still cut out user-defined tokens, as llama.cpp and
-// Hugging Face do (deepseek-llm's 'ü' is one); SentencePiece ones cut out nothing, which is the
-// behaviour this tokenizer always had for raw text.
+// texts first). Without it, BPE and WordPiece vocabularies still cut out user-defined tokens, as
+// llama.cpp and Hugging Face do (deepseek-llm's 'ü' is one); SentencePiece ones cut out nothing,
+// which is the behaviour this tokenizer always had for raw text.
 #pragma once
 
 #include <cstdint>
@@ -50,11 +50,12 @@ enum class TokenType : int32_t {
 enum class TokenizerKind {
   kSentencePiece,  // tokenizer.ggml.model = "llama"
   kBpe,            // tokenizer.ggml.model = "gpt2"
+  kWordPiece,      // tokenizer.ggml.model = "bert"
 };
 
 struct EncodeOptions {
   // llama.cpp's add_special: BOS first and EOS last as tokenizer.ggml.add_bos_token /
-  // add_eos_token (or the per-kind defaults) say.
+  // add_eos_token (or the per-kind defaults) say; WordPiece: CLS first, SEP last.
   bool add_special = false;
   // llama.cpp's parse_special: control / user-defined / unknown token text becomes the id.
   bool parse_special = false;
@@ -63,7 +64,8 @@ struct EncodeOptions {
 class Tokenizer {
  public:
   // Reads tokenizer.ggml.{model,pre,tokens,scores,token_type,merges,bos_token_id,eos_token_id,
-  // unknown_token_id,eot_token_id,eom_token_id,add_bos_token,add_eos_token,add_space_prefix}.
+  // unknown_token_id,eot_token_id,eom_token_id,cls_token_id,seperator_token_id,add_bos_token,
+  // add_eos_token,add_space_prefix}.
   // Every field is validated; an unsupported model or pre-tokenizer is an error naming it.
   static absl::StatusOr<Tokenizer> FromGguf(const GgufFile& file);
   // Opens `path` and reads its vocabulary; a vocabulary-only GGUF (no tensors) is fine.
@@ -79,7 +81,7 @@ class Tokenizer {
   std::vector<int32_t> Encode(std::string_view text, const EncodeOptions& options) const;
 
   TokenizerKind kind() const { return kind_; }
-  // "llama" or "gpt2", as in tokenizer.ggml.model.
+  // "llama", "gpt2" or "bert", as in tokenizer.ggml.model.
   std::string_view model_name() const;
   // The BPE pre-tokenizer's name ("default" when the file has none); "" for SentencePiece.
   const std::string& pre() const;
@@ -91,6 +93,7 @@ class Tokenizer {
   int32_t unk() const { return unk_; }
   int32_t eot() const { return eot_; }  // end of turn (<|eot_id|>, <|im_end|>, ...)
   int32_t eom() const { return eom_; }  // end of message (<|eom_id|>)
+  int32_t sep() const { return sep_; }  // WordPiece's [SEP]; bos() is its [CLS]
   // Every id that ends a generation (EOS, EOT, EOM and llama.cpp's list of end texts), sorted.
   const std::vector<int32_t>& eog_ids() const { return eog_ids_; }
   bool IsEog(int32_t id) const;
@@ -98,6 +101,8 @@ class Tokenizer {
   bool add_bos_token() const { return add_bos_; }
   bool add_eos_token() const { return add_eos_; }
   bool add_space_prefix() const { return add_space_prefix_; }
+  // Whether llama.cpp's detokenizer applies CleanUpTokenizationSpaces for this vocabulary.
+  bool clean_spaces() const { return clean_spaces_; }
 
   const std::string& piece(int32_t id) const { return pieces_[id]; }
   TokenType type(int32_t id) const { return types_[id]; }
@@ -107,6 +112,7 @@ class Tokenizer {
   // (and, for BPE, unknown) tokens give "" unless `render_special`, which gives their text.
   // SentencePiece: U+2581 becomes a space, the leading space after BOS is dropped, <0xNN>
   // becomes one raw byte. BPE: byte-level text becomes its bytes, user-defined text is verbatim.
+  // WordPiece: U+2581 becomes a space.
   // May be an incomplete UTF-8 sequence; out-of-range ids give "".
   std::string TokenBytes(int32_t prev, int32_t id, bool render_special = false) const;
 
@@ -125,6 +131,7 @@ class Tokenizer {
   std::vector<Fragment> Partition(std::string_view text, bool parse_special) const;
   void EncodeSpm(std::string_view text, bool space_prefix, std::vector<int32_t>* out) const;
   void EncodeBpe(std::string_view text, std::vector<int32_t>* out) const;
+  void EncodeWordPiece(std::string_view text, std::vector<int32_t>* out) const;
 
   TokenizerKind kind_ = TokenizerKind::kSentencePiece;
   std::vector<std::string> pieces_;
@@ -137,10 +144,17 @@ class Tokenizer {
   std::vector<int32_t> special_order_;
   std::shared_ptr<const Pretokenizer> pre_;  // BPE only
   std::shared_ptr<const BpeMerges> merges_;  // BPE only
-  int32_t bos_ = 1, eos_ = 2, unk_ = 0, eot_ = -1, eom_ = -1;
+  int32_t bos_ = 1, eos_ = 2, unk_ = 0, eot_ = -1, eom_ = -1, sep_ = -1;
+  size_t max_piece_bytes_ = 0;
   std::vector<int32_t> eog_ids_;
-  bool add_bos_ = true, add_eos_ = false, add_space_prefix_ = true;
+  bool add_bos_ = true, add_eos_ = false, add_space_prefix_ = true, clean_spaces_ = false;
 };
+
+// llama.cpp's clean_up_tokenization_spaces pass over detokenized text (Hugging Face's, ASCII
+// only): drops the space before ? ! . , and before 's 'm 're 've, and the spaces around a lone
+// apostrophe. Lossy, so Decode never applies it; callers that want llama.cpp's exact text do
+// when clean_spaces() says so.
+std::string CleanUpTokenizationSpaces(std::string_view text);
 
 // Turns a stream of token ids into text that is always valid UTF-8: bytes of an incomplete
 // multi-byte sequence are held back until the sequence completes; bytes that can never form

@@ -51,7 +51,7 @@ TEST(TokenizeCommandTest, IdsEqualLlamaCpp) {
   // Case 28 is "    Hello\n    Hello"; 45 is the long mixed one (emoji, CJK, digits, quotes).
   ASSERT_EQ(Case("gpt-2", 28), "    Hello\n    Hello");
   for (size_t index : {size_t{1}, size_t{28}, size_t{45}}) {
-    for (const std::string name : {"gpt-2", "deepseek-llm", "llama-spm"}) {
+    for (const std::string name : {"gpt-2", "deepseek-llm", "llama-spm", "bert-bge"}) {
       auto r = Tokenize(Case(name, index), {"--model", VocabPath(name)});
       ASSERT_EQ(r.exit_code, 0) << r.err;
       EXPECT_EQ(r.out, ExpectedLine(name, index)) << name << " case " << index;
@@ -76,10 +76,24 @@ TEST(TokenizeCommandTest, AddBosAndParseSpecial) {
 }
 
 TEST(TokenizeCommandTest, Errors) {
-  auto wpm = Tokenize("x", {"--model", VocabPath("bert-bge")});
-  EXPECT_EQ(wpm.exit_code, 1);
-  EXPECT_NE(wpm.err.find("'bert'"), std::string::npos) << wpm.err;
-  EXPECT_NE(wpm.err.find("ggml-vocab-bert-bge.gguf"), std::string::npos) << wpm.err;
+  // Not a tokenizer: the error names the file and the key.
+  const std::string stories = testing::ModelPath("stories260K/stories260K.gguf");
+  auto ok = Tokenize("x", {"--model", stories});
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  const std::string plan = testing::TempDir() + "/no-vocab.gguf";
+  {
+    FILE* f = std::fopen(plan.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    // A GGUF v3 header with no tensors and no metadata.
+    const unsigned char header[] = {'G', 'G', 'U', 'F', 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                    0, 0, 0, 0, 0, 0, 0, 0};
+    std::fwrite(header, 1, sizeof header, f);
+    std::fclose(f);
+  }
+  auto novocab = Tokenize("x", {"--model", plan});
+  EXPECT_EQ(novocab.exit_code, 1);
+  EXPECT_NE(novocab.err.find("tokenizer.ggml.model"), std::string::npos) << novocab.err;
+  EXPECT_NE(novocab.err.find("no-vocab.gguf"), std::string::npos) << novocab.err;
   auto missing = Tokenize("x", {"--model", testing::TempDir() + "/none.gguf"});
   EXPECT_EQ(missing.exit_code, 1);
   EXPECT_NE(missing.err.find("none.gguf"), std::string::npos) << missing.err;

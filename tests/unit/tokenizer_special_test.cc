@@ -205,8 +205,11 @@ TEST(TokenizerSpecialTest, BpeFilesAreValidated) {
                 w.SetValue("tokenizer.ggml.eot_token_id", GgufU32(99));
               }),
               HasSubstr("tokenizer.ggml.eot_token_id = 99"));
+  EXPECT_THAT(error([](GgufWriter& w) { w.SetValue("tokenizer.ggml.model", GgufString("t5")); }),
+              HasSubstr("tokenizer.ggml.model is 't5'"));
+  // A WordPiece vocabulary must hold its [CLS] and [SEP] (ids 101 and 102 by default).
   EXPECT_THAT(error([](GgufWriter& w) { w.SetValue("tokenizer.ggml.model", GgufString("bert")); }),
-              HasSubstr("WordPiece"));
+              HasSubstr("[SEP]"));
   // The pre key may be missing (gpt-neox): llama.cpp's default pre-tokenizer.
   absl::StatusOr<Tokenizer> none = BpeWith([](GgufWriter&) {}, /*with_pre=*/false);
   ASSERT_TRUE(none.ok()) << none.status();

@@ -20,7 +20,7 @@ std::string VocabPath(const std::string& name) {
 
 TEST(VocabMetadataTest, CopiedVocabularyTokenizesTheSame) {
   const std::string text = testing::ReadFileOrDie(VocabPath("deepseek-llm") + ".inp");
-  for (const std::string name : {"deepseek-llm", "phi-3", "starcoder"}) {
+  for (const std::string name : {"deepseek-llm", "phi-3", "starcoder", "bert-bge"}) {
     absl::StatusOr<std::unique_ptr<GgufFile>> src = GgufFile::Open(VocabPath(name));
     ASSERT_TRUE(src.ok()) << src.status();
     GgufWriter w;
@@ -55,14 +55,22 @@ TEST(VocabMetadataTest, CopiedVocabularyTokenizesTheSame) {
   }
 }
 
-TEST(VocabMetadataTest, UnsupportedVocabularyIsRefusedAndNothingCopied) {
-  absl::StatusOr<std::unique_ptr<GgufFile>> src = GgufFile::Open(VocabPath("bert-bge"));
+TEST(VocabMetadataTest, BrokenVocabularyIsRefusedAndNothingCopied) {
+  GgufWriter bad;
+  bad.SetValue("general.architecture", GgufString("llama"));
+  bad.SetValue("tokenizer.ggml.model", GgufString("gpt2"));
+  bad.SetValue("tokenizer.ggml.tokens", GgufStringArray({"a"}));
+  bad.SetValue("tokenizer.ggml.pre", GgufString("unheard-of"));
+  bad.SetValue("tokenizer.ggml.merges", GgufStringArray({}));
+  const std::string bad_path = testing::TempDir() + "/bad-vocab.gguf";
+  ASSERT_TRUE(bad.WriteFile(bad_path).ok());
+  absl::StatusOr<std::unique_ptr<GgufFile>> src = GgufFile::Open(bad_path);
   ASSERT_TRUE(src.ok());
   GgufWriter w;
   w.SetValue("general.architecture", GgufString("llama"));
   absl::StatusOr<int32_t> n = CopyTokenizerMetadata(**src, w);
   ASSERT_FALSE(n.ok());
-  EXPECT_THAT(n.status().message(), HasSubstr("'bert'"));
+  EXPECT_THAT(n.status().message(), HasSubstr("'unheard-of'"));
   const std::string path = testing::TempDir() + "/nothing.gguf";
   ASSERT_TRUE(w.WriteFile(path).ok());
   absl::StatusOr<std::unique_ptr<GgufFile>> f = GgufFile::Open(path);
