@@ -76,7 +76,8 @@ class Tokenizer {
                                              std::vector<TokenType> types, int32_t bos,
                                              int32_t eos, int32_t unk);
 
-  // Raw text (no special-token parsing), BOS first exactly when `add_bos`.
+  // Raw text (no special-token parsing), BOS first exactly when `add_bos` (and the vocabulary
+  // has one). Encoding and decoding are const and safe to call from several threads.
   std::vector<int32_t> Encode(std::string_view text, bool add_bos) const;
   std::vector<int32_t> Encode(std::string_view text, const EncodeOptions& options) const;
 
