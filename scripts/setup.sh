@@ -10,6 +10,9 @@ PACKAGES=(
   libboost-program-options-dev libboost-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libnuma-dev
+  # BPE pre-tokenizer regexes (shared/tokenizer/pretokenizer.cc): PCRE2 with Unicode properties;
+  # WordPiece's Unicode data (shared/tokenizer/wordpiece.cc): ICU.
+  libpcre2-dev libicu-dev
   # gRPC API and gateway (proto/, gateway/): protoc + grpc_cpp_plugin, gRPC++ with reflection,
   # sd_notify for systemd readiness and the watchdog.
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libsystemd-dev
