@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
 #include "gpu_worker/cuda/cuda_util.h"
 #include "gpu_worker/cuda/kernels.h"
@@ -512,7 +513,10 @@ absl::Status CudaBackend::Ffn(int64_t l, int64_t n) {
   const bool has_cold = !part.cold.empty();
 
   if (predicted) {
-    TC_RETURN_IF_ERROR(GemmF16(blas_, d.fc1.get(), d.rank, dim, hh_.get(), n, pred_mid_.get(), d.rank, 0.0f));
+    // The predictors read ffn_inp, the residual stream x before ffn_norm (PowerInfer's input);
+    // xh_ (the attention norm's half copy) is free again once attention is done.
+    TC_CUDA(LaunchToHalf(x_.get(), n * dim, false, xh_.get(), compute_));
+    TC_RETURN_IF_ERROR(GemmF16(blas_, d.fc1.get(), d.rank, dim, xh_.get(), n, pred_mid_.get(), d.rank, 0.0f));
     TC_CUDA(LaunchToHalf(pred_mid_.get(), n * d.rank, true, pred_mid_h_.get(), compute_));
     TC_RETURN_IF_ERROR(GemmF16(blas_, d.fc2.get(), ffn, d.rank, pred_mid_h_.get(), n, scores_.get(), ffn, 0.0f));
     TC_CUDA(LaunchPredictSelect(scores_.get(), n, ffn, plan_.predictors->layer_threshold(l),
@@ -613,9 +617,56 @@ absl::Status CudaBackend::Ffn(int64_t l, int64_t n) {
 }  // namespace
 }  // namespace cuda
 
+namespace {
+
+// The layer features the device kernels execute today: the llama block (RMSNorm, RoPE on
+// adjacent pairs without scaling, SwiGLU/ReLU-gated FFN, no biases). Any other feature of the
+// model description is refused by name before anything is allocated, so a model never runs
+// wrongly on the device; the host backend runs every architecture.
+absl::Status CheckDeviceFeatures(const Model& model) {
+  const ModelConfig& c = model.config();
+  std::vector<std::string> missing;
+  auto need = [&](bool ok, const char* what) {
+    if (!ok) missing.push_back(what);
+  };
+  const ArchSpec* a = c.arch;
+  need(a == nullptr || a->norm == NormKind::kRms, "LayerNorm");
+  need(a == nullptr || a->rope == RopeStyle::kNorm, "NeoX RoPE");
+  need(a == nullptr || (!a->parallel_block && a->attn_norm && a->ffn_norm), "parallel or norm-less blocks");
+  need(a == nullptr || (!a->post_attn_norm && !a->post_ffn_norm), "post-norms");
+  need(a == nullptr || !a->embed_scale, "embedding scaling");
+  need(c.rope_scaling.kind == RopeScaling::Kind::kNone && model.rope_freqs().empty(),
+       "RoPE scaling (rope_freqs, linear, YaRN)");
+  need(c.q_dim == c.dim, "a head size other than dim / heads");
+  need(c.attn_softcap == 0 && c.final_softcap == 0, "soft-capping");
+  need(!c.moe(), "mixture of experts");
+  need(c.activation == FfnActivation::kSilu || c.activation == FfnActivation::kRelu,
+       "GELU or dReLU activations");
+  bool biases = false, qk_norm = false, window = false, gated = true;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& w = model.layer(l);
+    biases |= !w.bq.empty() || !w.bk.empty() || !w.bv.empty() || !w.bo.empty() ||
+              !w.up_b.empty() || !w.down_b.empty();
+    qk_norm |= !w.q_norm.empty();
+    window |= c.layers[l].sliding_window > 0;
+    gated &= !w.gate.empty();
+  }
+  need(!biases, "projection biases");
+  need(!qk_norm, "q/k norms");
+  need(!window, "sliding-window attention");
+  need(gated, "FFNs without a gate");
+  if (missing.empty()) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(
+      "the cuda backend does not run this ", c.arch_name(), " model yet (it needs: ",
+      absl::StrJoin(missing, ", "), "); use --backend host"));
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const Model& model,
                                                            SparsityPlan plan, Partition partition,
                                                            const CudaBackendOptions& options) {
+  TC_RETURN_IF_ERROR(CheckDeviceFeatures(model));
   auto b = std::make_unique<cuda::CudaBackend>(model, std::move(plan), std::move(partition), options);
   TC_RETURN_IF_ERROR(b->Init());
   return std::unique_ptr<Backend>(std::move(b));
