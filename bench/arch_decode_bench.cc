@@ -107,8 +107,8 @@ int main(int argc, char** argv) {
   bool made_dir = false;
   if (dir.empty()) {
     const char* tmp = std::getenv("TMPDIR");
-    std::string templ = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") +
-                        "/arch_decode_bench.XXXXXX";
+    std::string templ =
+        std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/arch_decode_bench.XXXXXX";
     if (mkdtemp(templ.data()) == nullptr) return fail("cannot create a directory under " + templ);
     dir = templ;
     made_dir = true;
@@ -214,7 +214,8 @@ int main(int argc, char** argv) {
     if (made_dir) {
       std::filesystem::remove_all(dir, ec);
     } else {
-      for (size_t m = 0; m < 4; ++m) std::filesystem::remove(absl::StrCat(dir, "/m", m, ".gguf"), ec);
+      for (size_t m = 0; m < 4; ++m)
+        std::filesystem::remove(absl::StrCat(dir, "/m", m, ".gguf"), ec);
     }
   } else {
     std::printf("models kept in %s\n", dir.c_str());

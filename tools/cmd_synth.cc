@@ -92,9 +92,13 @@ int RunSynth(const std::vector<std::string>& args) {
   if (!ffn_kind.empty()) {
     std::string names;
     for (SynthFfnKind k : kinds) {
-      const std::string name = SynthFfnKindName(o.arch, k);
-      if (name == ffn_kind) o.ffn_kind = k;
-      names += (names.empty() ? "" : ", ") + name;
+      std::vector<std::string> spellings = {SynthFfnKindName(o.arch, k)};
+      // Plain `relu` says ReLU in whatever form the architecture's FFN has.
+      if (spellings[0] == "relu-gated") spellings.push_back("relu");
+      for (const std::string& name : spellings) {
+        if (name == ffn_kind) o.ffn_kind = k;
+        names += (names.empty() ? "" : ", ") + name;
+      }
     }
     if (o.ffn_kind == SynthFfnKind::kArchDefault) {
       return fail("--ffn-kind '" + ffn_kind + "' is not one of: " + names + " (--arch " + o.arch +

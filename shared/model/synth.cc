@@ -355,7 +355,9 @@ absl::Status ValidateSynthOptions(const SynthOptions& o) {
   }
   if (o.head_dim != 0) {
     TC_RETURN_IF_ERROR(range("head-dim", o.head_dim, 2, kMaxHeadDim));
-    if (o.head_dim % 2 != 0) return Bad("head-dim", o.head_dim, "must be even (RoPE rotates pairs)");
+    if (o.head_dim % 2 != 0) {
+      return Bad("head-dim", o.head_dim, "must be even (RoPE rotates pairs)");
+    }
     if (shape.q_dim > kMaxDim) {
       return Bad("head-dim", o.head_dim,
                  absl::StrCat("times --heads ", o.heads, " exceeds ", kMaxDim));
@@ -404,7 +406,9 @@ absl::Status ValidateSynthOptions(const SynthOptions& o) {
       return Bad("expert-ffn", o.expert_ffn, "applies to MoE models only (--experts N)");
     }
   } else {
-    TC_RETURN_IF_ERROR(range("experts-used", shape.experts_used, 1, shape.experts));
+    if (o.experts_used != 0) {
+      TC_RETURN_IF_ERROR(range("experts-used", o.experts_used, 1, shape.experts));
+    }
     if (o.expert_ffn != 0) {
       if (!lay.expert_ffn_key) {
         return Bad("expert-ffn", o.expert_ffn,
@@ -437,8 +441,8 @@ absl::Status ValidateSynthOptions(const SynthOptions& o) {
   if (DesignSynthSparsity(o).enabled) {
     if (const std::string misfit = ShapedDesignMisfit(a, shape.experts); !misfit.empty()) {
       return BadNumber("active-fraction", o.active_fraction,
-                       absl::StrCat("the shaped ReLU design does not fit --arch", arch, ": ", misfit,
-                                    "; --active-fraction 0 writes i.i.d. ReLU weights"));
+                       absl::StrCat("the shaped ReLU design does not fit --arch", arch, ": ",
+                                    misfit, "; --active-fraction 0 writes i.i.d. ReLU weights"));
     }
   }
   return absl::OkStatus();

@@ -59,7 +59,7 @@ struct SynthOptions {
   GgmlType type = GgmlType::kF32;  // token embedding and matrices; norms are always F32
   SynthFfnKind ffn_kind = SynthFfnKind::kArchDefault;
   uint64_t seed = 1;
-  // ReLU-gated only (SwiGLU ignores both): the share of a layer's FFN neurons that fire for a
+  // ReLU only (other activations ignore both): the share of a layer's FFN neurons that fire for a
   // typical token, in [0, 0.5]. 0 leaves every weight i.i.d. (about half the neurons fire, all
   // about equally often).
   double active_fraction = 0.1;
@@ -87,11 +87,12 @@ std::vector<SynthFfnKind> SynthFfnKinds(std::string_view arch);
 // The number of weights the llama.cpp-layout file holds (every tensor's elements).
 int64_t SynthParameterCount(const SynthOptions& options);
 
-// llama.cpp's tensor layout, or (llama only) PowerInfer's: magic PWRI, blk.N.ffn_down_t.weight (one row per
-// neuron, ggml ne = (dim, ffn)) instead of ffn_down, the analytic predictors blk.N.fc1.weight
-// ne = (dim, rank) and blk.N.fc2.weight ne = (rank, ffn) in F16, and
-// powerinfer.sparse_threshold = 0. The weights are the same values in both layouts; F32, F16 and
-// BF16 files hold them bit for bit, Q8_0/Q4_0 quantize ffn_down_t along its own rows.
+// llama.cpp's tensor layout, or (--arch llama only) PowerInfer's: magic PWRI,
+// blk.N.ffn_down_t.weight (one row per neuron, ggml ne = (dim, ffn)) instead of ffn_down, the
+// analytic predictors blk.N.fc1.weight ne = (dim, rank) and blk.N.fc2.weight ne = (rank, ffn) in
+// F16, and powerinfer.sparse_threshold = 0. The weights are the same values in both layouts;
+// F32, F16 and BF16 files hold them bit for bit, Q8_0/Q4_0 quantize ffn_down_t along its own
+// rows.
 enum class SynthLayout { kLlamaCpp, kPowerInfer };
 
 // The realistic ReLU construction, derived from the options (docs/synthetic-models.md). With

@@ -14,17 +14,17 @@ namespace thermocline {
 struct ArchSpec;
 
 struct SynthArchLayout {
-  std::string_view arch;          // ArchSpec::name
-  bool fused_qkv = false;         // one attn_qkv [q | k | v] (phi3, falcon)
-  bool fused_gate_up = false;     // one ffn_up [gate | up] of 2 * ffn rows (phi3)
-  bool qkv_bias = false;          // attn_{q,k,v}.bias (qwen2, qwen2moe, starcoder2)
-  bool other_biases = false;      // attn_output.bias, ffn_up.bias, ffn_down.bias (starcoder2)
-  bool qk_norm_whole = false;     // q/k norms over the whole projection (olmo2), not per head
-  bool experts_only = false;      // every layer is MoE (qwen2moe, qwen3moe)
-  bool expert_ffn_key = false;    // <arch>.expert_feed_forward_length sets the experts' width
-  bool shared_expert = false;     // ffn_*_shexp and ffn_gate_inp_shexp (qwen2moe)
-  float attn_softcap = 0.0f;      // <arch>.attn_logit_softcapping when > 0 (gemma2)
-  float final_softcap = 0.0f;     // <arch>.final_logit_softcapping when > 0 (gemma2)
+  std::string_view arch;        // ArchSpec::name
+  bool fused_qkv = false;       // one attn_qkv [q | k | v] (phi3, falcon)
+  bool fused_gate_up = false;   // one ffn_up [gate | up] of 2 * ffn rows (phi3)
+  bool qkv_bias = false;        // attn_{q,k,v}.bias (qwen2, qwen2moe, starcoder2)
+  bool other_biases = false;    // attn_output.bias, ffn_up.bias, ffn_down.bias (starcoder2)
+  bool qk_norm_whole = false;   // q/k norms over the whole projection (olmo2), not per head
+  bool experts_only = false;    // every layer is MoE (qwen2moe, qwen3moe)
+  bool expert_ffn_key = false;  // <arch>.expert_feed_forward_length sets the experts' width
+  bool shared_expert = false;   // ffn_*_shexp and ffn_gate_inp_shexp (qwen2moe)
+  float attn_softcap = 0.0f;    // <arch>.attn_logit_softcapping when > 0 (gemma2)
+  float final_softcap = 0.0f;   // <arch>.final_logit_softcapping when > 0 (gemma2)
 };
 
 // The layout of every architecture FindArch knows, or null for an unknown name.

@@ -62,9 +62,9 @@ TEST_P(ShapedArchTest, SparsityFollowsTheActiveFraction) {
   ASSERT_TRUE(model.ok()) << model.status();
   const ModelConfig& c = (*model)->config();
   ASSERT_EQ(c.activation, FfnActivation::kRelu);
-  auto tokens = TokenizeCorpusFile(
-      testing::SharedDataDir() + "/corpus/tinystories_valid_sample.txt", (*model)->tokenizer(),
-      1000);
+  auto tokens =
+      TokenizeCorpusFile(testing::SharedDataDir() + "/corpus/tinystories_valid_sample.txt",
+                         (*model)->tokenizer(), 1000);
   ASSERT_TRUE(tokens.ok()) << tokens.status();
   ThreadPool pool(2);
   auto kv = KvCache::Create(c, 1, 256, GgmlType::kF32);

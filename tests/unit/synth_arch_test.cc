@@ -2,6 +2,8 @@
 // architecture does not use and any required one that is missing or misshapen, so loading is
 // the check that the file holds exactly that architecture's tensors), runs, and is
 // deterministic; MoE routers route.
+#include "shared/model/synth_arch.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -15,7 +17,6 @@
 #include "shared/model/model.h"
 #include "shared/model/quant.h"
 #include "shared/model/synth.h"
-#include "shared/model/synth_arch.h"
 #include "shared/runtime/forward.h"
 #include "tests/test_support.h"
 
@@ -155,36 +156,50 @@ TEST(SynthArchTest, DistinctiveTensors) {
   };
   // Small(): dim 64, ffn 96, 4 heads of 16, 2 kv heads: q 64, kv 32.
   const std::vector<Case> cases = {
-      {"llama", {{"blk.0.ffn_gate.weight", {64, 96}}, {"output.weight", {64, 300}}},
+      {"llama",
+       {{"blk.0.ffn_gate.weight", {64, 96}}, {"output.weight", {64, 300}}},
        {"blk.0.attn_q.bias"}},
       {"qwen2",
        {{"blk.0.attn_q.bias", {64}}, {"blk.0.attn_k.bias", {32}}, {"blk.1.attn_v.bias", {32}}},
        {"blk.0.attn_output.bias"}},
       {"qwen3", {{"blk.0.attn_q_norm.weight", {16}}, {"blk.0.attn_k_norm.weight", {16}}}, {}},
       {"olmo2",
-       {{"blk.0.attn_q_norm.weight", {64}}, {"blk.0.attn_k_norm.weight", {32}},
-        {"blk.0.post_attention_norm.weight", {64}}, {"blk.0.post_ffw_norm.weight", {64}}},
+       {{"blk.0.attn_q_norm.weight", {64}},
+        {"blk.0.attn_k_norm.weight", {32}},
+        {"blk.0.post_attention_norm.weight", {64}},
+        {"blk.0.post_ffw_norm.weight", {64}}},
        {"blk.0.attn_norm.weight", "blk.0.ffn_norm.weight"}},
       {"gemma2",
        {{"blk.0.post_attention_norm.weight", {64}}, {"blk.0.post_ffw_norm.weight", {64}}},
        {"output.weight"}},
       {"gemma3", {{"blk.1.attn_q_norm.weight", {16}}}, {"output.weight"}},
-      {"phi3", {{"blk.0.attn_qkv.weight", {64, 128}}, {"blk.0.ffn_up.weight", {64, 192}}},
+      {"phi3",
+       {{"blk.0.attn_qkv.weight", {64, 128}}, {"blk.0.ffn_up.weight", {64, 192}}},
        {"blk.0.attn_q.weight", "blk.0.ffn_gate.weight"}},
       {"starcoder2",
-       {{"blk.0.attn_norm.bias", {64}}, {"blk.0.ffn_norm.bias", {64}}, {"output_norm.bias", {64}},
-        {"blk.0.attn_q.bias", {64}}, {"blk.0.attn_output.bias", {64}},
-        {"blk.0.ffn_up.bias", {96}}, {"blk.0.ffn_down.bias", {64}}},
+       {{"blk.0.attn_norm.bias", {64}},
+        {"blk.0.ffn_norm.bias", {64}},
+        {"output_norm.bias", {64}},
+        {"blk.0.attn_q.bias", {64}},
+        {"blk.0.attn_output.bias", {64}},
+        {"blk.0.ffn_up.bias", {96}},
+        {"blk.0.ffn_down.bias", {64}}},
        {"blk.0.ffn_gate.weight"}},
       {"falcon",
-       {{"blk.0.attn_qkv.weight", {64, 128}}, {"blk.0.attn_norm.bias", {64}},
-        {"blk.0.ffn_up.weight", {64, 96}}, {"blk.0.ffn_down.weight", {96, 64}}},
+       {{"blk.0.attn_qkv.weight", {64, 128}},
+        {"blk.0.attn_norm.bias", {64}},
+        {"blk.0.ffn_up.weight", {64, 96}},
+        {"blk.0.ffn_down.weight", {96, 64}}},
        {"blk.0.ffn_norm.weight", "blk.0.ffn_gate.weight", "blk.0.attn_qkv.bias"}},
       {"qwen2moe",
-       {{"blk.0.ffn_gate_inp.weight", {64, 4}}, {"blk.0.ffn_gate_exps.weight", {64, 96, 4}},
-        {"blk.0.ffn_up_exps.weight", {64, 96, 4}}, {"blk.0.ffn_down_exps.weight", {96, 64, 4}},
-        {"blk.0.ffn_gate_inp_shexp.weight", {64}}, {"blk.0.ffn_gate_shexp.weight", {64, 96}},
-        {"blk.0.ffn_down_shexp.weight", {96, 64}}, {"blk.0.attn_q.bias", {64}}},
+       {{"blk.0.ffn_gate_inp.weight", {64, 4}},
+        {"blk.0.ffn_gate_exps.weight", {64, 96, 4}},
+        {"blk.0.ffn_up_exps.weight", {64, 96, 4}},
+        {"blk.0.ffn_down_exps.weight", {96, 64, 4}},
+        {"blk.0.ffn_gate_inp_shexp.weight", {64}},
+        {"blk.0.ffn_gate_shexp.weight", {64, 96}},
+        {"blk.0.ffn_down_shexp.weight", {96, 64}},
+        {"blk.0.attn_q.bias", {64}}},
        {"blk.0.ffn_gate.weight"}},
       {"qwen3moe", {{"blk.1.ffn_down_exps.weight", {96, 64, 4}}}, {"blk.0.ffn_gate_shexp.weight"}},
   };
@@ -305,9 +320,9 @@ testing::CommandResult Synth(std::vector<std::string> args) {
 TEST(SynthArchCommandTest, WritesEveryArch) {
   for (const std::string& arch : ArchNames()) {
     const std::string path = testing::TempDir() + "/cmd_" + arch + ".gguf";
-    testing::CommandResult r = Synth({"-o", path, "--arch", arch, "--dim", "64", "--ffn", "64",
-                                      "--layers", "1", "--heads", "2", "--kv-heads", "1",
-                                      "--vocab", "259", "--type", "q8_0"});
+    testing::CommandResult r =
+        Synth({"-o", path, "--arch", arch, "--dim", "64", "--ffn", "64", "--layers", "1", "--heads",
+               "2", "--kv-heads", "1", "--vocab", "259", "--type", "q8_0"});
     ASSERT_EQ(r.exit_code, 0) << arch << ": " << r.err;
     auto model = Model::Load(path);
     ASSERT_TRUE(model.ok()) << model.status();
@@ -317,11 +332,12 @@ TEST(SynthArchCommandTest, WritesEveryArch) {
   const std::string path = testing::TempDir() + "/cmd_kind.gguf";
   struct Kind {
     std::string arch, kind, activation;
-    bool relu;  // the sparsity flags apply: unshaped, since the design fits none of these
+    bool relu;  // written unshaped (--active-fraction 0)
   };
-  for (const Kind& k : {Kind{"gemma2", "gelu", "gelu", false}, Kind{"falcon", "relu", "relu", true},
-                        Kind{"bamboo", "drelu", "drelu", false},
-                        Kind{"starcoder2", "relu", "relu", true}}) {
+  for (const Kind& k :
+       {Kind{"gemma2", "gelu", "gelu", false}, Kind{"falcon", "relu", "relu", true},
+        Kind{"bamboo", "drelu", "drelu", false}, Kind{"starcoder2", "relu", "relu", true},
+        Kind{"qwen2", "relu", "relu", true}, Kind{"qwen2", "relu-gated", "relu", true}}) {
     std::vector<std::string> args = {"-o", path, "--arch", k.arch, "--ffn-kind", k.kind};
     if (k.relu) args.insert(args.end(), {"--active-fraction", "0"});
     testing::CommandResult r = Synth(args);
@@ -342,7 +358,9 @@ TEST(SynthArchCommandTest, RefusalsNameTheArchAndFlag) {
       {{"--arch", "gpt2"}, "--arch 'gpt2' is not one of: llama, "},
       {{"--arch", "falcon", "--ffn-kind", "relu-gated"},
        "--ffn-kind 'relu-gated' is not one of: gelu, relu (--arch falcon"},
-      {{"--arch", "llama", "--ffn-kind", "relu"}, "--ffn-kind 'relu' is not one of: swiglu, "},
+      {{"--arch", "llama", "--ffn-kind", "gelu"},
+       "--ffn-kind 'gelu' is not one of: swiglu, relu-gated, relu (--arch llama"},
+      {{"--arch", "qwen2moe", "--experts-used", "-1"}, "--experts-used -1: must be in [1, 4]"},
       {{"--arch", "gemma2", "--ffn-kind", "relu-gated"},
        "--active-fraction 0.1: the shaped ReLU design does not fit --arch gemma2"},
       {{"--arch", "falcon", "--ffn-kind", "relu"},
