@@ -306,15 +306,13 @@ SynthShape ResolveShape(const SynthOptions& o) {
 }
 
 // Why the shaped ReLU design (docs/synthetic-models.md) does not fit an architecture; empty when
-// it does. The design rides on a persistent stream coordinate that ffn_norm amplifies and the
-// gate rows threshold, with thresholds calibrated on the llama block's residual growth.
+// it does. The design needs one coordinate k of the FFN input that is the same for every token,
+// which the gate rows (up rows without a gate) threshold: with RMSNorm, a persistent stream
+// coordinate that ffn_norm amplifies, with thresholds calibrated on the llama block's residual
+// growth; with LayerNorm, the norm's bias alone (weight 0 at k), whatever the stream does.
 std::string ShapedDesignMisfit(const ArchSpec& a, int64_t experts) {
   if (experts > 0) return "its FFNs are mixtures of experts (the design shapes one dense FFN)";
-  if (!a.gated_ffn) return "its FFN has no gate (the design thresholds the gate's neurons)";
-  if (a.norm != NormKind::kRms) {
-    return "LayerNorm subtracts the mean and adds a bias, which moves the persistent coordinate "
-           "the thresholds ride on";
-  }
+  if (a.norm == NormKind::kLayer) return "";
   if (!a.ffn_norm || a.parallel_block) {
     return "it has no ffn_norm to carry the persistent coordinate's gain";
   }
@@ -549,6 +547,7 @@ void SynthWeights(SynthRole role, uint64_t seed, uint64_t tensor_index, int64_t 
       ProjectionWeights(key, fan_in, begin, end, out);
       return;
     case SynthRole::kBias:
+    case SynthRole::kFfnNormBias:
       FillUniform(key, kBiasStddev, begin, end, out);
       return;
   }
@@ -639,6 +638,8 @@ struct SynthTensorContext {
   const SynthTensorSpec* spec = nullptr;
   std::vector<uint64_t> keys;     // one per part
   bool shaped = false;            // the design applies to this tensor
+  bool layer_norm = false;        // the FFN's norm is LayerNorm: its bias carries coordinate k
+  bool attn_reads_ffn_norm = false;  // parallel blocks: attention reads the FFN's norm too
   std::vector<float> basis;       // [basis_rank][dim]: gate, fc1
   std::vector<float> thresholds;  // [ffn]: gate, fc2
 };
@@ -663,11 +664,13 @@ void NeuronLoadings(const SynthOptions& o, const SynthSparsityDesign& d, int64_t
 }
 
 SynthTensorContext MakeTensorContext(const SynthOptions& o, const SynthSparsityDesign& d,
-                                     const SynthTensorSpec& s) {
+                                     const ArchSpec& a, const SynthTensorSpec& s) {
   SynthTensorContext c;
   c.o = &o;
   c.d = &d;
   c.spec = &s;
+  c.layer_norm = a.norm == NormKind::kLayer;
+  c.attn_reads_ffn_norm = a.parallel_block;
   bool gate = false;
   for (const SynthPart& p : s.parts) {
     c.keys.push_back(TensorKey(o.seed, p.index));
@@ -749,7 +752,24 @@ void SynthRow(const SynthTensorContext& c, int64_t row, float* out, std::vector<
       out[k] = d.persistent_value;  // every token starts with the persistent component
       return;
     case SynthRole::kFfnNorm:
-      out[k] = static_cast<float>(d.gate_scale * d.residual_rms[s.layer] / d.persistent_value);
+      // LayerNorm: h_k is the bias alone (below), so no stream statistic enters the threshold.
+      out[k] = c.layer_norm ? 0.0f
+                            : static_cast<float>(d.gate_scale * d.residual_rms[s.layer] /
+                                                 d.persistent_value);
+      return;
+    case SynthRole::kFfnNormBias:
+      std::fill(out, out + n, 0.0f);
+      out[k] = static_cast<float>(d.gate_scale);
+      return;
+    case SynthRole::kBias:
+      // LayerNorm models' biases would shift each neuron's threshold (up's, the norms') or the
+      // stream's mean; zero keeps the thresholds as designed.
+      if (c.layer_norm) std::fill(out, out + n, 0.0f);
+      return;
+    case SynthRole::kAttnQ:
+    case SynthRole::kAttnK:
+    case SynthRole::kAttnV:
+      if (c.attn_reads_ffn_norm) out[k] = 0.0f;  // attention ignores the gate's constant input
       return;
     case SynthRole::kAttnOutput:
     case SynthRole::kFfnDown:
@@ -783,7 +803,8 @@ std::vector<SynthTensorSpec> SynthSpecs(const SynthOptions& o, const SynthShape&
     // Norms, biases and routers stay F32, as in llama.cpp's own conversions.
     const SynthRole role = s.parts[0].role;
     const bool f32 = role == SynthRole::kNorm || role == SynthRole::kFfnNorm ||
-                     role == SynthRole::kBias || role == SynthRole::kRouter;
+                     role == SynthRole::kBias || role == SynthRole::kFfnNormBias ||
+                     role == SynthRole::kRouter;
     s.type = f32 ? GgmlType::kF32 : o.type;
     specs.push_back(std::move(s));
   };
@@ -794,12 +815,19 @@ std::vector<SynthTensorSpec> SynthSpecs(const SynthOptions& o, const SynthShape&
   };
   auto norm = [&](const std::string& base, SynthRole role, int64_t layer) {
     add1(base + ".weight", role, {dim}, layer);
-    if (a.norm == NormKind::kLayer) add1(base + ".bias", SynthRole::kBias, {dim}, layer);
+    if (a.norm == NormKind::kLayer) {
+      add1(base + ".bias",
+           role == SynthRole::kFfnNorm ? SynthRole::kFfnNormBias : SynthRole::kBias, {dim},
+           layer);
+    }
   };
   add1("token_embd.weight", SynthRole::kTokenEmbedding, {dim, o.vocab}, -1);
   for (int64_t l = 0; l < o.layers; ++l) {
     const std::string p = absl::StrCat("blk.", l, ".");
-    if (a.attn_norm) norm(p + "attn_norm", SynthRole::kNorm, l);
+    // A parallel block's one norm feeds the FFN too: it plays ffn_norm's part in the design.
+    if (a.attn_norm) {
+      norm(p + "attn_norm", a.parallel_block ? SynthRole::kFfnNorm : SynthRole::kNorm, l);
+    }
     if (lay.fused_qkv) {
       add(p + "attn_qkv.weight",
           {{SynthRole::kAttnQ, q_dim}, {SynthRole::kAttnK, kv_dim}, {SynthRole::kAttnV, kv_dim}},
@@ -837,7 +865,8 @@ std::vector<SynthTensorSpec> SynthSpecs(const SynthOptions& o, const SynthShape&
       }
     } else {
       if (!a.gated_ffn) {
-        add1(p + "ffn_up.weight", SynthRole::kFfnUp, {dim, o.ffn}, l);
+        // Without a gate, up is what the activation reads: it plays the gate's part.
+        add1(p + "ffn_up.weight", SynthRole::kFfnGate, {dim, o.ffn}, l);
       } else if (lay.fused_gate_up) {
         add(p + "ffn_up.weight", {{SynthRole::kFfnGate, o.ffn}, {SynthRole::kFfnUp, o.ffn}},
             {dim, 2 * o.ffn}, l);
@@ -975,12 +1004,12 @@ absl::StatusOr<GgufWriter> BuildSynthModel(const SynthOptions& o, SynthLayout la
   for (size_t i = 0; i < specs->size(); ++i) {
     const SynthTensorSpec& s = (*specs)[i];
     const int64_t rows = s.rows();
-    auto fill = [pool, done, total, options, design, specs, i, rows](
+    auto fill = [pool, done, total, options, design, specs, i, rows, arch = shape.spec](
                     uint8_t* dst, int64_t n_bytes) -> absl::Status {
       const SynthTensorSpec& s = (*specs)[i];
       const int64_t row_bytes = RowBytes(s.type, s.ne0());
       if (row_bytes * rows != n_bytes) return absl::InternalError("synth: tensor size mismatch");
-      const SynthTensorContext ctx = MakeTensorContext(*options, *design, s);
+      const SynthTensorContext ctx = MakeTensorContext(*options, *design, *arch, s);
       // Rows are generated independently from their element indices, so the split across
       // threads never changes the bytes.
       pool->ParallelFor(

@@ -137,7 +137,7 @@ std::vector<float> SynthNeuronThresholds(const SynthOptions& options,
 enum class SynthRole {
   kTokenEmbedding,
   kNorm,     // every norm's weight but ffn_norm's (attn_norm, output_norm, q/k and post norms)
-  kFfnNorm,  // ffn_norm: ones, and the persistent coordinate's gain in shaped ReLU models
+  kFfnNorm,  // the FFN's norm: ones, and the persistent coordinate's gain in shaped ReLU models
   kAttnQ,
   kAttnK,
   kAttnV,
@@ -147,6 +147,7 @@ enum class SynthRole {
   kFfnDown,
   kOutput,
   kBias,    // projection and LayerNorm biases: small, nonzero
+  kFfnNormBias,  // the FFN's LayerNorm bias: as kBias; coordinate k's constant when shaped
   kRouter,  // ffn_gate_inp (the MoE router) and ffn_gate_inp_shexp
 };
 
