@@ -56,7 +56,7 @@ int RunSynth(const std::vector<std::string>& args) {
        "matrix type: f32, f16, bf16, q8_0, q4_0 (norms are always f32)")
       ("ffn-kind", po::value(&ffn_kind),
        "the architecture's own activation (default; swiglu: silu(gate)*up, gelu, drelu) or ReLU "
-       "(relu-gated: relu(gate)*up; relu for the gateless falcon and starcoder2)")
+       "(relu-gated or relu: relu(gate)*up; relu: relu(up) for the gateless falcon, starcoder2)")
       ("active-fraction", po::value(&o.active_fraction)->default_value(o.active_fraction),
        "ReLU: share of a layer's neurons that fire per token (0: unshaped i.i.d. weights)")
       ("skew", po::value(&o.skew)->default_value(o.skew),
@@ -86,12 +86,12 @@ int RunSynth(const std::vector<std::string>& args) {
     return fail("--type '" + type_name + "' is not one of: f32, f16, bf16, q8_0, q4_0");
   }
   o.type = *type;
-  const ArchSpec* arch = FindArch(o.arch);
-  if (arch == nullptr) return fail("--arch '" + o.arch + "' is not one of: " + KnownArchNames());
-  const std::vector<SynthFfnKind> kinds = SynthFfnKinds(o.arch);
+  if (FindArch(o.arch) == nullptr) {
+    return fail("--arch '" + o.arch + "' is not one of: " + KnownArchNames());
+  }
   if (!ffn_kind.empty()) {
     std::string names;
-    for (SynthFfnKind k : kinds) {
+    for (SynthFfnKind k : SynthFfnKinds(o.arch)) {
       std::vector<std::string> spellings = {SynthFfnKindName(o.arch, k)};
       // Plain `relu` says ReLU in whatever form the architecture's FFN has.
       if (spellings[0] == "relu-gated") spellings.push_back("relu");
