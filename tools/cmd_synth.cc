@@ -1,5 +1,6 @@
-// `thermocline synth`: writes a llama-architecture GGUF with random weights (see model/synth.h),
-// and with --powerinfer the same weights in PowerInfer's layout beside it.
+// `thermocline synth`: writes a GGUF of any architecture Thermocline runs (llama by default) with
+// random weights (see model/synth.h), and with --powerinfer the same weights in PowerInfer's
+// layout beside it.
 #include <unistd.h>
 
 #include <chrono>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "shared/model/arch.h"
 #include "shared/model/ggml_type.h"
 #include "shared/model/synth.h"
 #include "tools/command.h"
@@ -24,10 +26,13 @@ int RunSynth(const std::vector<std::string>& args) {
   std::string output, type_name, ffn_kind, powerinfer_output;
   bool powerinfer = false;
   po::options_description opts("options");
+  const std::string arch_help = "architecture (general.architecture): " + KnownArchNames();
   // One option per line reads as a table.
   // clang-format off
   opts.add_options()
       ("output,o", po::value(&output)->required(), "output GGUF path")
+      ("arch", po::value(&o.arch)->default_value(o.arch),
+       arch_help.c_str())
       ("dim", po::value(&o.dim)->default_value(o.dim), "embedding width")
       ("ffn", po::value(&o.ffn)->default_value(o.ffn), "FFN hidden width (neurons per layer)")
       ("layers", po::value(&o.layers)->default_value(o.layers), "transformer blocks")
@@ -35,14 +40,27 @@ int RunSynth(const std::vector<std::string>& args) {
       ("kv-heads", po::value(&o.kv_heads)->default_value(o.kv_heads), "key/value heads (GQA)")
       ("vocab", po::value(&o.vocab)->default_value(o.vocab), "vocabulary size (>= 259)")
       ("context", po::value(&o.context)->default_value(o.context), "context length")
+      ("head-dim", po::value(&o.head_dim)->default_value(0),
+       "attention head size (0: dim / heads; else written as attention.key_length)")
+      ("experts", po::value(&o.experts)->default_value(0),
+       "MoE experts per layer (llama, mistral, qwen2moe, qwen3moe; 0: none, or 4 for the "
+       "MoE-only qwen2moe and qwen3moe)")
+      ("experts-used", po::value(&o.experts_used)->default_value(0),
+       "experts each token uses (0: min(2, experts))")
+      ("expert-ffn", po::value(&o.expert_ffn)->default_value(0),
+       "neurons per expert where the architecture has expert_feed_forward_length (qwen2moe, "
+       "qwen3moe; 0: --ffn)")
+      ("sliding-window", po::value(&o.sliding_window)->default_value(0),
+       "window of the sliding-window layers (gemma2, gemma3, phi3; 0: min(4096, context / 2))")
       ("type", po::value(&type_name)->default_value("f32"),
        "matrix type: f32, f16, bf16, q8_0, q4_0 (norms are always f32)")
-      ("ffn-kind", po::value(&ffn_kind)->default_value("swiglu"),
-       "swiglu (silu(gate)*up) or relu-gated (relu(gate)*up)")
+      ("ffn-kind", po::value(&ffn_kind),
+       "the architecture's own activation (default; swiglu: silu(gate)*up, gelu, drelu) or ReLU "
+       "(relu-gated or relu: relu(gate)*up; relu: relu(up) for the gateless falcon, starcoder2)")
       ("active-fraction", po::value(&o.active_fraction)->default_value(o.active_fraction),
-       "relu-gated: share of a layer's neurons that fire per token (0: unshaped i.i.d. weights)")
+       "ReLU: share of a layer's neurons that fire per token (0: unshaped i.i.d. weights)")
       ("skew", po::value(&o.skew)->default_value(o.skew),
-       "relu-gated: spread of the neurons' firing thresholds (0: equal frequencies)")
+       "ReLU: spread of the neurons' firing thresholds (0: equal frequencies)")
       ("powerinfer", po::bool_switch(&powerinfer),
        "also write the same weights in PowerInfer's layout (PWRI, ffn_down_t, fc1/fc2 "
        "predictors) to M.powerinfer.gguf")
@@ -68,18 +86,36 @@ int RunSynth(const std::vector<std::string>& args) {
     return fail("--type '" + type_name + "' is not one of: f32, f16, bf16, q8_0, q4_0");
   }
   o.type = *type;
-  if (ffn_kind == "swiglu") {
-    o.ffn_kind = SynthFfnKind::kSwiGlu;
-  } else if (ffn_kind == "relu-gated") {
-    o.ffn_kind = SynthFfnKind::kReluGated;
-  } else {
-    return fail("--ffn-kind '" + ffn_kind + "' is not one of: swiglu, relu-gated");
+  if (FindArch(o.arch) == nullptr) {
+    return fail("--arch '" + o.arch + "' is not one of: " + KnownArchNames());
   }
-  const bool relu = o.ffn_kind == SynthFfnKind::kReluGated;
-  for (const char* flag : {"active-fraction", "skew"}) {
-    if (!relu && !vm[flag].defaulted()) {
-      return fail(std::string("--") + flag +
-                  " applies to --ffn-kind relu-gated only (SwiGLU neurons never output exactly 0)");
+  if (!ffn_kind.empty()) {
+    std::string names;
+    for (SynthFfnKind k : SynthFfnKinds(o.arch)) {
+      std::vector<std::string> spellings = {SynthFfnKindName(o.arch, k)};
+      // Plain `relu` says ReLU in whatever form the architecture's FFN has.
+      if (spellings[0] == "relu-gated") spellings.push_back("relu");
+      for (const std::string& name : spellings) {
+        if (name == ffn_kind) o.ffn_kind = k;
+        names += (names.empty() ? "" : ", ") + name;
+      }
+    }
+    if (o.ffn_kind == SynthFfnKind::kArchDefault) {
+      return fail("--ffn-kind '" + ffn_kind + "' is not one of: " + names + " (--arch " + o.arch +
+                  ": its own activation or ReLU)");
+    }
+  }
+  const SynthFfnKind kind = ResolvedSynthFfnKind(o);
+  if (kind != SynthFfnKind::kReluGated) {
+    const std::string relu = SynthFfnKindName(o.arch, SynthFfnKind::kReluGated);
+    const char* why = kind == SynthFfnKind::kSwiGlu ? "SwiGLU neurons never output exactly 0"
+                      : kind == SynthFfnKind::kGelu ? "GELU neurons never output exactly 0"
+                                                    : "the shaped design thresholds ReLU gates";
+    for (const char* flag : {"active-fraction", "skew"}) {
+      if (!vm[flag].defaulted()) {
+        return fail(std::string("--") + flag + " applies to --ffn-kind " + relu + " only (" +
+                    why + ")");
+      }
     }
   }
   if (!powerinfer_output.empty()) powerinfer = true;
@@ -120,18 +156,15 @@ int RunSynth(const std::vector<std::string>& args) {
   };
   auto start = std::chrono::steady_clock::now();
   if (absl::Status s = WriteSynthModel(o, output); !s.ok()) return fail(std::string(s.message()));
-  const int64_t head_dim = o.dim / o.heads;
-  const int64_t per_layer =
-      2 * o.dim + 2 * o.dim * o.dim + 2 * o.dim * head_dim * o.kv_heads + 3 * o.dim * o.ffn;
-  const int64_t params = 2 * o.vocab * o.dim + o.dim + o.layers * per_layer;
+  const int64_t params = SynthParameterCount(o);
   std::cerr << absl::StrFormat("synth: wrote %s: %d parameters, type %s, %.1f s\n", output, params,
                                type_name, seconds_since(start));
   const SynthSparsityDesign d = DesignSynthSparsity(o);
   if (d.enabled) {
     std::cerr << absl::StrFormat(
-        "synth: relu-gated, about %.0f%% of neurons fire per token (skew %.2f, persistent "
+        "synth: %s, about %.0f%% of neurons fire per token (skew %.2f, persistent "
         "coordinate %d)\n",
-        100 * o.active_fraction, o.skew, d.persistent_dim);
+        SynthFfnKindName(o.arch, kind), 100 * o.active_fraction, o.skew, d.persistent_dim);
   }
   if (powerinfer) {
     last_decile = -1;
@@ -147,7 +180,8 @@ int RunSynth(const std::vector<std::string>& args) {
   return 0;
 }
 
-static CommandRegistrar registrar({"synth", "write a llama-architecture GGUF with random weights",
+static CommandRegistrar registrar({"synth",
+                                   "write a GGUF of any supported architecture with random weights",
                                    &RunSynth});
 
 }  // namespace

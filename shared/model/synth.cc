@@ -6,12 +6,16 @@
 #include <numbers>
 #include <string_view>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "shared/model/arch.h"
 #include "shared/model/quant.h"
+#include "shared/model/synth_arch.h"
 #include "shared/util/status_macros.h"
 #include "shared/util/thread_pool.h"
 
@@ -66,6 +70,10 @@ float ProjectionStddev(int64_t fan_in) { return 1.0f / std::sqrt(static_cast<flo
 void ProjectionWeights(uint64_t key, int64_t fan_in, int64_t begin, int64_t end, float* out) {
   FillUniform(key, ProjectionStddev(fan_in), begin, end, out);
 }
+
+// Small beside the activations they are added to, but nonzero: a forward pass that dropped a
+// bias would change the logits.
+constexpr float kBiasStddev = 0.1f;
 
 // Keys of the per-layer streams the realistic construction shares between tensors (thresholds,
 // loadings, basis): far above any tensor index, so no tensor's own stream is reused.
@@ -159,10 +167,6 @@ double ResidualRms(int64_t layer) {
   return kRms[i] + (x - i) * (kRms[i + 1] - kRms[i]);
 }
 
-std::string_view FfnActivationName(SynthFfnKind kind) {
-  return kind == SynthFfnKind::kReluGated ? "relu" : "silu";
-}
-
 absl::Status Bad(std::string_view flag, int64_t value, std::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat("--", absl::string_view(flag.data(), flag.size()),
                                                  " ", value, ": ",
@@ -236,9 +240,100 @@ uint32_t SynthFileType(GgmlType type) {
   return 0;
 }
 
+
+SynthFfnKind KindOf(FfnActivation a) {
+  switch (a) {
+    case FfnActivation::kSilu:
+      return SynthFfnKind::kSwiGlu;
+    case FfnActivation::kRelu:
+      return SynthFfnKind::kReluGated;
+    case FfnActivation::kGelu:
+      return SynthFfnKind::kGelu;
+    case FfnActivation::kDrelu:
+      return SynthFfnKind::kDrelu;
+  }
+  return SynthFfnKind::kSwiGlu;
+}
+
+// thermocline.ffn_activation's value (model.cc reads it).
+std::string_view ActivationName(SynthFfnKind kind) {
+  switch (kind) {
+    case SynthFfnKind::kReluGated:
+      return "relu";
+    case SynthFfnKind::kGelu:
+      return "gelu";
+    case SynthFfnKind::kDrelu:
+      return "drelu";
+    case SynthFfnKind::kArchDefault:
+    case SynthFfnKind::kSwiGlu:
+      break;
+  }
+  return "silu";
+}
+
+// The options resolved against their architecture: what the tensor list and the keys read.
+struct SynthShape {
+  const ArchSpec* spec = nullptr;  // null: unknown architecture (refused by validation)
+  const SynthArchLayout* layout = nullptr;
+  int64_t head_dim = 0, q_dim = 0, kv_dim = 0;
+  int64_t experts = 0, experts_used = 0, expert_ffn = 0;
+  int64_t sliding_window = 0;  // 0: the architecture has no sliding layers
+};
+
+constexpr int64_t kDefaultExperts = 4;  // where every layer is MoE and --experts is not given
+constexpr int64_t kMaxExperts = 512;
+constexpr int64_t kMaxHeadDim = 4096;
+
+SynthShape ResolveShape(const SynthOptions& o) {
+  SynthShape s;
+  s.spec = FindArch(o.arch);
+  s.layout = FindSynthArchLayout(o.arch);
+  if (s.spec == nullptr || s.layout == nullptr) return s;
+  s.head_dim = o.head_dim > 0 ? o.head_dim : (o.heads > 0 ? o.dim / o.heads : 0);
+  s.q_dim = o.heads * s.head_dim;
+  s.kv_dim = o.kv_heads * s.head_dim;
+  s.experts = o.experts > 0 ? o.experts : (s.layout->experts_only ? kDefaultExperts : 0);
+  if (s.experts > 0) {
+    s.experts_used = o.experts_used > 0 ? o.experts_used : std::min<int64_t>(2, s.experts);
+    s.expert_ffn = o.expert_ffn > 0 ? o.expert_ffn : o.ffn;
+  }
+  if (s.spec->sliding != SlidingLayers::kNone) {
+    s.sliding_window = o.sliding_window > 0
+                           ? o.sliding_window
+                           : std::min<int64_t>(4096, std::max<int64_t>(1, o.context / 2));
+  }
+  return s;
+}
+
+// Why the shaped ReLU design (docs/synthetic-models.md) does not fit an architecture; empty when
+// it does. The design needs one coordinate k of the FFN input that is the same for every token,
+// which the gate rows (up rows without a gate) threshold: with RMSNorm, a persistent stream
+// coordinate that ffn_norm amplifies, with thresholds calibrated on the llama block's residual
+// growth; with LayerNorm, the norm's bias alone (weight 0 at k), whatever the stream does.
+std::string ShapedDesignMisfit(const ArchSpec& a, int64_t experts) {
+  if (experts > 0) return "its FFNs are mixtures of experts (the design shapes one dense FFN)";
+  if (a.norm == NormKind::kLayer) return "";
+  if (!a.ffn_norm || a.parallel_block) {
+    return "it has no ffn_norm to carry the persistent coordinate's gain";
+  }
+  if (a.post_attn_norm || a.post_ffn_norm || a.embed_scale) {
+    return "its post-sublayer norms and scaled embeddings change the residual RMS the "
+           "thresholds are calibrated on";
+  }
+  return "";
+}
+
 }  // namespace
 
 absl::Status ValidateSynthOptions(const SynthOptions& o) {
+  const SynthShape shape = ResolveShape(o);
+  if (shape.spec == nullptr || shape.layout == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--arch '", o.arch, "' is not one of: ", KnownArchNames()));
+  }
+  const ArchSpec& a = *shape.spec;
+  const SynthArchLayout& lay = *shape.layout;
+  const std::string arch = absl::StrCat(" ", o.arch);
   auto range = [](std::string_view flag, int64_t v, int64_t lo, int64_t hi) -> absl::Status {
     if (v < lo || v > hi) return Bad(flag, v, absl::StrCat("must be in [", lo, ", ", hi, "]"));
     return absl::OkStatus();
@@ -250,17 +345,25 @@ absl::Status ValidateSynthOptions(const SynthOptions& o) {
   TC_RETURN_IF_ERROR(range("kv-heads", o.kv_heads, 1, o.heads));
   TC_RETURN_IF_ERROR(range("vocab", o.vocab, kMinVocab, kMaxVocab));
   TC_RETURN_IF_ERROR(range("context", o.context, 1, kMaxContext));
-  if (o.dim % o.heads != 0) {
+  if (o.head_dim == 0 && o.dim % o.heads != 0) {
     return Bad("dim", o.dim, absl::StrCat("must be divisible by --heads ", o.heads));
   }
   if (o.heads % o.kv_heads != 0) {
     return Bad("heads", o.heads, absl::StrCat("must be divisible by --kv-heads ", o.kv_heads));
   }
-  const int64_t head_dim = o.dim / o.heads;
-  if (head_dim % 2 != 0) {
+  if (o.head_dim != 0) {
+    TC_RETURN_IF_ERROR(range("head-dim", o.head_dim, 2, kMaxHeadDim));
+    if (o.head_dim % 2 != 0) {
+      return Bad("head-dim", o.head_dim, "must be even (RoPE rotates pairs)");
+    }
+    if (shape.q_dim > kMaxDim) {
+      return Bad("head-dim", o.head_dim,
+                 absl::StrCat("times --heads ", o.heads, " exceeds ", kMaxDim));
+    }
+  } else if (shape.head_dim % 2 != 0) {
     return Bad("dim", o.dim,
-               absl::StrCat("gives an odd head dimension ", head_dim, " with --heads ", o.heads,
-                            " (RoPE rotates pairs)"));
+               absl::StrCat("gives an odd head dimension ", shape.head_dim, " with --heads ",
+                            o.heads, " (RoPE rotates pairs)"));
   }
   if (!TypeTraits(static_cast<uint32_t>(o.type)) || !IsWeightType(o.type)) {
     return absl::InvalidArgumentError(absl::StrCat("--type: type id ",
@@ -271,15 +374,109 @@ absl::Status ValidateSynthOptions(const SynthOptions& o) {
   const GgmlTypeTraits& t = TypeTraits(o.type);
   const std::string why = absl::StrCat("must be a multiple of ", t.block_size, " for --type ",
                                        absl::string_view(t.name.data(), t.name.size()));
-  // dim is ne[0] of the embedding and every projection except ffn_down, whose ne[0] is ffn.
+  // dim is ne[0] of the embedding and every projection except ffn_down, whose ne[0] is ffn, and
+  // attn_output, whose ne[0] is heads * head_dim.
   if (o.dim % t.block_size != 0) return Bad("dim", o.dim, why);
   if (o.ffn % t.block_size != 0) return Bad("ffn", o.ffn, why);
+  if (shape.q_dim % t.block_size != 0) {
+    return Bad("head-dim", shape.head_dim,
+               absl::StrCat("times --heads ", o.heads, " (attn_output's rows) ", why));
+  }
   if (o.threads < 0) return Bad("threads", o.threads, "must be >= 0");
   if (!(o.active_fraction >= 0 && o.active_fraction < 1)) {
     return BadNumber("active-fraction", o.active_fraction, "must be in [0, 1)");
   }
   if (!(o.skew >= 0 && o.skew <= 4)) return BadNumber("skew", o.skew, "must be in [0, 4]");
+
+  // Experts.
+  if (o.experts != 0) {
+    if (!a.moe) {
+      return Bad("experts", o.experts,
+                 absl::StrCat("the", arch, " architecture has no experts"));
+    }
+    TC_RETURN_IF_ERROR(range("experts", o.experts, 1, kMaxExperts));
+  }
+  if (shape.experts == 0) {
+    if (o.experts_used != 0) {
+      return Bad("experts-used", o.experts_used, "applies to MoE models only (--experts N)");
+    }
+    if (o.expert_ffn != 0) {
+      return Bad("expert-ffn", o.expert_ffn, "applies to MoE models only (--experts N)");
+    }
+  } else {
+    if (o.experts_used != 0) {
+      TC_RETURN_IF_ERROR(range("experts-used", o.experts_used, 1, shape.experts));
+    }
+    if (o.expert_ffn != 0) {
+      if (!lay.expert_ffn_key) {
+        return Bad("expert-ffn", o.expert_ffn,
+                   absl::StrCat("the", arch,
+                                " architecture's experts are --ffn wide (it has no "
+                                "expert_feed_forward_length)"));
+      }
+      TC_RETURN_IF_ERROR(range("expert-ffn", o.expert_ffn, 1, kMaxFfn));
+      if (o.expert_ffn % t.block_size != 0) return Bad("expert-ffn", o.expert_ffn, why);
+    }
+  }
+  if (o.sliding_window != 0) {
+    if (a.sliding == SlidingLayers::kNone) {
+      return Bad("sliding-window", o.sliding_window,
+                 absl::StrCat("the", arch, " architecture has no sliding-window layers"));
+    }
+    TC_RETURN_IF_ERROR(range("sliding-window", o.sliding_window, 1, o.context));
+  }
+
+  // The activation: the architecture's own or ReLU.
+  const SynthFfnKind kind = ResolvedSynthFfnKind(o);
+  const std::vector<SynthFfnKind> kinds = SynthFfnKinds(o.arch);
+  if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--ffn-kind '", SynthFfnKindName(o.arch, kind), "' is not one of the", arch,
+        " architecture's: ", absl::StrJoin(kinds, ", ", [&](std::string* out, SynthFfnKind k) {
+          out->append(SynthFfnKindName(o.arch, k));
+        })));
+  }
+  if (DesignSynthSparsity(o).enabled) {
+    if (const std::string misfit = ShapedDesignMisfit(a, shape.experts); !misfit.empty()) {
+      return BadNumber("active-fraction", o.active_fraction,
+                       absl::StrCat("the shaped ReLU design does not fit --arch", arch, ": ",
+                                    misfit, "; --active-fraction 0 writes i.i.d. ReLU weights"));
+    }
+  }
   return absl::OkStatus();
+}
+
+SynthFfnKind ResolvedSynthFfnKind(const SynthOptions& o) {
+  if (o.ffn_kind != SynthFfnKind::kArchDefault) return o.ffn_kind;
+  const ArchSpec* a = FindArch(o.arch);
+  return a == nullptr ? SynthFfnKind::kSwiGlu : KindOf(a->activation);
+}
+
+std::string SynthFfnKindName(std::string_view arch, SynthFfnKind kind) {
+  const ArchSpec* a = FindArch(arch);
+  if (kind == SynthFfnKind::kArchDefault) {
+    kind = a == nullptr ? SynthFfnKind::kSwiGlu : KindOf(a->activation);
+  }
+  switch (kind) {
+    case SynthFfnKind::kReluGated:
+      return a == nullptr || a->gated_ffn ? "relu-gated" : "relu";
+    case SynthFfnKind::kGelu:
+      return "gelu";
+    case SynthFfnKind::kDrelu:
+      return "drelu";
+    case SynthFfnKind::kArchDefault:
+    case SynthFfnKind::kSwiGlu:
+      break;
+  }
+  return "swiglu";
+}
+
+std::vector<SynthFfnKind> SynthFfnKinds(std::string_view arch) {
+  const ArchSpec* a = FindArch(arch);
+  if (a == nullptr) return {};
+  std::vector<SynthFfnKind> kinds = {KindOf(a->activation)};
+  if (kinds[0] != SynthFfnKind::kReluGated) kinds.push_back(SynthFfnKind::kReluGated);
+  return kinds;
 }
 
 SynthSparsityDesign DesignSynthSparsity(const SynthOptions& o) {
@@ -346,7 +543,12 @@ void SynthWeights(SynthRole role, uint64_t seed, uint64_t tensor_index, int64_t 
     case SynthRole::kFfnUp:
     case SynthRole::kFfnDown:
     case SynthRole::kOutput:
+    case SynthRole::kRouter:
       ProjectionWeights(key, fan_in, begin, end, out);
+      return;
+    case SynthRole::kBias:
+    case SynthRole::kFfnNormBias:
+      FillUniform(key, kBiasStddev, begin, end, out);
       return;
   }
 }
@@ -399,18 +601,33 @@ SynthVocab MakeSynthVocab(int64_t vocab_size) {
 
 namespace {
 
-// How a tensor's rows are drawn: from its role (kPlain, shaped per role when the design is
-// enabled), or as one of the PowerInfer layout's tensors.
+// How a tensor's rows are drawn: from its parts' roles (kPlain, shaped per role when the design
+// is enabled), or as one of the PowerInfer layout's tensors.
 enum class SynthTensorKind { kPlain, kDownT, kFc1, kFc2 };
+
+// A block of a tensor's rows drawn as a tensor of its own: fused tensors ([q | k | v],
+// [gate | up]) hold several, each keyed by its own index, so their weights are those the
+// separate tensors would hold.
+struct SynthPart {
+  SynthRole role;
+  int64_t rows = 0;
+  uint64_t index = 0;  // the part's position among the llama.cpp layout's tensors: its key
+};
 
 struct SynthTensorSpec {
   std::string name;
-  SynthRole role;
-  int64_t ne0 = 0, ne1 = 0;  // ne1 == 0: a vector
-  uint64_t index = 0;  // the tensor's position in the llama.cpp layout: the key of its weights
+  std::vector<SynthPart> parts;
+  std::vector<int64_t> ne;  // ggml order; rows are ne[1] * ne[2] of ne[0] values
   int64_t layer = -1;
   SynthTensorKind kind = SynthTensorKind::kPlain;
   GgmlType type = GgmlType::kF32;
+
+  int64_t ne0() const { return ne[0]; }
+  int64_t rows() const {
+    int64_t r = 1;
+    for (size_t i = 1; i < ne.size(); ++i) r *= ne[i];
+    return r;
+  }
 };
 
 // What the rows of one tensor share, built once per tensor before its rows are drawn in
@@ -419,8 +636,10 @@ struct SynthTensorContext {
   const SynthOptions* o = nullptr;
   const SynthSparsityDesign* d = nullptr;
   const SynthTensorSpec* spec = nullptr;
-  uint64_t key = 0;
+  std::vector<uint64_t> keys;     // one per part
   bool shaped = false;            // the design applies to this tensor
+  bool layer_norm = false;        // the FFN's norm is LayerNorm: its bias carries coordinate k
+  bool attn_reads_ffn_norm = false;  // parallel blocks: attention reads the FFN's norm too
   std::vector<float> basis;       // [basis_rank][dim]: gate, fc1
   std::vector<float> thresholds;  // [ffn]: gate, fc2
 };
@@ -445,42 +664,47 @@ void NeuronLoadings(const SynthOptions& o, const SynthSparsityDesign& d, int64_t
 }
 
 SynthTensorContext MakeTensorContext(const SynthOptions& o, const SynthSparsityDesign& d,
-                                     const SynthTensorSpec& s) {
+                                     const ArchSpec& a, const SynthTensorSpec& s) {
   SynthTensorContext c;
   c.o = &o;
   c.d = &d;
   c.spec = &s;
-  c.key = TensorKey(o.seed, s.index);
+  c.layer_norm = a.norm == NormKind::kLayer;
+  c.attn_reads_ffn_norm = a.parallel_block;
+  bool gate = false;
+  for (const SynthPart& p : s.parts) {
+    c.keys.push_back(TensorKey(o.seed, p.index));
+    gate = gate || (s.kind == SynthTensorKind::kPlain && p.role == SynthRole::kFfnGate);
+  }
   c.shaped = d.enabled;
   if (!c.shaped) return c;
-  const bool gate = s.kind == SynthTensorKind::kPlain && s.role == SynthRole::kFfnGate;
   if (gate || s.kind == SynthTensorKind::kFc1) c.basis = LayerBasis(o, d, s.layer);
   if (gate || s.kind == SynthTensorKind::kFc2) c.thresholds = SynthNeuronThresholds(o, d, s.layer);
   return c;
 }
 
-// Row r (ne0 values) of the tensor.
-void SynthRow(const SynthTensorContext& c, int64_t r, float* out, std::vector<float>& scratch) {
+// Row `row` (ne0 values) of the tensor.
+void SynthRow(const SynthTensorContext& c, int64_t row, float* out, std::vector<float>& scratch) {
   const SynthOptions& o = *c.o;
   const SynthSparsityDesign& d = *c.d;
   const SynthTensorSpec& s = *c.spec;
-  const int64_t n = s.ne0;
+  const int64_t n = s.ne0();
   const int64_t k = d.persistent_dim;
   switch (s.kind) {
     case SynthTensorKind::kDownT: {
       // Row r of ffn_down_t is column r of ffn_down ([dim][ffn], element j * ffn + r): the same
       // values, element by element.
       const float a = ProjectionStddev(o.ffn) * std::sqrt(3.0f);
-      for (int64_t j = 0; j < n; ++j) out[j] = a * UniformPm1(c.key, j * o.ffn + r);
+      for (int64_t j = 0; j < n; ++j) out[j] = a * UniformPm1(c.keys[0], j * o.ffn + row);
       if (c.shaped) out[k] = 0.0f;
       return;
     }
     case SynthTensorKind::kFc1: {
       std::fill(out, out + n, 0.0f);
-      if (r < 2 * d.basis_rank) {
+      if (row < 2 * d.basis_rank) {
         // [B; -B]: relu(B h) - relu(-B h) = B h, the gate's low-rank term.
-        const float sign = r < d.basis_rank ? 1.0f : -1.0f;
-        const float* b = c.basis.data() + (r % d.basis_rank) * o.dim;
+        const float sign = row < d.basis_rank ? 1.0f : -1.0f;
+        const float* b = c.basis.data() + (row % d.basis_rank) * o.dim;
         for (int64_t j = 0; j < n; ++j) out[j] = sign * b[j];
       } else {
         // relu(h_k / gate_scale), about 1, where h = ffn_norm(x). The predictors read ffn_inp
@@ -494,18 +718,23 @@ void SynthRow(const SynthTensorContext& c, int64_t r, float* out, std::vector<fl
     }
     case SynthTensorKind::kFc2: {
       const int64_t rank = d.basis_rank;
-      NeuronLoadings(o, d, s.layer, r, out);
+      NeuronLoadings(o, d, s.layer, row, out);
       for (int64_t q = 0; q < rank; ++q) out[rank + q] = -out[q];
-      out[2 * rank] = static_cast<float>(-c.thresholds[r] + d.predictor_margin);
+      out[2 * rank] = static_cast<float>(-c.thresholds[row] + d.predictor_margin);
       return;
     }
     case SynthTensorKind::kPlain:
       break;
   }
-  if (c.shaped && s.role == SynthRole::kFfnGate) {
+  // The part holding the row, and the row within it.
+  size_t p = 0;
+  int64_t r = row;
+  while (r >= s.parts[p].rows) r -= s.parts[p++].rows;
+  const SynthRole role = s.parts[p].role;
+  if (c.shaped && role == SynthRole::kFfnGate) {
     // b e_i (i.i.d., this tensor's own stream) + a c_i . B, then the threshold on coordinate k.
     const double b = std::sqrt(1 - d.explained);
-    FillUniform(c.key, static_cast<float>(b) * ProjectionStddev(n), r * n, (r + 1) * n, out);
+    FillUniform(c.keys[p], static_cast<float>(b) * ProjectionStddev(n), r * n, (r + 1) * n, out);
     scratch.resize(static_cast<size_t>(d.basis_rank));
     NeuronLoadings(o, d, s.layer, r, scratch.data());
     for (int64_t q = 0; q < d.basis_rank; ++q) {
@@ -516,14 +745,31 @@ void SynthRow(const SynthTensorContext& c, int64_t r, float* out, std::vector<fl
     out[k] = static_cast<float>(-c.thresholds[r] / d.gate_scale);
     return;
   }
-  SynthWeights(s.role, o.seed, s.index, n, r * n, (r + 1) * n, out);
+  SynthWeights(role, o.seed, s.parts[p].index, n, r * n, (r + 1) * n, out);
   if (!c.shaped) return;
-  switch (s.role) {
+  switch (role) {
     case SynthRole::kTokenEmbedding:
       out[k] = d.persistent_value;  // every token starts with the persistent component
       return;
     case SynthRole::kFfnNorm:
-      out[k] = static_cast<float>(d.gate_scale * d.residual_rms[s.layer] / d.persistent_value);
+      // LayerNorm: h_k is the bias alone (below), so no stream statistic enters the threshold.
+      out[k] = c.layer_norm ? 0.0f
+                            : static_cast<float>(d.gate_scale * d.residual_rms[s.layer] /
+                                                 d.persistent_value);
+      return;
+    case SynthRole::kFfnNormBias:
+      std::fill(out, out + n, 0.0f);
+      out[k] = static_cast<float>(d.gate_scale);
+      return;
+    case SynthRole::kBias:
+      // LayerNorm models' biases would shift each neuron's threshold (up's, the norms') or the
+      // stream's mean; zero keeps the thresholds as designed.
+      if (c.layer_norm) std::fill(out, out + n, 0.0f);
+      return;
+    case SynthRole::kAttnQ:
+    case SynthRole::kAttnK:
+    case SynthRole::kAttnV:
+      if (c.attn_reads_ffn_norm) out[k] = 0.0f;  // attention ignores the gate's constant input
       return;
     case SynthRole::kAttnOutput:
     case SynthRole::kFfnDown:
@@ -537,90 +783,192 @@ void SynthRow(const SynthTensorContext& c, int64_t r, float* out, std::vector<fl
   }
 }
 
-std::vector<SynthTensorSpec> SynthSpecs(const SynthOptions& o, const SynthSparsityDesign& d,
-                                        SynthLayout layout) {
-  const int64_t kv_dim = o.dim / o.heads * o.kv_heads;
+// Every tensor of the file, in file order: the architecture's spec says which norms, biases
+// and FFN form a block has; the synth layout table (synth_arch.h) how the file stores them.
+std::vector<SynthTensorSpec> SynthSpecs(const SynthOptions& o, const SynthShape& shape,
+                                        const SynthSparsityDesign& d, SynthLayout layout) {
+  const ArchSpec& a = *shape.spec;
+  const SynthArchLayout& lay = *shape.layout;
+  const int64_t dim = o.dim, q_dim = shape.q_dim, kv_dim = shape.kv_dim;
   std::vector<SynthTensorSpec> specs;
   uint64_t index = 0;
-  auto add = [&](std::string name, SynthRole role, int64_t ne0, int64_t ne1, int64_t layer) {
+  // parts: (role, rows) in row order; a tensor of one part when there is one.
+  auto add = [&](std::string name, std::vector<std::pair<SynthRole, int64_t>> parts,
+                 std::vector<int64_t> ne, int64_t layer) {
     SynthTensorSpec s;
     s.name = std::move(name);
-    s.role = role;
-    s.ne0 = ne0;
-    s.ne1 = ne1;
-    s.index = index++;
+    s.ne = std::move(ne);
+    for (auto [role, rows] : parts) s.parts.push_back({role, rows, index++});
     s.layer = layer;
-    // Norms stay F32, as in llama.cpp's own conversions.
-    s.type = role == SynthRole::kNorm || role == SynthRole::kFfnNorm ? GgmlType::kF32 : o.type;
+    // Norms, biases and routers stay F32, as in llama.cpp's own conversions.
+    const SynthRole role = s.parts[0].role;
+    const bool f32 = role == SynthRole::kNorm || role == SynthRole::kFfnNorm ||
+                     role == SynthRole::kBias || role == SynthRole::kFfnNormBias ||
+                     role == SynthRole::kRouter;
+    s.type = f32 ? GgmlType::kF32 : o.type;
     specs.push_back(std::move(s));
   };
-  add("token_embd.weight", SynthRole::kTokenEmbedding, o.dim, o.vocab, -1);
+  auto add1 = [&](std::string name, SynthRole role, std::vector<int64_t> ne, int64_t layer) {
+    int64_t rows = 1;
+    for (size_t i = 1; i < ne.size(); ++i) rows *= ne[i];
+    add(std::move(name), {{role, rows}}, std::move(ne), layer);
+  };
+  auto norm = [&](const std::string& base, SynthRole role, int64_t layer) {
+    add1(base + ".weight", role, {dim}, layer);
+    if (a.norm == NormKind::kLayer) {
+      add1(base + ".bias",
+           role == SynthRole::kFfnNorm ? SynthRole::kFfnNormBias : SynthRole::kBias, {dim},
+           layer);
+    }
+  };
+  add1("token_embd.weight", SynthRole::kTokenEmbedding, {dim, o.vocab}, -1);
   for (int64_t l = 0; l < o.layers; ++l) {
     const std::string p = absl::StrCat("blk.", l, ".");
-    add(p + "attn_norm.weight", SynthRole::kNorm, o.dim, 0, l);
-    add(p + "attn_q.weight", SynthRole::kAttnQ, o.dim, o.dim, l);
-    add(p + "attn_k.weight", SynthRole::kAttnK, o.dim, kv_dim, l);
-    add(p + "attn_v.weight", SynthRole::kAttnV, o.dim, kv_dim, l);
-    add(p + "attn_output.weight", SynthRole::kAttnOutput, o.dim, o.dim, l);
-    add(p + "ffn_norm.weight", SynthRole::kFfnNorm, o.dim, 0, l);
-    add(p + "ffn_gate.weight", SynthRole::kFfnGate, o.dim, o.ffn, l);
-    add(p + "ffn_up.weight", SynthRole::kFfnUp, o.dim, o.ffn, l);
-    add(p + "ffn_down.weight", SynthRole::kFfnDown, o.ffn, o.dim, l);
-    if (layout == SynthLayout::kPowerInfer) {
-      SynthTensorSpec& down = specs.back();  // same weights, one row per neuron
-      down.name = p + "ffn_down_t.weight";
-      down.kind = SynthTensorKind::kDownT;
-      down.ne0 = o.dim;
-      down.ne1 = o.ffn;
-      // The predictors are functions of the design, not weights with their own stream.
-      for (SynthTensorKind kind : {SynthTensorKind::kFc1, SynthTensorKind::kFc2}) {
-        SynthTensorSpec s;
-        const bool fc1 = kind == SynthTensorKind::kFc1;
-        s.name = p + (fc1 ? "fc1.weight" : "fc2.weight");
-        s.role = SynthRole::kFfnGate;
-        s.ne0 = fc1 ? o.dim : d.predictor_rank();
-        s.ne1 = fc1 ? d.predictor_rank() : o.ffn;
-        s.layer = l;
-        s.kind = kind;
-        s.type = GgmlType::kF16;
-        specs.push_back(std::move(s));
+    // A parallel block's one norm feeds the FFN too: it plays ffn_norm's part in the design.
+    if (a.attn_norm) {
+      norm(p + "attn_norm", a.parallel_block ? SynthRole::kFfnNorm : SynthRole::kNorm, l);
+    }
+    if (lay.fused_qkv) {
+      add(p + "attn_qkv.weight",
+          {{SynthRole::kAttnQ, q_dim}, {SynthRole::kAttnK, kv_dim}, {SynthRole::kAttnV, kv_dim}},
+          {dim, q_dim + 2 * kv_dim}, l);
+      if (lay.qkv_bias) add1(p + "attn_qkv.bias", SynthRole::kBias, {q_dim + 2 * kv_dim}, l);
+    } else {
+      for (auto [name, role, rows] : {std::tuple{"attn_q", SynthRole::kAttnQ, q_dim},
+                                      std::tuple{"attn_k", SynthRole::kAttnK, kv_dim},
+                                      std::tuple{"attn_v", SynthRole::kAttnV, kv_dim}}) {
+        add1(p + name + ".weight", role, {dim, rows}, l);
+        if (lay.qkv_bias) add1(p + name + ".bias", SynthRole::kBias, {rows}, l);
       }
     }
+    add1(p + "attn_output.weight", SynthRole::kAttnOutput, {q_dim, dim}, l);
+    if (lay.other_biases) add1(p + "attn_output.bias", SynthRole::kBias, {dim}, l);
+    if (a.qk_norm) {
+      add1(p + "attn_q_norm.weight", SynthRole::kNorm, {lay.qk_norm_whole ? q_dim : shape.head_dim},
+           l);
+      add1(p + "attn_k_norm.weight", SynthRole::kNorm,
+           {lay.qk_norm_whole ? kv_dim : shape.head_dim}, l);
+    }
+    if (a.post_attn_norm) add1(p + "post_attention_norm.weight", SynthRole::kNorm, {dim}, l);
+    if (a.ffn_norm && !a.parallel_block) norm(p + "ffn_norm", SynthRole::kFfnNorm, l);
+    if (shape.experts > 0) {
+      const int64_t ne = shape.experts, ef = shape.expert_ffn;
+      add1(p + "ffn_gate_inp.weight", SynthRole::kRouter, {dim, ne}, l);
+      add1(p + "ffn_gate_exps.weight", SynthRole::kFfnGate, {dim, ef, ne}, l);
+      add1(p + "ffn_up_exps.weight", SynthRole::kFfnUp, {dim, ef, ne}, l);
+      add1(p + "ffn_down_exps.weight", SynthRole::kFfnDown, {ef, dim, ne}, l);
+      if (lay.shared_expert) {
+        add1(p + "ffn_gate_inp_shexp.weight", SynthRole::kRouter, {dim}, l);
+        add1(p + "ffn_gate_shexp.weight", SynthRole::kFfnGate, {dim, o.ffn}, l);
+        add1(p + "ffn_up_shexp.weight", SynthRole::kFfnUp, {dim, o.ffn}, l);
+        add1(p + "ffn_down_shexp.weight", SynthRole::kFfnDown, {o.ffn, dim}, l);
+      }
+    } else {
+      if (!a.gated_ffn) {
+        // Without a gate, up is what the activation reads: it plays the gate's part.
+        add1(p + "ffn_up.weight", SynthRole::kFfnGate, {dim, o.ffn}, l);
+      } else if (lay.fused_gate_up) {
+        add(p + "ffn_up.weight", {{SynthRole::kFfnGate, o.ffn}, {SynthRole::kFfnUp, o.ffn}},
+            {dim, 2 * o.ffn}, l);
+      } else {
+        add1(p + "ffn_gate.weight", SynthRole::kFfnGate, {dim, o.ffn}, l);
+        add1(p + "ffn_up.weight", SynthRole::kFfnUp, {dim, o.ffn}, l);
+      }
+      if (lay.other_biases) add1(p + "ffn_up.bias", SynthRole::kBias, {o.ffn}, l);
+      add1(p + "ffn_down.weight", SynthRole::kFfnDown, {o.ffn, dim}, l);
+      if (layout == SynthLayout::kPowerInfer) {
+        SynthTensorSpec& down = specs.back();  // same weights, one row per neuron
+        down.name = p + "ffn_down_t.weight";
+        down.kind = SynthTensorKind::kDownT;
+        down.ne = {dim, o.ffn};
+        // The predictors are functions of the design, not weights with their own stream.
+        for (SynthTensorKind kind : {SynthTensorKind::kFc1, SynthTensorKind::kFc2}) {
+          SynthTensorSpec s;
+          const bool fc1 = kind == SynthTensorKind::kFc1;
+          s.name = p + (fc1 ? "fc1.weight" : "fc2.weight");
+          s.ne = {fc1 ? dim : d.predictor_rank(), fc1 ? d.predictor_rank() : o.ffn};
+          s.parts = {{SynthRole::kFfnGate, s.ne[1], 0}};
+          s.layer = l;
+          s.kind = kind;
+          s.type = GgmlType::kF16;
+          specs.push_back(std::move(s));
+        }
+      }
+      if (lay.other_biases) add1(p + "ffn_down.bias", SynthRole::kBias, {dim}, l);
+    }
+    if (a.post_ffn_norm) add1(p + "post_ffw_norm.weight", SynthRole::kNorm, {dim}, l);
   }
-  add("output_norm.weight", SynthRole::kNorm, o.dim, 0, -1);
-  add("output.weight", SynthRole::kOutput, o.dim, o.vocab, -1);
+  norm("output_norm", SynthRole::kNorm, -1);
+  if (!a.output_always_tied) add1("output.weight", SynthRole::kOutput, {dim, o.vocab}, -1);
   return specs;
 }
 
 }  // namespace
 
+int64_t SynthParameterCount(const SynthOptions& o) {
+  const SynthShape shape = ResolveShape(o);
+  if (shape.spec == nullptr || shape.layout == nullptr) return 0;
+  int64_t n = 0;
+  for (const SynthTensorSpec& s :
+       SynthSpecs(o, shape, SynthSparsityDesign{}, SynthLayout::kLlamaCpp)) {
+    n += s.ne0() * s.rows();
+  }
+  return n;
+}
+
 absl::StatusOr<GgufWriter> BuildSynthModel(const SynthOptions& o, SynthLayout layout) {
   TC_RETURN_IF_ERROR(ValidateSynthOptions(o));
+  const SynthShape shape = ResolveShape(o);
   auto design = std::make_shared<const SynthSparsityDesign>(DesignSynthSparsity(o));
+  if (layout == SynthLayout::kPowerInfer && o.arch != "llama") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--powerinfer: PowerInfer's layout is written for --arch llama only (not ", o.arch, ")"));
+  }
   if (layout == SynthLayout::kPowerInfer && !design->enabled) {
     return absl::InvalidArgumentError(
-        o.ffn_kind != SynthFfnKind::kReluGated
+        ResolvedSynthFfnKind(o) != SynthFfnKind::kReluGated
             ? "--powerinfer: PowerInfer runs ReLU models only (use --ffn-kind relu-gated)"
             : "--powerinfer: the predictors need a shaped model (--active-fraction > 0)");
   }
-  const int64_t head_dim = o.dim / o.heads;
+  const ArchSpec& a = *shape.spec;
+  const SynthArchLayout& lay = *shape.layout;
+  auto u32 = [](int64_t v) { return GgufU32(static_cast<uint32_t>(v)); };
+  const std::string pre = absl::StrCat(o.arch, ".");
 
   GgufWriter w;
   w.set_powerinfer_magic(layout == SynthLayout::kPowerInfer);
-  w.SetValue("general.architecture", GgufString("llama"));
+  w.SetValue("general.architecture", GgufString(o.arch));
   w.SetValue("general.name", GgufString(o.name));
   w.SetValue("general.file_type", GgufU32(SynthFileType(o.type)));
-  w.SetValue("llama.vocab_size", GgufU32(static_cast<uint32_t>(o.vocab)));
-  w.SetValue("llama.context_length", GgufU32(static_cast<uint32_t>(o.context)));
-  w.SetValue("llama.embedding_length", GgufU32(static_cast<uint32_t>(o.dim)));
-  w.SetValue("llama.feed_forward_length", GgufU32(static_cast<uint32_t>(o.ffn)));
-  w.SetValue("llama.block_count", GgufU32(static_cast<uint32_t>(o.layers)));
-  w.SetValue("llama.attention.head_count", GgufU32(static_cast<uint32_t>(o.heads)));
-  w.SetValue("llama.attention.head_count_kv", GgufU32(static_cast<uint32_t>(o.kv_heads)));
-  w.SetValue("llama.attention.layer_norm_rms_epsilon", GgufF32(1e-5f));
-  w.SetValue("llama.rope.freq_base", GgufF32(10000.0f));
-  w.SetValue("llama.rope.dimension_count", GgufU32(static_cast<uint32_t>(head_dim)));
-  w.SetValue("thermocline.ffn_activation", GgufString(std::string(FfnActivationName(o.ffn_kind))));
+  w.SetValue(pre + "vocab_size", u32(o.vocab));
+  w.SetValue(pre + "context_length", u32(o.context));
+  w.SetValue(pre + "embedding_length", u32(o.dim));
+  w.SetValue(pre + "feed_forward_length", u32(o.ffn));
+  w.SetValue(pre + "block_count", u32(o.layers));
+  w.SetValue(pre + "attention.head_count", u32(o.heads));
+  w.SetValue(pre + "attention.head_count_kv", u32(o.kv_heads));
+  w.SetValue(pre + std::string(a.eps_key), GgufF32(a.default_eps));
+  w.SetValue(pre + "rope.freq_base", GgufF32(10000.0f));
+  w.SetValue(pre + "rope.dimension_count", u32(shape.head_dim));
+  if (o.head_dim > 0) {
+    w.SetValue(pre + "attention.key_length", u32(shape.head_dim));
+    w.SetValue(pre + "attention.value_length", u32(shape.head_dim));
+  }
+  if (shape.sliding_window > 0) {
+    w.SetValue(pre + "attention.sliding_window", u32(shape.sliding_window));
+  }
+  if (lay.attn_softcap > 0) w.SetValue(pre + "attn_logit_softcapping", GgufF32(lay.attn_softcap));
+  if (lay.final_softcap > 0) {
+    w.SetValue(pre + "final_logit_softcapping", GgufF32(lay.final_softcap));
+  }
+  if (shape.experts > 0) {
+    w.SetValue(pre + "expert_count", u32(shape.experts));
+    w.SetValue(pre + "expert_used_count", u32(shape.experts_used));
+    if (lay.expert_ffn_key) w.SetValue(pre + "expert_feed_forward_length", u32(shape.expert_ffn));
+    if (lay.shared_expert) w.SetValue(pre + "expert_shared_feed_forward_length", u32(o.ffn));
+  }
+  w.SetValue("thermocline.ffn_activation",
+             GgufString(std::string(ActivationName(ResolvedSynthFfnKind(o)))));
   w.SetValue("thermocline.synth.seed", GgufU64(o.seed));
   if (design->enabled) {
     w.SetValue("thermocline.synth.active_fraction", GgufF32(static_cast<float>(o.active_fraction)));
@@ -643,45 +991,42 @@ absl::StatusOr<GgufWriter> BuildSynthModel(const SynthOptions& o, SynthLayout la
   w.SetValue("tokenizer.ggml.add_bos_token", GgufBool(true));
   w.SetValue("tokenizer.ggml.add_eos_token", GgufBool(false));
 
-  auto specs = std::make_shared<const std::vector<SynthTensorSpec>>(SynthSpecs(o, *design, layout));
+  auto specs =
+      std::make_shared<const std::vector<SynthTensorSpec>>(SynthSpecs(o, shape, *design, layout));
   const int threads = o.threads > 0
                           ? o.threads
                           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   auto pool = std::make_shared<ThreadPool>(threads);
   auto options = std::make_shared<const SynthOptions>(o);
   int64_t total = 0;
-  for (const SynthTensorSpec& s : *specs) {
-    total += RowBytes(s.type, s.ne0) * std::max<int64_t>(s.ne1, 1);
-  }
+  for (const SynthTensorSpec& s : *specs) total += RowBytes(s.type, s.ne0()) * s.rows();
   auto done = std::make_shared<int64_t>(0);
   for (size_t i = 0; i < specs->size(); ++i) {
     const SynthTensorSpec& s = (*specs)[i];
-    std::vector<int64_t> ne = {s.ne0};
-    if (s.ne1 > 0) ne.push_back(s.ne1);
-    const int64_t rows = std::max<int64_t>(s.ne1, 1);
-    auto fill = [pool, done, total, options, design, specs, i, rows](
+    const int64_t rows = s.rows();
+    auto fill = [pool, done, total, options, design, specs, i, rows, arch = shape.spec](
                     uint8_t* dst, int64_t n_bytes) -> absl::Status {
       const SynthTensorSpec& s = (*specs)[i];
-      const int64_t row_bytes = RowBytes(s.type, s.ne0);
+      const int64_t row_bytes = RowBytes(s.type, s.ne0());
       if (row_bytes * rows != n_bytes) return absl::InternalError("synth: tensor size mismatch");
-      const SynthTensorContext ctx = MakeTensorContext(*options, *design, s);
+      const SynthTensorContext ctx = MakeTensorContext(*options, *design, *arch, s);
       // Rows are generated independently from their element indices, so the split across
       // threads never changes the bytes.
       pool->ParallelFor(
           rows,
           [&](int64_t r0, int64_t r1) {
-            std::vector<float> row(static_cast<size_t>(s.ne0)), scratch;
+            std::vector<float> row(static_cast<size_t>(s.ne0())), scratch;
             for (int64_t r = r0; r < r1; ++r) {
               SynthRow(ctx, r, row.data(), scratch);
-              QuantizeRow(s.type, row.data(), dst + r * row_bytes, s.ne0);
+              QuantizeRow(s.type, row.data(), dst + r * row_bytes, s.ne0());
             }
           },
-          std::max<int64_t>(1, 16384 / s.ne0));
+          std::max<int64_t>(1, 16384 / s.ne0()));
       *done += n_bytes;
       if (options->progress) options->progress(*done, total);
       return absl::OkStatus();
     };
-    TC_RETURN_IF_ERROR(w.AddTensor(s.name, s.type, std::move(ne), std::move(fill)));
+    TC_RETURN_IF_ERROR(w.AddTensor(s.name, s.type, s.ne, std::move(fill)));
   }
   return w;
 }

@@ -1,6 +1,8 @@
-// Synthetic llama-architecture models: random weights of any size and type, a byte-level
-// vocabulary, written as GGUF that llama.cpp can load. For tests and benchmarks at sizes no real
-// model here has (the 1.3B F16 model is about 2.6 GB).
+// Synthetic models of every architecture Thermocline runs (arch.h; llama by default): random
+// weights of any size and type, a byte-level vocabulary, written as GGUF with exactly the keys
+// and tensors llama.cpp's files of that architecture carry (the layout: synth_arch.h). For tests
+// and benchmarks at sizes and in families no real model here has (the 1.3B F16 model is about
+// 2.6 GB).
 //
 // Weights come from a counter-based generator keyed by (seed, tensor index, element index), so a
 // file depends only on its options: the same bytes on every run and for any thread count.
@@ -15,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -24,12 +27,18 @@
 
 namespace thermocline {
 
+// The FFN's activation, written as thermocline.ffn_activation. Each architecture takes its own
+// or ReLU (the sparse variant, as ReluLLaMA and ReluFalcon are of theirs).
 enum class SynthFfnKind {
-  kSwiGlu,     // down(silu(gate x) * up x); thermocline.ffn_activation = "silu"
-  kReluGated,  // down(relu(gate x) * up x); thermocline.ffn_activation = "relu"
+  kArchDefault,  // the architecture's own (ArchSpec::activation)
+  kSwiGlu,       // down(silu(gate x) * up x); "silu"
+  kReluGated,    // down(relu(gate x) * up x), or down(relu(up x)) without a gate; "relu"
+  kGelu,         // GELU, gated or not per the architecture; "gelu"
+  kDrelu,        // down(relu(gate x) * relu(up x)) (bamboo); "drelu"
 };
 
 struct SynthOptions {
+  std::string arch = "llama";  // general.architecture: one of KnownArchNames()
   int64_t dim = 256;
   int64_t ffn = 704;  // a multiple of 32, so the defaults work for every --type
   int64_t layers = 4;
@@ -37,10 +46,20 @@ struct SynthOptions {
   int64_t kv_heads = 4;
   int64_t vocab = 512;
   int64_t context = 512;
+  int64_t head_dim = 0;  // 0: dim / heads, and no attention.key_length key
+  // Mixture of experts (architectures with ArchSpec::moe). experts 0: none, or 4 where every
+  // layer is MoE (qwen2moe, qwen3moe); experts_used 0: min(2, experts); expert_ffn 0: ffn (only
+  // architectures with expert_feed_forward_length take another width; qwen2moe's shared expert
+  // is ffn wide).
+  int64_t experts = 0;
+  int64_t experts_used = 0;
+  int64_t expert_ffn = 0;
+  // Architectures with sliding-window layers: the window; 0: min(4096, max(1, context / 2)).
+  int64_t sliding_window = 0;
   GgmlType type = GgmlType::kF32;  // token embedding and matrices; norms are always F32
-  SynthFfnKind ffn_kind = SynthFfnKind::kSwiGlu;
+  SynthFfnKind ffn_kind = SynthFfnKind::kArchDefault;
   uint64_t seed = 1;
-  // ReLU-gated only (SwiGLU ignores both): the share of a layer's FFN neurons that fire for a
+  // ReLU only (other activations ignore both): the share of a layer's FFN neurons that fire for a
   // typical token, in [0, 0.5]. 0 leaves every weight i.i.d. (about half the neurons fire, all
   // about equally often).
   double active_fraction = 0.1;
@@ -54,14 +73,26 @@ struct SynthOptions {
   std::function<void(int64_t done, int64_t total)> progress;
 };
 
-// Checks the shape options; the error names the flag (--dim, --heads, ...) and its value.
+// Checks the shape options; the error names the flag (--dim, --heads, ...) and its value, and
+// the architecture where it is what refuses the flag.
 absl::Status ValidateSynthOptions(const SynthOptions& options);
 
-// llama.cpp's tensor layout, or PowerInfer's: magic PWRI, blk.N.ffn_down_t.weight (one row per
-// neuron, ggml ne = (dim, ffn)) instead of ffn_down, the analytic predictors blk.N.fc1.weight
-// ne = (dim, rank) and blk.N.fc2.weight ne = (rank, ffn) in F16, and
-// powerinfer.sparse_threshold = 0. The weights are the same values in both layouts; F32, F16 and
-// BF16 files hold them bit for bit, Q8_0/Q4_0 quantize ffn_down_t along its own rows.
+// The ffn_kind an options struct resolves to (kArchDefault: the architecture's own), and the
+// kinds the architecture takes, in the command's spelling ("swiglu", "relu-gated", "relu",
+// "gelu", "drelu"): its own activation and ReLU.
+SynthFfnKind ResolvedSynthFfnKind(const SynthOptions& options);
+std::string SynthFfnKindName(std::string_view arch, SynthFfnKind kind);
+std::vector<SynthFfnKind> SynthFfnKinds(std::string_view arch);
+
+// The number of weights the llama.cpp-layout file holds (every tensor's elements).
+int64_t SynthParameterCount(const SynthOptions& options);
+
+// llama.cpp's tensor layout, or (--arch llama only) PowerInfer's: magic PWRI,
+// blk.N.ffn_down_t.weight (one row per neuron, ggml ne = (dim, ffn)) instead of ffn_down, the
+// analytic predictors blk.N.fc1.weight ne = (dim, rank) and blk.N.fc2.weight ne = (rank, ffn) in
+// F16, and powerinfer.sparse_threshold = 0. The weights are the same values in both layouts;
+// F32, F16 and BF16 files hold them bit for bit, Q8_0/Q4_0 quantize ffn_down_t along its own
+// rows.
 enum class SynthLayout { kLlamaCpp, kPowerInfer };
 
 // The realistic ReLU construction, derived from the options (docs/synthetic-models.md). With
@@ -105,8 +136,8 @@ std::vector<float> SynthNeuronThresholds(const SynthOptions& options,
 // that realistic activation statistics can later be given to one role without touching others.
 enum class SynthRole {
   kTokenEmbedding,
-  kNorm,     // attn_norm, output_norm
-  kFfnNorm,  // ffn_norm: ones, and the persistent coordinate's gain in shaped ReLU models
+  kNorm,     // every norm's weight but ffn_norm's (attn_norm, output_norm, q/k and post norms)
+  kFfnNorm,  // the FFN's norm: ones, and the persistent coordinate's gain in shaped ReLU models
   kAttnQ,
   kAttnK,
   kAttnV,
@@ -115,6 +146,9 @@ enum class SynthRole {
   kFfnUp,
   kFfnDown,
   kOutput,
+  kBias,    // projection and LayerNorm biases: small, nonzero
+  kFfnNormBias,  // the FFN's LayerNorm bias: as kBias; coordinate k's constant when shaped
+  kRouter,  // ffn_gate_inp (the MoE router) and ffn_gate_inp_shexp
 };
 
 // Weights [begin, end) of a tensor with ggml shape (fan_in, rows...) in element order.
