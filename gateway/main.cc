@@ -136,7 +136,9 @@ int Main(int argc, char** argv) {
     return Fail("--workers must be spawn or attach, got " + workers);
   }
   if (sched.max_batch < 1) return Fail("--max-batch must be >= 1");
-  if (sched.max_queue < 0) return Fail("--max-queue must be >= 0");
+  // Every request passes through the queue, even one that finds a slot free (admission happens
+  // at the next step boundary), so 0 would refuse everything.
+  if (sched.max_queue < 1) return Fail("--max-queue must be >= 1 (every request waits in the queue until the next step admits it)");
   if (sched.kv_slots < 1) return Fail("--kv-slots must be >= 1");
   if (sched.prefill_chunk < 1) return Fail("--prefill-chunk must be >= 1");
   if (context < 0) return Fail("--context must be >= 0");

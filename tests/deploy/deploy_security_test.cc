@@ -57,7 +57,11 @@ void MakeCertificates() {
   ASSERT_EQ(Shell(leaf("client", "ca", "client.ext")), 0);
   ASSERT_EQ(Shell(leaf("rogue", "rogueca", "client.ext")), 0);
   std::ofstream(P("token")) << "s3cret-token-0123456789abcdef\n";
+  chmod(P("token").c_str(), 0600);
+  std::ofstream(P("loose-token")) << "s3cret-token-0123456789abcdef\n";
+  chmod(P("loose-token").c_str(), 0644);
   std::ofstream(P("short-token")) << "short\n";
+  chmod(P("short-token").c_str(), 0600);
   std::ofstream(P("unreadable.crt")) << "x";
   chmod(P("unreadable.crt").c_str(), 0);
 }
@@ -262,6 +266,8 @@ TEST_F(DeploySecurity, BadConfigurationExitsNamingTheFlag) {
         P("token")}, "--tls-client-ca"},
       {{"--auth-token-file", P("short-token")}, "--auth-token-file"},
       {{"--auth-token-file", P("no-such-token")}, "--auth-token-file"},
+      {{"--auth-token-file", P("loose-token")}, "--auth-token-file"},
+      {{"--max-queue", "0"}, "--max-queue"},
       {{"--listen", "localhost"}, "--listen"},
       {{"--listen", "127.0.0.1:99999"}, "--listen"},
       {{"--listen", "256.1.2.3:0"}, "--listen"},
