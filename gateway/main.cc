@@ -83,6 +83,7 @@ int Main(int argc, char** argv) {
   int32_t context = 0;
   SecurityOptions security;
   std::string auth_token_file;
+  double shutdown_grace = 2;
   po::options_description opts("thermocline-gateway options");
   // clang-format off
   opts.add_options()
@@ -105,6 +106,7 @@ int Main(int argc, char** argv) {
       ("cpus", po::value(&so.cpus), "CPUs the cpu worker runs on, e.g. 0-7")
       ("bindir", po::value(&so.bindir), "directory of the worker executables (default: this one's)")
       ("worker-log", po::value(&so.log_path), "append the workers' output here (default: stderr)")
+      ("shutdown-grace", po::value(&shutdown_grace)->default_value(2), "seconds in-flight streams get at SIGTERM to end by themselves; then they end with a Final of FINISH_REASON_CANCELLED")
       ("max-restarts", po::value(&so.restart.max_restarts)->default_value(5), "restarts of one worker allowed within a minute; past that its steps fail UNAVAILABLE")
       ("tls-cert", po::value(&security.tls_cert), "serve gRPC over TLS with this PEM certificate (chain)")
       ("tls-key", po::value(&security.tls_key), "the PEM private key of --tls-cert")
@@ -145,6 +147,9 @@ int Main(int argc, char** argv) {
   if (so.gpu_threads < 1 || so.cpu_threads < 1) return Fail("--gpu-threads and --cpu-threads must be >= 1");
   if (so.instance.empty()) return Fail("--instance must not be empty");
   if (so.restart.max_restarts < 0) return Fail("--max-restarts must be >= 0");
+  if (!(shutdown_grace >= 0 && shutdown_grace <= 3600)) {
+    return Fail("--shutdown-grace must be in [0, 3600] seconds");
+  }
   // SIGINT/SIGTERM are taken by a thread of their own (sigwait), blocked everywhere else; the
   // mask is set before anything can start a thread (gRPC starts its own when the credentials
   // below are made), since threads inherit it: a thread with SIGTERM unblocked would take the
@@ -254,14 +259,19 @@ int Main(int argc, char** argv) {
 
   std::atomic<bool> stopping{false};
   std::atomic<bool> worker_lost{false};  // attach mode: a worker died (see below)
+  std::atomic<Scheduler*> live_scheduler{nullptr};
   std::thread signal_thread([&] {
     int sig = 0;
     sigwait(&sigs, &sig);
     if (sig == SIGUSR2) return;  // woken by main at the end
     stopping.store(true);
-    Log(Level::kInfo, "shutdown", {{"signal", sig}});
+    Log(Level::kInfo, "shutdown", {{"signal", sig}, {"grace_seconds", shutdown_grace}});
     sd_notify(0, "STOPPING=1");
-    // In-flight calls get 2 s to end; then gRPC cancels them and their handlers return.
+    // In-flight streams get the grace to end; then each gets its Final (CANCELLED) at the next
+    // step boundary. A step that never comes back is waited for 5 s, then gRPC's deadline
+    // cancels whatever call is left, and the handlers return.
+    constexpr absl::Duration kBoundaryWait = absl::Seconds(5);
+    if (Scheduler* s = live_scheduler.load()) s->Drain(absl::Seconds(shutdown_grace), kBoundaryWait);
     server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   });
 
@@ -309,6 +319,7 @@ int Main(int argc, char** argv) {
             }
           });
       service.SetScheduler(scheduler.get());
+      live_scheduler.store(scheduler.get());
       set_health(true);
       Log(Level::kInfo, "serving", {{"port", grpc_port}});
       sd_notify(0, "READY=1");
@@ -342,6 +353,7 @@ int Main(int argc, char** argv) {
     pthread_kill(signal_thread.native_handle(), SIGUSR2);
   }
   signal_thread.join();
+  live_scheduler.store(nullptr);
   service.SetScheduler(nullptr);
   scheduler.reset();  // ends what still runs, then the engine stops the workers
   metrics.Stop();

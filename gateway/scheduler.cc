@@ -40,7 +40,17 @@ void Stream::Wait(absl::Duration timeout, std::vector<Event>* out) {
   }
 }
 
-void Stream::Cancel() { cancelled_.store(true, std::memory_order_release); }
+void Stream::Cancel(bool deadline_passed) {
+  int live = kLive;
+  cancelled_.compare_exchange_strong(live, deadline_passed ? kDeadline : kCancelled,
+                                     std::memory_order_acq_rel);
+}
+
+absl::Status Stream::CancelReason(const char* where) const {
+  return cancelled_.load(std::memory_order_acquire) == kDeadline
+             ? absl::DeadlineExceededError(absl::StrCat("the deadline passed ", where))
+             : absl::CancelledError(absl::StrCat("cancelled by the caller ", where));
+}
 
 void Stream::Push(Event event) {
   {
@@ -103,7 +113,7 @@ absl::StatusOr<std::shared_ptr<Stream>> Scheduler::Submit(Job job) {
   std::shared_ptr<Stream> stream = seq->stream;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stop_) return absl::UnavailableError("the gateway is shutting down");
+    if (stop_ || draining_) return absl::UnavailableError("the gateway is shutting down");
     if (static_cast<int32_t>(waiting_.size()) >= options_.max_queue) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "the queue is full: ", waiting_.size(), " requests wait (--max-queue ",
@@ -202,19 +212,22 @@ void Scheduler::Probe() {
 void Scheduler::Loop() {
   while (true) {
     bool probe = false;
+    bool end_now = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait_for(lock, std::chrono::milliseconds(100), [&] {
-        return stop_ || probe_requested_ || !running_.empty() ||
+        return stop_ || probe_requested_ || end_streams_ || !running_.empty() ||
                (!waiting_.empty() && !free_slots_.empty());
       });
       if (stop_) break;
       probe = probe_requested_ && running_.empty();
       probe_requested_ = false;
+      end_now = end_streams_;
+      end_streams_ = false;
       // Requests cancelled while waiting never take a slot.
       for (auto it = waiting_.begin(); it != waiting_.end();) {
         if ((*it)->stream->cancelled()) {
-          Fail(**it, absl::CancelledError("cancelled while queued"));
+          Fail(**it, (*it)->stream->CancelReason("while queued"));
           it = waiting_.erase(it);
         } else {
           ++it;
@@ -225,9 +238,13 @@ void Scheduler::Loop() {
     // queue in this very step.
     for (auto& seq : running_) {
       if (seq->stream->cancelled()) {
-        Fail(*seq, absl::CancelledError("cancelled by the caller"));
+        Fail(*seq, seq->stream->CancelReason("while running"));
         Retire(*seq);
       }
+    }
+    if (end_now) {
+      EndAll();
+      continue;
     }
     std::erase_if(running_, [](const std::unique_ptr<Sequence>& s) { return s->done; });
     {
@@ -244,20 +261,41 @@ void Scheduler::Loop() {
       }
       if (metrics_) metrics_->SetWaiting(static_cast<int64_t>(waiting_.size()));
       idle_.store(running_.empty() && waiting_.empty(), std::memory_order_relaxed);
+      if (draining_ && idle_.load(std::memory_order_relaxed)) cv_.notify_all();  // Drain waits
     }
     UpdateGauges();
     if (probe) Probe();
     Step();
   }
   // Shutting down: every sequence still known ends, so no handler waits forever.
+  EndAll();
+}
+
+void Scheduler::EndAll() {
   for (auto& seq : running_) {
     Finish(*seq, v1::FINISH_REASON_CANCELLED, "", -1);
     Retire(*seq);
   }
   running_.clear();
+  UpdateGauges();
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& seq : waiting_) Fail(*seq, absl::UnavailableError("the gateway is shutting down"));
   waiting_.clear();
+  if (metrics_) metrics_->SetWaiting(0);
+  idle_.store(true, std::memory_order_relaxed);
+  cv_.notify_all();
+}
+
+void Scheduler::Drain(absl::Duration grace, absl::Duration boundary_wait) {
+  std::unique_lock<std::mutex> lock(mu_);
+  draining_ = true;
+  const auto idle = [&] { return idle_.load(std::memory_order_relaxed); };
+  // idle_ is written under mu_ by the loop, which notifies cv_ whenever it changes state.
+  cv_.wait_for(lock, absl::ToChronoNanoseconds(grace), idle);
+  if (idle()) return;
+  end_streams_ = true;
+  cv_.notify_all();
+  cv_.wait_for(lock, absl::ToChronoNanoseconds(boundary_wait), idle);
 }
 
 bool Scheduler::Step() {
@@ -445,7 +483,11 @@ void Scheduler::Finish(Sequence& seq, v1::FinishReason reason, const std::string
 void Scheduler::Fail(Sequence& seq, const absl::Status& status) {
   if (seq.done) return;
   seq.done = true;
-  if (metrics_) metrics_->CountRequest(absl::IsCancelled(status) ? "cancelled" : "error");
+  if (metrics_) {
+    metrics_->CountRequest(absl::IsCancelled(status)          ? "cancelled"
+                           : absl::IsDeadlineExceeded(status) ? "deadline_exceeded"
+                                                              : "error");
+  }
   Log(Level::kInfo, "request_failed",
       {{"request_id", seq.job.request_id},
        {"code", absl::StatusCodeToString(status.code())},

@@ -66,8 +66,8 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* context,
     }
     events.clear();
     if (context->IsCancelled()) {
-      (*stream)->Cancel();
       const bool expired = context->deadline() <= std::chrono::system_clock::now();
+      (*stream)->Cancel(expired);
       return expired ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded")
                      : grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
     }
