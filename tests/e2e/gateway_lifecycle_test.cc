@@ -87,5 +87,44 @@ TEST(GatewayLifecycle, DeadlinePassedInTheQueueIsLoggedAsDeadlineExceeded) {
   EXPECT_EQ(a_reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
 }
 
+// A TCP connection to `address` ("HOST:PORT") that sends nothing; -1 on failure.
+int IdleConnection(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  if (!absl::SimpleAtoi(address.substr(colon + 1), &port)) return -1;
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa = {};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, address.substr(0, colon).c_str(), &sa.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// 16 connections that never send a byte do not hold up a scrape: it is answered while every
+// one of them is still open (a server that made the scrape wait would first have had to time
+// some of them out and close them).
+TEST(GatewayLifecycle, IdleConnectionsDoNotStarveMetrics) {
+  Gateway gw(Unique("idle-metrics"));
+  std::vector<int> idle;
+  for (int i = 0; i < 16; ++i) {
+    idle.push_back(IdleConnection(gw.metrics_address()));
+    ASSERT_GE(idle.back(), 0);
+  }
+  const std::string scrape = ScrapeMetrics(gw.metrics_address());
+  EXPECT_NE(scrape.find("thermocline_kv_slots_total"), std::string::npos) << scrape;
+  int still_open = 0;
+  for (int fd : idle) {
+    char c;
+    // Nothing to read and not closed by the server: -1 with EAGAIN (0 would be its close).
+    if (recv(fd, &c, 1, MSG_DONTWAIT | MSG_PEEK) < 0 && errno == EAGAIN) ++still_open;
+    close(fd);
+  }
+  EXPECT_EQ(still_open, 16);
+}
+
 }  // namespace
 }  // namespace thermocline::testing
