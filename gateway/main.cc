@@ -107,7 +107,7 @@ int Main(int argc, char** argv) {
       ("bindir", po::value(&so.bindir), "directory of the worker executables (default: this one's)")
       ("worker-log", po::value(&so.log_path), "append the workers' output here (default: stderr)")
       ("shutdown-grace", po::value(&shutdown_grace)->default_value(2), "seconds in-flight streams get at SIGTERM to end by themselves; then they end with a Final of FINISH_REASON_CANCELLED")
-      ("max-restarts", po::value(&so.restart.max_restarts)->default_value(5), "restarts of one worker allowed within a minute; past that its steps fail UNAVAILABLE")
+      ("max-restarts", po::value(&so.restart.max_restarts)->default_value(5), "restarts of one worker allowed within a minute; past that the requests in flight fail UNAVAILABLE and the gateway exits with status 1 for its service manager to restart it")
       ("tls-cert", po::value(&security.tls_cert), "serve gRPC over TLS with this PEM certificate (chain)")
       ("tls-key", po::value(&security.tls_key), "the PEM private key of --tls-cert")
       ("tls-client-ca", po::value(&security.tls_client_ca), "mutual TLS: require client certificates signed by this PEM CA")
@@ -260,6 +260,7 @@ int Main(int argc, char** argv) {
   std::atomic<bool> stopping{false};
   std::atomic<bool> worker_lost{false};  // attach mode: a worker died (see below)
   std::atomic<Scheduler*> live_scheduler{nullptr};
+  std::atomic<bool> gave_up{false};  // spawn mode: a worker's restart budget is spent (below)
   std::thread signal_thread([&] {
     int sig = 0;
     sigwait(&sigs, &sig);
@@ -317,6 +318,16 @@ int Main(int argc, char** argv) {
             if (attach && !serving && !stopping.load() && !worker_lost.exchange(true)) {
               kill(getpid(), SIGTERM);
             }
+          },
+          [&set_health, &gave_up](const absl::Status& why) {
+            // The restart budget is spent: restarting again at once would crash-loop, and
+            // staying up idle would leave the instance down until a request happens to come
+            // (a load balancer that honours health sends none). Exiting non-zero hands the
+            // decision to the service manager (Restart=on-failure, its own delay and limits).
+            if (gave_up.exchange(true)) return;
+            set_health(false);
+            Log(Level::kError, "giving_up", {{"error", std::string(why.message())}});
+            kill(getpid(), SIGTERM);
           });
       service.SetScheduler(scheduler.get());
       live_scheduler.store(scheduler.get());
@@ -357,6 +368,10 @@ int Main(int argc, char** argv) {
   service.SetScheduler(nullptr);
   scheduler.reset();  // ends what still runs, then the engine stops the workers
   metrics.Stop();
+  if (gave_up.load() && rc == 0) {
+    rc = Fail("a worker kept dying and its restart budget (--max-restarts per minute) is spent; "
+              "exiting for the service manager to restart the instance");
+  }
   if (worker_lost.load() && rc == 0) {
     rc = Fail("a worker died and --workers attach cannot restart it; exiting for the service "
               "manager to restart the instance");

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "gateway/log.h"
 #include "gateway/text_stream.h"
+#include "shared/driver/supervisor.h"
 
 namespace thermocline::gateway {
 namespace {
@@ -78,12 +79,14 @@ struct Scheduler::Sequence {
 };
 
 Scheduler::Scheduler(std::unique_ptr<driver::SplitEngine> engine, const Tokenizer& tokenizer,
-                     SchedulerOptions options, GatewayMetrics* metrics, HealthCallback health)
+                     SchedulerOptions options, GatewayMetrics* metrics, HealthCallback health,
+                     GiveUpCallback give_up)
     : engine_(std::move(engine)),
       tokenizer_(tokenizer),
       options_(options),
       metrics_(metrics),
       health_(std::move(health)),
+      give_up_(std::move(give_up)),
       probe_slot_(options.kv_slots) {
   for (int32_t s = options_.kv_slots - 1; s >= 0; --s) free_slots_.push_back(s);
   seen_gpu_restarts_ = engine_->stats().gpu_restarts;
@@ -183,6 +186,10 @@ void Scheduler::NoteRestarts() {
   }
 }
 
+void Scheduler::NoteFailure(const absl::Status& status) {
+  if (give_up_ && driver::IsRestartBudgetSpent(status)) give_up_(status);
+}
+
 void Scheduler::NoteServing() {
   PublishPids();
   if (!serving_.exchange(true)) {
@@ -204,6 +211,7 @@ void Scheduler::Probe() {
   NoteRestarts();
   if (!s.ok()) {
     Log(Level::kError, "probe_failed", {{"error", std::string(s.message())}});
+    NoteFailure(s);
     return;
   }
   NoteServing();
@@ -330,6 +338,7 @@ bool Scheduler::Step() {
     // The engine gave up (restart budget spent, a corrupt ring) or refused the step: every
     // sequence of the step ends with the reason; none can continue without its KV state.
     Log(Level::kError, "step_failed", {{"error", std::string(status.message())}});
+    NoteFailure(status);
     const absl::Status reported =
         absl::IsUnavailable(status)
             ? status

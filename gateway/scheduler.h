@@ -88,13 +88,17 @@ struct SchedulerOptions {
 // Health as the scheduler sees it: called with false when a worker is down or recovering and
 // with true once a step succeeded again.
 using HealthCallback = std::function<void(bool serving, const std::string& why)>;
+// Called (on the scheduler's thread) when the engine gave up on a worker: its restart budget is
+// spent, so the instance will not come back by itself.
+using GiveUpCallback = std::function<void(const absl::Status& why)>;
 
 class Scheduler {
  public:
   // `engine` must have kv_slots + 1 slots (the last one is used to probe a dead worker while
   // idle, so that recovery does not wait for the next request). `metrics` may be null.
   Scheduler(std::unique_ptr<driver::SplitEngine> engine, const Tokenizer& tokenizer,
-            SchedulerOptions options, GatewayMetrics* metrics, HealthCallback health);
+            SchedulerOptions options, GatewayMetrics* metrics, HealthCallback health,
+            GiveUpCallback give_up = {});
   // Stops the thread; sequences still running get FINISH_REASON_CANCELLED.
   ~Scheduler();
 
@@ -135,6 +139,8 @@ class Scheduler {
   // After every engine Run: counts the engine's restarts into the metrics (and flags health
   // down if the monitor missed a quick one); NoteServing after a successful Run.
   void NoteRestarts();
+  // After a failed engine Run: tells give_up_ when the restart budget is spent.
+  void NoteFailure(const absl::Status& status);
   void NoteServing();
   void PublishPids();
   void UpdateGauges();
@@ -144,6 +150,7 @@ class Scheduler {
   const SchedulerOptions options_;
   GatewayMetrics* metrics_;
   HealthCallback health_;
+  GiveUpCallback give_up_;
   const int32_t probe_slot_;
 
   std::mutex mu_;  // guards waiting_, stop_, probe_requested_

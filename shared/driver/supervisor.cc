@@ -6,6 +6,7 @@
 #include <chrono>
 #include <thread>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "shared/util/status_macros.h"
 
@@ -179,9 +180,11 @@ absl::StatusOr<uint64_t> Supervisor::Restart(std::span<const ipc::Role> roles) {
       }
       absl::StatusOr<absl::Duration> d = w->budget.Next(absl::Now());
       if (!d.ok()) {
-        return absl::UnavailableError(absl::StrCat(
+        absl::Status spent = absl::UnavailableError(absl::StrCat(
             Role(w->spec.role), " (", w->spec.argv.front(), ") keeps dying: last ",
             w->last_exit, "; ", d.status().message(), ", giving up"));
+        spent.SetPayload(kRestartBudgetSpentPayload, absl::Cord(Role(w->spec.role)));
+        return spent;
       }
       delay = std::max(delay, *d);
     }

@@ -6,6 +6,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "shared/ipc/segment.h"
 #include "tests/e2e/gateway_harness.h"
 
 namespace thermocline::testing {
@@ -85,6 +86,32 @@ TEST(GatewayLifecycle, DeadlinePassedInTheQueueIsLoggedAsDeadlineExceeded) {
   a_ctx.TryCancel();
   while (a_reader->Read(&first)) {}
   EXPECT_EQ(a_reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+}
+
+// A worker that keeps dying spends its restart budget (here 0: the first death spends it,
+// which makes the test independent of how fast restarts are). The gateway does not stay up
+// idle and NOT_SERVING for requests that a health-aware load balancer never sends: it exits
+// with status 1, naming the worker, for its service manager to restart the whole instance.
+// The death happens while idle, so it is the gateway's own probe that finds it.
+TEST(GatewayLifecycle, SpentRestartBudgetEndsTheGatewayWithStatus1) {
+  Gateway gw(Unique("budget"), {"--max-restarts", "0"});
+  const Completion before = gw.Generate(Greedy("Once upon a time", 8));
+  ASSERT_TRUE(before.status.ok()) << before.status.error_message();
+  const pid_t gpu = GpuWorkerPid(gw);
+  ASSERT_GT(gpu, 0);
+  ASSERT_EQ(kill(gpu, SIGKILL), 0);
+  const std::optional<int> status = gw.WaitExit(60);
+  ASSERT_TRUE(status.has_value()) << "the gateway stayed up after its budget was spent:\n"
+                                  << gw.Log();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 1) << *status;
+  const std::string log = gw.Log();
+  EXPECT_NE(log.find("event=giving_up"), std::string::npos) << log;
+  EXPECT_NE(log.find("gpu_worker"), std::string::npos);
+  EXPECT_NE(log.find("keeps dying"), std::string::npos) << log;
+  EXPECT_NE(log.find("restart budget"), std::string::npos) << log;
+  // The workers went with it and the instance's segments were removed on the way out.
+  EXPECT_TRUE(Gateway::WaitFor([&] { return kill(gpu, 0) != 0; }));
+  EXPECT_TRUE(ipc::ListInstanceSegments(Unique("budget")).empty());
 }
 
 // A TCP connection to `address` ("HOST:PORT") that sends nothing; -1 on failure.
