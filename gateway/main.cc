@@ -30,6 +30,7 @@
 #include "shared/driver/split_engine.h"
 #include "shared/model/llama_model.h"
 #include "shared/sparsity/sparsity_options.h"
+#include "shared/util/version.h"
 
 namespace thermocline::gateway {
 namespace {
@@ -88,8 +89,9 @@ int Main(int argc, char** argv) {
   // clang-format off
   opts.add_options()
       ("help,h", "this help")
+      ("version", "print the version and exit")
       ("model,m", po::value(&model_path), "model file (GGUF)")
-      ("hot-fraction", po::value(&hot_fraction), "share of each layer's FFN neurons on the gpu worker, in [0, 1]")
+      ("hot-fraction", po::value(&hot_fraction), "share of each layer's FFN neurons on the gpu worker, in [0, 1] (default, without --plan, on the host backend: 1, the whole FFN)")
       ("plan", po::value(&so.plan_path), "or: placement from `thermocline plan`")
       ("listen", po::value(&listen)->default_value("127.0.0.1:50051"), "gRPC address host:port (port 0: a free one)")
       ("metrics-listen", po::value(&metrics_listen)->default_value("127.0.0.1:9464"), "/metrics address host:port (port 0: a free one)")
@@ -104,6 +106,7 @@ int Main(int argc, char** argv) {
       ("cpu-threads", po::value(&so.cpu_threads)->default_value(1), "threads of the cpu worker")
       ("kv-type", po::value(&so.kv_type)->default_value("f32"), "KV cache element type: f32 or f16")
       ("cpus", po::value(&so.cpus), "CPUs the cpu worker runs on, e.g. 0-7")
+      ("numa-node", po::value<int>(), "NUMA node of the cpu worker's cold rows (and, without --cpus, of its threads)")
       ("bindir", po::value(&so.bindir), "directory of the worker executables (default: this one's)")
       ("worker-log", po::value(&so.log_path), "append the workers' output here (default: stderr)")
       ("shutdown-grace", po::value(&shutdown_grace)->default_value(2), "seconds in-flight streams get at SIGTERM to end by themselves; then they end with a Final of FINISH_REASON_CANCELLED")
@@ -125,12 +128,27 @@ int Main(int argc, char** argv) {
     std::cout << opts << "\n";
     return 0;
   }
+  if (vm.count("version")) {
+    std::cout << "thermocline-gateway " << Version() << "\n";
+    return 0;
+  }
   FinishSparsityOptions(vm, sv, sf);
   if (model_path.empty()) return Fail("--model is required");
-  if (vm.count("hot-fraction") == vm.count("plan")) {
-    return Fail("exactly one of --hot-fraction F and --plan PLAN is required");
+  if (vm.count("hot-fraction") && vm.count("plan")) {
+    return Fail("give one of --hot-fraction F and --plan PLAN, not both");
   }
-  if (vm.count("hot-fraction")) {
+  if (!vm.count("hot-fraction") && !vm.count("plan")) {
+    // The host backend computes the "gpu" half on this machine's CPU too, so splitting the FFN
+    // buys nothing by default: all of it stays with the gpu worker and the cpu worker idles.
+    if (so.gpu_backend != "host") {
+      return Fail("the " + so.gpu_backend + " backend needs a placement: give --plan PLAN "
+                  "(`thermocline plan`) or --hot-fraction F");
+    }
+    hot_fraction = 1;
+    Log(Level::kInfo, "placement_default",
+        {{"hot_fraction", 1.0}, {"why", "neither --hot-fraction nor --plan; host backend"}});
+  }
+  if (vm.count("hot-fraction") || !vm.count("plan")) {
     if (!(hot_fraction >= 0 && hot_fraction <= 1)) return Fail("--hot-fraction must be in [0, 1]");
     so.hot_fraction = hot_fraction;
   }
@@ -146,6 +164,10 @@ int Main(int argc, char** argv) {
   if (context < 0) return Fail("--context must be >= 0");
   if (so.gpu_threads < 1 || so.cpu_threads < 1) return Fail("--gpu-threads and --cpu-threads must be >= 1");
   if (so.instance.empty()) return Fail("--instance must not be empty");
+  if (vm.count("numa-node")) {
+    if (vm["numa-node"].as<int>() < 0) return Fail("--numa-node must be >= 0");
+    so.numa_node = vm["numa-node"].as<int>();
+  }
   if (so.restart.max_restarts < 0) return Fail("--max-restarts must be >= 0");
   if (!(shutdown_grace >= 0 && shutdown_grace <= 3600)) {
     return Fail("--shutdown-grace must be in [0, 3600] seconds");

@@ -9,6 +9,10 @@ foreach(_label deploy soak)
                      thermocline)
   endforeach()
 endforeach()
+# deploy_cli_test reads deploy/ and docs/ from the source tree.
+if(TARGET deploy_cli_test)
+  target_compile_definitions(deploy_cli_test PRIVATE THERMOCLINE_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+endif()
 
 find_program(SYSTEMD_ANALYZE systemd-analyze)
 if(SYSTEMD_ANALYZE)

@@ -51,14 +51,17 @@ struct Completion {
 
 class Gateway {
  public:
-  // Starts the gateway on stories260K with --hot-fraction 0.5 and `extra` flags; waits for the
-  // listening line and then for health SERVING.
-  explicit Gateway(const std::string& instance, std::vector<std::string> extra = {}) {
+  // Starts the gateway on stories260K with --hot-fraction 0.5 (none with `placement` false:
+  // the gateway's default) and `extra` flags; waits for the listening line and then for health
+  // SERVING.
+  explicit Gateway(const std::string& instance, std::vector<std::string> extra = {},
+                   bool placement = true) {
     log_path_ = absl::StrCat(TempDir(), "/", instance, ".log");
     std::vector<std::string> argv = {absl::StrCat(BinDir(), "/thermocline-gateway"),
-                                     "--model", Stories260K(), "--hot-fraction", "0.5",
+                                     "--model", Stories260K(),
                                      "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
                                      "--instance", instance};
+    if (placement) argv.insert(argv.end(), {"--hot-fraction", "0.5"});
     // A small context keeps the KV caches small; tests that need more pass their own.
     if (std::find(extra.begin(), extra.end(), "--context") == extra.end()) {
       extra.insert(extra.end(), {"--context", "256"});
