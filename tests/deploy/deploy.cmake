@@ -5,6 +5,10 @@ foreach(_label deploy soak)
   foreach(src ${_srcs})
     get_filename_component(name ${src} NAME_WE)
     target_link_libraries(${name} PRIVATE thermocline_proto thermocline_e2e_proto)
+    # They serve stories260K (deploy_cli_test checks per test: most of it needs no model).
+    if(NOT name STREQUAL "deploy_cli_test")
+      target_sources(${name} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/require_shared_data.cc)
+    endif()
     add_dependencies(${name} thermocline-gateway thermocline-gpu-worker thermocline-cpu-worker
                      thermocline)
   endforeach()

@@ -90,6 +90,7 @@ TEST(DeployCli, FlagsOfTheExampleConfigurationExist) {
 // No --hot-fraction and no --plan: the gateway serves with the whole FFN on the gpu worker
 // (host backend) and says so; --numa-node is taken and passed to the cpu worker.
 TEST(DeployCli, GatewayDefaultsToTheWholeFfnHotAndTakesNumaNode) {
+  THERMOCLINE_REQUIRE_SHARED_DATA();
   Gateway gw(absl::StrCat("cli-default-", getpid()), {"--numa-node", "0"}, /*placement=*/false);
   grpc::ClientContext ctx;
   v1::ModelInfo info;
