@@ -14,8 +14,12 @@ foreach(_label deploy soak)
   endforeach()
 endforeach()
 # deploy_cli_test reads deploy/ and docs/ from the source tree.
+# It also runs gateway_wire_test without ../shared (the skip-or-fail rule).
 if(TARGET deploy_cli_test)
   target_compile_definitions(deploy_cli_test PRIVATE THERMOCLINE_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+  if(TARGET gateway_wire_test)
+    add_dependencies(deploy_cli_test gateway_wire_test)
+  endif()
 endif()
 
 find_program(SYSTEMD_ANALYZE systemd-analyze)

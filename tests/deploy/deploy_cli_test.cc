@@ -87,6 +87,24 @@ TEST(DeployCli, FlagsOfTheExampleConfigurationExist) {
   EXPECT_GT(checked, 10);
 }
 
+// A fresh clone has no ../shared: a suite that needs it (gateway_wire_test, which links
+// tests/require_shared_data.cc) reports its tests skipped with the reason and exits 0; under CI
+// (CI set), where the data must be, the same is a failure.
+TEST(DeployCli, TestsWithoutSharedDataSkipWithTheReasonButFailUnderCi) {
+  const std::string suite = absl::StrCat(BinDir(), "/gateway_wire_test");
+  const CommandResult skipped =
+      RunCommand({"/usr/bin/env", "-u", "CI", "THERMOCLINE_SHARED_DATA_DIR=/nonexistent", suite});
+  EXPECT_EQ(skipped.exit_code, 0) << skipped.out;
+  EXPECT_NE(skipped.out.find("[  SKIPPED ]"), std::string::npos) << skipped.out;
+  EXPECT_NE(skipped.out.find("reference data not found: no directory /nonexistent"),
+            std::string::npos)
+      << skipped.out;
+  const CommandResult ci = RunCommand(
+      {"/usr/bin/env", "CI=1", "THERMOCLINE_SHARED_DATA_DIR=/nonexistent", suite});
+  EXPECT_NE(ci.exit_code, 0) << ci.out;
+  EXPECT_NE(ci.out.find("CI is set: not skipping"), std::string::npos) << ci.out;
+}
+
 // No --hot-fraction and no --plan: the gateway serves with the whole FFN on the gpu worker
 // (host backend) and says so; --numa-node is taken and passed to the cpu worker.
 TEST(DeployCli, GatewayDefaultsToTheWholeFfnHotAndTakesNumaNode) {
