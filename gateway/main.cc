@@ -85,6 +85,7 @@ int Main(int argc, char** argv) {
   SecurityOptions security;
   std::string auth_token_file;
   double shutdown_grace = 2;
+  int32_t max_concurrent = 0;
   po::options_description opts("thermocline-gateway options");
   // clang-format off
   opts.add_options()
@@ -99,6 +100,7 @@ int Main(int argc, char** argv) {
       ("workers", po::value(&workers)->default_value("spawn"), "spawn (start and restart the workers) or attach (systemd runs them)")
       ("max-batch", po::value(&sched.max_batch)->default_value(4), "sequences decoded together")
       ("max-queue", po::value(&sched.max_queue)->default_value(64), "requests waiting at most (more: RESOURCE_EXHAUSTED)")
+      ("max-concurrent", po::value(&max_concurrent)->default_value(0), "Generate calls in flight at most (queued, running, or writing to a slow reader); more: RESOURCE_EXHAUSTED. 0: 2 x (--max-queue + --kv-slots)")
       ("kv-slots", po::value(&sched.kv_slots)->default_value(4), "KV cache slots (sequences held at once)")
       ("context", po::value(&context)->default_value(0), "positions per slot (0 = the model's context)")
       ("prefill-chunk", po::value(&sched.prefill_chunk)->default_value(64), "prompt positions per step")
@@ -160,6 +162,10 @@ int Main(int argc, char** argv) {
   // at the next step boundary), so 0 would refuse everything.
   if (sched.max_queue < 1) return Fail("--max-queue must be >= 1 (every request waits in the queue until the next step admits it)");
   if (sched.kv_slots < 1) return Fail("--kv-slots must be >= 1");
+  if (max_concurrent < 0) return Fail("--max-concurrent must be >= 0 (0: the default)");
+  // Room for every request the queue and the slots hold, and as many again finishing their
+  // last writes: the limit bites only on callers that hold calls open without reading.
+  if (max_concurrent == 0) max_concurrent = 2 * (sched.max_queue + sched.kv_slots);
   if (sched.prefill_chunk < 1) return Fail("--prefill-chunk must be >= 1");
   if (context < 0) return Fail("--context must be >= 0");
   if (so.gpu_threads < 1 || so.cpu_threads < 1) return Fail("--gpu-threads and --cpu-threads must be >= 1");
@@ -254,6 +260,7 @@ int Main(int argc, char** argv) {
   info.set_workers(workers);
   GenerationService service(model, limits, info);
   service.SetAuthToken(auth_token);
+  service.SetMaxConcurrent(max_concurrent);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

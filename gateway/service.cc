@@ -34,6 +34,16 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* context,
                                          grpc::ServerWriter<v1::GenerateResponse>* writer) {
   const absl::Time arrival = absl::Now();
   if (grpc::Status a = Authorize(context); !a.ok()) return a;
+  const int32_t in_flight = in_flight_.fetch_add(1) + 1;
+  struct Leave {
+    std::atomic<int32_t>& n;
+    ~Leave() { n.fetch_sub(1); }
+  } leave{in_flight_};
+  if (max_concurrent_ > 0 && in_flight > max_concurrent_) {
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat("too many Generate calls in flight: ", max_concurrent_,
+                                     " (--max-concurrent) are being served; retry later"));
+  }
   auto job = ValidateGenerate(*request, limits_, model_.tokenizer());
   if (!job.ok()) {
     Log(Level::kInfo, "request_refused", {{"request_id", request->request_id()},

@@ -49,6 +49,11 @@ class GenerationService final
   // or gets UNAUTHENTICATED. Set before the server starts; empty (the default) = no check.
   // The health service stays open: probes learn only SERVING / NOT_SERVING from it.
   void SetAuthToken(std::string token) { auth_token_ = std::move(token); }
+  // --max-concurrent: Generate calls in flight at most (queued, running, or still writing to a
+  // slow reader); more are refused with RESOURCE_EXHAUSTED. Each holds a gRPC thread for its
+  // whole life, so this bounds the threads and buffers that callers can pin. Set before the
+  // server starts.
+  void SetMaxConcurrent(int32_t n) { max_concurrent_ = n; }
 
   grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
                         grpc::ServerWriter<v1::GenerateResponse>* writer) override;
@@ -69,6 +74,8 @@ class GenerationService final
   std::string auth_token_;
   std::atomic<Scheduler*> scheduler_{nullptr};
   std::atomic<uint64_t> next_id_{1};
+  int32_t max_concurrent_ = 0;  // 0: no limit
+  std::atomic<int32_t> in_flight_{0};
 };
 
 // absl::Status -> grpc::Status with the same code and message.

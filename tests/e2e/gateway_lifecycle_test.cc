@@ -114,6 +114,29 @@ TEST(GatewayLifecycle, SpentRestartBudgetEndsTheGatewayWithStatus1) {
   EXPECT_TRUE(ipc::ListInstanceSegments(Unique("budget")).empty());
 }
 
+// --max-concurrent bounds the Generate calls in flight, whatever holds them (here a request the
+// stopped gpu worker cannot finish): one more is refused at once with RESOURCE_EXHAUSTED naming
+// the flag, and once the first ends, calls are served again.
+TEST(GatewayLifecycle, MaxConcurrentRefusesCallsBeyondIt) {
+  Gateway gw(Unique("max-concurrent"), {"--max-concurrent", "1"});
+  const pid_t gpu = GpuWorkerPid(gw);
+  ASSERT_GT(gpu, 0);
+  ASSERT_EQ(kill(gpu, SIGSTOP), 0);
+  Completion first;
+  std::thread t([&] { first = gw.Generate(Greedy("Once upon a time", 8)); });
+  ASSERT_TRUE(Gateway::WaitFor([&] { return gw.Metric("thermocline_kv_slots_used") == 1; }));
+  const Completion refused = gw.Generate(Greedy("The little dog", 8));
+  ASSERT_EQ(kill(gpu, SIGCONT), 0);
+  t.join();
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << refused.status.error_message();
+  EXPECT_NE(refused.status.error_message().find("--max-concurrent"), std::string::npos)
+      << refused.status.error_message();
+  EXPECT_TRUE(first.status.ok()) << first.status.error_message();
+  const Completion again = gw.Generate(Greedy("The little dog", 8));
+  EXPECT_TRUE(again.status.ok()) << again.status.error_message();
+}
+
 // A TCP connection to `address` ("HOST:PORT") that sends nothing; -1 on failure.
 int IdleConnection(const std::string& address) {
   const size_t colon = address.rfind(':');
