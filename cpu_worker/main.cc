@@ -3,6 +3,7 @@
 // pins its threads, and answers every Activation from the GPU worker with a Partial.
 #include <unistd.h>
 
+#include <cstdio>
 #include <optional>
 #include <string>
 
@@ -13,11 +14,16 @@
 #include "cpu_worker/worker_loop.h"
 #include "shared/ipc/worker_flags.h"
 #include "shared/ipc/worker_session.h"
+#include "shared/util/version.h"
 
 namespace po = boost::program_options;
 using namespace thermocline;
 
 int main(int argc, char** argv) {
+  if (argc == 2 && std::string(argv[1]) == "--version") {
+    std::printf("%s %s\n", "thermocline-cpu-worker", thermocline::Version());
+    return 0;
+  }
   ipc::CommonWorkerFlags common;
   int numa_node = -1;
   std::string cpus_flag;

@@ -30,6 +30,7 @@
 #include "shared/driver/split_engine.h"
 #include "shared/model/model.h"
 #include "shared/sparsity/sparsity_options.h"
+#include "shared/util/version.h"
 
 namespace thermocline::gateway {
 namespace {
@@ -83,12 +84,15 @@ int Main(int argc, char** argv) {
   int32_t context = 0;
   SecurityOptions security;
   std::string auth_token_file;
+  double shutdown_grace = 2;
+  int32_t max_concurrent = 0;
   po::options_description opts("thermocline-gateway options");
   // clang-format off
   opts.add_options()
       ("help,h", "this help")
+      ("version", "print the version and exit")
       ("model,m", po::value(&model_path), "model file (GGUF)")
-      ("hot-fraction", po::value(&hot_fraction), "share of each layer's FFN neurons on the gpu worker, in [0, 1]")
+      ("hot-fraction", po::value(&hot_fraction), "share of each layer's FFN neurons on the gpu worker, in [0, 1] (default, without --plan, on the host backend: 1, the whole FFN)")
       ("plan", po::value(&so.plan_path), "or: placement from `thermocline plan`")
       ("listen", po::value(&listen)->default_value("127.0.0.1:50051"), "gRPC address host:port (port 0: a free one)")
       ("metrics-listen", po::value(&metrics_listen)->default_value("127.0.0.1:9464"), "/metrics address host:port (port 0: a free one)")
@@ -96,6 +100,7 @@ int Main(int argc, char** argv) {
       ("workers", po::value(&workers)->default_value("spawn"), "spawn (start and restart the workers) or attach (systemd runs them)")
       ("max-batch", po::value(&sched.max_batch)->default_value(4), "sequences decoded together")
       ("max-queue", po::value(&sched.max_queue)->default_value(64), "requests waiting at most (more: RESOURCE_EXHAUSTED)")
+      ("max-concurrent", po::value(&max_concurrent)->default_value(0), "Generate calls in flight at most (queued, running, or writing to a slow reader); more: RESOURCE_EXHAUSTED. 0: 2 x (--max-queue + --kv-slots)")
       ("kv-slots", po::value(&sched.kv_slots)->default_value(4), "KV cache slots (sequences held at once)")
       ("context", po::value(&context)->default_value(0), "positions per slot (0 = the model's context)")
       ("prefill-chunk", po::value(&sched.prefill_chunk)->default_value(64), "prompt positions per step")
@@ -103,9 +108,11 @@ int Main(int argc, char** argv) {
       ("cpu-threads", po::value(&so.cpu_threads)->default_value(1), "threads of the cpu worker")
       ("kv-type", po::value(&so.kv_type)->default_value("f32"), "KV cache element type: f32 or f16")
       ("cpus", po::value(&so.cpus), "CPUs the cpu worker runs on, e.g. 0-7")
+      ("numa-node", po::value<int>(), "NUMA node of the cpu worker's cold rows (and, without --cpus, of its threads)")
       ("bindir", po::value(&so.bindir), "directory of the worker executables (default: this one's)")
       ("worker-log", po::value(&so.log_path), "append the workers' output here (default: stderr)")
-      ("max-restarts", po::value(&so.restart.max_restarts)->default_value(5), "restarts of one worker allowed within a minute; past that its steps fail UNAVAILABLE")
+      ("shutdown-grace", po::value(&shutdown_grace)->default_value(2), "seconds in-flight streams get at SIGTERM to end by themselves; then they end with a Final of FINISH_REASON_CANCELLED")
+      ("max-restarts", po::value(&so.restart.max_restarts)->default_value(5), "restarts of one worker allowed within a minute; past that the requests in flight fail UNAVAILABLE and the gateway exits with status 1 for its service manager to restart it")
       ("tls-cert", po::value(&security.tls_cert), "serve gRPC over TLS with this PEM certificate (chain)")
       ("tls-key", po::value(&security.tls_key), "the PEM private key of --tls-cert")
       ("tls-client-ca", po::value(&security.tls_client_ca), "mutual TLS: require client certificates signed by this PEM CA")
@@ -123,12 +130,27 @@ int Main(int argc, char** argv) {
     std::cout << opts << "\n";
     return 0;
   }
+  if (vm.count("version")) {
+    std::cout << "thermocline-gateway " << Version() << "\n";
+    return 0;
+  }
   FinishSparsityOptions(vm, sv, sf);
   if (model_path.empty()) return Fail("--model is required");
-  if (vm.count("hot-fraction") == vm.count("plan")) {
-    return Fail("exactly one of --hot-fraction F and --plan PLAN is required");
+  if (vm.count("hot-fraction") && vm.count("plan")) {
+    return Fail("give one of --hot-fraction F and --plan PLAN, not both");
   }
-  if (vm.count("hot-fraction")) {
+  if (!vm.count("hot-fraction") && !vm.count("plan")) {
+    // The host backend computes the "gpu" half on this machine's CPU too, so splitting the FFN
+    // buys nothing by default: all of it stays with the gpu worker and the cpu worker idles.
+    if (so.gpu_backend != "host") {
+      return Fail("the " + so.gpu_backend + " backend needs a placement: give --plan PLAN "
+                  "(`thermocline plan`) or --hot-fraction F");
+    }
+    hot_fraction = 1;
+    Log(Level::kInfo, "placement_default",
+        {{"hot_fraction", 1.0}, {"why", "neither --hot-fraction nor --plan; host backend"}});
+  }
+  if (vm.count("hot-fraction") || !vm.count("plan")) {
     if (!(hot_fraction >= 0 && hot_fraction <= 1)) return Fail("--hot-fraction must be in [0, 1]");
     so.hot_fraction = hot_fraction;
   }
@@ -136,13 +158,26 @@ int Main(int argc, char** argv) {
     return Fail("--workers must be spawn or attach, got " + workers);
   }
   if (sched.max_batch < 1) return Fail("--max-batch must be >= 1");
-  if (sched.max_queue < 0) return Fail("--max-queue must be >= 0");
+  // Every request passes through the queue, even one that finds a slot free (admission happens
+  // at the next step boundary), so 0 would refuse everything.
+  if (sched.max_queue < 1) return Fail("--max-queue must be >= 1 (every request waits in the queue until the next step admits it)");
   if (sched.kv_slots < 1) return Fail("--kv-slots must be >= 1");
+  if (max_concurrent < 0) return Fail("--max-concurrent must be >= 0 (0: the default)");
+  // Room for every request the queue and the slots hold, and as many again finishing their
+  // last writes: the limit bites only on callers that hold calls open without reading.
+  if (max_concurrent == 0) max_concurrent = 2 * (sched.max_queue + sched.kv_slots);
   if (sched.prefill_chunk < 1) return Fail("--prefill-chunk must be >= 1");
   if (context < 0) return Fail("--context must be >= 0");
   if (so.gpu_threads < 1 || so.cpu_threads < 1) return Fail("--gpu-threads and --cpu-threads must be >= 1");
   if (so.instance.empty()) return Fail("--instance must not be empty");
+  if (vm.count("numa-node")) {
+    if (vm["numa-node"].as<int>() < 0) return Fail("--numa-node must be >= 0");
+    so.numa_node = vm["numa-node"].as<int>();
+  }
   if (so.restart.max_restarts < 0) return Fail("--max-restarts must be >= 0");
+  if (!(shutdown_grace >= 0 && shutdown_grace <= 3600)) {
+    return Fail("--shutdown-grace must be in [0, 3600] seconds");
+  }
   // SIGINT/SIGTERM are taken by a thread of their own (sigwait), blocked everywhere else; the
   // mask is set before anything can start a thread (gRPC starts its own when the credentials
   // below are made), since threads inherit it: a thread with SIGTERM unblocked would take the
@@ -225,6 +260,7 @@ int Main(int argc, char** argv) {
   info.set_workers(workers);
   GenerationService service(model, limits, info);
   service.SetAuthToken(auth_token);
+  service.SetMaxConcurrent(max_concurrent);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -252,14 +288,20 @@ int Main(int argc, char** argv) {
 
   std::atomic<bool> stopping{false};
   std::atomic<bool> worker_lost{false};  // attach mode: a worker died (see below)
+  std::atomic<Scheduler*> live_scheduler{nullptr};
+  std::atomic<bool> gave_up{false};  // spawn mode: a worker's restart budget is spent (below)
   std::thread signal_thread([&] {
     int sig = 0;
     sigwait(&sigs, &sig);
     if (sig == SIGUSR2) return;  // woken by main at the end
     stopping.store(true);
-    Log(Level::kInfo, "shutdown", {{"signal", sig}});
+    Log(Level::kInfo, "shutdown", {{"signal", sig}, {"grace_seconds", shutdown_grace}});
     sd_notify(0, "STOPPING=1");
-    // In-flight calls get 2 s to end; then gRPC cancels them and their handlers return.
+    // In-flight streams get the grace to end; then each gets its Final (CANCELLED) at the next
+    // step boundary. A step that never comes back is waited for 5 s, then gRPC's deadline
+    // cancels whatever call is left, and the handlers return.
+    constexpr absl::Duration kBoundaryWait = absl::Seconds(5);
+    if (Scheduler* s = live_scheduler.load()) s->Drain(absl::Seconds(shutdown_grace), kBoundaryWait);
     server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   });
 
@@ -305,8 +347,19 @@ int Main(int argc, char** argv) {
             if (attach && !serving && !stopping.load() && !worker_lost.exchange(true)) {
               kill(getpid(), SIGTERM);
             }
+          },
+          [&set_health, &gave_up](const absl::Status& why) {
+            // The restart budget is spent: restarting again at once would crash-loop, and
+            // staying up idle would leave the instance down until a request happens to come
+            // (a load balancer that honours health sends none). Exiting non-zero hands the
+            // decision to the service manager (Restart=on-failure, its own delay and limits).
+            if (gave_up.exchange(true)) return;
+            set_health(false);
+            Log(Level::kError, "giving_up", {{"error", std::string(why.message())}});
+            kill(getpid(), SIGTERM);
           });
       service.SetScheduler(scheduler.get());
+      live_scheduler.store(scheduler.get());
       set_health(true);
       Log(Level::kInfo, "serving", {{"port", grpc_port}});
       sd_notify(0, "READY=1");
@@ -340,9 +393,14 @@ int Main(int argc, char** argv) {
     pthread_kill(signal_thread.native_handle(), SIGUSR2);
   }
   signal_thread.join();
+  live_scheduler.store(nullptr);
   service.SetScheduler(nullptr);
   scheduler.reset();  // ends what still runs, then the engine stops the workers
   metrics.Stop();
+  if (gave_up.load() && rc == 0) {
+    rc = Fail("a worker kept dying and its restart budget (--max-restarts per minute) is spent; "
+              "exiting for the service manager to restart the instance");
+  }
   if (worker_lost.load() && rc == 0) {
     rc = Fail("a worker died and --workers attach cannot restart it; exiting for the service "
               "manager to restart the instance");

@@ -33,6 +33,9 @@ const prometheus::Histogram::BucketBoundaries kQueueBuckets = {
     0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
 const prometheus::Histogram::BucketBoundaries kBatchBuckets = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
 
+// Connections /metrics serves at once (see Serve).
+constexpr size_t kMetricsThreads = 32;
+
 constexpr std::string_view kProcesses[] = {"gpu_worker", "cpu_worker", "gateway"};
 
 ClientMetric Sample(std::vector<ClientMetric::Label> labels, MetricType type, double value) {
@@ -295,6 +298,11 @@ absl::Status GatewayMetrics::Serve(const std::string& listen_addr) {
   std::lock_guard<std::mutex> lock(server_mu_);
   if (server_ != nullptr) return absl::FailedPreconditionError("metrics server already running");
   auto server = std::make_unique<httplib::Server>();
+  // httplib serves a connection per pool thread for as long as it stays open (idle keep-alive
+  // connections up to keep_alive_timeout, 5 s), and its default pool is max(8, cores - 1): 8 idle
+  // connections on a small machine would queue every scrape behind them. A pool well above what
+  // scrapers open keeps /metrics answering; the pool's threads are created once, here.
+  server->new_task_queue = [] { return new httplib::ThreadPool(kMetricsThreads); };
   // httplib's default also sets SO_REUSEPORT, which would let two gateways share a metrics port
   // and split the scrapes between them; a taken port must be an error instead.
   server->set_socket_options([](socket_t sock) {

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "gateway/log.h"
 #include "gateway/text_stream.h"
+#include "shared/driver/supervisor.h"
 
 namespace thermocline::gateway {
 namespace {
@@ -40,7 +41,17 @@ void Stream::Wait(absl::Duration timeout, std::vector<Event>* out) {
   }
 }
 
-void Stream::Cancel() { cancelled_.store(true, std::memory_order_release); }
+void Stream::Cancel(bool deadline_passed) {
+  int live = kLive;
+  cancelled_.compare_exchange_strong(live, deadline_passed ? kDeadline : kCancelled,
+                                     std::memory_order_acq_rel);
+}
+
+absl::Status Stream::CancelReason(const char* where) const {
+  return cancelled_.load(std::memory_order_acquire) == kDeadline
+             ? absl::DeadlineExceededError(absl::StrCat("the deadline passed ", where))
+             : absl::CancelledError(absl::StrCat("cancelled by the caller ", where));
+}
 
 void Stream::Push(Event event) {
   {
@@ -68,12 +79,14 @@ struct Scheduler::Sequence {
 };
 
 Scheduler::Scheduler(std::unique_ptr<driver::SplitEngine> engine, const Tokenizer& tokenizer,
-                     SchedulerOptions options, GatewayMetrics* metrics, HealthCallback health)
+                     SchedulerOptions options, GatewayMetrics* metrics, HealthCallback health,
+                     GiveUpCallback give_up)
     : engine_(std::move(engine)),
       tokenizer_(tokenizer),
       options_(options),
       metrics_(metrics),
       health_(std::move(health)),
+      give_up_(std::move(give_up)),
       probe_slot_(options.kv_slots) {
   for (int32_t s = options_.kv_slots - 1; s >= 0; --s) free_slots_.push_back(s);
   seen_gpu_restarts_ = engine_->stats().gpu_restarts;
@@ -103,7 +116,7 @@ absl::StatusOr<std::shared_ptr<Stream>> Scheduler::Submit(Job job) {
   std::shared_ptr<Stream> stream = seq->stream;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stop_) return absl::UnavailableError("the gateway is shutting down");
+    if (stop_ || draining_) return absl::UnavailableError("the gateway is shutting down");
     if (static_cast<int32_t>(waiting_.size()) >= options_.max_queue) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "the queue is full: ", waiting_.size(), " requests wait (--max-queue ",
@@ -173,6 +186,10 @@ void Scheduler::NoteRestarts() {
   }
 }
 
+void Scheduler::NoteFailure(const absl::Status& status) {
+  if (give_up_ && driver::IsRestartBudgetSpent(status)) give_up_(status);
+}
+
 void Scheduler::NoteServing() {
   PublishPids();
   if (!serving_.exchange(true)) {
@@ -194,6 +211,7 @@ void Scheduler::Probe() {
   NoteRestarts();
   if (!s.ok()) {
     Log(Level::kError, "probe_failed", {{"error", std::string(s.message())}});
+    NoteFailure(s);
     return;
   }
   NoteServing();
@@ -202,19 +220,22 @@ void Scheduler::Probe() {
 void Scheduler::Loop() {
   while (true) {
     bool probe = false;
+    bool end_now = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait_for(lock, std::chrono::milliseconds(100), [&] {
-        return stop_ || probe_requested_ || !running_.empty() ||
+        return stop_ || probe_requested_ || end_streams_ || !running_.empty() ||
                (!waiting_.empty() && !free_slots_.empty());
       });
       if (stop_) break;
       probe = probe_requested_ && running_.empty();
       probe_requested_ = false;
+      end_now = end_streams_;
+      end_streams_ = false;
       // Requests cancelled while waiting never take a slot.
       for (auto it = waiting_.begin(); it != waiting_.end();) {
         if ((*it)->stream->cancelled()) {
-          Fail(**it, absl::CancelledError("cancelled while queued"));
+          Fail(**it, (*it)->stream->CancelReason("while queued"));
           it = waiting_.erase(it);
         } else {
           ++it;
@@ -225,9 +246,13 @@ void Scheduler::Loop() {
     // queue in this very step.
     for (auto& seq : running_) {
       if (seq->stream->cancelled()) {
-        Fail(*seq, absl::CancelledError("cancelled by the caller"));
+        Fail(*seq, seq->stream->CancelReason("while running"));
         Retire(*seq);
       }
+    }
+    if (end_now) {
+      EndAll();
+      continue;
     }
     std::erase_if(running_, [](const std::unique_ptr<Sequence>& s) { return s->done; });
     {
@@ -244,20 +269,41 @@ void Scheduler::Loop() {
       }
       if (metrics_) metrics_->SetWaiting(static_cast<int64_t>(waiting_.size()));
       idle_.store(running_.empty() && waiting_.empty(), std::memory_order_relaxed);
+      if (draining_ && idle_.load(std::memory_order_relaxed)) cv_.notify_all();  // Drain waits
     }
     UpdateGauges();
     if (probe) Probe();
     Step();
   }
   // Shutting down: every sequence still known ends, so no handler waits forever.
+  EndAll();
+}
+
+void Scheduler::EndAll() {
   for (auto& seq : running_) {
     Finish(*seq, v1::FINISH_REASON_CANCELLED, "", -1);
     Retire(*seq);
   }
   running_.clear();
+  UpdateGauges();
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& seq : waiting_) Fail(*seq, absl::UnavailableError("the gateway is shutting down"));
   waiting_.clear();
+  if (metrics_) metrics_->SetWaiting(0);
+  idle_.store(true, std::memory_order_relaxed);
+  cv_.notify_all();
+}
+
+void Scheduler::Drain(absl::Duration grace, absl::Duration boundary_wait) {
+  std::unique_lock<std::mutex> lock(mu_);
+  draining_ = true;
+  const auto idle = [&] { return idle_.load(std::memory_order_relaxed); };
+  // idle_ is written under mu_ by the loop, which notifies cv_ whenever it changes state.
+  cv_.wait_for(lock, absl::ToChronoNanoseconds(grace), idle);
+  if (idle()) return;
+  end_streams_ = true;
+  cv_.notify_all();
+  cv_.wait_for(lock, absl::ToChronoNanoseconds(boundary_wait), idle);
 }
 
 bool Scheduler::Step() {
@@ -292,6 +338,7 @@ bool Scheduler::Step() {
     // The engine gave up (restart budget spent, a corrupt ring) or refused the step: every
     // sequence of the step ends with the reason; none can continue without its KV state.
     Log(Level::kError, "step_failed", {{"error", std::string(status.message())}});
+    NoteFailure(status);
     const absl::Status reported =
         absl::IsUnavailable(status)
             ? status
@@ -445,7 +492,11 @@ void Scheduler::Finish(Sequence& seq, v1::FinishReason reason, const std::string
 void Scheduler::Fail(Sequence& seq, const absl::Status& status) {
   if (seq.done) return;
   seq.done = true;
-  if (metrics_) metrics_->CountRequest(absl::IsCancelled(status) ? "cancelled" : "error");
+  if (metrics_) {
+    metrics_->CountRequest(absl::IsCancelled(status)          ? "cancelled"
+                           : absl::IsDeadlineExceeded(status) ? "deadline_exceeded"
+                                                              : "error");
+  }
   Log(Level::kInfo, "request_failed",
       {{"request_id", seq.job.request_id},
        {"code", absl::StatusCodeToString(status.code())},

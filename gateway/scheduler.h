@@ -60,10 +60,12 @@ class Stream {
   };
   // Waits up to `timeout` for events and moves them into *out (appends).
   void Wait(absl::Duration timeout, std::vector<Event>* out);
-  // The caller is gone or its deadline passed: the scheduler drops the sequence at the next
-  // step boundary and frees its slot.
-  void Cancel();
-  bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
+  // The caller is gone (deadline_passed: its deadline expired): the scheduler drops the
+  // sequence at the next step boundary and frees its slot.
+  void Cancel(bool deadline_passed = false);
+  bool cancelled() const { return cancelled_.load(std::memory_order_acquire) != kLive; }
+  // Why, for the logs and metrics: CANCELLED or DEADLINE_EXCEEDED.
+  absl::Status CancelReason(const char* where) const;
 
   // Scheduler side.
   void Push(Event event);
@@ -72,7 +74,8 @@ class Stream {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Event> events_;
-  std::atomic<bool> cancelled_{false};
+  enum State : int { kLive, kCancelled, kDeadline };
+  std::atomic<int> cancelled_{kLive};
 };
 
 struct SchedulerOptions {
@@ -85,18 +88,31 @@ struct SchedulerOptions {
 // Health as the scheduler sees it: called with false when a worker is down or recovering and
 // with true once a step succeeded again.
 using HealthCallback = std::function<void(bool serving, const std::string& why)>;
+// Called (on the scheduler's thread) when the engine gave up on a worker: its restart budget is
+// spent, so the instance will not come back by itself.
+using GiveUpCallback = std::function<void(const absl::Status& why)>;
 
 class Scheduler {
  public:
   // `engine` must have kv_slots + 1 slots (the last one is used to probe a dead worker while
   // idle, so that recovery does not wait for the next request). `metrics` may be null.
   Scheduler(std::unique_ptr<driver::SplitEngine> engine, const Tokenizer& tokenizer,
-            SchedulerOptions options, GatewayMetrics* metrics, HealthCallback health);
+            SchedulerOptions options, GatewayMetrics* metrics, HealthCallback health,
+            GiveUpCallback give_up = {});
   // Stops the thread; sequences still running get FINISH_REASON_CANCELLED.
   ~Scheduler();
 
-  // Queues a request. RESOURCE_EXHAUSTED when max_queue requests already wait.
+  // Queues a request. RESOURCE_EXHAUSTED when max_queue requests already wait; UNAVAILABLE
+  // once Drain began.
   absl::StatusOr<std::shared_ptr<Stream>> Submit(Job job);
+
+  // Shutdown (SIGTERM): new requests are refused at once; running and queued ones get `grace`
+  // to end by themselves; then, at the next step boundary, running streams end with a Final of
+  // FINISH_REASON_CANCELLED (what the proto promises) and queued ones with UNAVAILABLE (they
+  // never started: a client may retry elsewhere). Returns once every stream has its last
+  // message, or after `grace` + `boundary_wait` when a step does not come back (a wedged step:
+  // gRPC's shutdown deadline then cancels the calls).
+  void Drain(absl::Duration grace, absl::Duration boundary_wait);
 
   // Steps completed so far (the watchdog pings while this moves).
   uint64_t progress() const { return progress_.load(std::memory_order_relaxed); }
@@ -116,10 +132,15 @@ class Scheduler {
               int32_t matched_token);
   void Fail(Sequence& seq, const absl::Status& status);
   void Retire(Sequence& seq);
+  // Ends every running sequence with FINISH_REASON_CANCELLED and every queued one with
+  // UNAVAILABLE (shutdown).
+  void EndAll();
   void Probe();
   // After every engine Run: counts the engine's restarts into the metrics (and flags health
   // down if the monitor missed a quick one); NoteServing after a successful Run.
   void NoteRestarts();
+  // After a failed engine Run: tells give_up_ when the restart budget is spent.
+  void NoteFailure(const absl::Status& status);
   void NoteServing();
   void PublishPids();
   void UpdateGauges();
@@ -129,6 +150,7 @@ class Scheduler {
   const SchedulerOptions options_;
   GatewayMetrics* metrics_;
   HealthCallback health_;
+  GiveUpCallback give_up_;
   const int32_t probe_slot_;
 
   std::mutex mu_;  // guards waiting_, stop_, probe_requested_
@@ -136,6 +158,8 @@ class Scheduler {
   std::deque<std::unique_ptr<Sequence>> waiting_;
   bool stop_ = false;
   bool probe_requested_ = false;
+  bool draining_ = false;      // Submit refuses
+  bool end_streams_ = false;   // the loop ends every sequence at the next boundary
 
   // Scheduler thread only.
   std::vector<std::unique_ptr<Sequence>> running_;

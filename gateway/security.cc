@@ -4,6 +4,7 @@
 #include <openssl/err.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
+#include <sys/stat.h>
 
 #include <cerrno>
 #include <cstring>
@@ -121,6 +122,14 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
 }
 
 absl::StatusOr<std::string> LoadAuthToken(const std::string& path) {
+  // A token other users can read is a token they can present: refuse it rather than serve
+  // behind it (docs/operations.md asks for mode 0600).
+  struct stat st {};
+  if (stat(path.c_str(), &st) == 0 && (st.st_mode & 077) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--auth-token-file ", path, ": mode 0", absl::Dec(st.st_mode & 0777, absl::kZeroPad3),
+        " lets other users read the token; make it 0600 (chmod 600 ", path, ")"));
+  }
   auto data = ReadFlagFile("--auth-token-file", path);
   if (!data.ok()) return data.status();
   absl::string_view token(*data);

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "gateway/log.h"
 #include "gateway/security.h"
+#include "proto/request_serialization.h"
 
 namespace thermocline::gateway {
 
@@ -18,7 +19,7 @@ GenerationService::GenerationService(const Model& model, RequestLimits limits,
                                      v1::ModelInfo info)
     : model_(model), limits_(limits), info_(std::move(info)) {}
 
-grpc::Status GenerationService::Authorize(const grpc::ServerContext* context) const {
+grpc::Status GenerationService::Authorize(const grpc::ServerContextBase* context) const {
   if (auth_token_.empty()) return grpc::Status::OK;
   absl::Status s = CheckBearerToken(context->client_metadata(), auth_token_);
   if (!s.ok()) {
@@ -33,6 +34,16 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* context,
                                          grpc::ServerWriter<v1::GenerateResponse>* writer) {
   const absl::Time arrival = absl::Now();
   if (grpc::Status a = Authorize(context); !a.ok()) return a;
+  const int32_t in_flight = in_flight_.fetch_add(1) + 1;
+  struct Leave {
+    std::atomic<int32_t>& n;
+    ~Leave() { n.fetch_sub(1); }
+  } leave{in_flight_};
+  if (max_concurrent_ > 0 && in_flight > max_concurrent_) {
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat("too many Generate calls in flight: ", max_concurrent_,
+                                     " (--max-concurrent) are being served; retry later"));
+  }
   auto job = ValidateGenerate(*request, limits_, model_.tokenizer());
   if (!job.ok()) {
     Log(Level::kInfo, "request_refused", {{"request_id", request->request_id()},
@@ -65,42 +76,76 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* context,
     }
     events.clear();
     if (context->IsCancelled()) {
-      (*stream)->Cancel();
       const bool expired = context->deadline() <= std::chrono::system_clock::now();
+      (*stream)->Cancel(expired);
       return expired ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded")
                      : grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
     }
   }
 }
 
-grpc::Status GenerationService::Tokenize(grpc::ServerContext* context,
-                                         const v1::TokenizeRequest* request,
-                                         v1::TokenizeResponse* response) {
-  if (grpc::Status a = Authorize(context); !a.ok()) return a;
-  if (absl::Status s = ValidateTokenize(*request, limits_); !s.ok()) return ToGrpc(s);
+template <class Request, class Response>
+grpc::ServerUnaryReactor* GenerationService::Unary(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response,
+    grpc::Status (GenerationService::*handle)(const Request&, Response*)) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  grpc::Status s = Authorize(context);
+  Request in;
+  Response out;
+  if (s.ok()) {
+    grpc::ByteBuffer bytes(*request);  // shares the slices; DeserializeRequest consumes it
+    s = v1::DeserializeRequest(&bytes, &in);
+  }
+  if (s.ok()) s = (this->*handle)(in, &out);
+  if (s.ok()) {
+    bool own_buffer = false;
+    s = grpc::SerializationTraits<Response>::Serialize(out, response, &own_buffer);
+  }
+  reactor->Finish(s);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContext* context,
+                                                      const grpc::ByteBuffer* request,
+                                                      grpc::ByteBuffer* response) {
+  return Unary(context, request, response, &GenerationService::DoTokenize);
+}
+
+grpc::ServerUnaryReactor* GenerationService::Detokenize(grpc::CallbackServerContext* context,
+                                                        const grpc::ByteBuffer* request,
+                                                        grpc::ByteBuffer* response) {
+  return Unary(context, request, response, &GenerationService::DoDetokenize);
+}
+
+grpc::ServerUnaryReactor* GenerationService::GetModelInfo(grpc::CallbackServerContext* context,
+                                                          const grpc::ByteBuffer* request,
+                                                          grpc::ByteBuffer* response) {
+  return Unary(context, request, response, &GenerationService::DoGetModelInfo);
+}
+
+grpc::Status GenerationService::DoTokenize(const v1::TokenizeRequest& request,
+                                           v1::TokenizeResponse* response) {
+  if (absl::Status s = ValidateTokenize(request, limits_); !s.ok()) return ToGrpc(s);
   const Tokenizer& tok = model_.tokenizer();
-  for (int32_t id : tok.Encode(request->text(), request->add_bos())) {
+  for (int32_t id : tok.Encode(request.text(), request.add_bos())) {
     response->add_token_ids(id);
     response->add_pieces(tok.piece(id));
   }
   return grpc::Status::OK;
 }
 
-grpc::Status GenerationService::Detokenize(grpc::ServerContext* context,
-                                           const v1::DetokenizeRequest* request,
-                                           v1::DetokenizeResponse* response) {
-  if (grpc::Status a = Authorize(context); !a.ok()) return a;
-  if (absl::Status s = ValidateDetokenize(*request, limits_); !s.ok()) return ToGrpc(s);
-  std::vector<int32_t> ids(request->token_ids().begin(), request->token_ids().end());
+grpc::Status GenerationService::DoDetokenize(const v1::DetokenizeRequest& request,
+                                             v1::DetokenizeResponse* response) {
+  if (absl::Status s = ValidateDetokenize(request, limits_); !s.ok()) return ToGrpc(s);
+  std::vector<int32_t> ids(request.token_ids().begin(), request.token_ids().end());
   // Decode = a StreamingDetokenizer fed every id and flushed: always valid UTF-8.
   response->set_text(model_.tokenizer().Decode(ids));
   return grpc::Status::OK;
 }
 
-grpc::Status GenerationService::GetModelInfo(grpc::ServerContext* context,
-                                             const v1::GetModelInfoRequest*,
-                                             v1::ModelInfo* response) {
-  if (grpc::Status a = Authorize(context); !a.ok()) return a;
+grpc::Status GenerationService::DoGetModelInfo(const v1::GetModelInfoRequest&,
+                                               v1::ModelInfo* response) {
   *response = info_;
   return grpc::Status::OK;
 }

@@ -1,5 +1,11 @@
 // The gRPC face of the gateway: thermocline.v1.Generation over the scheduler. Handlers run on
 // gRPC's threads; they validate, queue, and forward the scheduler's messages to the caller.
+//
+// The unary methods are registered raw (their request's bytes): gRPC's generated unary handlers
+// parse through protobuf::MessageLite, past proto/request_serialization.h, and would answer a
+// request with invalid UTF-8 in a string field INTERNAL with no details. Parsed here with
+// DeserializeRequest, it is INVALID_ARGUMENT naming the field. Generate (server streaming)
+// parses through the specialization in that header.
 #pragma once
 
 #include <atomic>
@@ -13,9 +19,22 @@
 
 namespace thermocline::gateway {
 
-class GenerationService final : public v1::Generation::Service {
+class GenerationService final
+    : public v1::Generation::WithRawCallbackMethod_Tokenize<
+          v1::Generation::WithRawCallbackMethod_Detokenize<
+              v1::Generation::WithRawCallbackMethod_GetModelInfo<v1::Generation::Service>>> {
   // OK, or UNAUTHENTICATED when a token is required and the call lacks it.
-  grpc::Status Authorize(const grpc::ServerContext* context) const;
+  grpc::Status Authorize(const grpc::ServerContextBase* context) const;
+  // One raw unary call: authorize, parse, `handle`, serialize the reply.
+  template <class Request, class Response>
+  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context,
+                                  const grpc::ByteBuffer* request, grpc::ByteBuffer* response,
+                                  grpc::Status (GenerationService::*handle)(const Request&,
+                                                                            Response*));
+  grpc::Status DoTokenize(const v1::TokenizeRequest& request, v1::TokenizeResponse* response);
+  grpc::Status DoDetokenize(const v1::DetokenizeRequest& request,
+                            v1::DetokenizeResponse* response);
+  grpc::Status DoGetModelInfo(const v1::GetModelInfoRequest& request, v1::ModelInfo* response);
 
  public:
   // `model` (for the tokenizer and shapes) must outlive the service; `info` is what
@@ -30,15 +49,23 @@ class GenerationService final : public v1::Generation::Service {
   // or gets UNAUTHENTICATED. Set before the server starts; empty (the default) = no check.
   // The health service stays open: probes learn only SERVING / NOT_SERVING from it.
   void SetAuthToken(std::string token) { auth_token_ = std::move(token); }
+  // --max-concurrent: Generate calls in flight at most (queued, running, or still writing to a
+  // slow reader); more are refused with RESOURCE_EXHAUSTED. Each holds a gRPC thread for its
+  // whole life, so this bounds the threads and buffers that callers can pin. Set before the
+  // server starts.
+  void SetMaxConcurrent(int32_t n) { max_concurrent_ = n; }
 
   grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
                         grpc::ServerWriter<v1::GenerateResponse>* writer) override;
-  grpc::Status Tokenize(grpc::ServerContext* context, const v1::TokenizeRequest* request,
-                        v1::TokenizeResponse* response) override;
-  grpc::Status Detokenize(grpc::ServerContext* context, const v1::DetokenizeRequest* request,
-                          v1::DetokenizeResponse* response) override;
-  grpc::Status GetModelInfo(grpc::ServerContext* context, const v1::GetModelInfoRequest* request,
-                            v1::ModelInfo* response) override;
+  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* Detokenize(grpc::CallbackServerContext* context,
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
+                                         const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
 
  private:
   const Model& model_;
@@ -47,6 +74,8 @@ class GenerationService final : public v1::Generation::Service {
   std::string auth_token_;
   std::atomic<Scheduler*> scheduler_{nullptr};
   std::atomic<uint64_t> next_id_{1};
+  int32_t max_concurrent_ = 0;  // 0: no limit
+  std::atomic<int32_t> in_flight_{0};
 };
 
 // absl::Status -> grpc::Status with the same code and message.

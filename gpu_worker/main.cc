@@ -2,6 +2,7 @@
 // instance's transport, loads the model with its placement and sparsity plan, and serves Steps
 // from the gateway, exchanging every layer's cold neurons with the CPU worker.
 #include <cctype>
+#include <cstdio>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +13,7 @@
 #include "gpu_worker/worker_loop.h"
 #include "shared/ipc/worker_flags.h"
 #include "shared/ipc/worker_session.h"
+#include "shared/util/version.h"
 
 namespace po = boost::program_options;
 using namespace thermocline;
@@ -48,6 +50,10 @@ int64_t ParseBytes(const std::string& text) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 2 && std::string(argv[1]) == "--version") {
+    std::printf("%s %s\n", "thermocline-gpu-worker", thermocline::Version());
+    return 0;
+  }
   ipc::CommonWorkerFlags common;
   std::string backend_name, kv_type, vram_budget;
   gpu_worker::HostBackendOptions options;

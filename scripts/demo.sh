@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The main job on a fresh Debian 12 machine, with nothing to download: install the packages,
-# build, synthesize a small model, start the service on it (thermocline-gateway, which spawns
-# the gpu and cpu workers), stream one generation through it over gRPC, and stop it.
+# build, start the service (thermocline-gateway, which spawns the gpu and cpu workers) on a
+# model, stream one generation through it over gRPC, and stop it.
+# The model: $THERMOCLINE_MODEL if set; else the real stories260K from ../shared beside the
+# checkout (or $THERMOCLINE_SHARED_DATA_DIR); else a synthetic model made here, whose text is
+# random bytes (said in one line, so nobody takes it for a broken server).
 # Usage: scripts/demo.sh [PROMPT]      (THERMOCLINE_BUILD_DIR: build directory, default build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,9 +12,20 @@ build=${THERMOCLINE_BUILD_DIR:-build}
 bash scripts/setup.sh
 bash scripts/build.sh Release "$build"
 mkdir -p out
-if [[ ! -f out/demo.gguf ]]; then
-  "$build"/bin/thermocline synth -o out/demo.gguf --seed 1
+shared=${THERMOCLINE_SHARED_DATA_DIR:-../shared}
+if [[ -n "${THERMOCLINE_MODEL:-}" ]]; then
+  model=$THERMOCLINE_MODEL
+  [[ -r "$model" ]] || { echo "demo: THERMOCLINE_MODEL=$model is not a readable file" >&2; exit 1; }
+elif [[ -r "$shared/models/stories260K/stories260K.gguf" ]]; then
+  model=$shared/models/stories260K/stories260K.gguf
+else
+  model=out/demo.gguf
+  if [[ ! -f "$model" ]]; then
+    "$build"/bin/thermocline synth -o "$model" --seed 1
+  fi
+  echo "demo: no stories260K in $shared (see README.md, Reference data) and no THERMOCLINE_MODEL: serving a synthetic model with random weights, so its text is random bytes" >&2
 fi
+echo "demo: model $model" >&2
 
 # Ports 0: the gateway picks free ones and prints them; a per-run instance name keeps the
 # shared-memory segments of two demos apart.
@@ -25,7 +39,7 @@ cleanup() {
   rm -f "$gw_out"
 }
 trap cleanup EXIT INT TERM
-"$build"/bin/thermocline-gateway --model out/demo.gguf --hot-fraction 0.5 \
+"$build"/bin/thermocline-gateway --model "$model" --hot-fraction 0.5 \
   --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --instance "demo-$$" \
   >"$gw_out" 2>out/gateway.log &
 gw_pid=$!

@@ -25,6 +25,21 @@ std::string SharedDataDir() {
 
 std::string ModelPath(const std::string& rel) { return SharedDataDir() + "/models/" + rel; }
 
+std::string MissingSharedData() {
+  const std::string dir = SharedDataDir();
+  const std::string model = ModelPath("stories260K/stories260K.gguf");
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) {
+    return "reference data not found: no directory " + dir +
+           " (../shared beside the checkout, or THERMOCLINE_SHARED_DATA_DIR; see README.md, "
+           "Reference data)";
+  }
+  if (!std::filesystem::is_regular_file(model, ec)) {
+    return "reference data incomplete: no " + model + " (see README.md, Reference data)";
+  }
+  return "";
+}
+
 std::string BinDir() { return THERMOCLINE_BIN_DIR; }
 
 namespace {

@@ -1,6 +1,9 @@
 // Helpers shared by tests: where the team's reference data lives, temporary files, binaries.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -8,6 +11,21 @@ namespace thermocline::testing {
 
 // ../shared beside the checkout (override with THERMOCLINE_SHARED_DATA_DIR in the environment).
 std::string SharedDataDir();
+// Why the reference data is unusable here ("" when it is there): SharedDataDir() or its
+// models/stories260K/stories260K.gguf is missing. A fresh clone has no ../shared (README.md,
+// "Reference data").
+std::string MissingSharedData();
+
+// At the top of a test (or SetUp) that reads ../shared: without it the test is skipped with
+// the reason; with CI set in the environment it fails instead, since CI must have the data.
+// A binary all of whose tests need it links tests/require_shared_data.cc instead.
+#define THERMOCLINE_REQUIRE_SHARED_DATA()                                                   \
+  do {                                                                                     \
+    if (const std::string why_ = ::thermocline::testing::MissingSharedData(); !why_.empty()) { \
+      if (std::getenv("CI") != nullptr) GTEST_FAIL() << why_ << " (CI is set: not skipping)"; \
+      GTEST_SKIP() << why_;                                                                \
+    }                                                                                      \
+  } while (0)
 // SharedDataDir() + "/models/" + rel.
 std::string ModelPath(const std::string& rel);
 // Directory holding the built executables (thermocline, workers).

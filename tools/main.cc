@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "shared/util/version.h"
 #include "tools/command.h"
 
 namespace thermocline::tools {
@@ -20,7 +21,8 @@ void PrintUsage(std::ostream& os) {
     os << "  " << c.name << std::string(c.name.size() < 16 ? 16 - c.name.size() : 1, ' ')
        << c.summary << "\n";
   }
-  os << "\n`thermocline <command> --help` describes each command.\n";
+  os << "\n`thermocline <command> --help` describes each command; `thermocline --version` "
+        "prints the version.\n";
 }
 
 CommandRegistrar::CommandRegistrar(Command command) { Registry().push_back(std::move(command)); }
@@ -62,6 +64,10 @@ int main(int argc, char** argv) {
       std::string(argv[1]) == "help") {
     thermocline::tools::PrintUsage(argc < 2 ? std::cerr : std::cout);
     return argc < 2 ? 2 : 0;
+  }
+  if (std::string(argv[1]) == "--version") {
+    std::cout << "thermocline " << thermocline::Version() << "\n";
+    return 0;
   }
   const std::string name = argv[1];
   for (const auto& c : Commands()) {

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <thread>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "shared/util/status_macros.h"
 
@@ -125,7 +126,19 @@ absl::Status Supervisor::Start() {
 std::vector<WorkerDeath> Supervisor::Check() {
   transport_.Heartbeat();
   std::vector<WorkerDeath> dead;
+  // A corrupt ring stays corrupt for every process attached to it, and a worker restarted onto
+  // it would die at attach: it counts as the death of every worker, so that Restart replaces
+  // them all and resets every ring (the step that found the corruption has already failed with
+  // DataLoss naming the ring).
+  std::string corrupt;
+  for (ipc::RingId r : transport_.CorruptRings()) {
+    if (!corrupt.empty()) corrupt += ", ";
+    corrupt += ipc::RingName(r);
+  }
   for (Worker& w : workers_) {
+    if (!w.dead.has_value() && !corrupt.empty()) {
+      w.dead = absl::StrCat("replaced: ring ", corrupt, " is marked corrupt");
+    }
     if (!w.dead.has_value()) {
       const ipc::ProcessInfo info = transport_.Process(w.spec.role);
       const int64_t age_ns = transport_.HeartbeatAgeNs(w.spec.role);
@@ -179,14 +192,24 @@ absl::StatusOr<uint64_t> Supervisor::Restart(std::span<const ipc::Role> roles) {
       }
       absl::StatusOr<absl::Duration> d = w->budget.Next(absl::Now());
       if (!d.ok()) {
-        return absl::UnavailableError(absl::StrCat(
+        absl::Status spent = absl::UnavailableError(absl::StrCat(
             Role(w->spec.role), " (", w->spec.argv.front(), ") keeps dying: last ",
             w->last_exit, "; ", d.status().message(), ", giving up"));
+        spent.SetPayload(kRestartBudgetSpentPayload, absl::Cord(Role(w->spec.role)));
+        return spent;
       }
       delay = std::max(delay, *d);
     }
     if (delay > absl::ZeroDuration()) {
       std::this_thread::sleep_for(absl::ToChronoNanoseconds(delay));
+    }
+    // With every worker gone nobody but us is attached to any ring: each is reset, so that
+    // a corrupt one (or whatever a dead process left half-written) cannot outlive the restart.
+    // With a survivor the rings stay: it holds its ends, and the epoch below fences them.
+    if (which.size() == workers_.size()) {
+      for (int r = 0; r < ipc::kNumRings; ++r) {
+        TC_RETURN_IF_ERROR(transport_.ResetRing(static_cast<ipc::RingId>(r)));
+      }
     }
     // The new epoch exists before the new process does, so it attaches under it and every
     // message of the old epoch (the dead process's, and the survivors' replies to it) is

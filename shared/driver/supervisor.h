@@ -30,6 +30,15 @@
 
 namespace thermocline::driver {
 
+// The payload (absl::Status::SetPayload) that marks Restart's Unavailable for a spent restart
+// budget, so that a caller far up (the gateway) can tell "this instance will not come back by
+// itself" from a passing Unavailable without parsing the message.
+inline constexpr char kRestartBudgetSpentPayload[] =
+    "type.thermocline/driver.RestartBudgetSpent";
+inline bool IsRestartBudgetSpent(const absl::Status& s) {
+  return s.GetPayload(kRestartBudgetSpentPayload).has_value();
+}
+
 struct WorkerSpec {
   ipc::Role role = ipc::Role::kGpuWorker;
   std::vector<std::string> argv;  // argv[0]: the executable's path (unused in attach mode)
@@ -80,7 +89,7 @@ class Supervisor {
   // for each, a place in the restart budget and its backoff; then one epoch bump, the spawns,
   // and the wait for readiness. A worker that dies again while starting is retried within the
   // budget. Returns the new epoch. Unavailable when the budget is spent (naming the worker and
-  // its last exit) or in attach mode.
+  // its last exit, marked with kRestartBudgetSpentPayload) or in attach mode.
   absl::StatusOr<uint64_t> Restart(std::span<const ipc::Role> roles);
 
   // SIGKILLs a worker (a hung one, or one its peer reported unavailable) and reaps it; the

@@ -1,6 +1,7 @@
 #include "shared/ipc/ring.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <limits>
 #include <utility>
@@ -132,8 +133,15 @@ absl::Status InitRing(void* region, uint64_t region_bytes, uint64_t capacity) {
   if (region_bytes < RingRegionBytes(capacity)) {
     return absl::InvalidArgumentError("InitRing: region too small");
   }
+  // The generation survives the reformat, one higher (a fresh segment's bytes are zero; any
+  // other starting value works as well, only the change is looked at).
+  uint32_t generation = 0;
+  std::memcpy(&generation,
+              static_cast<const std::byte*>(region) + offsetof(RingControl, generation),
+              sizeof generation);
   auto* ctl = new (region) RingControl;
   ctl->magic = kRingMagic;
+  ctl->generation.store(generation + 1, std::memory_order_relaxed);
   ctl->capacity = capacity;
   ctl->corrupt.store(0, std::memory_order_relaxed);
   ctl->head.store(0, std::memory_order_relaxed);
@@ -162,6 +170,7 @@ absl::StatusOr<RingProducer> RingProducer::Attach(void* region, uint64_t region_
   p.wait_ = options.wait;
   p.spin_ = SpinBudget(options.wait);
   p.name_ = std::move(options.name);
+  p.generation_ = p.ctl_->generation.load(std::memory_order_acquire);
   TC_RETURN_IF_ERROR(p.CheckCorrupt());
   uint64_t head = p.ctl_->head.load(std::memory_order_acquire);
   uint64_t tail = p.ctl_->tail.load(std::memory_order_acquire);
@@ -185,6 +194,7 @@ RingProducer& RingProducer::operator=(RingProducer&& o) noexcept {
   wait_ = o.wait_;
   spin_ = o.spin_;
   name_ = std::move(o.name_);
+  generation_ = o.generation_;
   corrupt_ = o.corrupt_;
   pending_ = std::exchange(o.pending_, false);
   pending_pos_ = o.pending_pos_;
@@ -201,6 +211,14 @@ absl::Status RingProducer::Corrupt(std::string_view what) {
 
 absl::Status RingProducer::CheckCorrupt() {
   if (ctl_ == nullptr) return absl::FailedPreconditionError("ring producer moved from");
+  if (const uint32_t g = ctl_->generation.load(std::memory_order_acquire); g != generation_) {
+    // Reset by the gateway while no peer was attached: start over where the reset left it.
+    generation_ = g;
+    head_ = ctl_->head.load(std::memory_order_acquire);
+    cached_tail_ = ctl_->tail.load(std::memory_order_acquire);
+    corrupt_ = false;
+    pending_ = false;
+  }
   if (corrupt_ || ctl_->corrupt.load(std::memory_order_relaxed) != 0) {
     corrupt_ = true;
     return absl::DataLossError(absl::StrCat("ring ", name_, " is marked corrupt"));
@@ -377,6 +395,7 @@ absl::StatusOr<RingConsumer> RingConsumer::Attach(void* region, uint64_t region_
   c.wait_ = options.wait;
   c.spin_ = SpinBudget(options.wait);
   c.name_ = std::move(options.name);
+  c.generation_ = c.ctl_->generation.load(std::memory_order_acquire);
   TC_RETURN_IF_ERROR(c.CheckCorrupt());
   uint64_t tail = c.ctl_->tail.load(std::memory_order_acquire);
   uint64_t head = c.ctl_->head.load(std::memory_order_acquire);
@@ -400,6 +419,7 @@ RingConsumer& RingConsumer::operator=(RingConsumer&& o) noexcept {
   wait_ = o.wait_;
   spin_ = o.spin_;
   name_ = std::move(o.name_);
+  generation_ = o.generation_;
   corrupt_ = o.corrupt_;
   peeked_ = std::exchange(o.peeked_, false);
   peeked_end_ = o.peeked_end_;
@@ -419,6 +439,14 @@ absl::Status RingConsumer::Corrupt(std::string_view what, uint64_t pos) {
 
 absl::Status RingConsumer::CheckCorrupt() {
   if (ctl_ == nullptr) return absl::FailedPreconditionError("ring consumer moved from");
+  if (const uint32_t g = ctl_->generation.load(std::memory_order_acquire); g != generation_) {
+    // As RingProducer::CheckCorrupt.
+    generation_ = g;
+    tail_ = ctl_->tail.load(std::memory_order_acquire);
+    cached_head_ = ctl_->head.load(std::memory_order_acquire);
+    corrupt_ = false;
+    peeked_ = false;
+  }
   if (corrupt_ || ctl_->corrupt.load(std::memory_order_relaxed) != 0) {
     corrupt_ = true;
     return absl::DataLossError(absl::StrCat("ring ", name_, " is marked corrupt"));

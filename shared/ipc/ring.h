@@ -15,6 +15,11 @@
 // capacity, every header (magic, check word, position, kind, length, contiguity) is checked
 // before its payload is exposed, and a violation marks the ring corrupt (DataLoss from then on)
 // instead of reading out of bounds. See docs/ipc.md for the ordering argument.
+//
+// Reset: InitRing over a live ring (Transport::ResetRing, by the gateway, only while no other
+// process is attached) empties it, clears the corrupt mark and bumps `generation`; this
+// process's own ends see the new generation at their next call and start over from the reset
+// positions, so the gateway recovers from a corrupt ring without rebuilding its ring objects.
 #pragma once
 
 #include <algorithm>
@@ -84,10 +89,11 @@ inline constexpr uint64_t kMaxRingCapacity = uint64_t{1} << 32;
 // Shared ring state. Each cache line has one writer, so the producer's and consumer's updates
 // never false-share.
 struct RingControl {
-  // Written once by InitRing (and by the other side only to flag corruption).
+  // Written by InitRing (and by the other side only to flag corruption).
   alignas(64) uint64_t magic;
   uint64_t capacity;
   std::atomic<uint32_t> corrupt;
+  std::atomic<uint32_t> generation;  // bumped by every InitRing (see Reset above)
   // Written only by the producer.
   alignas(64) std::atomic<uint64_t> head;
   std::atomic<uint32_t> data_futex;        // bumped to wake a consumer sleeping on it
@@ -108,8 +114,9 @@ constexpr uint64_t RingRegionBytes(uint64_t capacity) { return sizeof(RingContro
 // that a message always fits once the ring is empty, wherever the write position is.
 constexpr uint64_t MaxPayloadBytes(uint64_t capacity) { return capacity / 2 - kHeaderBytes; }
 
-// Formats an empty ring in `region` (64-byte aligned, at least RingRegionBytes(capacity)).
-// capacity: a power of two in [kMinRingCapacity, kMaxRingCapacity].
+// Formats an empty ring in `region` (64-byte aligned, at least RingRegionBytes(capacity)), or
+// resets one (its generation goes up by one). capacity: a power of two in [kMinRingCapacity,
+// kMaxRingCapacity].
 absl::Status InitRing(void* region, uint64_t region_bytes, uint64_t capacity);
 
 // How a side waits for its peer: spin for up to `spin`, then sleep on the futex (when
@@ -197,6 +204,7 @@ class RingProducer {
   WaitPolicy wait_;
   SpinBudget spin_;
   std::string name_;
+  uint32_t generation_ = 0;  // of the ring when our positions were taken
   bool corrupt_ = false;
   bool pending_ = false;
   uint64_t pending_pos_ = 0;    // record position of the reservation
@@ -260,6 +268,7 @@ class RingConsumer {
   WaitPolicy wait_;
   SpinBudget spin_;
   std::string name_;
+  uint32_t generation_ = 0;  // of the ring when our positions were taken
   bool corrupt_ = false;
   bool peeked_ = false;
   uint64_t peeked_end_ = 0;

@@ -86,7 +86,25 @@ bool ReadProcStat(int32_t pid, char* state, uint64_t* start_ticks) {
   return absl::SimpleAtoi(fields[19], start_ticks);
 }
 
-enum class Verdict { kGone, kLive, kInitializing, kStale };
+enum class Verdict { kGone, kLive, kInitializing, kStale, kForeign };
+
+// A name under /dev/shm held by another user (or not a plain file: a planted symlink) is never
+// ours to read, trust or replace, whatever it contains: /dev/shm is writable by everyone, so
+// anyone may create the predictable name of an instance before the service does.
+std::string ForeignOwner(const struct stat& st) {
+  if (!S_ISREG(st.st_mode)) return "is not a regular file";
+  if (st.st_uid != geteuid()) {
+    return absl::StrCat("belongs to uid ", st.st_uid, ", not to this user (uid ", geteuid(), ")");
+  }
+  return "";
+}
+
+absl::Status ForeignError(std::string_view name, const std::string& why) {
+  return absl::PermissionDeniedError(absl::StrCat(
+      "shared memory segment /dev/shm/", Av(name), " ", why,
+      ": another user holds this instance's name; it is neither used nor replaced (remove it as "
+      "its owner, or choose another --instance)"));
+}
 
 struct Probe {
   Verdict verdict = Verdict::kGone;
@@ -97,6 +115,16 @@ struct Probe {
 // Judges an existing segment by its preamble only (the one layout every build agrees on).
 absl::StatusOr<Probe> ProbeSegment(const std::string& name) {
   Probe p;
+  struct stat st {};
+  if (lstat(absl::StrCat("/dev/shm/", name).c_str(), &st) != 0) {
+    if (errno == ENOENT) return p;  // removed meanwhile
+    return absl::InternalError(absl::StrCat("cannot stat /dev/shm/", name, ": ", std::strerror(errno)));
+  }
+  if (std::string why = ForeignOwner(st); !why.empty()) {
+    p.verdict = Verdict::kForeign;
+    p.detail = why;
+    return p;
+  }
   try {
     bip::shared_memory_object shm(bip::open_only, name.c_str(), bip::read_only);
     bip::offset_t size = 0;
@@ -280,6 +308,7 @@ absl::StatusOr<std::unique_ptr<SharedSegment>> SharedSegment::Create(
     }
     if (exists) {
       TC_ASSIGN_OR_RETURN(Probe p, JudgeSegment(name));
+      if (p.verdict == Verdict::kForeign) return ForeignError(name, p.detail);
       if (p.verdict == Verdict::kLive) {
         return absl::FailedPreconditionError(absl::StrCat(
             "instance '", Av(instance), "' is in use: shared memory segment /dev/shm/", name,
@@ -344,6 +373,12 @@ absl::StatusOr<std::unique_ptr<SharedSegment>> SharedSegment::Attach(std::string
   impl->name = name;
   try {
     bip::shared_memory_object shm(bip::open_only, name.c_str(), bip::read_write);
+    // The open file is what counts (the name may have been swapped since any earlier look).
+    struct stat st {};
+    if (fstat(shm.get_mapping_handle().handle, &st) != 0) {
+      return absl::InternalError(absl::StrCat("cannot stat /dev/shm/", name));
+    }
+    if (std::string why = ForeignOwner(st); !why.empty()) return ForeignError(name, why);
     bip::offset_t size = 0;
     if (!shm.get_size(size)) return absl::InternalError(absl::StrCat("cannot stat ", name));
     if (size < static_cast<bip::offset_t>(sizeof(SegmentPreamble))) {
@@ -358,6 +393,11 @@ absl::StatusOr<std::unique_ptr<SharedSegment>> SharedSegment::Attach(std::string
       return absl::NotFoundError(absl::StrCat("instance '", Av(instance),
                                               "' has no segment /dev/shm/", name,
                                               " (is its gateway running?)"));
+    }
+    // Another user's 0600 segment cannot even be opened: say whose it is.
+    struct stat st {};
+    if (lstat(absl::StrCat("/dev/shm/", name).c_str(), &st) == 0) {
+      if (std::string why = ForeignOwner(st); !why.empty()) return ForeignError(name, why);
     }
     return FromBoost(e, "cannot attach to", name);
   }
@@ -393,6 +433,7 @@ absl::StatusOr<bool> SharedSegment::RemoveIfStale(std::string_view instance,
                                                   std::string_view what) {
   TC_ASSIGN_OR_RETURN(std::string name, SegmentName(instance, what));
   TC_ASSIGN_OR_RETURN(Probe p, JudgeSegment(name));
+  if (p.verdict == Verdict::kForeign) return ForeignError(name, p.detail);
   if (p.verdict != Verdict::kStale) return false;
   return bip::shared_memory_object::remove(name.c_str());
 }

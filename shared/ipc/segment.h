@@ -4,7 +4,10 @@
 // 0600 and removed by it on destruction. Its first 64 bytes are a SegmentPreamble whose layout
 // never changes, so any build can tell who owns a segment left by another build: a segment
 // whose owner is dead, that is not a Thermocline segment, or that was never finished is stale
-// and gets replaced; one with a live owner is refused.
+// and gets replaced; one with a live owner is refused. A name that another user holds (or that
+// is not a plain file) is refused by Create, Attach and RemoveIfStale alike with
+// PermissionDenied naming its owner: the names are predictable, /dev/shm is open to all, and a
+// squatter's segment must neither be trusted nor silently replaced.
 #pragma once
 
 #include <sys/types.h>

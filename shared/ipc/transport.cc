@@ -283,6 +283,15 @@ absl::Status Transport::ResetRing(RingId ring) {
   return InitRing(RingRegion(ring), RingRegionBytes(d.capacity), d.capacity);
 }
 
+std::vector<RingId> Transport::CorruptRings() const {
+  std::vector<RingId> out;
+  for (int i = 0; i < kNumRings; ++i) {
+    const auto* ctl = static_cast<const RingControl*>(RingRegion(static_cast<RingId>(i)));
+    if (ctl->corrupt.load(std::memory_order_relaxed) != 0) out.push_back(static_cast<RingId>(i));
+  }
+  return out;
+}
+
 void Transport::Heartbeat() {
   control_->processes[static_cast<int>(role_)].heartbeat_ns.store(
       static_cast<uint64_t>(MonotonicNs()), std::memory_order_release);

@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -43,7 +44,7 @@ enum class ProcessState : uint32_t {
 std::string_view ProcessStateName(ProcessState state);
 
 // Bump whenever anything after the SegmentPreamble changes.
-inline constexpr uint32_t kTransportLayoutVersion = 1;
+inline constexpr uint32_t kTransportLayoutVersion = 2;  // 2: RingControl::generation
 inline constexpr char kTransportSegment[] = "transport";
 
 struct RingDescriptor {
@@ -120,8 +121,11 @@ class Transport {
   absl::StatusOr<RingProducer> Producer(RingId ring, WaitPolicy wait = {});
   absl::StatusOr<RingConsumer> Consumer(RingId ring, WaitPolicy wait = {});
   // Gateway only, with both ends of the ring quiescent (their processes dead or not yet
-  // started): empties the ring and clears its corrupt mark.
+  // started): empties the ring and clears its corrupt mark. The gateway's own ends of it adopt
+  // the reset at their next call (ring.h).
   absl::Status ResetRing(RingId ring);
+  // The rings marked corrupt (by either end) right now.
+  std::vector<RingId> CorruptRings() const;
 
   void Heartbeat();
   void SetState(ProcessState state);

@@ -15,6 +15,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <functional>
+#include <optional>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -48,14 +51,17 @@ struct Completion {
 
 class Gateway {
  public:
-  // Starts the gateway on stories260K with --hot-fraction 0.5 and `extra` flags; waits for the
-  // listening line and then for health SERVING.
-  explicit Gateway(const std::string& instance, std::vector<std::string> extra = {}) {
+  // Starts the gateway on stories260K with --hot-fraction 0.5 (none with `placement` false:
+  // the gateway's default) and `extra` flags; waits for the listening line and then for health
+  // SERVING.
+  explicit Gateway(const std::string& instance, std::vector<std::string> extra = {},
+                   bool placement = true) {
     log_path_ = absl::StrCat(TempDir(), "/", instance, ".log");
     std::vector<std::string> argv = {absl::StrCat(BinDir(), "/thermocline-gateway"),
-                                     "--model", Stories260K(), "--hot-fraction", "0.5",
+                                     "--model", Stories260K(),
                                      "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
                                      "--instance", instance};
+    if (placement) argv.insert(argv.end(), {"--hot-fraction", "0.5"});
     // A small context keeps the KV caches small; tests that need more pass their own.
     if (std::find(extra.begin(), extra.end(), "--context") == extra.end()) {
       extra.insert(extra.end(), {"--context", "256"});
@@ -103,7 +109,7 @@ class Gateway {
   }
 
   ~Gateway() {
-    if (pid_ <= 0) return;
+    if (pid_ <= 0 || exited_) return;
     kill(pid_, SIGTERM);
     for (int i = 0; i < 200; ++i) {  // 20 s
       if (waitpid(pid_, nullptr, WNOHANG) == pid_) return;
@@ -113,6 +119,31 @@ class Gateway {
     kill(pid_, SIGKILL);
     waitpid(pid_, nullptr, 0);
   }
+
+  pid_t pid() const { return pid_; }
+  void Signal(int sig) { kill(pid_, sig); }
+  // Waits (at most `seconds`, a safety net) for the gateway to exit by itself; its wait status.
+  std::optional<int> WaitExit(int seconds) {
+    for (int i = 0; i < seconds * 100; ++i) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        exited_ = true;
+        return status;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return std::nullopt;
+  }
+  // Polls `done` every 10 ms for at most 60 s (a safety net); whether it became true.
+  static bool WaitFor(const std::function<bool()>& done) {
+    for (int i = 0; i < 6000; ++i) {
+      if (done()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
+  // The value of an unlabelled metric in a /metrics scrape (NaN when absent).
+  double Metric(const std::string& name) const;
 
   v1::Generation::Stub& stub() { return *stub_; }
   const std::string& address() const { return address_; }
@@ -180,6 +211,7 @@ class Gateway {
 
  private:
   pid_t pid_ = -1;
+  bool exited_ = false;
   std::string log_path_;
   std::string address_, metrics_address_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -211,6 +243,15 @@ inline std::string ScrapeMetrics(const std::string& address) {
   }
   close(fd);
   return out;
+}
+
+inline double Gateway::Metric(const std::string& name) const {
+  std::istringstream lines(ScrapeMetrics(metrics_address_));
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
+  }
+  return std::nan("");
 }
 
 // A greedy request for `prompt` and `n` tokens.

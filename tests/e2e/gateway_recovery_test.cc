@@ -1,15 +1,23 @@
 // kill -9 of a worker in the middle of several streams: every stream completes with the output
 // of an undisturbed run, each token exactly once; health goes NOT_SERVING then SERVING; the
-// restart shows in /metrics.
+// restart shows in /metrics. A ring scribbled from outside: the request that meets it fails
+// with DATA_LOSS naming the ring, and the instance recovers for the next ones.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+
+#include <cstring>
 
 #include <atomic>
 #include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "shared/ipc/transport.h"
 #include "tests/e2e/gateway_harness.h"
 
 namespace thermocline::testing {
@@ -73,6 +81,108 @@ void KillWorkerMidStreams(const std::string& role) {
   // And the gateway serves new requests.
   const Completion after = gw.Generate(reqs[0]);
   EXPECT_EQ(after.ids, undisturbed[0].ids);
+}
+
+// The instance's transport segment mapped into the test process (as another process of the
+// same user could map it), for scribbling.
+class MappedTransport {
+ public:
+  explicit MappedTransport(const std::string& instance) {
+    const std::string path = absl::StrCat("/dev/shm/thermocline-", instance, "-transport");
+    const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+    EXPECT_GE(fd, 0) << path;
+    struct stat st {};
+    if (fd < 0 || fstat(fd, &st) != 0) return;
+    bytes_ = static_cast<size_t>(st.st_size);
+    void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    EXPECT_NE(p, MAP_FAILED);
+    if (p != MAP_FAILED) base_ = static_cast<std::byte*>(p);
+  }
+  ~MappedTransport() {
+    if (base_ != nullptr) munmap(base_, bytes_);
+  }
+  bool ok() const { return base_ != nullptr; }
+  ipc::RingControl& Ring(ipc::RingId id) const {
+    const auto* cb = reinterpret_cast<const ipc::ControlBlock*>(base_);
+    return *reinterpret_cast<ipc::RingControl*>(base_ + cb->rings[static_cast<int>(id)].offset);
+  }
+  // Publishes 48 bytes of garbage as the next record of `id`, as a stray write over a header
+  // would look to its consumer.
+  void PublishGarbageHeader(ipc::RingId id) const {
+    ipc::RingControl& ctl = Ring(id);
+    std::byte* data = reinterpret_cast<std::byte*>(&ctl) + sizeof(ipc::RingControl);
+    const uint64_t head = ctl.head.load(std::memory_order_acquire);
+    const uint64_t offset = head & (ctl.capacity - 1);
+    const uint64_t to_end = ctl.capacity - offset;
+    // A record never starts in the last 47 bytes: the consumer skips them to the start.
+    const uint64_t at = to_end < ipc::kHeaderBytes ? 0 : offset;
+    const uint64_t skip = to_end < ipc::kHeaderBytes ? to_end : 0;
+    std::memset(data + at, 0xEE, ipc::kHeaderBytes);
+    ctl.head.store(head + skip + ipc::kHeaderBytes, std::memory_order_release);
+  }
+
+ private:
+  std::byte* base_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+int64_t Restarts(const std::string& metrics, const std::string& role) {
+  std::istringstream lines(metrics);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.rfind("thermocline_worker_restarts_total", 0) == 0 &&
+        line.find(role) != std::string::npos) {
+      return std::stoll(line.substr(line.rfind(' ') + 1));
+    }
+  }
+  return -1;
+}
+
+// A stray write over a live header of gpu->gateway: the gpu worker is stopped (SIGSTOP) while
+// the garbage is published, so the gateway is certain to read the garbage rather than a record
+// the worker wrote over it. That request fails with DATA_LOSS naming the ring; the corrupt mark
+// it leaves in shared memory would kill every worker started onto it, so the next request
+// finds both workers replaced and every ring reset under a new epoch, and gets the undisturbed
+// output. Then the 4-byte corrupt flag of gpu->cpu set while idle: noticed before anything is
+// sent, it costs the next request nothing but the restart.
+TEST(GatewayRecovery, CorruptRingIsDataLossNamingItThenTheInstanceRecovers) {
+  const std::string instance = absl::StrCat("e2e-corrupt-", getpid());
+  Gateway gw(instance);
+  const v1::GenerateRequest req = Greedy("Once upon a time", 24);
+  const Completion undisturbed = gw.Generate(req);
+  ASSERT_TRUE(undisturbed.status.ok()) << undisturbed.status.error_message();
+  MappedTransport shm(instance);
+  ASSERT_TRUE(shm.ok());
+  pid_t gpu = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(gw.LogValue("workers_ready", "gpu_pid"), &gpu)) << gw.Log();
+
+  ASSERT_EQ(kill(gpu, SIGSTOP), 0);
+  shm.PublishGarbageHeader(ipc::RingId::kGpuToGateway);
+  const Completion hit = gw.Generate(req);
+  ASSERT_EQ(kill(gpu, SIGCONT), 0);
+  EXPECT_EQ(hit.status.error_code(), grpc::StatusCode::DATA_LOSS) << hit.status.error_message();
+  EXPECT_NE(hit.status.error_message().find("gpu->gateway"), std::string::npos)
+      << hit.status.error_message();
+  EXPECT_TRUE(hit.ids.empty());
+
+  const Completion after = gw.Generate(req);
+  ASSERT_TRUE(after.status.ok()) << after.status.error_message() << "\n" << gw.Log();
+  EXPECT_EQ(after.ids, undisturbed.ids);
+  EXPECT_EQ(after.text, undisturbed.text);
+  const std::string metrics = ScrapeMetrics(gw.metrics_address());
+  EXPECT_GE(Restarts(metrics, "gpu_worker"), 1) << metrics;
+  EXPECT_GE(Restarts(metrics, "cpu_worker"), 1) << metrics;
+  for (int r = 0; r < ipc::kNumRings; ++r) {
+    EXPECT_EQ(shm.Ring(static_cast<ipc::RingId>(r)).corrupt.load(), 0u) << "ring " << r;
+  }
+
+  shm.Ring(ipc::RingId::kGpuToCpu).corrupt.store(1);
+  const Completion flagged = gw.Generate(req);
+  ASSERT_TRUE(flagged.status.ok()) << flagged.status.error_message() << "\n" << gw.Log();
+  EXPECT_EQ(flagged.ids, undisturbed.ids);
+  EXPECT_NE(gw.Log().find("ring gpu->cpu is marked corrupt"), std::string::npos) << gw.Log();
+  EXPECT_TRUE(gw.WaitServing(true));
 }
 
 TEST(GatewayRecovery, KillGpuWorkerMidStreams) { KillWorkerMidStreams("gpu_worker"); }

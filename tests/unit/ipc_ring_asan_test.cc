@@ -392,6 +392,24 @@ TEST(IpcRingDamage, BadMagic) {
   ExpectCorrupt(r);
 }
 
+// A reset (InitRing over the damaged ring, what the gateway does once no worker is attached)
+// clears the mark, and the ends already attached in this process carry on without being
+// rebuilt: they adopt the reset positions at their next call.
+TEST(IpcRingDamage, ResetRingIsAdoptedByAttachedEnds) {
+  TestRing r(1024);
+  ASSERT_TRUE(SendPattern(r.producer(), 1, 0, 64).ok());
+  r.data()[12] ^= std::byte{0x40};
+  ExpectCorrupt(r);
+  const uint32_t before = r.ctl()->generation.load();
+  ASSERT_TRUE(InitRing(r.region(), r.bytes(), r.capacity()).ok());
+  EXPECT_EQ(r.ctl()->generation.load(), before + 1);
+  EXPECT_EQ(r.ctl()->corrupt.load(), 0u);
+  for (uint64_t i = 0; i < 40; ++i) {  // several laps of the reset ring
+    ASSERT_TRUE(SendPattern(r.producer(), 2, i, 56).ok());
+    ExpectPattern(r.consumer(), 2, i, 56);
+  }
+}
+
 TEST(IpcRingDamage, BadCheckWord) {
   TestRing r(1024);
   ASSERT_TRUE(SendPattern(r.producer(), 1, 0, 64).ok());

@@ -162,6 +162,41 @@ TEST(IpcSegment, ForeignSegmentIsReplaced) {
       << (*t)->replaced_reason();
 }
 
+// Another local user creates the predictable name first: a valid-looking live segment (made
+// here, then given to uid 65534) and a junk file. Neither is attached to, replaced or removed;
+// each refusal names the owner. Only root can hand a file to another uid.
+TEST(IpcSegment, SegmentOfAnotherUserIsRefusedNamingItsOwner) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to give a segment to another uid";
+  constexpr uid_t kOther = 65534;
+  {
+    std::string instance = UniqueInstance("squat");
+    Cleanup cleanup{instance};
+    auto mine = Transport::Create(instance, Small());
+    ASSERT_TRUE(mine.ok()) << mine.status();
+    ASSERT_EQ(chown(ShmPath(instance).c_str(), kOther, kOther), 0);
+    auto attached = Transport::Attach(instance, Role::kGpuWorker);
+    EXPECT_EQ(attached.status().code(), absl::StatusCode::kPermissionDenied) << attached.status();
+    EXPECT_NE(attached.status().message().find("uid 65534"), std::string::npos)
+        << attached.status();
+  }
+  {
+    std::string instance = UniqueInstance("squatjunk");
+    Cleanup cleanup{instance};
+    int fd = shm_open(("/thermocline-" + instance + "-transport").c_str(), O_CREAT | O_RDWR, 0666);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(fchown(fd, kOther, kOther), 0);
+    close(fd);
+    auto created = Transport::Create(instance, Small());
+    EXPECT_EQ(created.status().code(), absl::StatusCode::kPermissionDenied) << created.status();
+    EXPECT_NE(created.status().message().find("uid 65534"), std::string::npos)
+        << created.status();
+    EXPECT_NE(created.status().message().find("another user"), std::string::npos);
+    EXPECT_EQ(Transport::RemoveStale(instance).status().code(),
+              absl::StatusCode::kPermissionDenied);
+    EXPECT_TRUE(Exists(ShmPath(instance))) << "another user's file was removed";
+  }
+}
+
 TEST(IpcSegment, UnpublishedSegmentIsReplacedAfterGrace) {
   std::string instance = UniqueInstance("empty");
   Cleanup cleanup{instance};
