@@ -352,8 +352,8 @@ uint32_t LlamaFileType(GgmlType type) {
       return 7;
     case GgmlType::kBF16:
       return 32;
-    case GgmlType::kI32:
-      break;  // never a weight type
+    default:
+      break;  // the converter writes only the types above
   }
   return 0;
 }
@@ -389,6 +389,11 @@ absl::StatusOr<Llama2cConvertSummary> AddLlama2cToGguf(const Llama2cCheckpoint& 
                                                        const Llama2cConvertOptions& options,
                                                        GgufWriter* writer) {
   const Llama2cConfig& c = ck.config;
+  if (!IsWeightType(options.type) || !HasQuantizer(options.type)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot convert to ", std::string(TypeTraits(options.type).name),
+                     ": the converter writes f32, f16, bf16, q8_0 or q4_0"));
+  }
   if (static_cast<int64_t>(vocab.texts.size()) != c.vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat("tokenizer has ", vocab.texts.size(),
                                                    " tokens but the model's vocab_size is ",

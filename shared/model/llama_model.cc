@@ -44,7 +44,8 @@ absl::StatusOr<MatrixView> Matrix(const GgufFile& f, const std::string& name, in
   TC_ASSIGN_OR_RETURN(const GgufTensorInfo* t, Tensor(f, name, {cols, rows}));
   if (!IsWeightType(t->type)) {
     return Invalid(f, absl::StrCat("tensor '", name, "' has type ", std::string(TypeTraits(t->type).name),
-                                   ", which is not a weight type"));
+                                   ", which is not a weight type (no kernels; weight types: ",
+                                   WeightTypeNames(), ")"));
   }
   MatrixView m;
   m.type = t->type;
@@ -58,6 +59,10 @@ absl::StatusOr<MatrixView> Matrix(const GgufFile& f, const std::string& name, in
 // A 1-D vector of any type, converted to f32 (norm weights are tiny; f32 keeps kernels simple).
 absl::StatusOr<std::vector<float>> Vector(const GgufFile& f, const std::string& name, int64_t n) {
   TC_ASSIGN_OR_RETURN(const GgufTensorInfo* t, Tensor(f, name, {n}));
+  if (!HasDequantizer(t->type)) {
+    return Invalid(f, absl::StrCat("tensor '", name, "' has type ",
+                                   std::string(TypeTraits(t->type).name), ", which cannot be read"));
+  }
   std::vector<float> out(n);
   DequantizeRow(t->type, t->data, out.data(), n);
   for (float v : out) {

@@ -114,6 +114,190 @@ void DequantizeRowQ4_0(const uint8_t* x, float* y, int64_t n) {
   }
 }
 
+// ---- The other block types (layouts in ggml_type.h). Every float operation is the one ggml's
+// dequantize_row_* and gguf-py's numpy dequantizers perform, in the same order and without
+// fused multiply-adds (this file is compiled for baseline x86-64), so the values are
+// bit-identical to theirs.
+
+inline uint32_t LoadU32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// Q4_1, Q5_0, Q5_1: element j < 16 is the low nibble of qs[j], j >= 16 the high nibble of
+// qs[j - 16]; Q5 adds bit j of qh as bit 4.
+template <bool kHasMin, bool kHasHigh>
+void DequantizeRowLegacy(const uint8_t* x, float* y, int64_t n, int64_t block_bytes) {
+  const int64_t qs_at = 2 + (kHasMin ? 2 : 0) + (kHasHigh ? 4 : 0);
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    const uint8_t* b = x + i * block_bytes;
+    const float d = LoadScale(b);
+    const float m = kHasMin ? LoadScale(b + 2) : 0.0f;
+    const uint32_t qh = kHasHigh ? LoadU32(b + 2 + (kHasMin ? 2 : 0)) : 0;
+    for (int j = 0; j < kQK; ++j) {
+      const uint8_t byte = b[qs_at + j % 16];
+      int q = j < 16 ? (byte & 0x0F) : (byte >> 4);
+      if (kHasHigh) q |= static_cast<int>((qh >> j) & 1) << 4;
+      float v;
+      if (kHasMin) {
+        v = d * static_cast<float>(q) + m;
+      } else {
+        v = d * static_cast<float>(q - (kHasHigh ? 16 : 8));
+      }
+      y[i * kQK + j] = v;
+    }
+  }
+}
+
+void DequantizeRowQ2_K(const uint8_t* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    const uint8_t* b = x + i * 84;
+    const uint8_t* scales = b;
+    const uint8_t* qs = b + 16;
+    const float d = LoadScale(b + 80), dmin = LoadScale(b + 82);
+    float* out = y + i * kQK_K;
+    for (int e = 0; e < kQK_K; ++e) {
+      const int h = e / 128, s = (e % 128) / 32, l = e % 32;
+      const int q = (qs[32 * h + l] >> (2 * s)) & 3;
+      const uint8_t sc = scales[e / 16];
+      const float dl = d * static_cast<float>(sc & 0x0F);
+      const float ml = dmin * static_cast<float>(sc >> 4);
+      out[e] = dl * static_cast<float>(q) - ml;
+    }
+  }
+}
+
+// Q3_K's 16 six-bit scales: low four bits from bytes 0..7 (low nibbles first), the top two
+// from bytes 8..11 (sub-block j uses bits 2 (j / 4) of byte 8 + j % 4).
+inline int Q3Scale(const uint8_t* sc, int j) {
+  const int low = j < 8 ? (sc[j] & 0x0F) : (sc[j - 8] >> 4);
+  const int high = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
+  return (low | (high << 4)) - 32;
+}
+
+void DequantizeRowQ3_K(const uint8_t* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    const uint8_t* b = x + i * 110;
+    const uint8_t* hmask = b;
+    const uint8_t* qs = b + 32;
+    const uint8_t* scales = b + 96;
+    const float d = LoadScale(b + 108);
+    float* out = y + i * kQK_K;
+    for (int e = 0; e < kQK_K; ++e) {
+      const int h = e / 128, s = (e % 128) / 32, l = e % 32;
+      const int low = (qs[32 * h + l] >> (2 * s)) & 3;
+      const int q = low - (((hmask[l] >> (e / 32)) & 1) ? 0 : 4);
+      const float dl = d * static_cast<float>(Q3Scale(scales, e / 16));
+      out[e] = dl * static_cast<float>(q);
+    }
+  }
+}
+
+}  // namespace
+
+void Q4KScaleMin(const uint8_t* scales, int j, int* sc, int* m) {
+  if (j < 4) {
+    *sc = scales[j] & 0x3F;
+    *m = scales[j + 4] & 0x3F;
+  } else {
+    *sc = (scales[j + 4] & 0x0F) | ((scales[j - 4] >> 6) << 4);
+    *m = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
+  }
+}
+
+int Iq4xsScale(const uint8_t* block, int j) {
+  const uint16_t scales_h = static_cast<uint16_t>(block[2] | (block[3] << 8));
+  const int low = (block[4 + j / 2] >> (4 * (j % 2))) & 0x0F;
+  const int high = (scales_h >> (2 * j)) & 3;
+  return (low | (high << 4)) - 32;
+}
+
+namespace {
+
+// Q4_K and Q5_K (kHigh: qh adds bit 4).
+template <bool kHigh>
+void DequantizeRowQ45_K(const uint8_t* x, float* y, int64_t n) {
+  const int64_t block_bytes = kHigh ? 176 : 144;
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    const uint8_t* b = x + i * block_bytes;
+    const float d = LoadScale(b), dmin = LoadScale(b + 2);
+    const uint8_t* scales = b + 4;
+    const uint8_t* qh = b + 16;
+    const uint8_t* qs = b + (kHigh ? 48 : 16);
+    float* out = y + i * kQK_K;
+    for (int sub = 0; sub < 8; ++sub) {
+      int sc, m;
+      Q4KScaleMin(scales, sub, &sc, &m);
+      const float d1 = d * static_cast<float>(sc);
+      const float m1 = dmin * static_cast<float>(m);
+      for (int l = 0; l < 32; ++l) {
+        const int e = 32 * sub + l;
+        int q = (qs[32 * (sub / 2) + l] >> (4 * (sub % 2))) & 0x0F;
+        if (kHigh) q |= ((qh[l] >> sub) & 1) << 4;
+        out[e] = d1 * static_cast<float>(q) - m1;
+      }
+    }
+  }
+}
+
+void DequantizeRowQ6_K(const uint8_t* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    const uint8_t* b = x + i * 210;
+    const uint8_t* ql = b;
+    const uint8_t* qh = b + 128;
+    const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
+    const float d = LoadScale(b + 208);
+    float* out = y + i * kQK_K;
+    for (int e = 0; e < kQK_K; ++e) {
+      const int h = e / 128, r = e % 128;
+      const int low = (ql[64 * h + r % 64] >> (4 * (r / 64))) & 0x0F;
+      const int high = (qh[32 * h + r % 32] >> (2 * (r / 32))) & 3;
+      const int q = (low | (high << 4)) - 32;
+      const float dl = d * static_cast<float>(scales[e / 16]);
+      out[e] = dl * static_cast<float>(q);
+    }
+  }
+}
+
+void DequantizeRowQ8_K(const uint8_t* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    const uint8_t* b = x + i * 292;
+    float d;
+    std::memcpy(&d, b, sizeof d);
+    for (int j = 0; j < kQK_K; ++j) {
+      y[i * kQK_K + j] = d * static_cast<float>(static_cast<int8_t>(b[4 + j]));
+    }
+  }
+}
+
+void DequantizeRowIQ4_NL(const uint8_t* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    const uint8_t* b = x + i * 18;
+    const float d = LoadScale(b);
+    for (int j = 0; j < kQK / 2; ++j) {
+      y[i * kQK + j] = d * static_cast<float>(kIq4nlValues[b[2 + j] & 0x0F]);
+      y[i * kQK + j + 16] = d * static_cast<float>(kIq4nlValues[b[2 + j] >> 4]);
+    }
+  }
+}
+
+void DequantizeRowIQ4_XS(const uint8_t* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    const uint8_t* b = x + i * 136;
+    const float d = LoadScale(b);
+    const uint8_t* qs = b + 8;
+    for (int sub = 0; sub < 8; ++sub) {
+      const float dl = d * static_cast<float>(Iq4xsScale(b, sub));
+      float* out = y + i * kQK_K + 32 * sub;
+      for (int j = 0; j < 16; ++j) {
+        out[j] = dl * static_cast<float>(kIq4nlValues[qs[16 * sub + j] & 0x0F]);
+        out[j + 16] = dl * static_cast<float>(kIq4nlValues[qs[16 * sub + j] >> 4]);
+      }
+    }
+  }
+}
+
 // Rounds to nearest (ties to even) and saturates; NaN becomes 0, so any float row converts.
 int32_t FloatToI32(float x) {
   if (std::isnan(x)) return 0;
@@ -123,6 +307,45 @@ int32_t FloatToI32(float x) {
 }
 
 }  // namespace
+
+bool HasDequantizer(GgmlType type) {
+  switch (type) {
+    case GgmlType::kF32:
+    case GgmlType::kF16:
+    case GgmlType::kBF16:
+    case GgmlType::kQ8_0:
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1:
+    case GgmlType::kQ2_K:
+    case GgmlType::kQ3_K:
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
+    case GgmlType::kQ6_K:
+    case GgmlType::kQ8_K:
+    case GgmlType::kIQ4_NL:
+    case GgmlType::kIQ4_XS:
+    case GgmlType::kI32:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool HasQuantizer(GgmlType type) {
+  switch (type) {
+    case GgmlType::kF32:
+    case GgmlType::kF16:
+    case GgmlType::kBF16:
+    case GgmlType::kQ8_0:
+    case GgmlType::kQ4_0:
+    case GgmlType::kI32:
+      return true;
+    default:
+      return false;
+  }
+}
 
 void DequantizeRow(GgmlType type, const void* src, float* dst, int64_t n) {
   if (n <= 0) return;  // empty rows may come with null pointers, which memcpy must not see
@@ -152,6 +375,39 @@ void DequantizeRow(GgmlType type, const void* src, float* dst, int64_t n) {
     case GgmlType::kQ4_0:
       DequantizeRowQ4_0(s, dst, n);
       return;
+    case GgmlType::kQ4_1:
+      DequantizeRowLegacy<true, false>(s, dst, n, 20);
+      return;
+    case GgmlType::kQ5_0:
+      DequantizeRowLegacy<false, true>(s, dst, n, 22);
+      return;
+    case GgmlType::kQ5_1:
+      DequantizeRowLegacy<true, true>(s, dst, n, 24);
+      return;
+    case GgmlType::kQ2_K:
+      DequantizeRowQ2_K(s, dst, n);
+      return;
+    case GgmlType::kQ3_K:
+      DequantizeRowQ3_K(s, dst, n);
+      return;
+    case GgmlType::kQ4_K:
+      DequantizeRowQ45_K<false>(s, dst, n);
+      return;
+    case GgmlType::kQ5_K:
+      DequantizeRowQ45_K<true>(s, dst, n);
+      return;
+    case GgmlType::kQ6_K:
+      DequantizeRowQ6_K(s, dst, n);
+      return;
+    case GgmlType::kQ8_K:
+      DequantizeRowQ8_K(s, dst, n);
+      return;
+    case GgmlType::kIQ4_NL:
+      DequantizeRowIQ4_NL(s, dst, n);
+      return;
+    case GgmlType::kIQ4_XS:
+      DequantizeRowIQ4_XS(s, dst, n);
+      return;
     case GgmlType::kI32:
       for (int64_t i = 0; i < n; ++i) {
         int32_t v;
@@ -159,7 +415,10 @@ void DequantizeRow(GgmlType type, const void* src, float* dst, int64_t n) {
         dst[i] = static_cast<float>(v);
       }
       return;
+    default:
+      break;
   }
+  // Callers check HasDequantizer first; reaching here is a programming error.
   std::abort();
 }
 
@@ -194,7 +453,10 @@ void QuantizeRow(GgmlType type, const float* src, void* dst, int64_t n) {
         std::memcpy(d + 4 * i, &v, 4);
       }
       return;
+    default:
+      break;
   }
+  // Callers check HasQuantizer first; reaching here is a programming error.
   std::abort();
 }
 

@@ -230,8 +230,8 @@ uint32_t SynthFileType(GgmlType type) {
       return 7;  // LLAMA_FTYPE_MOSTLY_Q8_0
     case GgmlType::kBF16:
       return 32;  // LLAMA_FTYPE_MOSTLY_BF16
-    case GgmlType::kI32:
-      break;  // never a weight type
+    default:
+      break;  // synth writes only the types above
   }
   return 0;
 }
@@ -262,7 +262,8 @@ absl::Status ValidateSynthOptions(const SynthOptions& o) {
                absl::StrCat("gives an odd head dimension ", head_dim, " with --heads ", o.heads,
                             " (RoPE rotates pairs)"));
   }
-  if (!TypeTraits(static_cast<uint32_t>(o.type)) || !IsWeightType(o.type)) {
+  if (!TypeTraits(static_cast<uint32_t>(o.type)) || !IsWeightType(o.type) ||
+      !HasQuantizer(o.type)) {
     return absl::InvalidArgumentError(absl::StrCat("--type: type id ",
                                                    static_cast<uint32_t>(o.type),
                                                    " is not a weight type (f32, f16, bf16, "
