@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "shared/kernels/matmul_kernels.h"
+#include "shared/model/quant.h"
 #include "shared/util/fp16.h"
 
 namespace thermocline::matmul_internal {
@@ -346,6 +347,90 @@ struct QuantKernel {
   }
 };
 
+// ---- Block types with f32 activations (see TypeKernels in matmul_kernels.h). ----
+//
+// Each weight block is decoded to its exact f32 values (D::Decode, bit-identical to
+// DequantizeRow) into an L1-resident buffer, then multiplied with FloatKernel<F32Load>'s exact
+// operation sequence: one 8-lane accumulator per (row, token), FMAs in column order, the same
+// horizontal sum. A block type's product therefore equals the f32 kernel on the dequantized
+// matrix bit for bit, and batching tokens or splitting rows cannot change it.
+
+// The reference decoder (for types whose SIMD decoder is not written).
+template <GgmlType kType, int kBlockSize, int kBlockBytes>
+struct ScalarDecode {
+  static constexpr int kBlock = kBlockSize;
+  static constexpr int64_t kBytes = kBlockBytes;
+  static void Decode(const uint8_t* b, float* out) { DequantizeRow(kType, b, out, kBlock); }
+};
+
+template <class D>
+struct BlockKernel {
+  static constexpr int kGemvRows = 8;
+  static constexpr int kRows = 4;
+  static constexpr int kTokens = 3;
+  static constexpr int kBlock = D::kBlock;
+  static constexpr int64_t kBytes = D::kBytes;
+
+  static void PrefetchBlock(const uint8_t* const* next, int R, int64_t b) {
+    for (int r = 0; r < R; ++r) {
+      for (int64_t at = 0; at < kBytes; at += 64) Prefetch(next[r] + b * kBytes + at);
+    }
+  }
+
+  template <int R, int T>
+  static void Tile(const uint8_t* const* rows, const uint8_t* const* next, int64_t cols,
+                   const uint8_t* xb, int64_t x_stride, float* y, int64_t y_stride) {
+    __m256 acc[R][T];
+    for (int r = 0; r < R; ++r) {
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+    }
+    const float* x[T];
+    for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<const float*>(xb + t * x_stride);
+    alignas(32) float w[R][kBlock];
+    for (int64_t b = 0; b < cols / kBlock; ++b) {
+      if (next != nullptr) PrefetchBlock(next, R, b);
+      for (int r = 0; r < R; ++r) D::Decode(rows[r] + b * kBytes, w[r]);
+      for (int c = 0; c < kBlock; c += 8) {
+        __m256 xv[T];
+        for (int t = 0; t < T; ++t) xv[t] = _mm256_loadu_ps(x[t] + b * kBlock + c);
+        for (int r = 0; r < R; ++r) {
+          const __m256 wv = _mm256_load_ps(w[r] + c);
+          for (int t = 0; t < T; ++t) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
+        }
+      }
+    }
+    for (int t = 0; t < T; ++t) {
+      for (int r = 0; r < R; ++r) y[t * y_stride + r] = HorizontalSum(acc[r][t]);
+    }
+  }
+
+  template <int R>
+  static void AxpyTile(const uint8_t* const* rows, const uint8_t* const* next, const float* coeffs,
+                       int64_t cols, float* y) {
+    __m256 cv[R];
+    for (int r = 0; r < R; ++r) cv[r] = _mm256_set1_ps(coeffs[r]);
+    alignas(32) float w[R][kBlock];
+    for (int64_t b = 0; b < cols / kBlock; ++b) {
+      if (next != nullptr) PrefetchBlock(next, R, b);
+      for (int r = 0; r < R; ++r) D::Decode(rows[r] + b * kBytes, w[r]);
+      float* yb = y + b * kBlock;
+      for (int c = 0; c < kBlock; c += 8) {
+        __m256 yv = _mm256_loadu_ps(yb + c);
+        for (int r = 0; r < R; ++r) yv = _mm256_fmadd_ps(cv[r], _mm256_load_ps(w[r] + c), yv);
+        _mm256_storeu_ps(yb + c, yv);
+      }
+    }
+  }
+
+  static void Dequantize(const uint8_t* row, int64_t cols, float* out) {
+    alignas(32) float w[kBlock];
+    for (int64_t b = 0; b < cols / kBlock; ++b) {
+      D::Decode(row + b * kBytes, w);
+      std::memcpy(out + b * kBlock, w, sizeof w);
+    }
+  }
+};
+
 // ---- Drivers shared by all types. ----
 
 template <class K, int kMaxR, int kMaxT, size_t... I>
@@ -398,9 +483,9 @@ void AxpyRows(const RowSource& rows, const float* coeffs, int64_t n_rows, int64_
   }
 }
 
-template <class K>
-constexpr TypeKernels MakeKernels() {
-  return {&DotRows<K>, &AxpyRows<K>};
+template <GgmlType kType>
+void ReferenceDequantize(const uint8_t* row, int64_t cols, float* out) {
+  DequantizeRow(kType, row, out, cols);
 }
 
 // roundf semantics (ties away from zero), which ggml's reference quantizer uses; the SIMD
@@ -473,32 +558,50 @@ void PrepareFor(const float* x, int64_t cols, uint8_t* out) {
   }
 }
 
-template <class Q8, class Q4>
-void PrepareInput(GgmlType type, const float* x, int64_t cols, uint8_t* out) {
-  if (type == GgmlType::kQ4_0) {
-    PrepareFor<typename Q4::Loader>(x, cols, out);
-  } else {
-    PrepareFor<typename Q8::Loader>(x, cols, out);
-  }
+template <GgmlType kType, class K>
+constexpr TypeEntry Float() {
+  return {kType, {&DotRows<K>, &AxpyRows<K>, &ReferenceDequantize<kType>}};
+}
+template <GgmlType kType, class K>
+constexpr TypeEntry Q8Input() {
+  return {kType, {&DotRows<K>, &AxpyRows<K>, &ReferenceDequantize<kType>, &InputBytes,
+                  &PrepareFor<typename K::Loader>}};
+}
+template <GgmlType kType, class D>
+constexpr TypeEntry Block() {
+  using K = BlockKernel<D>;
+  return {kType, {&DotRows<K>, &AxpyRows<K>, &K::Dequantize}};
+}
+template <GgmlType kType, int kBlock, int kBytes>
+constexpr TypeEntry ScalarBlock() {
+  return Block<kType, ScalarDecode<kType, kBlock, kBytes>>();
 }
 
 template <bool kVnni>
 constexpr KernelSet MakeKernelSet() {
+  using T = GgmlType;
   using Q8 = std::conditional_t<kVnni, QuantKernel<Q8Offset, VnniEngine>,
                                 QuantKernel<Q8Signed, SignEngine>>;
   using Q4 = std::conditional_t<kVnni, QuantKernel<Q4Masked, VnniEngine>,
                                 QuantKernel<Q4Shifted, MaddubsEngine>>;
-  return {
-      kVnni ? "avx2+vnni" : "avx2",
-      MakeKernels<FloatKernel<F32Load>>(),
-      MakeKernels<FloatKernel<F16Load>>(),
-      MakeKernels<FloatKernel<Bf16Load>>(),
-      MakeKernels<Q8>(),
-      MakeKernels<Q4>(),
-      &InputBytes,
-      &PrepareInput<Q8, Q4>,
-      &QuantizeQ8_0,
+  constexpr TypeEntry kEntries[] = {
+      Float<T::kF32, FloatKernel<F32Load>>(),
+      Float<T::kF16, FloatKernel<F16Load>>(),
+      Float<T::kBF16, FloatKernel<Bf16Load>>(),
+      Q8Input<T::kQ8_0, Q8>(),
+      Q8Input<T::kQ4_0, Q4>(),
+      ScalarBlock<T::kQ4_1, kQK, 20>(),
+      ScalarBlock<T::kQ5_0, kQK, 22>(),
+      ScalarBlock<T::kQ5_1, kQK, 24>(),
+      ScalarBlock<T::kIQ4_NL, kQK, 18>(),
+      ScalarBlock<T::kQ2_K, kQK_K, 84>(),
+      ScalarBlock<T::kQ3_K, kQK_K, 110>(),
+      ScalarBlock<T::kQ4_K, kQK_K, 144>(),
+      ScalarBlock<T::kQ5_K, kQK_K, 176>(),
+      ScalarBlock<T::kQ6_K, kQK_K, 210>(),
+      ScalarBlock<T::kIQ4_XS, kQK_K, 136>(),
   };
+  return {kVnni ? "avx2+vnni" : "avx2", MakeTypeTable(kEntries), &QuantizeQ8_0};
 }
 
 constexpr KernelSet kAvx2 = MakeKernelSet<false>();

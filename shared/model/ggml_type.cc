@@ -47,8 +47,9 @@ constexpr std::array<GgmlTypeTraits, 32> kTraits = {{
 
 // Kept in step with the kernel table (shared/kernels/): matmul_test checks that every family
 // has kernels for exactly these.
-constexpr std::array<GgmlType, 5> kWeightTypes = {T::kF32, T::kF16, T::kBF16, T::kQ8_0,
-                                                  T::kQ4_0};
+constexpr std::array<GgmlType, 15> kWeightTypes = {
+    T::kF32,  T::kF16,  T::kBF16, T::kQ8_0, T::kQ4_0, T::kQ4_1,   T::kQ5_0,  T::kQ5_1,
+    T::kQ2_K, T::kQ3_K, T::kQ4_K, T::kQ5_K, T::kQ6_K, T::kIQ4_NL, T::kIQ4_XS};
 
 constexpr uint32_t kPowerInferI8 = 16;  // then I16 = 17, I32 = 18
 
@@ -105,7 +106,8 @@ bool IsWeightType(GgmlType type) {
 }
 
 const char* WeightTypeNames() {
-  return "f32, f16, bf16, q8_0, q4_0";
+  return "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, "
+         "iq4_xs";
 }
 
 }  // namespace thermocline

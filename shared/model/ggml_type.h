@@ -112,7 +112,8 @@ std::optional<GgmlTypeTraits> TypeTraitsInFile(uint32_t type_id, bool powerinfer
 // The id to store for `type` in a file (PowerInfer numbering when `powerinfer`).
 uint32_t TypeIdInFile(GgmlType type, bool powerinfer);
 // True for the types weight matrices may have: those every kernel family computes with (f32,
-// f16, bf16, q8_0, q4_0). Other known types can be listed but not run.
+// f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K..q6_K, iq4_nl, iq4_xs). Other known types can
+// be listed but not run.
 bool IsWeightType(GgmlType type);
 // Comma-separated names of the weight types, for error messages.
 const char* WeightTypeNames();

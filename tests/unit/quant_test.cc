@@ -57,6 +57,7 @@ TEST(GgmlTypeTest, TraitsMatchGgml) {
   // Weight types are exactly those with kernels; the others are only listed.
   for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ2_K, GgmlType::kQ6_K,
                      GgmlType::kIQ4_NL, GgmlType::kIQ4_XS}) {
+    EXPECT_TRUE(IsWeightType(t)) << TypeTraits(t).name;
     EXPECT_TRUE(HasDequantizer(t)) << TypeTraits(t).name;
     EXPECT_FALSE(HasQuantizer(t)) << TypeTraits(t).name;
   }
