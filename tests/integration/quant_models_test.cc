@@ -36,6 +36,8 @@
 #include "gtest/gtest.h"
 #include "shared/model/llama_model.h"
 #include "shared/runtime/forward.h"
+#include "shared/sparsity/sparse_ffn.h"
+#include "shared/sparsity/sparsity_mode.h"
 #include "tests/test_support.h"
 
 namespace thermocline {
@@ -180,6 +182,62 @@ INSTANTIATE_TEST_SUITE_P(
       std::replace(n.begin(), n.end(), '-', '_');
       return n;
     });
+
+// The prompt's logits, one multi-position call.
+std::vector<float> PromptLogits(const LlamaModel& model, ThreadPool& pool, FfnExecutor* ffn) {
+  const std::vector<int32_t> ids = ParseInts(testing::ReadFileOrDie(ModelPath("quants/ids32.txt")));
+  auto kv = KvCache::Create(model.config(), 1, 64, GgmlType::kF32);
+  EXPECT_TRUE(kv.ok()) << kv.status();
+  ForwardPass pass(model, *kv, pool, ffn);
+  std::vector<BatchEntry> batch;
+  for (size_t p = 0; p < ids.size(); ++p) batch.push_back({0, static_cast<int32_t>(p), ids[p], true});
+  std::vector<float> logits;
+  EXPECT_TRUE(pass.Run(batch, logits).ok());
+  // One decode step too, so the single-token (NeuronFfn) path runs as well.
+  BatchEntry e{0, 32, 329, true};
+  std::vector<float> step;
+  EXPECT_TRUE(pass.Run(std::span<const BatchEntry>(&e, 1), step).ok());
+  logits.insert(logits.end(), step.begin(), step.end());
+  return logits;
+}
+
+// The sparse FFN on K-quant and IQ4 files: `threshold` with a coefficient cut of 1e-30 (every
+// neuron of these SwiGLU models passes it, so it must give dense's logits; `exact` is for ReLU
+// models only) runs the gate MatMul, GatherMatMul over up rows and AxpyRows over the
+// transposed down copy that DownRows builds for these types. Kept as f32, that copy holds the
+// dequantized values exactly, so only the order of the down sums differs from dense: a few
+// f32 roundings per layer, 1e-5 as for the f32 ReLU model (sparsity_accuracy_test). The default
+// copy is Q8_0 (DownRows): each down weight rounded once more by at most half a Q8_0 step,
+// amax/254 of its block of 32, i.e. <= 0.4% of the block's largest weight; through the
+// four layers these random-weight logits (|logit| <= 3) move by well under 2e-2.
+TEST(QuantSparsityTest, SparseFfnEqualsDenseOnEveryNewType) {
+  for (const char* name : {"Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_S", "Q6_K", "IQ4_NL", "IQ4_XS"}) {
+    auto model = LlamaModel::Load(ModelPath(std::string("quants/") + name + ".gguf"));
+    ASSERT_TRUE(model.ok()) << model.status();
+    for (int threads : {1, 2}) {
+      ThreadPool pool(threads);
+      const std::vector<float> dense = PromptLogits(**model, pool, nullptr);
+      for (bool f32_copy : {true, false}) {
+        SparseFfnOptions o;
+        if (f32_copy) o.quantized_down_t_type = GgmlType::kF32;
+        const int64_t n_layers = (*model)->config().n_layers;
+        SparsityPlan plan = SparsityPlan::Uniform(SparsityMode::kThreshold, n_layers);
+        plan.coeff_cuts.assign(n_layers, 1e-30f);
+        auto sparse = SparseFfn::Create(**model, plan, pool, o);
+        ASSERT_TRUE(sparse.ok()) << sparse.status();
+        EXPECT_EQ((*sparse)->weights(0).down_t.type,
+                  f32_copy ? GgmlType::kF32 : GgmlType::kQ8_0);
+        const std::vector<float> got = PromptLogits(**model, pool, sparse->get());
+        ASSERT_EQ(got.size(), dense.size());
+        float diff = 0;
+        for (size_t i = 0; i < got.size(); ++i) diff = std::max(diff, std::fabs(got[i] - dense[i]));
+        std::printf("%s threads=%d down_t %s: max |sparse - dense| = %.3g, active %.3f\n", name,
+                    threads, f32_copy ? "f32" : "q8_0", diff, (*sparse)->ActiveRatio());
+        EXPECT_LE(diff, f32_copy ? 1e-5f : 2e-2f) << name;
+      }
+    }
+  }
+}
 
 // Types without kernels (i-quants with grids): `info` lists the file, the loader refuses it
 // naming the tensor and its type.
