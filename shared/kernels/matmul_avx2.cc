@@ -355,12 +355,258 @@ struct QuantKernel {
 // horizontal sum. A block type's product therefore equals the f32 kernel on the dequantized
 // matrix bit for bit, and batching tokens or splitting rows cannot change it.
 
-// The reference decoder (for types whose SIMD decoder is not written).
-template <GgmlType kType, int kBlockSize, int kBlockBytes>
-struct ScalarDecode {
-  static constexpr int kBlock = kBlockSize;
-  static constexpr int64_t kBytes = kBlockBytes;
-  static void Decode(const uint8_t* b, float* out) { DequantizeRow(kType, b, out, kBlock); }
+// SIMD decoders: the quants are unpacked to one byte per element with integer SIMD, then each
+// group of 8 is widened, converted and scaled with exactly the float operations of the
+// reference (d * q, d * q + m or d * q - m, separate roundings; _mm256 intrinsics are never
+// contracted into FMAs under -std=c++20), so Decode is bit-identical to DequantizeRow.
+
+inline __m256 U8ToFloat(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(
+      _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline __m256 I8ToFloat(const int8_t* p) {
+  return _mm256_cvtepi32_ps(
+      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline void Store32(uint8_t* p, __m256i v) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), v); }
+inline __m256i Load32(const uint8_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+// Bytes 0..15 of the result: the low nibbles of the 16 bytes at p; bytes 16..31: the high ones.
+inline __m256i SplitNibbles16(const uint8_t* p) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i m = _mm_set1_epi8(0x0F);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+}
+// Byte j = 0x10 where bit j of the little-endian 32-bit word at p is set, else 0.
+inline __m256i HighBits32(const uint8_t* p) {
+  uint32_t qh;
+  std::memcpy(&qh, p, 4);
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(qh)),
+      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
+                       3, 3, 3, 3, 3, 3));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit),
+                          _mm256_set1_epi8(0x10));
+}
+inline __m256i Iq4Lookup(__m256i idx) {
+  const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues));
+  return _mm256_shuffle_epi8(_mm256_set_m128i(t, t), idx);
+}
+
+// q4_1, q5_0, q5_1 (blocks of 32): x = d * q + m, or d * (q - 16) for q5_0.
+template <bool kHasMin, bool kHasHigh>
+struct LegacyDecode {
+  static constexpr int kBlock = kQK;
+  static constexpr int64_t kBytes = 2 + (kHasMin ? 2 : 0) + (kHasHigh ? 4 : 0) + 16;
+  static void Decode(const uint8_t* b, float* out) {
+    const float* half = HalfToFloatTable();
+    uint16_t h;
+    std::memcpy(&h, b, 2);
+    const __m256 d = _mm256_set1_ps(half[h]);
+    __m256 m = _mm256_setzero_ps();
+    if (kHasMin) {
+      std::memcpy(&h, b + 2, 2);
+      m = _mm256_set1_ps(half[h]);
+    }
+    const int64_t qh_at = kHasMin ? 4 : 2;
+    __m256i q = SplitNibbles16(b + qh_at + (kHasHigh ? 4 : 0));
+    if (kHasHigh) q = _mm256_or_si256(q, HighBits32(b + qh_at));
+    if (!kHasMin) q = _mm256_sub_epi8(q, _mm256_set1_epi8(kHasHigh ? 16 : 8));
+    alignas(32) uint8_t qb[32];
+    Store32(qb, q);
+    for (int k = 0; k < 4; ++k) {
+      __m256 v;
+      if (kHasMin) {
+        v = _mm256_add_ps(_mm256_mul_ps(d, U8ToFloat(qb + 8 * k)), m);
+      } else {
+        v = _mm256_mul_ps(d, I8ToFloat(reinterpret_cast<const int8_t*>(qb) + 8 * k));
+      }
+      _mm256_storeu_ps(out + 8 * k, v);
+    }
+  }
+};
+
+struct Iq4nlDecode {
+  static constexpr int kBlock = kQK;
+  static constexpr int64_t kBytes = 18;
+  static void Decode(const uint8_t* b, float* out) {
+    const float* half = HalfToFloatTable();
+    uint16_t h;
+    std::memcpy(&h, b, 2);
+    const __m256 d = _mm256_set1_ps(half[h]);
+    alignas(32) int8_t v[32];
+    Store32(reinterpret_cast<uint8_t*>(v), Iq4Lookup(SplitNibbles16(b + 2)));
+    for (int k = 0; k < 4; ++k) _mm256_storeu_ps(out + 8 * k, _mm256_mul_ps(d, I8ToFloat(v + 8 * k)));
+  }
+};
+
+struct Iq4xsDecode {
+  static constexpr int kBlock = kQK_K;
+  static constexpr int64_t kBytes = 136;
+  static void Decode(const uint8_t* b, float* out) {
+    const float* half = HalfToFloatTable();
+    uint16_t h;
+    std::memcpy(&h, b, 2);
+    const float d = half[h];
+    alignas(32) int8_t v[32];
+    for (int sub = 0; sub < 8; ++sub) {
+      Store32(reinterpret_cast<uint8_t*>(v), Iq4Lookup(SplitNibbles16(b + 8 + 16 * sub)));
+      const __m256 dl = _mm256_set1_ps(d * static_cast<float>(Iq4xsScale(b, sub)));
+      for (int k = 0; k < 4; ++k) {
+        _mm256_storeu_ps(out + 32 * sub + 8 * k, _mm256_mul_ps(dl, I8ToFloat(v + 8 * k)));
+      }
+    }
+  }
+};
+
+// q4_K and q5_K: sub-block s of 32 has its own scale and min; x = (d * sc) * q - dmin * m.
+template <bool kHigh>
+struct Q45KDecode {
+  static constexpr int kBlock = kQK_K;
+  static constexpr int64_t kBytes = kHigh ? 176 : 144;
+  static void Decode(const uint8_t* b, float* out) {
+    const float* half = HalfToFloatTable();
+    uint16_t h;
+    std::memcpy(&h, b, 2);
+    const float d = half[h];
+    std::memcpy(&h, b + 2, 2);
+    const float dmin = half[h];
+    const uint8_t* qs = b + (kHigh ? 48 : 16);
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    __m256i qh = _mm256_setzero_si256();
+    if (kHigh) qh = Load32(b + 16);
+    alignas(32) uint8_t q[kQK_K];
+    for (int g = 0; g < 4; ++g) {
+      const __m256i v = Load32(qs + 32 * g);
+      __m256i lo = _mm256_and_si256(v, low);
+      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+      if (kHigh) {
+        // Bit 2g of qh[l] is bit 4 of sub-block 2g, bit 2g + 1 that of sub-block 2g + 1.
+        const __m256i b0 = _mm256_set1_epi8(static_cast<char>(1 << (2 * g)));
+        const __m256i b1 = _mm256_set1_epi8(static_cast<char>(1 << (2 * g + 1)));
+        const __m256i sixteen = _mm256_set1_epi8(0x10);
+        lo = _mm256_or_si256(
+            lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b0), b0), sixteen));
+        hi = _mm256_or_si256(
+            hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b1), b1), sixteen));
+      }
+      Store32(q + 64 * g, lo);
+      Store32(q + 64 * g + 32, hi);
+    }
+    for (int s = 0; s < 8; ++s) {
+      int sc, m;
+      Q4KScaleMin(b + 4, s, &sc, &m);
+      const __m256 d1 = _mm256_set1_ps(d * static_cast<float>(sc));
+      const __m256 m1 = _mm256_set1_ps(dmin * static_cast<float>(m));
+      for (int k = 0; k < 4; ++k) {
+        const int e = 32 * s + 8 * k;
+        _mm256_storeu_ps(out + e, _mm256_sub_ps(_mm256_mul_ps(d1, U8ToFloat(q + e)), m1));
+      }
+    }
+  }
+};
+
+// q6_K: halves of 128; x = (d * sc) * (q - 32), sub-blocks of 16.
+struct Q6KDecode {
+  static constexpr int kBlock = kQK_K;
+  static constexpr int64_t kBytes = 210;
+  static void Decode(const uint8_t* b, float* out) {
+    const float* half = HalfToFloatTable();
+    uint16_t h;
+    std::memcpy(&h, b + 208, 2);
+    const float d = half[h];
+    const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
+    const __m256i low = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3),
+                  offset = _mm256_set1_epi8(32);
+    alignas(32) int8_t q[kQK_K];
+    for (int half_i = 0; half_i < 2; ++half_i) {
+      const uint8_t* ql = b + 64 * half_i;
+      const __m256i qh = Load32(b + 128 + 32 * half_i);
+      const __m256i ql0 = Load32(ql), ql1 = Load32(ql + 32);
+      const __m256i parts[4] = {_mm256_and_si256(ql0, low), _mm256_and_si256(ql1, low),
+                                _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low),
+                                _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low)};
+      for (int s = 0; s < 4; ++s) {
+        const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * s), three);
+        const __m256i v = _mm256_sub_epi8(_mm256_or_si256(parts[s], _mm256_slli_epi16(hb, 4)),
+                                          offset);
+        Store32(reinterpret_cast<uint8_t*>(q) + 128 * half_i + 32 * s, v);
+      }
+    }
+    for (int g = 0; g < 16; ++g) {
+      const __m256 dl = _mm256_set1_ps(d * static_cast<float>(scales[g]));
+      for (int k = 0; k < 2; ++k) {
+        const int e = 16 * g + 8 * k;
+        _mm256_storeu_ps(out + e, _mm256_mul_ps(dl, I8ToFloat(q + e)));
+      }
+    }
+  }
+};
+
+// q2_K: x = (d * (sc & 15)) * q - dmin * (sc >> 4), sub-blocks of 16.
+struct Q2KDecode {
+  static constexpr int kBlock = kQK_K;
+  static constexpr int64_t kBytes = 84;
+  static void Decode(const uint8_t* b, float* out) {
+    const float* half = HalfToFloatTable();
+    uint16_t h;
+    std::memcpy(&h, b + 80, 2);
+    const float d = half[h];
+    std::memcpy(&h, b + 82, 2);
+    const float dmin = half[h];
+    const __m256i three = _mm256_set1_epi8(3);
+    alignas(32) uint8_t q[kQK_K];
+    for (int half_i = 0; half_i < 2; ++half_i) {
+      const __m256i v = Load32(b + 16 + 32 * half_i);
+      for (int s = 0; s < 4; ++s) {
+        Store32(q + 128 * half_i + 32 * s, _mm256_and_si256(_mm256_srli_epi16(v, 2 * s), three));
+      }
+    }
+    for (int g = 0; g < 16; ++g) {
+      const uint8_t sc = b[g];
+      const __m256 dl = _mm256_set1_ps(d * static_cast<float>(sc & 0x0F));
+      const __m256 ml = _mm256_set1_ps(dmin * static_cast<float>(sc >> 4));
+      for (int k = 0; k < 2; ++k) {
+        const int e = 16 * g + 8 * k;
+        _mm256_storeu_ps(out + e, _mm256_sub_ps(_mm256_mul_ps(dl, U8ToFloat(q + e)), ml));
+      }
+    }
+  }
+};
+
+// q3_K: q = two low bits - (high bit of hmask ? 0 : 4); x = (d * sc) * q, sub-blocks of 16.
+struct Q3KDecode {
+  static constexpr int kBlock = kQK_K;
+  static constexpr int64_t kBytes = 110;
+  static void Decode(const uint8_t* b, float* out) {
+    const float* half = HalfToFloatTable();
+    uint16_t h;
+    std::memcpy(&h, b + 108, 2);
+    const float d = half[h];
+    const __m256i three = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+    const __m256i hmask = Load32(b);
+    alignas(32) int8_t q[kQK_K];
+    for (int half_i = 0; half_i < 2; ++half_i) {
+      const __m256i v = Load32(b + 32 + 32 * half_i);
+      for (int s = 0; s < 4; ++s) {
+        const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << (4 * half_i + s)));
+        const __m256i missing = _mm256_andnot_si256(
+            _mm256_cmpeq_epi8(_mm256_and_si256(hmask, bit), bit), four);
+        const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(v, 2 * s), three);
+        Store32(reinterpret_cast<uint8_t*>(q) + 128 * half_i + 32 * s,
+                _mm256_sub_epi8(lo, missing));
+      }
+    }
+    for (int g = 0; g < 16; ++g) {
+      const __m256 dl = _mm256_set1_ps(d * static_cast<float>(Q3KScale(b + 96, g)));
+      for (int k = 0; k < 2; ++k) {
+        const int e = 16 * g + 8 * k;
+        _mm256_storeu_ps(out + e, _mm256_mul_ps(dl, I8ToFloat(q + e)));
+      }
+    }
+  }
 };
 
 template <class D>
@@ -572,11 +818,6 @@ constexpr TypeEntry Block() {
   using K = BlockKernel<D>;
   return {kType, {&DotRows<K>, &AxpyRows<K>, &K::Dequantize}};
 }
-template <GgmlType kType, int kBlock, int kBytes>
-constexpr TypeEntry ScalarBlock() {
-  return Block<kType, ScalarDecode<kType, kBlock, kBytes>>();
-}
-
 template <bool kVnni>
 constexpr KernelSet MakeKernelSet() {
   using T = GgmlType;
@@ -590,16 +831,16 @@ constexpr KernelSet MakeKernelSet() {
       Float<T::kBF16, FloatKernel<Bf16Load>>(),
       Q8Input<T::kQ8_0, Q8>(),
       Q8Input<T::kQ4_0, Q4>(),
-      ScalarBlock<T::kQ4_1, kQK, 20>(),
-      ScalarBlock<T::kQ5_0, kQK, 22>(),
-      ScalarBlock<T::kQ5_1, kQK, 24>(),
-      ScalarBlock<T::kIQ4_NL, kQK, 18>(),
-      ScalarBlock<T::kQ2_K, kQK_K, 84>(),
-      ScalarBlock<T::kQ3_K, kQK_K, 110>(),
-      ScalarBlock<T::kQ4_K, kQK_K, 144>(),
-      ScalarBlock<T::kQ5_K, kQK_K, 176>(),
-      ScalarBlock<T::kQ6_K, kQK_K, 210>(),
-      ScalarBlock<T::kIQ4_XS, kQK_K, 136>(),
+      Block<T::kQ4_1, LegacyDecode<true, false>>(),
+      Block<T::kQ5_0, LegacyDecode<false, true>>(),
+      Block<T::kQ5_1, LegacyDecode<true, true>>(),
+      Block<T::kIQ4_NL, Iq4nlDecode>(),
+      Block<T::kQ2_K, Q2KDecode>(),
+      Block<T::kQ3_K, Q3KDecode>(),
+      Block<T::kQ4_K, Q45KDecode<false>>(),
+      Block<T::kQ5_K, Q45KDecode<true>>(),
+      Block<T::kQ6_K, Q6KDecode>(),
+      Block<T::kIQ4_XS, Iq4xsDecode>(),
   };
   return {kVnni ? "avx2+vnni" : "avx2", MakeTypeTable(kEntries), &QuantizeQ8_0};
 }

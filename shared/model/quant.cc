@@ -168,13 +168,19 @@ void DequantizeRowQ2_K(const uint8_t* x, float* y, int64_t n) {
   }
 }
 
+void DequantizeRowQ3_K(const uint8_t* x, float* y, int64_t n);
+
+}  // namespace
+
 // Q3_K's 16 six-bit scales: low four bits from bytes 0..7 (low nibbles first), the top two
 // from bytes 8..11 (sub-block j uses bits 2 (j / 4) of byte 8 + j % 4).
-inline int Q3Scale(const uint8_t* sc, int j) {
+int Q3KScale(const uint8_t* sc, int j) {
   const int low = j < 8 ? (sc[j] & 0x0F) : (sc[j - 8] >> 4);
   const int high = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
   return (low | (high << 4)) - 32;
 }
+
+namespace {
 
 void DequantizeRowQ3_K(const uint8_t* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n / kQK_K; ++i) {
@@ -188,7 +194,7 @@ void DequantizeRowQ3_K(const uint8_t* x, float* y, int64_t n) {
       const int h = e / 128, s = (e % 128) / 32, l = e % 32;
       const int low = (qs[32 * h + l] >> (2 * s)) & 3;
       const int q = low - (((hmask[l] >> (e / 32)) & 1) ? 0 : 4);
-      const float dl = d * static_cast<float>(Q3Scale(scales, e / 16));
+      const float dl = d * static_cast<float>(Q3KScale(scales, e / 16));
       out[e] = dl * static_cast<float>(q);
     }
   }

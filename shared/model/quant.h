@@ -23,6 +23,8 @@ void QuantizeRow(GgmlType type, const float* src, void* dst, int64_t n);
 // Sub-block j (0..7) of a Q4_K / Q5_K super-block: its 6-bit scale and min from the 12 packed
 // bytes at `scales` (ggml's get_scale_min_k4). Shared with the SIMD kernels.
 void Q4KScaleMin(const uint8_t* scales, int j, int* sc, int* m);
+// Sub-block j (0..15) of a Q3_K super-block: its scale minus 32, from the 12 packed bytes.
+int Q3KScale(const uint8_t* scales, int j);
 // Sub-block j (0..7) of an IQ4_XS block: its scale minus 32.
 int Iq4xsScale(const uint8_t* block, int j);
 
