@@ -1,0 +1,140 @@
+#include "shared/model/quantize.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "shared/model/quant.h"
+#include "shared/util/status_macros.h"
+
+namespace thermocline {
+namespace {
+
+std::string Upper(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return s;
+}
+
+bool EndsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string Name(GgmlType t) { return std::string(TypeTraits(t).name); }
+
+// llama.cpp's own test for "this tensor is a weight matrix to quantize" (names ending in
+// "weight", at least two dimensions, not a norm).
+bool IsQuantizable(const GgufTensorInfo& t) {
+  int n_dims = static_cast<int>(t.ne.size());
+  while (n_dims > 1 && t.ne[n_dims - 1] == 1) --n_dims;  // ggml_n_dims ignores trailing 1s
+  return EndsWith(t.name, "weight") && n_dims >= 2 && t.name.find("_norm.weight") == std::string::npos;
+}
+
+}  // namespace
+
+absl::StatusOr<QuantizeTarget> QuantizeTargetFromName(const std::string& name) {
+  const std::string n = Upper(name);
+  // llama_ftype values (llama.h).
+  static const QuantizeTarget kTargets[] = {
+      {"F32", GgmlType::kF32, 0},   {"F16", GgmlType::kF16, 1},    {"Q4_0", GgmlType::kQ4_0, 2},
+      {"Q8_0", GgmlType::kQ8_0, 7}, {"BF16", GgmlType::kBF16, 32},
+  };
+  for (const QuantizeTarget& t : kTargets) {
+    if (t.name == n) return t;
+  }
+  static const char* const kNotWritten[] = {
+      "Q4_1",   "Q5_0",   "Q5_1",   "Q2_K",   "Q2_K_S", "Q3_K_S", "Q3_K_M", "Q3_K_L",
+      "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K",   "IQ4_NL", "IQ4_XS", "IQ3_XXS",
+      "IQ3_S",  "IQ3_M",  "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M",  "IQ1_S",  "IQ1_M",
+      "TQ1_0",  "TQ2_0"};
+  for (const char* t : kNotWritten) {
+    if (n == t) {
+      return absl::UnimplementedError(absl::StrCat(
+          "--type ", name, ": Thermocline can run this type but cannot write it yet (its "
+          "quantizer is not implemented); supported: F32, F16, BF16, Q8_0, Q4_0"));
+    }
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--type ", name, " is not a llama-quantize type; supported: F32, F16, BF16, "
+                   "Q8_0, Q4_0"));
+}
+
+absl::StatusOr<std::vector<QuantizedTensor>> PlanQuantization(const GgufFile& in,
+                                                              const QuantizeOptions& options) {
+  const GgmlType target = options.target.type;
+  const bool quantized = TypeTraits(target).block_size > 1;
+  std::vector<QuantizedTensor> plan;
+  for (const GgufTensorInfo& t : in.tensors()) {
+    QuantizedTensor q{t.name, t.type, t.type};
+    if (IsQuantizable(t)) {
+      q.to = target;
+      if (quantized && !options.pure && t.name == "output.weight" && target != GgmlType::kQ8_0) {
+        q.to = GgmlType::kQ6_K;
+      }
+      if (t.ne[0] % TypeTraits(q.to).block_size != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor '", t.name, "': rows of ", t.ne[0], " do not fit ", Name(q.to),
+            " blocks of ", TypeTraits(q.to).block_size,
+            " (llama.cpp would pick a fallback type; not implemented)"));
+      }
+      if (q.to != q.from && !HasQuantizer(q.to)) {
+        return absl::UnimplementedError(absl::StrCat(
+            "tensor '", t.name, "': llama.cpp's ", options.target.name, " mix stores it as ",
+            Name(q.to), ", whose quantizer is not implemented (--pure keeps it ",
+            Name(target), ")"));
+      }
+      if (q.to != q.from && q.from != GgmlType::kF32 && q.from != GgmlType::kF16 &&
+          q.from != GgmlType::kBF16) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor '", t.name, "' is ", Name(q.from),
+            ": quantize from an f32, f16 or bf16 model (requantizing rounds twice)"));
+      }
+    }
+    plan.push_back(std::move(q));
+  }
+  return plan;
+}
+
+absl::Status QuantizeModel(const GgufFile& in, const std::string& out_path,
+                           const QuantizeOptions& options,
+                           const std::function<void(int64_t, int64_t)>& progress) {
+  TC_ASSIGN_OR_RETURN(std::vector<QuantizedTensor> plan, PlanQuantization(in, options));
+  GgufWriter w;
+  w.set_powerinfer_magic(in.is_powerinfer());
+  w.set_alignment(static_cast<uint32_t>(in.alignment()));
+  for (const auto& [key, value] : in.metadata()) w.SetValue(key, value);
+  w.SetValue("general.quantization_version", GgufU32(2));
+  w.SetValue("general.file_type", GgufU32(options.target.file_type));
+  const int64_t total = static_cast<int64_t>(plan.size());
+  auto done = std::make_shared<int64_t>(0);
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const GgufTensorInfo& t = in.tensors()[i];
+    const QuantizedTensor q = plan[i];
+    GgufWriter::TensorFiller fill;
+    if (q.to == q.from) {
+      fill = [&t, done, total, &progress](uint8_t* dst, int64_t n) -> absl::Status {
+        if (n > 0) std::memcpy(dst, t.data, static_cast<size_t>(n));
+        if (progress) progress(++*done, total);
+        return absl::OkStatus();
+      };
+    } else {
+      fill = [&t, q, done, total, &progress](uint8_t* dst, int64_t) -> absl::Status {
+        const int64_t cols = t.ne[0], rows = t.n_elements / std::max<int64_t>(1, cols);
+        const int64_t src_bytes = RowBytes(q.from, cols), dst_bytes = RowBytes(q.to, cols);
+        std::vector<float> row(static_cast<size_t>(cols));
+        for (int64_t r = 0; r < rows; ++r) {
+          DequantizeRow(q.from, t.data + r * src_bytes, row.data(), cols);
+          QuantizeRow(q.to, row.data(), dst + r * dst_bytes, cols);
+        }
+        if (progress) progress(++*done, total);
+        return absl::OkStatus();
+      };
+    }
+    TC_RETURN_IF_ERROR(w.AddTensor(t.name, q.to, t.ne, std::move(fill)));
+  }
+  return w.WriteFile(out_path);
+}
+
+}  // namespace thermocline

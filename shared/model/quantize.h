@@ -1,0 +1,55 @@
+// Re-storing a model's weight matrices in another type, with llama.cpp's rules for which
+// tensors change (llama-quantize without an importance matrix), so that the same F32 source
+// gives the same tensor bytes as llama.cpp's quantizer.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "shared/model/ggml_type.h"
+#include "shared/model/gguf.h"
+
+namespace thermocline {
+
+// A llama.cpp file type (llama_ftype) as `llama-quantize` names it.
+struct QuantizeTarget {
+  std::string name;        // "Q8_0", "Q4_0", "F16", ...
+  GgmlType type;           // the type of most matrices
+  uint32_t file_type;      // general.file_type
+};
+
+// The target for a llama-quantize type name (case-insensitive). Names llama.cpp knows whose
+// quantizers are not written here (Q4_K_M, Q6_K, IQ4_NL, ...) get an error saying so.
+absl::StatusOr<QuantizeTarget> QuantizeTargetFromName(const std::string& name);
+
+struct QuantizeOptions {
+  QuantizeTarget target;
+  // llama-quantize --pure: every quantizable tensor gets target.type (no per-tensor mix).
+  bool pure = false;
+};
+
+struct QuantizedTensor {
+  std::string name;
+  GgmlType from, to;
+};
+
+// The type llama.cpp's rules give each tensor of `in` (in file order): matrices (2+ dims, names
+// ending in "weight", not norms) get the target type, except that a quantized non-pure target
+// stores output.weight as q6_K unless it is q8_0 (llama_tensor_get_type); everything else is
+// copied. Errors name a tensor whose type needs a quantizer not written here, or whose rows do
+// not fit the block size.
+absl::StatusOr<std::vector<QuantizedTensor>> PlanQuantization(const GgufFile& in,
+                                                              const QuantizeOptions& options);
+
+// Writes `in` to `out_path` per the plan: metadata copied in order with general.file_type and
+// general.quantization_version (2) set, tensors in the same order. Source matrices must be
+// f32, f16 or bf16 (requantizing a quantized file would round twice). `progress` is called
+// after each tensor with (done, total).
+absl::Status QuantizeModel(const GgufFile& in, const std::string& out_path,
+                           const QuantizeOptions& options,
+                           const std::function<void(int64_t, int64_t)>& progress = {});
+
+}  // namespace thermocline
