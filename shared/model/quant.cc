@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
@@ -86,6 +87,110 @@ void QuantizeRowQ4_0(const float* x, uint8_t* y, int64_t n) {
       const uint8_t xi0 = static_cast<uint8_t>(q0 < 15 ? q0 : 15) & 0x0F;
       const uint8_t xi1 = static_cast<uint8_t>(q1 < 15 ? q1 : 15) & 0x0F;
       yb[kQsOffset + j] = static_cast<uint8_t>(xi0 | (xi1 << 4));
+    }
+  }
+}
+
+// ---- Q6_K quantization: ggml's quantize_row_q6_K_ref (no importance weights). ----
+
+// ggml's nearest_int: adding 1.5 * 2^23 leaves round(x) (ties to even) in the low mantissa bits.
+inline int NearestInt(float f) {
+  const float v = f + 12582912.0f;
+  int32_t i;
+  std::memcpy(&i, &v, sizeof i);
+  return (i & 0x007fffff) - 0x00400000;
+}
+
+constexpr float kGroupMaxEps = 1e-15f;
+
+// ggml's make_qx_quants for rmse_type 1 (weights x^2): the symmetric scale of n values on levels
+// [-nmax, nmax), searched over 18 perturbations of nmax / max; L receives level + nmax. Every
+// float operation in ggml's order (this file is compiled without FMA, as ggml's ISO C is).
+float MakeQxQuants(int n, int nmax, const float* x, int8_t* L) {
+  float max = 0, amax = 0;
+  for (int i = 0; i < n; ++i) {
+    const float ax = std::fabs(x[i]);
+    if (ax > amax) {
+      amax = ax;
+      max = x[i];
+    }
+  }
+  if (amax < kGroupMaxEps) {
+    for (int i = 0; i < n; ++i) L[i] = 0;
+    return 0.0f;
+  }
+  auto level = [nmax](float v) { return std::max(-nmax, std::min(nmax - 1, NearestInt(v))); };
+  float iscale = -nmax / max;
+  float sumlx = 0, suml2 = 0;
+  for (int i = 0; i < n; ++i) {
+    const int l = level(iscale * x[i]);
+    L[i] = static_cast<int8_t>(l + nmax);
+    const float w = x[i] * x[i];
+    sumlx += w * x[i] * static_cast<float>(l);
+    suml2 += w * static_cast<float>(l) * static_cast<float>(l);
+  }
+  float scale = suml2 != 0.0f ? sumlx / suml2 : 0.0f;
+  float best = scale * sumlx;
+  for (int is = -9; is <= 9; ++is) {
+    if (is == 0) continue;
+    iscale = -(static_cast<float>(nmax) + 0.1f * static_cast<float>(is)) / max;
+    sumlx = suml2 = 0;
+    for (int i = 0; i < n; ++i) {
+      const int l = level(iscale * x[i]);
+      const float w = x[i] * x[i];
+      sumlx += w * x[i] * static_cast<float>(l);
+      suml2 += w * static_cast<float>(l) * static_cast<float>(l);
+    }
+    if (suml2 > 0 && sumlx * sumlx > best * suml2) {
+      for (int i = 0; i < n; ++i) L[i] = static_cast<int8_t>(nmax + level(iscale * x[i]));
+      scale = sumlx / suml2;
+      best = scale * sumlx;
+    }
+  }
+  return scale;
+}
+
+void QuantizeRowQ6_K(const float* x, uint8_t* y, int64_t n) {
+  for (int64_t i = 0; i < n / kQK_K; ++i, x += kQK_K) {
+    uint8_t* b = y + i * 210;
+    int8_t L[kQK_K];
+    float scales[16];
+    float max_scale = 0, max_abs_scale = 0;
+    for (int ib = 0; ib < 16; ++ib) {
+      const float scale = MakeQxQuants(16, 32, x + 16 * ib, L + 16 * ib);
+      scales[ib] = scale;
+      if (std::fabs(scale) > max_abs_scale) {
+        max_abs_scale = std::fabs(scale);
+        max_scale = scale;
+      }
+    }
+    std::memset(b, 0, 210);
+    if (max_abs_scale < kGroupMaxEps) continue;  // d = +0 (bytes 00 00)
+    const float iscale = -128.0f / max_scale;
+    StoreScale(b + 208, 1 / iscale);
+    int8_t* sc = reinterpret_cast<int8_t*>(b + 192);
+    for (int ib = 0; ib < 16; ++ib) {
+      sc[ib] = static_cast<int8_t>(std::min(127, NearestInt(iscale * scales[ib])));
+    }
+    const float d_all = LoadScale(b + 208);
+    for (int j = 0; j < 16; ++j) {
+      const float d = d_all * static_cast<float>(sc[j]);
+      if (d == 0.0f) continue;
+      for (int k = 0; k < 16; ++k) {
+        const int l = std::max(-32, std::min(31, NearestInt(x[16 * j + k] / d)));
+        L[16 * j + k] = static_cast<int8_t>(l + 32);
+      }
+    }
+    uint8_t* ql = b;
+    uint8_t* qh = b + 128;
+    for (int h = 0; h < 2; ++h) {
+      const int8_t* Lh = L + 128 * h;
+      for (int l = 0; l < 32; ++l) {
+        ql[64 * h + l] = static_cast<uint8_t>((Lh[l] & 0xF) | ((Lh[l + 64] & 0xF) << 4));
+        ql[64 * h + l + 32] = static_cast<uint8_t>((Lh[l + 32] & 0xF) | ((Lh[l + 96] & 0xF) << 4));
+        qh[32 * h + l] = static_cast<uint8_t>((Lh[l] >> 4) | ((Lh[l + 32] >> 4) << 2) |
+                                              ((Lh[l + 64] >> 4) << 4) | ((Lh[l + 96] >> 4) << 6));
+      }
     }
   }
 }
@@ -346,6 +451,7 @@ bool HasQuantizer(GgmlType type) {
     case GgmlType::kBF16:
     case GgmlType::kQ8_0:
     case GgmlType::kQ4_0:
+    case GgmlType::kQ6_K:
     case GgmlType::kI32:
       return true;
     default:
@@ -452,6 +558,9 @@ void QuantizeRow(GgmlType type, const float* src, void* dst, int64_t n) {
       return;
     case GgmlType::kQ4_0:
       QuantizeRowQ4_0(src, d, n);
+      return;
+    case GgmlType::kQ6_K:
+      QuantizeRowQ6_K(src, d, n);
       return;
     case GgmlType::kI32:
       for (int64_t i = 0; i < n; ++i) {

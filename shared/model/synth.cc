@@ -230,6 +230,8 @@ uint32_t SynthFileType(GgmlType type) {
       return 7;  // LLAMA_FTYPE_MOSTLY_Q8_0
     case GgmlType::kBF16:
       return 32;  // LLAMA_FTYPE_MOSTLY_BF16
+    case GgmlType::kQ6_K:
+      return 18;  // LLAMA_FTYPE_MOSTLY_Q6_K
     default:
       break;  // synth writes only the types above
   }

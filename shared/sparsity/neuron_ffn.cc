@@ -222,10 +222,11 @@ absl::StatusOr<DownRows> DownRows::ForLayer(const LlamaModel& model, int64_t lay
   }
   GgmlType type = w.down.type;
   if (IsBlockQuantized(type)) {
-    // Types we cannot quantize to (the K-quants, i-quants, q4_1, q5_x) are stored as Q8_0.
+    // Other block types than Q8_0/Q4_0 (K-quants, i-quants, q4_1, q5_x) are stored as Q8_0:
+    // most have no quantizer, and the K-quant ones search every sub-block (slow at load).
     if (quantized_type) {
       type = *quantized_type;
-    } else if (!HasQuantizer(type)) {
+    } else if (type != GgmlType::kQ8_0 && type != GgmlType::kQ4_0) {
       type = GgmlType::kQ8_0;
     }
   }
