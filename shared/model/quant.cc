@@ -195,6 +195,128 @@ void QuantizeRowQ6_K(const float* x, uint8_t* y, int64_t n) {
   }
 }
 
+// ---- Q4_K quantization: ggml's quantize_row_q4_K_ref (no importance weights). ----
+
+// ggml's make_qkx2_quants without MAD: the scale and min of n values on levels [0, nmax],
+// starting from (max - min) / nmax and trying nstep + 1 other level spacings, each refit by
+// weighted least squares; L receives the levels, *the_min the (positive) offset.
+float MakeQkx2Quants(int n, int nmax, const float* x, const float* weights, uint8_t* L,
+                     float* the_min, uint8_t* Laux, float rmin, float rdelta, int nstep) {
+  float min = x[0], max = x[0];
+  float sum_w = weights[0];
+  float sum_x = sum_w * x[0];
+  for (int i = 1; i < n; ++i) {
+    if (x[i] < min) min = x[i];
+    if (x[i] > max) max = x[i];
+    const float w = weights[i];
+    sum_w += w;
+    sum_x += w * x[i];
+  }
+  if (min > 0) min = 0;
+  if (max == min) {
+    for (int i = 0; i < n; ++i) L[i] = 0;
+    *the_min = -min;
+    return 0.0f;
+  }
+  float iscale = nmax / (max - min);
+  float scale = 1 / iscale;
+  float best_error = 0;
+  for (int i = 0; i < n; ++i) {
+    const int l = NearestInt(iscale * (x[i] - min));
+    L[i] = static_cast<uint8_t>(std::max(0, std::min(nmax, l)));
+    const float diff = scale * L[i] + min - x[i];
+    best_error += weights[i] * (diff * diff);
+  }
+  for (int is = 0; is <= nstep; ++is) {
+    iscale = (rmin + rdelta * static_cast<float>(is) + static_cast<float>(nmax)) / (max - min);
+    float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+    for (int i = 0; i < n; ++i) {
+      const int l = std::max(0, std::min(nmax, NearestInt(iscale * (x[i] - min))));
+      Laux[i] = static_cast<uint8_t>(l);
+      const float w = weights[i];
+      sum_l += w * static_cast<float>(l);
+      sum_l2 += w * static_cast<float>(l) * static_cast<float>(l);
+      sum_xl += w * static_cast<float>(l) * x[i];
+    }
+    const float D = sum_w * sum_l2 - sum_l * sum_l;
+    if (D > 0) {
+      float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
+      float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+      if (this_min > 0) {
+        this_min = 0;
+        this_scale = sum_xl / sum_l2;
+      }
+      float cur_error = 0;
+      for (int i = 0; i < n; ++i) {
+        const float diff = this_scale * Laux[i] + this_min - x[i];
+        cur_error += weights[i] * (diff * diff);
+      }
+      if (cur_error < best_error) {
+        for (int i = 0; i < n; ++i) L[i] = Laux[i];
+        best_error = cur_error;
+        scale = this_scale;
+        min = this_min;
+      }
+    }
+  }
+  *the_min = -min;
+  return scale;
+}
+
+void QuantizeRowQ4_K(const float* x, uint8_t* y, int64_t n) {
+  for (int64_t i = 0; i < n / kQK_K; ++i, x += kQK_K) {
+    uint8_t* b = y + i * 144;
+    uint8_t L[kQK_K], Laux[32];
+    float weights[32], mins[8], scales[8];
+    float max_scale = 0, max_min = 0;
+    for (int j = 0; j < 8; ++j) {
+      float sum_x2 = 0;
+      for (int l = 0; l < 32; ++l) sum_x2 += x[32 * j + l] * x[32 * j + l];
+      const float av_x = std::sqrt(sum_x2 / 32);
+      for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(x[32 * j + l]);
+      scales[j] = MakeQkx2Quants(32, 15, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, -1.0f,
+                                 0.1f, 20);
+      if (scales[j] > max_scale) max_scale = scales[j];
+      if (mins[j] > max_min) max_min = mins[j];
+    }
+    const float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
+    const float inv_min = max_min > 0 ? 63.0f / max_min : 0.0f;
+    uint8_t* sc = b + 4;
+    std::memset(sc, 0, 12);
+    for (int j = 0; j < 8; ++j) {
+      // ggml stores nearest_int into a uint8_t before the MIN: keep that wrap-around.
+      const uint8_t ls = std::min<uint8_t>(63, static_cast<uint8_t>(NearestInt(inv_scale * scales[j])));
+      const uint8_t lm = std::min<uint8_t>(63, static_cast<uint8_t>(NearestInt(inv_min * mins[j])));
+      if (j < 4) {
+        sc[j] = ls;
+        sc[j + 4] = lm;
+      } else {
+        sc[j + 4] = static_cast<uint8_t>((ls & 0xF) | ((lm & 0xF) << 4));
+        sc[j - 4] |= static_cast<uint8_t>((ls >> 4) << 6);
+        sc[j] |= static_cast<uint8_t>((lm >> 4) << 6);
+      }
+    }
+    StoreScale(b, max_scale / 63.0f);
+    StoreScale(b + 2, max_min / 63.0f);
+    const float d_all = LoadScale(b), dmin_all = LoadScale(b + 2);
+    for (int j = 0; j < 8; ++j) {
+      int s, m;
+      Q4KScaleMin(sc, j, &s, &m);
+      const float d = d_all * static_cast<float>(s);
+      if (d == 0.0f) continue;
+      const float dm = dmin_all * static_cast<float>(m);
+      for (int k = 0; k < 32; ++k) {
+        const int l = NearestInt((x[32 * j + k] + dm) / d);
+        L[32 * j + k] = static_cast<uint8_t>(std::max(0, std::min(15, l)));
+      }
+    }
+    uint8_t* q = b + 16;
+    for (int j = 0; j < kQK_K; j += 64, q += 32) {
+      for (int l = 0; l < 32; ++l) q[l] = static_cast<uint8_t>(L[j + l] | (L[j + l + 32] << 4));
+    }
+  }
+}
+
 void DequantizeRowQ8_0(const uint8_t* x, float* y, int64_t n) {
   const int64_t nb = n / kQK;
   for (int64_t i = 0; i < nb; ++i) {
@@ -451,6 +573,7 @@ bool HasQuantizer(GgmlType type) {
     case GgmlType::kBF16:
     case GgmlType::kQ8_0:
     case GgmlType::kQ4_0:
+    case GgmlType::kQ4_K:
     case GgmlType::kQ6_K:
     case GgmlType::kI32:
       return true;
@@ -558,6 +681,9 @@ void QuantizeRow(GgmlType type, const float* src, void* dst, int64_t n) {
       return;
     case GgmlType::kQ4_0:
       QuantizeRowQ4_0(src, d, n);
+      return;
+    case GgmlType::kQ4_K:
+      QuantizeRowQ4_K(src, d, n);
       return;
     case GgmlType::kQ6_K:
       QuantizeRowQ6_K(src, d, n);

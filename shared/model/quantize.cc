@@ -32,6 +32,23 @@ bool IsQuantizable(const GgufTensorInfo& t) {
   return EndsWith(t.name, "weight") && n_dims >= 2 && t.name.find("_norm.weight") == std::string::npos;
 }
 
+// The layer of a "blk.N.*" tensor, or -1.
+int LayerOf(const std::string& name) {
+  if (name.rfind("blk.", 0) != 0) return -1;
+  int layer = 0;
+  size_t i = 4;
+  for (; i < name.size() && std::isdigit(static_cast<unsigned char>(name[i])); ++i) {
+    layer = layer * 10 + (name[i] - '0');
+    if (layer > 1 << 20) return -1;
+  }
+  return i > 4 && i < name.size() && name[i] == '.' ? layer : -1;
+}
+
+// llama.cpp's use_more_bits: the first and last eighth of the layers and every third between.
+bool UseMoreBits(int layer, int n_layers) {
+  return layer < n_layers / 8 || layer >= 7 * n_layers / 8 || (layer - n_layers / 8) % 3 == 2;
+}
+
 }  // namespace
 
 absl::StatusOr<QuantizeTarget> QuantizeTargetFromName(const std::string& name) {
@@ -40,38 +57,56 @@ absl::StatusOr<QuantizeTarget> QuantizeTargetFromName(const std::string& name) {
   static const QuantizeTarget kTargets[] = {
       {"F32", GgmlType::kF32, 0},   {"F16", GgmlType::kF16, 1},    {"Q4_0", GgmlType::kQ4_0, 2},
       {"Q8_0", GgmlType::kQ8_0, 7}, {"Q6_K", GgmlType::kQ6_K, 18}, {"BF16", GgmlType::kBF16, 32},
+      {"Q4_K_M", GgmlType::kQ4_K, 15}, {"Q4_K", GgmlType::kQ4_K, 15},  // llama.cpp's alias
   };
   for (const QuantizeTarget& t : kTargets) {
     if (t.name == n) return t;
   }
   static const char* const kNotWritten[] = {
       "Q4_1",   "Q5_0",   "Q5_1",   "Q2_K",   "Q2_K_S", "Q3_K_S", "Q3_K_M", "Q3_K_L",
-      "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "IQ4_NL", "IQ4_XS", "IQ3_XXS",
+      "Q4_K_S", "Q5_K_S", "Q5_K_M", "IQ4_NL", "Q5_K", "IQ4_XS", "IQ3_XXS",
       "IQ3_S",  "IQ3_M",  "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M",  "IQ1_S",  "IQ1_M",
       "TQ1_0",  "TQ2_0"};
   for (const char* t : kNotWritten) {
     if (n == t) {
       return absl::UnimplementedError(absl::StrCat(
           "--type ", name, ": Thermocline can run this type but cannot write it yet (its "
-          "quantizer is not implemented); supported: F32, F16, BF16, Q8_0, Q6_K, Q4_0"));
+          "quantizer is not implemented); supported: F32, F16, BF16, Q8_0, Q6_K, Q4_K_M, Q4_0"));
     }
   }
   return absl::InvalidArgumentError(
       absl::StrCat("--type ", name, " is not a llama-quantize type; supported: F32, F16, BF16, "
-                   "Q8_0, Q6_K, Q4_0"));
+                   "Q8_0, Q6_K, Q4_K_M, Q4_0"));
 }
 
 absl::StatusOr<std::vector<QuantizedTensor>> PlanQuantization(const GgufFile& in,
                                                               const QuantizeOptions& options) {
   const GgmlType target = options.target.type;
   const bool quantized = TypeTraits(target).block_size > 1;
+  // The _M mixes give attn_v and ffn_down of some layers (use_more_bits) q6_K; llama.cpp counts
+  // those tensors to know the number of layers.
+  const bool more_bits_mix = options.target.file_type == 15 || options.target.file_type == 17;
+  int n_attn_v = 0, n_ffn_down = 0;
+  for (const GgufTensorInfo& t : in.tensors()) {
+    n_attn_v += EndsWith(t.name, ".attn_v.weight");
+    n_ffn_down += EndsWith(t.name, ".ffn_down.weight");
+  }
   std::vector<QuantizedTensor> plan;
   for (const GgufTensorInfo& t : in.tensors()) {
     QuantizedTensor q{t.name, t.type, t.type};
     if (IsQuantizable(t)) {
       q.to = target;
-      if (quantized && !options.pure && t.name == "output.weight" && target != GgmlType::kQ8_0) {
-        q.to = GgmlType::kQ6_K;
+      if (quantized && !options.pure) {
+        const int layer = LayerOf(t.name);
+        if (t.name == "output.weight" && target != GgmlType::kQ8_0) {
+          q.to = GgmlType::kQ6_K;
+        } else if (more_bits_mix && layer >= 0 && EndsWith(t.name, ".attn_v.weight") &&
+                   UseMoreBits(layer, n_attn_v)) {
+          q.to = GgmlType::kQ6_K;
+        } else if (more_bits_mix && layer >= 0 && EndsWith(t.name, ".ffn_down.weight") &&
+                   UseMoreBits(layer, n_ffn_down)) {
+          q.to = GgmlType::kQ6_K;
+        }
       }
       if (t.ne[0] % TypeTraits(q.to).block_size != 0) {
         return absl::InvalidArgumentError(absl::StrCat(

@@ -232,6 +232,8 @@ uint32_t SynthFileType(GgmlType type) {
       return 32;  // LLAMA_FTYPE_MOSTLY_BF16
     case GgmlType::kQ6_K:
       return 18;  // LLAMA_FTYPE_MOSTLY_Q6_K
+    case GgmlType::kQ4_K:
+      return 15;  // LLAMA_FTYPE_MOSTLY_Q4_K_M
     default:
       break;  // synth writes only the types above
   }

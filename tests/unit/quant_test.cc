@@ -56,7 +56,8 @@ TEST(GgmlTypeTest, TraitsMatchGgml) {
   EXPECT_FALSE(TypeFromName("q4_k").has_value());  // llama.cpp spells the K upper case
   // Weight types are exactly those with kernels; the others are only listed.
   EXPECT_TRUE(HasQuantizer(GgmlType::kQ6_K));
-  for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ2_K, GgmlType::kQ4_K,
+  EXPECT_TRUE(HasQuantizer(GgmlType::kQ4_K));
+  for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ2_K, GgmlType::kQ5_K,
                      GgmlType::kIQ4_NL, GgmlType::kIQ4_XS}) {
     EXPECT_TRUE(IsWeightType(t)) << TypeTraits(t).name;
     EXPECT_TRUE(HasDequantizer(t)) << TypeTraits(t).name;
