@@ -356,6 +356,8 @@ uint32_t LlamaFileType(GgmlType type) {
       return 18;
     case GgmlType::kQ4_K:
       return 15;
+    case GgmlType::kQ5_K:
+      return 17;
     default:
       break;  // the converter writes only the types above
   }
@@ -396,7 +398,7 @@ absl::StatusOr<Llama2cConvertSummary> AddLlama2cToGguf(const Llama2cCheckpoint& 
   if (!IsWeightType(options.type) || !HasQuantizer(options.type)) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot convert to ", std::string(TypeTraits(options.type).name),
-                     ": the converter writes f32, f16, bf16, q8_0, q6_K, q4_K or q4_0"));
+                     ": the converter writes f32, f16, bf16, q8_0, q6_K, q5_K, q4_K or q4_0"));
   }
   if (static_cast<int64_t>(vocab.texts.size()) != c.vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat("tokenizer has ", vocab.texts.size(),

@@ -195,7 +195,8 @@ void QuantizeRowQ6_K(const float* x, uint8_t* y, int64_t n) {
   }
 }
 
-// ---- Q4_K quantization: ggml's quantize_row_q4_K_ref (no importance weights). ----
+// ---- Q4_K and Q5_K quantization: ggml's quantize_row_q4_K_ref / q5_K_ref (no importance
+// weights). ----
 
 // ggml's make_qkx2_quants without MAD: the scale and min of n values on levels [0, nmax],
 // starting from (max - min) / nmax and trying nstep + 1 other level spacings, each refit by
@@ -263,9 +264,12 @@ float MakeQkx2Quants(int n, int nmax, const float* x, const float* weights, uint
   return scale;
 }
 
-void QuantizeRowQ4_K(const float* x, uint8_t* y, int64_t n) {
+// kHigh: Q5_K (levels 0..31, bit 4 in qh; ggml's search parameters for 5 bits).
+template <bool kHigh>
+void QuantizeRowQ45_K(const float* x, uint8_t* y, int64_t n) {
+  constexpr int kMax = kHigh ? 31 : 15;
   for (int64_t i = 0; i < n / kQK_K; ++i, x += kQK_K) {
-    uint8_t* b = y + i * 144;
+    uint8_t* b = y + i * (kHigh ? 176 : 144);
     uint8_t L[kQK_K], Laux[32];
     float weights[32], mins[8], scales[8];
     float max_scale = 0, max_min = 0;
@@ -274,8 +278,8 @@ void QuantizeRowQ4_K(const float* x, uint8_t* y, int64_t n) {
       for (int l = 0; l < 32; ++l) sum_x2 += x[32 * j + l] * x[32 * j + l];
       const float av_x = std::sqrt(sum_x2 / 32);
       for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(x[32 * j + l]);
-      scales[j] = MakeQkx2Quants(32, 15, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, -1.0f,
-                                 0.1f, 20);
+      scales[j] = MakeQkx2Quants(32, kMax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux,
+                                 kHigh ? -0.5f : -1.0f, 0.1f, kHigh ? 15 : 20);
       if (scales[j] > max_scale) max_scale = scales[j];
       if (mins[j] > max_min) max_min = mins[j];
     }
@@ -307,12 +311,27 @@ void QuantizeRowQ4_K(const float* x, uint8_t* y, int64_t n) {
       const float dm = dmin_all * static_cast<float>(m);
       for (int k = 0; k < 32; ++k) {
         const int l = NearestInt((x[32 * j + k] + dm) / d);
-        L[32 * j + k] = static_cast<uint8_t>(std::max(0, std::min(15, l)));
+        L[32 * j + k] = static_cast<uint8_t>(std::max(0, std::min(kMax, l)));
       }
     }
-    uint8_t* q = b + 16;
-    for (int j = 0; j < kQK_K; j += 64, q += 32) {
-      for (int l = 0; l < 32; ++l) q[l] = static_cast<uint8_t>(L[j + l] | (L[j + l + 32] << 4));
+    uint8_t* qh = b + 16;
+    uint8_t* q = b + (kHigh ? 48 : 16);
+    if (kHigh) std::memset(qh, 0, 32);
+    for (int g = 0; g < 4; ++g, q += 32) {
+      for (int l = 0; l < 32; ++l) {
+        int l1 = L[64 * g + l], l2 = L[64 * g + l + 32];
+        if (kHigh) {
+          if (l1 > 15) {
+            l1 -= 16;
+            qh[l] |= static_cast<uint8_t>(1 << (2 * g));
+          }
+          if (l2 > 15) {
+            l2 -= 16;
+            qh[l] |= static_cast<uint8_t>(2 << (2 * g));
+          }
+        }
+        q[l] = static_cast<uint8_t>(l1 | (l2 << 4));
+      }
     }
   }
 }
@@ -574,6 +593,7 @@ bool HasQuantizer(GgmlType type) {
     case GgmlType::kQ8_0:
     case GgmlType::kQ4_0:
     case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
     case GgmlType::kQ6_K:
     case GgmlType::kI32:
       return true;
@@ -683,7 +703,10 @@ void QuantizeRow(GgmlType type, const float* src, void* dst, int64_t n) {
       QuantizeRowQ4_0(src, d, n);
       return;
     case GgmlType::kQ4_K:
-      QuantizeRowQ4_K(src, d, n);
+      QuantizeRowQ45_K<false>(src, d, n);
+      return;
+    case GgmlType::kQ5_K:
+      QuantizeRowQ45_K<true>(src, d, n);
       return;
     case GgmlType::kQ6_K:
       QuantizeRowQ6_K(src, d, n);

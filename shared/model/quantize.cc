@@ -57,26 +57,28 @@ absl::StatusOr<QuantizeTarget> QuantizeTargetFromName(const std::string& name) {
   static const QuantizeTarget kTargets[] = {
       {"F32", GgmlType::kF32, 0},   {"F16", GgmlType::kF16, 1},    {"Q4_0", GgmlType::kQ4_0, 2},
       {"Q8_0", GgmlType::kQ8_0, 7}, {"Q6_K", GgmlType::kQ6_K, 18}, {"BF16", GgmlType::kBF16, 32},
-      {"Q4_K_M", GgmlType::kQ4_K, 15}, {"Q4_K", GgmlType::kQ4_K, 15},  // llama.cpp's alias
+      {"Q4_K_S", GgmlType::kQ4_K, 14}, {"Q4_K_M", GgmlType::kQ4_K, 15},
+      {"Q5_K_S", GgmlType::kQ5_K, 16}, {"Q5_K_M", GgmlType::kQ5_K, 17},
+      {"Q4_K", GgmlType::kQ4_K, 15},   {"Q5_K", GgmlType::kQ5_K, 17},  // llama.cpp's aliases
   };
   for (const QuantizeTarget& t : kTargets) {
     if (t.name == n) return t;
   }
   static const char* const kNotWritten[] = {
       "Q4_1",   "Q5_0",   "Q5_1",   "Q2_K",   "Q2_K_S", "Q3_K_S", "Q3_K_M", "Q3_K_L",
-      "Q4_K_S", "Q5_K_S", "Q5_K_M", "IQ4_NL", "Q5_K", "IQ4_XS", "IQ3_XXS",
+      "IQ4_NL", "IQ4_XS", "IQ3_XXS",
       "IQ3_S",  "IQ3_M",  "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M",  "IQ1_S",  "IQ1_M",
       "TQ1_0",  "TQ2_0"};
   for (const char* t : kNotWritten) {
     if (n == t) {
       return absl::UnimplementedError(absl::StrCat(
           "--type ", name, ": Thermocline can run this type but cannot write it yet (its "
-          "quantizer is not implemented); supported: F32, F16, BF16, Q8_0, Q6_K, Q4_K_M, Q4_0"));
+          "quantizer is not implemented); supported: F32, F16, BF16, Q8_0, Q6_K, Q5_K_M, Q5_K_S, Q4_K_M, Q4_K_S, Q4_0"));
     }
   }
   return absl::InvalidArgumentError(
       absl::StrCat("--type ", name, " is not a llama-quantize type; supported: F32, F16, BF16, "
-                   "Q8_0, Q6_K, Q4_K_M, Q4_0"));
+                   "Q8_0, Q6_K, Q5_K_M, Q5_K_S, Q4_K_M, Q4_K_S, Q4_0"));
 }
 
 absl::StatusOr<std::vector<QuantizedTensor>> PlanQuantization(const GgufFile& in,
@@ -106,6 +108,12 @@ absl::StatusOr<std::vector<QuantizedTensor>> PlanQuantization(const GgufFile& in
         } else if (more_bits_mix && layer >= 0 && EndsWith(t.name, ".ffn_down.weight") &&
                    UseMoreBits(layer, n_ffn_down)) {
           q.to = GgmlType::kQ6_K;
+        } else if (options.target.file_type == 14 && layer >= 0 && layer < 4 &&
+                   EndsWith(t.name, ".attn_v.weight")) {
+          q.to = GgmlType::kQ5_K;  // Q4_K_S: the first four attn_v
+        } else if (options.target.file_type == 14 && layer >= 0 && layer < n_ffn_down / 8 &&
+                   EndsWith(t.name, ".ffn_down.weight")) {
+          q.to = GgmlType::kQ5_K;  // Q4_K_S: ffn_down of the first eighth
         }
       }
       if (t.ne[0] % TypeTraits(q.to).block_size != 0) {

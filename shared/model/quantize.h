@@ -39,8 +39,9 @@ struct QuantizedTensor {
 // The type llama.cpp's rules give each tensor of `in` (in file order): matrices (2+ dims, names
 // ending in "weight", not norms) get the target type, except in a quantized non-pure target
 // (llama_tensor_get_type): output.weight becomes q6_K unless the target is q8_0, and the
-// Q4_K_M mix gives attn_v and ffn_down q6_K in the layers of use_more_bits (the first and
-// last eighth, every third between); everything else is copied. Errors name a tensor whose type needs a quantizer not written here, or whose rows do
+// Q4_K_M / Q5_K_M mixes give attn_v and ffn_down q6_K in the layers of use_more_bits (the first
+// and last eighth, every third between), Q4_K_S gives the first four attn_v and the first
+// eighth's ffn_down q5_K; everything else is copied. Errors name a tensor whose type needs a quantizer not written here, or whose rows do
 // not fit the block size.
 absl::StatusOr<std::vector<QuantizedTensor>> PlanQuantization(const GgufFile& in,
                                                               const QuantizeOptions& options);

@@ -234,6 +234,8 @@ uint32_t SynthFileType(GgmlType type) {
       return 18;  // LLAMA_FTYPE_MOSTLY_Q6_K
     case GgmlType::kQ4_K:
       return 15;  // LLAMA_FTYPE_MOSTLY_Q4_K_M
+    case GgmlType::kQ5_K:
+      return 17;  // LLAMA_FTYPE_MOSTLY_Q5_K_M
     default:
       break;  // synth writes only the types above
   }

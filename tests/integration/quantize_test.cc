@@ -26,7 +26,9 @@ struct Case {
 TEST(QuantizeTest, SameTensorBytesAsLlamaQuantize) {
   for (const Case& c : {Case{"Q8_0", false, "Q8_0.gguf"}, Case{"Q4_0", true, "pure-Q4_0.gguf"},
                         Case{"Q6_K", false, "Q6_K.gguf"}, Case{"Q4_0", false, "Q4_0.gguf"},
-                        Case{"Q4_K_M", false, "Q4_K_M.gguf"}, Case{"Q4_K", true, "pure-Q4_K.gguf"}}) {
+                        Case{"Q4_K_M", false, "Q4_K_M.gguf"}, Case{"Q4_K", true, "pure-Q4_K.gguf"},
+                        Case{"Q4_K_S", false, "Q4_K_S.gguf"}, Case{"Q5_K_M", false, "Q5_K_M.gguf"},
+                        Case{"Q5_K_S", false, "Q5_K_S.gguf"}, Case{"Q5_K", true, "pure-Q5_K.gguf"}}) {
     SCOPED_TRACE(c.reference);
     const std::string out = testing::TempDir() + "/" + c.reference;
     std::vector<std::string> argv = {Thermocline(), "quantize", ModelPath("quants/base-f32.gguf"),
@@ -66,7 +68,7 @@ TEST(QuantizeTest, SameTensorBytesAsLlamaQuantize) {
 TEST(QuantizeTest, RefusesWhatItCannotWrite) {
   const std::string in = ModelPath("quants/base-f32.gguf");
   const std::string out = testing::TempDir() + "/refused.gguf";
-  auto r = RunCommand({Thermocline(), "quantize", in, out, "--type", "Q5_K_M"});
+  auto r = RunCommand({Thermocline(), "quantize", in, out, "--type", "Q3_K_M"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("cannot write it yet"), std::string::npos) << r.err;
   r = RunCommand({Thermocline(), "quantize", in, out, "--type", "Q9_9"});

@@ -57,7 +57,8 @@ TEST(GgmlTypeTest, TraitsMatchGgml) {
   // Weight types are exactly those with kernels; the others are only listed.
   EXPECT_TRUE(HasQuantizer(GgmlType::kQ6_K));
   EXPECT_TRUE(HasQuantizer(GgmlType::kQ4_K));
-  for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ2_K, GgmlType::kQ5_K,
+  EXPECT_TRUE(HasQuantizer(GgmlType::kQ5_K));
+  for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ2_K, GgmlType::kQ3_K,
                      GgmlType::kIQ4_NL, GgmlType::kIQ4_XS}) {
     EXPECT_TRUE(IsWeightType(t)) << TypeTraits(t).name;
     EXPECT_TRUE(HasDequantizer(t)) << TypeTraits(t).name;
