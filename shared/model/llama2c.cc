@@ -354,6 +354,10 @@ uint32_t LlamaFileType(GgmlType type) {
       return 32;
     case GgmlType::kQ6_K:
       return 18;
+    case GgmlType::kQ2_K:
+      return 10;
+    case GgmlType::kQ3_K:
+      return 12;
     case GgmlType::kQ4_K:
       return 15;
     case GgmlType::kQ5_K:
@@ -398,7 +402,7 @@ absl::StatusOr<Llama2cConvertSummary> AddLlama2cToGguf(const Llama2cCheckpoint& 
   if (!IsWeightType(options.type) || !HasQuantizer(options.type)) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot convert to ", std::string(TypeTraits(options.type).name),
-                     ": the converter writes f32, f16, bf16, q8_0, q6_K, q5_K, q4_K or q4_0"));
+                     ": the converter writes f32, f16, bf16, q8_0, q4_0 or q2_K..q6_K"));
   }
   if (static_cast<int64_t>(vocab.texts.size()) != c.vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat("tokenizer has ", vocab.texts.size(),

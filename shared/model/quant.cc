@@ -198,11 +198,13 @@ void QuantizeRowQ6_K(const float* x, uint8_t* y, int64_t n) {
 // ---- Q4_K and Q5_K quantization: ggml's quantize_row_q4_K_ref / q5_K_ref (no importance
 // weights). ----
 
-// ggml's make_qkx2_quants without MAD: the scale and min of n values on levels [0, nmax],
+// ggml's make_qkx2_quants: the scale and min of n values on levels [0, nmax],
 // starting from (max - min) / nmax and trying nstep + 1 other level spacings, each refit by
 // weighted least squares; L receives the levels, *the_min the (positive) offset.
 float MakeQkx2Quants(int n, int nmax, const float* x, const float* weights, uint8_t* L,
-                     float* the_min, uint8_t* Laux, float rmin, float rdelta, int nstep) {
+                     float* the_min, uint8_t* Laux, float rmin, float rdelta, int nstep,
+                     bool use_mad = false) {
+  auto error = [use_mad](float diff) { return use_mad ? std::fabs(diff) : diff * diff; };
   float min = x[0], max = x[0];
   float sum_w = weights[0];
   float sum_x = sum_w * x[0];
@@ -226,7 +228,7 @@ float MakeQkx2Quants(int n, int nmax, const float* x, const float* weights, uint
     const int l = NearestInt(iscale * (x[i] - min));
     L[i] = static_cast<uint8_t>(std::max(0, std::min(nmax, l)));
     const float diff = scale * L[i] + min - x[i];
-    best_error += weights[i] * (diff * diff);
+    best_error += weights[i] * error(diff);
   }
   for (int is = 0; is <= nstep; ++is) {
     iscale = (rmin + rdelta * static_cast<float>(is) + static_cast<float>(nmax)) / (max - min);
@@ -250,7 +252,7 @@ float MakeQkx2Quants(int n, int nmax, const float* x, const float* weights, uint
       float cur_error = 0;
       for (int i = 0; i < n; ++i) {
         const float diff = this_scale * Laux[i] + this_min - x[i];
-        cur_error += weights[i] * (diff * diff);
+        cur_error += weights[i] * error(diff);
       }
       if (cur_error < best_error) {
         for (int i = 0; i < n; ++i) L[i] = Laux[i];
@@ -333,6 +335,177 @@ void QuantizeRowQ45_K(const float* x, uint8_t* y, int64_t n) {
         q[l] = static_cast<uint8_t>(l1 | (l2 << 4));
       }
     }
+  }
+}
+
+// ---- Q2_K and Q3_K quantization: ggml's quantize_row_q2_K_ref / q3_K_ref. ----
+
+// Four 2-bit levels per byte: element j + 32s of each half of 128 in bits 2s of byte j.
+void PackTwoBitPlanes(const uint8_t* L, uint8_t* qs) {
+  for (int j = 0; j < kQK_K; j += 128) {
+    for (int l = 0; l < 32; ++l) {
+      qs[j / 4 + l] = static_cast<uint8_t>(L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) |
+                                           (L[j + l + 96] << 6));
+    }
+  }
+}
+
+void QuantizeRowQ2_K(const float* x, uint8_t* y, int64_t n) {
+  constexpr float kQ4Scale = 15.0f;
+  for (int64_t i = 0; i < n / kQK_K; ++i, x += kQK_K) {
+    uint8_t* b = y + i * 84;
+    uint8_t* sc = b;
+    uint8_t L[kQK_K], Laux[16];
+    float weights[16], mins[16], scales[16];
+    float max_scale = 0, max_min = 0;
+    for (int j = 0; j < 16; ++j) {
+      for (int l = 0; l < 16; ++l) weights[l] = std::fabs(x[16 * j + l]);
+      scales[j] = MakeQkx2Quants(16, 3, x + 16 * j, weights, L + 16 * j, &mins[j], Laux, -0.5f,
+                                 0.1f, 15, /*use_mad=*/true);
+      if (scales[j] > max_scale) max_scale = scales[j];
+      if (mins[j] > max_min) max_min = mins[j];
+    }
+    if (max_scale > 0) {
+      const float iscale = kQ4Scale / max_scale;
+      for (int j = 0; j < 16; ++j) sc[j] = static_cast<uint8_t>(NearestInt(iscale * scales[j]));
+      StoreScale(b + 80, max_scale / kQ4Scale);
+    } else {
+      for (int j = 0; j < 16; ++j) sc[j] = 0;
+      StoreScale(b + 80, 0.0f);
+    }
+    if (max_min > 0) {
+      const float iscale = kQ4Scale / max_min;
+      for (int j = 0; j < 16; ++j) {
+        sc[j] = static_cast<uint8_t>(sc[j] | (NearestInt(iscale * mins[j]) << 4));
+      }
+      StoreScale(b + 82, max_min / kQ4Scale);
+    } else {
+      StoreScale(b + 82, 0.0f);
+    }
+    const float d_all = LoadScale(b + 80), dmin_all = LoadScale(b + 82);
+    for (int j = 0; j < 16; ++j) {
+      const float d = d_all * static_cast<float>(sc[j] & 0xF);
+      if (d == 0.0f) continue;
+      const float dm = dmin_all * static_cast<float>(sc[j] >> 4);
+      for (int k = 0; k < 16; ++k) {
+        const int l = NearestInt((x[16 * j + k] + dm) / d);
+        L[16 * j + k] = static_cast<uint8_t>(std::max(0, std::min(3, l)));
+      }
+    }
+    PackTwoBitPlanes(L, b + 16);
+  }
+}
+
+// ggml's make_q3_quants with RMSE refinement: symmetric levels [-nmax, nmax), weights x^2, up
+// to five passes moving single levels while that improves the fit; L receives level + nmax.
+float MakeQ3Quants(int n, int nmax, const float* x, int8_t* L) {
+  float max = 0, amax = 0;
+  for (int i = 0; i < n; ++i) {
+    const float ax = std::fabs(x[i]);
+    if (ax > amax) {
+      amax = ax;
+      max = x[i];
+    }
+  }
+  if (amax < kGroupMaxEps) {
+    for (int i = 0; i < n; ++i) L[i] = 0;
+    return 0.0f;
+  }
+  const float iscale = -nmax / max;
+  float sumlx = 0, suml2 = 0;
+  for (int i = 0; i < n; ++i) {
+    const int l = std::max(-nmax, std::min(nmax - 1, NearestInt(iscale * x[i])));
+    L[i] = static_cast<int8_t>(l);
+    const float w = x[i] * x[i];
+    sumlx += w * x[i] * static_cast<float>(l);
+    suml2 += w * static_cast<float>(l) * static_cast<float>(l);
+  }
+  for (int itry = 0; itry < 5; ++itry) {
+    int n_changed = 0;
+    for (int i = 0; i < n; ++i) {
+      const float w = x[i] * x[i];
+      float slx = sumlx - w * x[i] * static_cast<float>(L[i]);
+      if (slx > 0) {
+        float sl2 = suml2 - w * static_cast<float>(L[i]) * static_cast<float>(L[i]);
+        const int new_l = std::max(-nmax, std::min(nmax - 1, NearestInt(x[i] * sl2 / slx)));
+        if (new_l != L[i]) {
+          slx += w * x[i] * static_cast<float>(new_l);
+          sl2 += w * static_cast<float>(new_l) * static_cast<float>(new_l);
+          if (sl2 > 0 && slx * slx * suml2 > sumlx * sumlx * sl2) {
+            L[i] = static_cast<int8_t>(new_l);
+            sumlx = slx;
+            suml2 = sl2;
+            ++n_changed;
+          }
+        }
+      }
+    }
+    if (n_changed == 0) break;
+  }
+  for (int i = 0; i < n; ++i) L[i] = static_cast<int8_t>(L[i] + nmax);
+  return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
+}
+
+void QuantizeRowQ3_K(const float* x, uint8_t* y, int64_t n) {
+  for (int64_t i = 0; i < n / kQK_K; ++i, x += kQK_K) {
+    uint8_t* b = y + i * 110;
+    uint8_t* hmask = b;
+    uint8_t* sc = b + 96;
+    int8_t L[kQK_K];
+    float scales[16];
+    float max_scale = 0, amax = 0;
+    for (int j = 0; j < 16; ++j) {
+      scales[j] = MakeQ3Quants(16, 4, x + 16 * j, L + 16 * j);
+      const float scale = std::fabs(scales[j]);
+      if (scale > amax) {
+        amax = scale;
+        max_scale = scales[j];
+      }
+    }
+    std::memset(sc, 0, 12);
+    if (max_scale != 0.0f) {
+      const float iscale = -32.0f / max_scale;
+      for (int j = 0; j < 16; ++j) {
+        int l = std::max(-32, std::min(31, static_cast<int>(static_cast<int8_t>(
+                                               NearestInt(iscale * scales[j]))))) + 32;
+        if (j < 8) {
+          sc[j] = static_cast<uint8_t>(l & 0xF);
+        } else {
+          sc[j - 8] = static_cast<uint8_t>(sc[j - 8] | ((l & 0xF) << 4));
+        }
+        l >>= 4;
+        sc[j % 4 + 8] = static_cast<uint8_t>(sc[j % 4 + 8] | (l << (2 * (j / 4))));
+      }
+      StoreScale(b + 108, 1 / iscale);
+    } else {
+      StoreScale(b + 108, 0.0f);
+    }
+    const float d_all = LoadScale(b + 108);
+    for (int j = 0; j < 16; ++j) {
+      const float d = d_all * static_cast<float>(Q3KScale(sc, j));
+      if (d == 0.0f) continue;
+      for (int k = 0; k < 16; ++k) {
+        const int l = std::max(-4, std::min(3, NearestInt(x[16 * j + k] / d)));
+        L[16 * j + k] = static_cast<int8_t>(l + 4);
+      }
+    }
+    std::memset(hmask, 0, 32);
+    int m = 0;
+    uint8_t hm = 1;
+    uint8_t low[kQK_K];
+    for (int j = 0; j < kQK_K; ++j) {
+      int l = L[j];
+      if (l > 3) {
+        hmask[m] |= hm;
+        l -= 4;
+      }
+      low[j] = static_cast<uint8_t>(l);
+      if (++m == 32) {
+        m = 0;
+        hm = static_cast<uint8_t>(hm << 1);
+      }
+    }
+    PackTwoBitPlanes(low, b + 32);
   }
 }
 
@@ -592,6 +765,8 @@ bool HasQuantizer(GgmlType type) {
     case GgmlType::kBF16:
     case GgmlType::kQ8_0:
     case GgmlType::kQ4_0:
+    case GgmlType::kQ2_K:
+    case GgmlType::kQ3_K:
     case GgmlType::kQ4_K:
     case GgmlType::kQ5_K:
     case GgmlType::kQ6_K:
@@ -701,6 +876,12 @@ void QuantizeRow(GgmlType type, const float* src, void* dst, int64_t n) {
       return;
     case GgmlType::kQ4_0:
       QuantizeRowQ4_0(src, d, n);
+      return;
+    case GgmlType::kQ2_K:
+      QuantizeRowQ2_K(src, d, n);
+      return;
+    case GgmlType::kQ3_K:
+      QuantizeRowQ3_K(src, d, n);
       return;
     case GgmlType::kQ4_K:
       QuantizeRowQ45_K<false>(src, d, n);

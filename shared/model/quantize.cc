@@ -57,6 +57,8 @@ absl::StatusOr<QuantizeTarget> QuantizeTargetFromName(const std::string& name) {
   static const QuantizeTarget kTargets[] = {
       {"F32", GgmlType::kF32, 0},   {"F16", GgmlType::kF16, 1},    {"Q4_0", GgmlType::kQ4_0, 2},
       {"Q8_0", GgmlType::kQ8_0, 7}, {"Q6_K", GgmlType::kQ6_K, 18}, {"BF16", GgmlType::kBF16, 32},
+      {"Q2_K", GgmlType::kQ2_K, 10},   {"Q3_K_S", GgmlType::kQ3_K, 11},
+      {"Q3_K_M", GgmlType::kQ3_K, 12}, {"Q3_K", GgmlType::kQ3_K, 12},  // alias
       {"Q4_K_S", GgmlType::kQ4_K, 14}, {"Q4_K_M", GgmlType::kQ4_K, 15},
       {"Q5_K_S", GgmlType::kQ5_K, 16}, {"Q5_K_M", GgmlType::kQ5_K, 17},
       {"Q4_K", GgmlType::kQ4_K, 15},   {"Q5_K", GgmlType::kQ5_K, 17},  // llama.cpp's aliases
@@ -65,7 +67,7 @@ absl::StatusOr<QuantizeTarget> QuantizeTargetFromName(const std::string& name) {
     if (t.name == n) return t;
   }
   static const char* const kNotWritten[] = {
-      "Q4_1",   "Q5_0",   "Q5_1",   "Q2_K",   "Q2_K_S", "Q3_K_S", "Q3_K_M", "Q3_K_L",
+      "Q4_1",   "Q5_0",   "Q5_1",   "Q2_K_S", "Q3_K_L",
       "IQ4_NL", "IQ4_XS", "IQ3_XXS",
       "IQ3_S",  "IQ3_M",  "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M",  "IQ1_S",  "IQ1_M",
       "TQ1_0",  "TQ2_0"};
@@ -73,12 +75,12 @@ absl::StatusOr<QuantizeTarget> QuantizeTargetFromName(const std::string& name) {
     if (n == t) {
       return absl::UnimplementedError(absl::StrCat(
           "--type ", name, ": Thermocline can run this type but cannot write it yet (its "
-          "quantizer is not implemented); supported: F32, F16, BF16, Q8_0, Q6_K, Q5_K_M, Q5_K_S, Q4_K_M, Q4_K_S, Q4_0"));
+          "quantizer is not implemented); supported: F32, F16, BF16, Q8_0, Q6_K, Q5_K_M, Q5_K_S, Q4_K_M, Q4_K_S, Q3_K_M, Q3_K_S, Q2_K, Q4_0"));
     }
   }
   return absl::InvalidArgumentError(
       absl::StrCat("--type ", name, " is not a llama-quantize type; supported: F32, F16, BF16, "
-                   "Q8_0, Q6_K, Q5_K_M, Q5_K_S, Q4_K_M, Q4_K_S, Q4_0"));
+                   "Q8_0, Q6_K, Q5_K_M, Q5_K_S, Q4_K_M, Q4_K_S, Q3_K_M, Q3_K_S, Q2_K, Q4_0"));
 }
 
 absl::StatusOr<std::vector<QuantizedTensor>> PlanQuantization(const GgufFile& in,
@@ -88,6 +90,14 @@ absl::StatusOr<std::vector<QuantizedTensor>> PlanQuantization(const GgufFile& in
   // The _M mixes give attn_v and ffn_down of some layers (use_more_bits) q6_K; llama.cpp counts
   // those tensors to know the number of layers.
   const bool more_bits_mix = options.target.file_type == 15 || options.target.file_type == 17;
+  const uint32_t ftype = options.target.file_type;
+  // Grouped-query attention factor (heads per KV head), which the Q2_K rule for attn_v reads.
+  int64_t gqa = 1;
+  if (auto arch = in.GetString("general.architecture"); arch.ok()) {
+    auto heads = in.GetInt(*arch + ".attention.head_count");
+    auto kv_heads = in.GetInt(*arch + ".attention.head_count_kv");
+    if (heads.ok() && kv_heads.ok() && *kv_heads > 0) gqa = *heads / *kv_heads;
+  }
   int n_attn_v = 0, n_ffn_down = 0;
   for (const GgufTensorInfo& t : in.tensors()) {
     n_attn_v += EndsWith(t.name, ".attn_v.weight");
@@ -108,12 +118,26 @@ absl::StatusOr<std::vector<QuantizedTensor>> PlanQuantization(const GgufFile& in
         } else if (more_bits_mix && layer >= 0 && EndsWith(t.name, ".ffn_down.weight") &&
                    UseMoreBits(layer, n_ffn_down)) {
           q.to = GgmlType::kQ6_K;
-        } else if (options.target.file_type == 14 && layer >= 0 && layer < 4 &&
-                   EndsWith(t.name, ".attn_v.weight")) {
+        } else if (ftype == 14 && layer >= 0 && layer < 4 && EndsWith(t.name, ".attn_v.weight")) {
           q.to = GgmlType::kQ5_K;  // Q4_K_S: the first four attn_v
-        } else if (options.target.file_type == 14 && layer >= 0 && layer < n_ffn_down / 8 &&
+        } else if (ftype == 14 && layer >= 0 && layer < n_ffn_down / 8 &&
                    EndsWith(t.name, ".ffn_down.weight")) {
           q.to = GgmlType::kQ5_K;  // Q4_K_S: ffn_down of the first eighth
+        } else if (ftype == 10 && layer >= 0) {  // Q2_K
+          if (EndsWith(t.name, ".attn_v.weight")) {
+            q.to = gqa >= 4 ? GgmlType::kQ4_K : GgmlType::kQ3_K;
+          } else if (EndsWith(t.name, ".ffn_down.weight") ||
+                     EndsWith(t.name, ".attn_output.weight")) {
+            q.to = GgmlType::kQ3_K;
+          }
+        } else if (ftype == 12 && layer >= 0) {  // Q3_K_M
+          if (EndsWith(t.name, ".attn_v.weight")) {
+            q.to = layer < 2 ? GgmlType::kQ5_K : GgmlType::kQ4_K;
+          } else if (EndsWith(t.name, ".ffn_down.weight")) {
+            q.to = layer < n_ffn_down / 16 ? GgmlType::kQ5_K : GgmlType::kQ4_K;
+          } else if (EndsWith(t.name, ".attn_output.weight")) {
+            q.to = GgmlType::kQ4_K;
+          }
         }
       }
       if (t.ne[0] % TypeTraits(q.to).block_size != 0) {

@@ -41,7 +41,11 @@ struct QuantizedTensor {
 // (llama_tensor_get_type): output.weight becomes q6_K unless the target is q8_0, and the
 // Q4_K_M / Q5_K_M mixes give attn_v and ffn_down q6_K in the layers of use_more_bits (the first
 // and last eighth, every third between), Q4_K_S gives the first four attn_v and the first
-// eighth's ffn_down q5_K; everything else is copied. Errors name a tensor whose type needs a quantizer not written here, or whose rows do
+// eighth's ffn_down q5_K, Q3_K_M gives attn_v q5_K (first two layers) / q4_K, ffn_down q5_K
+// (first sixteenth) / q4_K and attn_output q4_K, Q2_K gives attn_v q3_K (q4_K with 4+ query
+// heads per KV head), ffn_down and attn_output q3_K; everything else is copied. (The layer of
+// attn_v is its index among the attn_v tensors, as llama.cpp counts; the files here number
+// them alike.) Errors name a tensor whose type needs a quantizer not written here, or whose rows do
 // not fit the block size.
 absl::StatusOr<std::vector<QuantizedTensor>> PlanQuantization(const GgufFile& in,
                                                               const QuantizeOptions& options);

@@ -232,6 +232,10 @@ uint32_t SynthFileType(GgmlType type) {
       return 32;  // LLAMA_FTYPE_MOSTLY_BF16
     case GgmlType::kQ6_K:
       return 18;  // LLAMA_FTYPE_MOSTLY_Q6_K
+    case GgmlType::kQ2_K:
+      return 10;  // LLAMA_FTYPE_MOSTLY_Q2_K
+    case GgmlType::kQ3_K:
+      return 12;  // LLAMA_FTYPE_MOSTLY_Q3_K_M
     case GgmlType::kQ4_K:
       return 15;  // LLAMA_FTYPE_MOSTLY_Q4_K_M
     case GgmlType::kQ5_K:
