@@ -362,6 +362,10 @@ uint32_t LlamaFileType(GgmlType type) {
       return 15;
     case GgmlType::kQ5_K:
       return 17;
+    case GgmlType::kIQ4_NL:
+      return 25;
+    case GgmlType::kIQ4_XS:
+      return 30;
     default:
       break;  // the converter writes only the types above
   }
@@ -402,7 +406,7 @@ absl::StatusOr<Llama2cConvertSummary> AddLlama2cToGguf(const Llama2cCheckpoint& 
   if (!IsWeightType(options.type) || !HasQuantizer(options.type)) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot convert to ", std::string(TypeTraits(options.type).name),
-                     ": the converter writes f32, f16, bf16, q8_0, q4_0 or q2_K..q6_K"));
+                     ": the converter writes f32, f16, bf16, q8_0, q4_0, q2_K..q6_K, iq4_nl or iq4_xs"));
   }
   if (static_cast<int64_t>(vocab.texts.size()) != c.vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat("tokenizer has ", vocab.texts.size(),

@@ -509,6 +509,137 @@ void QuantizeRowQ3_K(const float* x, uint8_t* y, int64_t n) {
   }
 }
 
+// ---- IQ4_NL and IQ4_XS quantization: ggml's quantize_row_iq4_nl_impl without importance
+// weights (weights x^2, seven trial scales either side). ----
+
+// ggml's best_index_int8: the index of the table value nearest x (ties to the upper one).
+int BestIndexIq4(float x) {
+  const int8_t* val = kIq4nlValues;
+  if (x <= val[0]) return 0;
+  if (x >= val[15]) return 15;
+  int ml = 0, mu = 15;
+  while (mu - ml > 1) {
+    const int mav = (ml + mu) / 2;
+    if (x < val[mav]) {
+      mu = mav;
+    } else {
+      ml = mav;
+    }
+  }
+  return x - val[mu - 1] < val[mu] - x ? mu - 1 : mu;
+}
+
+// One super-block of `super` values in sub-blocks of 32 (IQ4_NL: super = 32, one scale kept
+// as fp16 `d`; IQ4_XS: super = 256, 6-bit sub-block scales). Fills L (table indices) and
+// returns the sub-block scales' data through d / scales_l / scales_h.
+void QuantizeIq4(const float* x, int super, uint8_t* d_out, uint8_t* q4, uint16_t* scales_h,
+                 uint8_t* scales_l) {
+  constexpr int kTry = 7;
+  const int8_t* values = kIq4nlValues;
+  uint8_t L[kQK_K];
+  float scales[kQK_K / 32];
+  float weight[32];
+  std::memset(q4, 0, static_cast<size_t>(super / 2));
+  StoreScale(d_out, 0.0f);
+  float max_scale = 0, amax_scale = 0;
+  for (int ib = 0; ib < super / 32; ++ib) {
+    const float* xb = x + 32 * ib;
+    uint8_t* Lb = L + 32 * ib;
+    for (int j = 0; j < 32; ++j) weight[j] = xb[j] * xb[j];
+    float amax = 0, max = 0;
+    for (int j = 0; j < 32; ++j) {
+      const float ax = std::fabs(xb[j]);
+      if (ax > amax) {
+        amax = ax;
+        max = xb[j];
+      }
+    }
+    if (amax < kGroupMaxEps) {
+      scales[ib] = 0;
+      continue;
+    }
+    float d = -max / values[0];
+    float id = 1 / d;
+    float sumqx = 0, sumq2 = 0;
+    for (int j = 0; j < 32; ++j) {
+      const int l = BestIndexIq4(id * xb[j]);
+      Lb[j] = static_cast<uint8_t>(l);
+      const float q = values[l];
+      const float w = weight[j];
+      sumqx += w * q * xb[j];
+      sumq2 += w * q * q;
+    }
+    d = sumqx / sumq2;
+    float best = d * sumqx;
+    for (int itry = -kTry; itry <= kTry; ++itry) {
+      id = static_cast<float>(itry + values[0]) / max;
+      sumqx = sumq2 = 0;
+      for (int j = 0; j < 32; ++j) {
+        const float q = values[BestIndexIq4(id * xb[j])];
+        const float w = weight[j];
+        sumqx += w * q * xb[j];
+        sumq2 += w * q * q;
+      }
+      if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
+        d = sumqx / sumq2;
+        best = d * sumqx;
+      }
+    }
+    scales[ib] = d;
+    if (std::fabs(d) > amax_scale) {
+      amax_scale = std::fabs(d);
+      max_scale = d;
+    }
+  }
+  if (super > 32) {
+    *scales_h = 0;
+    const float d = -max_scale / 32;
+    StoreScale(d_out, d);
+    const float id = d != 0.0f ? 1 / d : 0.0f;
+    for (int ib = 0; ib < super / 32; ++ib) {
+      int l = std::max(-32, std::min(31, NearestInt(id * scales[ib])));
+      const float dl = d * static_cast<float>(l);
+      const float idl = dl != 0.0f ? 1 / dl : 0.0f;
+      for (int j = 0; j < 32; ++j) L[32 * ib + j] = static_cast<uint8_t>(BestIndexIq4(idl * x[32 * ib + j]));
+      l += 32;
+      const uint8_t l_l = static_cast<uint8_t>(l & 0xF), l_h = static_cast<uint8_t>(l >> 4);
+      if (ib % 2 == 0) {
+        scales_l[ib / 2] = l_l;
+      } else {
+        scales_l[ib / 2] = static_cast<uint8_t>(scales_l[ib / 2] | (l_l << 4));
+      }
+      *scales_h = static_cast<uint16_t>(*scales_h | (l_h << (2 * (ib % 8))));
+    }
+  } else {
+    StoreScale(d_out, scales[0]);
+    const float id = scales[0] != 0.0f ? 1 / scales[0] : 0.0f;
+    for (int j = 0; j < super; ++j) L[j] = static_cast<uint8_t>(BestIndexIq4(id * x[j]));
+  }
+  for (int i = 0; i < super / 32; ++i) {
+    for (int j = 0; j < 16; ++j) {
+      q4[16 * i + j] = static_cast<uint8_t>(L[32 * i + j] | (L[32 * i + 16 + j] << 4));
+    }
+  }
+}
+
+void QuantizeRowIQ4_NL(const float* x, uint8_t* y, int64_t n) {
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    uint8_t* b = y + i * 18;
+    uint16_t unused_h;
+    uint8_t unused_l[1];
+    QuantizeIq4(x + i * kQK, kQK, b, b + 2, &unused_h, unused_l);
+  }
+}
+
+void QuantizeRowIQ4_XS(const float* x, uint8_t* y, int64_t n) {
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    uint8_t* b = y + i * 136;
+    uint16_t scales_h = 0;
+    QuantizeIq4(x + i * kQK_K, kQK_K, b, b + 8, &scales_h, b + 4);
+    std::memcpy(b + 2, &scales_h, 2);
+  }
+}
+
 void DequantizeRowQ8_0(const uint8_t* x, float* y, int64_t n) {
   const int64_t nb = n / kQK;
   for (int64_t i = 0; i < nb; ++i) {
@@ -770,6 +901,8 @@ bool HasQuantizer(GgmlType type) {
     case GgmlType::kQ4_K:
     case GgmlType::kQ5_K:
     case GgmlType::kQ6_K:
+    case GgmlType::kIQ4_NL:
+    case GgmlType::kIQ4_XS:
     case GgmlType::kI32:
       return true;
     default:
@@ -891,6 +1024,12 @@ void QuantizeRow(GgmlType type, const float* src, void* dst, int64_t n) {
       return;
     case GgmlType::kQ6_K:
       QuantizeRowQ6_K(src, d, n);
+      return;
+    case GgmlType::kIQ4_NL:
+      QuantizeRowIQ4_NL(src, d, n);
+      return;
+    case GgmlType::kIQ4_XS:
+      QuantizeRowIQ4_XS(src, d, n);
       return;
     case GgmlType::kI32:
       for (int64_t i = 0; i < n; ++i) {

@@ -62,25 +62,25 @@ absl::StatusOr<QuantizeTarget> QuantizeTargetFromName(const std::string& name) {
       {"Q4_K_S", GgmlType::kQ4_K, 14}, {"Q4_K_M", GgmlType::kQ4_K, 15},
       {"Q5_K_S", GgmlType::kQ5_K, 16}, {"Q5_K_M", GgmlType::kQ5_K, 17},
       {"Q4_K", GgmlType::kQ4_K, 15},   {"Q5_K", GgmlType::kQ5_K, 17},  // llama.cpp's aliases
+      {"IQ4_NL", GgmlType::kIQ4_NL, 25}, {"IQ4_XS", GgmlType::kIQ4_XS, 30},
   };
   for (const QuantizeTarget& t : kTargets) {
     if (t.name == n) return t;
   }
   static const char* const kNotWritten[] = {
-      "Q4_1",   "Q5_0",   "Q5_1",   "Q2_K_S", "Q3_K_L",
-      "IQ4_NL", "IQ4_XS", "IQ3_XXS",
+      "Q4_1",   "Q5_0",   "Q5_1",   "Q2_K_S", "Q3_K_L", "IQ3_XXS",
       "IQ3_S",  "IQ3_M",  "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M",  "IQ1_S",  "IQ1_M",
       "TQ1_0",  "TQ2_0"};
   for (const char* t : kNotWritten) {
     if (n == t) {
       return absl::UnimplementedError(absl::StrCat(
           "--type ", name, ": Thermocline can run this type but cannot write it yet (its "
-          "quantizer is not implemented); supported: F32, F16, BF16, Q8_0, Q6_K, Q5_K_M, Q5_K_S, Q4_K_M, Q4_K_S, Q3_K_M, Q3_K_S, Q2_K, Q4_0"));
+          "quantizer is not implemented); supported: F32, F16, BF16, Q8_0, Q6_K, Q5_K_M, Q5_K_S, Q4_K_M, Q4_K_S, Q3_K_M, Q3_K_S, Q2_K, IQ4_NL, IQ4_XS, Q4_0"));
     }
   }
   return absl::InvalidArgumentError(
       absl::StrCat("--type ", name, " is not a llama-quantize type; supported: F32, F16, BF16, "
-                   "Q8_0, Q6_K, Q5_K_M, Q5_K_S, Q4_K_M, Q4_K_S, Q3_K_M, Q3_K_S, Q2_K, Q4_0"));
+                   "Q8_0, Q6_K, Q5_K_M, Q5_K_S, Q4_K_M, Q4_K_S, Q3_K_M, Q3_K_S, Q2_K, IQ4_NL, IQ4_XS, Q4_0"));
 }
 
 absl::StatusOr<std::vector<QuantizedTensor>> PlanQuantization(const GgufFile& in,
@@ -129,6 +129,12 @@ absl::StatusOr<std::vector<QuantizedTensor>> PlanQuantization(const GgufFile& in
           } else if (EndsWith(t.name, ".ffn_down.weight") ||
                      EndsWith(t.name, ".attn_output.weight")) {
             q.to = GgmlType::kQ3_K;
+          }
+        } else if ((ftype == 25 || ftype == 30) && layer >= 0) {  // IQ4_NL, IQ4_XS
+          if (EndsWith(t.name, ".attn_v.weight") && gqa >= 4) {
+            q.to = GgmlType::kQ5_K;
+          } else if (EndsWith(t.name, ".ffn_down.weight") && layer < n_ffn_down / 8) {
+            q.to = GgmlType::kQ5_K;  // without an importance matrix
           }
         } else if (ftype == 12 && layer >= 0) {  // Q3_K_M
           if (EndsWith(t.name, ".attn_v.weight")) {

@@ -22,7 +22,8 @@ struct QuantizeTarget {
 };
 
 // The target for a llama-quantize type name (case-insensitive). Names llama.cpp knows whose
-// quantizers are not written here (Q4_K_M, Q6_K, IQ4_NL, ...) get an error saying so.
+// quantizers or rules are not written here (Q4_1, Q5_0, Q3_K_L, IQ3_XXS, ...) get an error
+// saying so.
 absl::StatusOr<QuantizeTarget> QuantizeTargetFromName(const std::string& name);
 
 struct QuantizeOptions {
@@ -39,7 +40,8 @@ struct QuantizedTensor {
 // The type llama.cpp's rules give each tensor of `in` (in file order): matrices (2+ dims, names
 // ending in "weight", not norms) get the target type, except in a quantized non-pure target
 // (llama_tensor_get_type): output.weight becomes q6_K unless the target is q8_0, and the
-// Q4_K_M / Q5_K_M mixes give attn_v and ffn_down q6_K in the layers of use_more_bits (the first
+// IQ4_NL / IQ4_XS mixes give attn_v q5_K with 4+ query heads per KV head and ffn_down of the
+// first eighth q5_K; Q4_K_M / Q5_K_M mixes give attn_v and ffn_down q6_K in the layers of use_more_bits (the first
 // and last eighth, every third between), Q4_K_S gives the first four attn_v and the first
 // eighth's ffn_down q5_K, Q3_K_M gives attn_v q5_K (first two layers) / q4_K, ffn_down q5_K
 // (first sixteenth) / q4_K and attn_output q4_K, Q2_K gives attn_v q3_K (q4_K with 4+ query

@@ -240,6 +240,10 @@ uint32_t SynthFileType(GgmlType type) {
       return 15;  // LLAMA_FTYPE_MOSTLY_Q4_K_M
     case GgmlType::kQ5_K:
       return 17;  // LLAMA_FTYPE_MOSTLY_Q5_K_M
+    case GgmlType::kIQ4_NL:
+      return 25;  // LLAMA_FTYPE_MOSTLY_IQ4_NL
+    case GgmlType::kIQ4_XS:
+      return 30;  // LLAMA_FTYPE_MOSTLY_IQ4_XS
     default:
       break;  // synth writes only the types above
   }

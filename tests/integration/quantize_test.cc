@@ -31,7 +31,9 @@ TEST(QuantizeTest, SameTensorBytesAsLlamaQuantize) {
                         Case{"Q5_K_S", false, "Q5_K_S.gguf"}, Case{"Q5_K", true, "pure-Q5_K.gguf"},
                         Case{"Q3_K_S", false, "Q3_K_S.gguf"}, Case{"Q3_K_M", false, "Q3_K_M.gguf"},
                         Case{"Q3_K", true, "pure-Q3_K.gguf"}, Case{"Q2_K", false, "Q2_K.gguf"},
-                        Case{"Q2_K", true, "pure-Q2_K.gguf"}}) {
+                        Case{"Q2_K", true, "pure-Q2_K.gguf"}, Case{"IQ4_NL", false, "IQ4_NL.gguf"},
+                        Case{"IQ4_NL", true, "pure-IQ4_NL.gguf"}, Case{"IQ4_XS", false, "IQ4_XS.gguf"},
+                        Case{"IQ4_XS", true, "pure-IQ4_XS.gguf"}}) {
     SCOPED_TRACE(c.reference);
     const std::string out = testing::TempDir() + "/" + c.reference;
     std::vector<std::string> argv = {Thermocline(), "quantize", ModelPath("quants/base-f32.gguf"),
@@ -71,7 +73,7 @@ TEST(QuantizeTest, SameTensorBytesAsLlamaQuantize) {
 TEST(QuantizeTest, RefusesWhatItCannotWrite) {
   const std::string in = ModelPath("quants/base-f32.gguf");
   const std::string out = testing::TempDir() + "/refused.gguf";
-  auto r = RunCommand({Thermocline(), "quantize", in, out, "--type", "IQ4_XS"});
+  auto r = RunCommand({Thermocline(), "quantize", in, out, "--type", "IQ3_XXS"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("cannot write it yet"), std::string::npos) << r.err;
   r = RunCommand({Thermocline(), "quantize", in, out, "--type", "Q9_9"});

@@ -56,11 +56,10 @@ TEST(GgmlTypeTest, TraitsMatchGgml) {
   EXPECT_FALSE(TypeFromName("q4_k").has_value());  // llama.cpp spells the K upper case
   // Weight types are exactly those with kernels; the others are only listed.
   for (GgmlType t : {GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K,
-                     GgmlType::kQ6_K}) {
+                     GgmlType::kQ6_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS}) {
     EXPECT_TRUE(HasQuantizer(t)) << TypeTraits(t).name;
   }
-  for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kIQ4_NL,
-                     GgmlType::kIQ4_XS}) {
+  for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1}) {
     EXPECT_TRUE(IsWeightType(t)) << TypeTraits(t).name;
     EXPECT_TRUE(HasDequantizer(t)) << TypeTraits(t).name;
     EXPECT_FALSE(HasQuantizer(t)) << TypeTraits(t).name;
