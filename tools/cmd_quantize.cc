@@ -21,14 +21,14 @@ int RunQuantize(const std::vector<std::string>& args) {
   std::vector<std::string> files;
   bool pure = false;
   po::options_description opts("options");
-  opts.add_options()
-      ("type", po::value(&type_name)->required(),
-       "llama-quantize type: Q8_0, Q6_K, Q5_K_M (alias Q5_K), Q5_K_S, Q4_K_M (alias Q4_K), "
-       "Q4_K_S, Q3_K_M (alias Q3_K), Q3_K_S, Q2_K, IQ4_NL, IQ4_XS, Q4_0, F16, BF16 or F32 "
-       "(Q2_K_S, Q3_K_L, Q4_1, Q5_0/1 and the grid i-quants are refused: their quantizers or "
-       "rules are not written yet)")
-      ("pure", po::bool_switch(&pure), "every weight matrix in --type (no per-tensor mix)")
-      ("files", po::value(&files)->composing(), "IN.gguf OUT.gguf");
+  opts.add_options()(
+      "type", po::value(&type_name)->required(),
+      "llama-quantize type: Q8_0, Q6_K, Q5_K_M (alias Q5_K), Q5_K_S, Q4_K_M (alias Q4_K), "
+      "Q4_K_S, Q3_K_M (alias Q3_K), Q3_K_S, Q2_K, IQ4_NL, IQ4_XS, Q4_0, F16, BF16 or F32 "
+      "(Q2_K_S, Q3_K_L, Q4_1, Q5_0/1 and the grid i-quants are refused: their quantizers or "
+      "rules are not written yet)")("pure", po::bool_switch(&pure),
+                                    "every weight matrix in --type (no per-tensor mix)")(
+      "files", po::value(&files)->composing(), "IN.gguf OUT.gguf");
   po::positional_options_description pos;
   pos.add("files", -1);
   po::variables_map vm;
@@ -52,8 +52,8 @@ int RunQuantize(const std::vector<std::string>& args) {
   absl::StatusOr<std::vector<QuantizedTensor>> plan = PlanQuantization(**in, options);
   if (!plan.ok()) return fail(std::string(plan.status().message()));
   ProgressBar bar("quantize", static_cast<int64_t>(plan->size()), "tensors");
-  absl::Status st = QuantizeModel(**in, files[1], options,
-                                  [&](int64_t done, int64_t) { bar.Update(done); });
+  absl::Status st =
+      QuantizeModel(**in, files[1], options, [&](int64_t done, int64_t) { bar.Update(done); });
   if (!st.ok()) return fail(std::string(st.message()));
   bar.Finish();
   std::map<std::string, int> counts;

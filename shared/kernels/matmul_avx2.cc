@@ -382,10 +382,10 @@ inline __m256i SplitNibbles16(const uint8_t* p) {
 inline __m256i HighBits32(const uint8_t* p) {
   uint32_t qh;
   std::memcpy(&qh, p, 4);
-  const __m256i spread = _mm256_shuffle_epi8(
-      _mm256_set1_epi32(static_cast<int>(qh)),
-      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
-                       3, 3, 3, 3, 3, 3));
+  const __m256i spread =
+      _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)),
+                          _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2,
+                                           2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
   const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201));
   return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit),
                           _mm256_set1_epi8(0x10));
@@ -438,7 +438,8 @@ struct Iq4nlDecode {
     const __m256 d = _mm256_set1_ps(half[h]);
     alignas(32) int8_t v[32];
     Store32(reinterpret_cast<uint8_t*>(v), Iq4Lookup(SplitNibbles16(b + 2)));
-    for (int k = 0; k < 4; ++k) _mm256_storeu_ps(out + 8 * k, _mm256_mul_ps(d, I8ToFloat(v + 8 * k)));
+    for (int k = 0; k < 4; ++k)
+      _mm256_storeu_ps(out + 8 * k, _mm256_mul_ps(d, I8ToFloat(v + 8 * k)));
   }
 };
 
@@ -530,8 +531,8 @@ struct Q6KDecode {
                                 _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low)};
       for (int s = 0; s < 4; ++s) {
         const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * s), three);
-        const __m256i v = _mm256_sub_epi8(_mm256_or_si256(parts[s], _mm256_slli_epi16(hb, 4)),
-                                          offset);
+        const __m256i v =
+            _mm256_sub_epi8(_mm256_or_si256(parts[s], _mm256_slli_epi16(hb, 4)), offset);
         Store32(reinterpret_cast<uint8_t*>(q) + 128 * half_i + 32 * s, v);
       }
     }
@@ -592,8 +593,8 @@ struct Q3KDecode {
       const __m256i v = Load32(b + 32 + 32 * half_i);
       for (int s = 0; s < 4; ++s) {
         const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << (4 * half_i + s)));
-        const __m256i missing = _mm256_andnot_si256(
-            _mm256_cmpeq_epi8(_mm256_and_si256(hmask, bit), bit), four);
+        const __m256i missing =
+            _mm256_andnot_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hmask, bit), bit), four);
         const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(v, 2 * s), three);
         Store32(reinterpret_cast<uint8_t*>(q) + 128 * half_i + 32 * s,
                 _mm256_sub_epi8(lo, missing));
@@ -810,8 +811,9 @@ constexpr TypeEntry Float() {
 }
 template <GgmlType kType, class K>
 constexpr TypeEntry Q8Input() {
-  return {kType, {&DotRows<K>, &AxpyRows<K>, &ReferenceDequantize<kType>, &InputBytes,
-                  &PrepareFor<typename K::Loader>}};
+  return {kType,
+          {&DotRows<K>, &AxpyRows<K>, &ReferenceDequantize<kType>, &InputBytes,
+           &PrepareFor<typename K::Loader>}};
 }
 template <GgmlType kType, class D>
 constexpr TypeEntry Block() {

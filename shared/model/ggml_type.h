@@ -47,7 +47,7 @@ enum class GgmlType : uint32_t {
   kMXFP4 = 39,
 };
 
-inline constexpr int kQK = 32;    // elements per Q8_0 / Q4_0 / Q4_1 / Q5_x / IQ4_NL block
+inline constexpr int kQK = 32;     // elements per Q8_0 / Q4_0 / Q4_1 / Q5_x / IQ4_NL block
 inline constexpr int kQK_K = 256;  // elements per K-quant / IQ4_XS super-block
 
 // ggml block_q8_0: one fp16 scale, 32 int8 values; x = q * d.

@@ -61,7 +61,8 @@ absl::StatusOr<std::vector<float>> Vector(const GgufFile& f, const std::string& 
   TC_ASSIGN_OR_RETURN(const GgufTensorInfo* t, Tensor(f, name, {n}));
   if (!HasDequantizer(t->type)) {
     return Invalid(f, absl::StrCat("tensor '", name, "' has type ",
-                                   std::string(TypeTraits(t->type).name), ", which cannot be read"));
+                                   std::string(TypeTraits(t->type).name),
+                                   ", which cannot be read"));
   }
   std::vector<float> out(n);
   DequantizeRow(t->type, t->data, out.data(), n);

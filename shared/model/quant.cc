@@ -1,9 +1,9 @@
 #include "shared/model/quant.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdlib>
-#include <algorithm>
 #include <cstring>
 #include <limits>
 
@@ -291,7 +291,8 @@ void QuantizeRowQ45_K(const float* x, uint8_t* y, int64_t n) {
     std::memset(sc, 0, 12);
     for (int j = 0; j < 8; ++j) {
       // ggml stores nearest_int into a uint8_t before the MIN: keep that wrap-around.
-      const uint8_t ls = std::min<uint8_t>(63, static_cast<uint8_t>(NearestInt(inv_scale * scales[j])));
+      const uint8_t ls =
+          std::min<uint8_t>(63, static_cast<uint8_t>(NearestInt(inv_scale * scales[j])));
       const uint8_t lm = std::min<uint8_t>(63, static_cast<uint8_t>(NearestInt(inv_min * mins[j])));
       if (j < 4) {
         sc[j] = ls;
@@ -467,7 +468,8 @@ void QuantizeRowQ3_K(const float* x, uint8_t* y, int64_t n) {
       const float iscale = -32.0f / max_scale;
       for (int j = 0; j < 16; ++j) {
         int l = std::max(-32, std::min(31, static_cast<int>(static_cast<int8_t>(
-                                               NearestInt(iscale * scales[j]))))) + 32;
+                                               NearestInt(iscale * scales[j]))))) +
+                32;
         if (j < 8) {
           sc[j] = static_cast<uint8_t>(l & 0xF);
         } else {
@@ -600,7 +602,8 @@ void QuantizeIq4(const float* x, int super, uint8_t* d_out, uint8_t* q4, uint16_
       int l = std::max(-32, std::min(31, NearestInt(id * scales[ib])));
       const float dl = d * static_cast<float>(l);
       const float idl = dl != 0.0f ? 1 / dl : 0.0f;
-      for (int j = 0; j < 32; ++j) L[32 * ib + j] = static_cast<uint8_t>(BestIndexIq4(idl * x[32 * ib + j]));
+      for (int j = 0; j < 32; ++j)
+        L[32 * ib + j] = static_cast<uint8_t>(BestIndexIq4(idl * x[32 * ib + j]));
       l += 32;
       const uint8_t l_l = static_cast<uint8_t>(l & 0xF), l_h = static_cast<uint8_t>(l >> 4);
       if (ib % 2 == 0) {

@@ -10,8 +10,8 @@ namespace thermocline {
 
 // Which types each direction handles: dequantization every weight type plus q8_K and i32;
 // quantization f32, f16, bf16, q8_0, q4_0, q2_K..q6_K, iq4_nl, iq4_xs and i32 (ggml's
-// quantizers without importance matrix, bit for bit; q4_1/q5_x are not written yet). Anything reading types from a file or a flag checks these
-// first.
+// quantizers without importance matrix, bit for bit; q4_1/q5_x are not written yet). Anything
+// reading types from a file or a flag checks these first.
 bool HasDequantizer(GgmlType type);
 bool HasQuantizer(GgmlType type);
 

@@ -19,7 +19,8 @@ std::string Upper(std::string s) {
 }
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 std::string Name(GgmlType t) { return std::string(TypeTraits(t).name); }
@@ -29,7 +30,8 @@ std::string Name(GgmlType t) { return std::string(TypeTraits(t).name); }
 bool IsQuantizable(const GgufTensorInfo& t) {
   int n_dims = static_cast<int>(t.ne.size());
   while (n_dims > 1 && t.ne[n_dims - 1] == 1) --n_dims;  // ggml_n_dims ignores trailing 1s
-  return EndsWith(t.name, "weight") && n_dims >= 2 && t.name.find("_norm.weight") == std::string::npos;
+  return EndsWith(t.name, "weight") && n_dims >= 2 &&
+         t.name.find("_norm.weight") == std::string::npos;
 }
 
 // The layer of a "blk.N.*" tensor, or -1.
@@ -55,32 +57,35 @@ absl::StatusOr<QuantizeTarget> QuantizeTargetFromName(const std::string& name) {
   const std::string n = Upper(name);
   // llama_ftype values (llama.h).
   static const QuantizeTarget kTargets[] = {
-      {"F32", GgmlType::kF32, 0},   {"F16", GgmlType::kF16, 1},    {"Q4_0", GgmlType::kQ4_0, 2},
-      {"Q8_0", GgmlType::kQ8_0, 7}, {"Q6_K", GgmlType::kQ6_K, 18}, {"BF16", GgmlType::kBF16, 32},
-      {"Q2_K", GgmlType::kQ2_K, 10},   {"Q3_K_S", GgmlType::kQ3_K, 11},
-      {"Q3_K_M", GgmlType::kQ3_K, 12}, {"Q3_K", GgmlType::kQ3_K, 12},  // alias
-      {"Q4_K_S", GgmlType::kQ4_K, 14}, {"Q4_K_M", GgmlType::kQ4_K, 15},
-      {"Q5_K_S", GgmlType::kQ5_K, 16}, {"Q5_K_M", GgmlType::kQ5_K, 17},
-      {"Q4_K", GgmlType::kQ4_K, 15},   {"Q5_K", GgmlType::kQ5_K, 17},  // llama.cpp's aliases
+      {"F32", GgmlType::kF32, 0},        {"F16", GgmlType::kF16, 1},
+      {"Q4_0", GgmlType::kQ4_0, 2},      {"Q8_0", GgmlType::kQ8_0, 7},
+      {"Q6_K", GgmlType::kQ6_K, 18},     {"BF16", GgmlType::kBF16, 32},
+      {"Q2_K", GgmlType::kQ2_K, 10},     {"Q3_K_S", GgmlType::kQ3_K, 11},
+      {"Q3_K_M", GgmlType::kQ3_K, 12},   {"Q3_K", GgmlType::kQ3_K, 12},  // alias
+      {"Q4_K_S", GgmlType::kQ4_K, 14},   {"Q4_K_M", GgmlType::kQ4_K, 15},
+      {"Q5_K_S", GgmlType::kQ5_K, 16},   {"Q5_K_M", GgmlType::kQ5_K, 17},
+      {"Q4_K", GgmlType::kQ4_K, 15},     {"Q5_K", GgmlType::kQ5_K, 17},  // llama.cpp's aliases
       {"IQ4_NL", GgmlType::kIQ4_NL, 25}, {"IQ4_XS", GgmlType::kIQ4_XS, 30},
   };
   for (const QuantizeTarget& t : kTargets) {
     if (t.name == n) return t;
   }
   static const char* const kNotWritten[] = {
-      "Q4_1",   "Q5_0",   "Q5_1",   "Q2_K_S", "Q3_K_L", "IQ3_XXS",
-      "IQ3_S",  "IQ3_M",  "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M",  "IQ1_S",  "IQ1_M",
-      "TQ1_0",  "TQ2_0"};
+      "Q4_1",    "Q5_0",   "Q5_1",  "Q2_K_S", "Q3_K_L", "IQ3_XXS", "IQ3_S", "IQ3_M",
+      "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M",  "IQ1_S",  "IQ1_M",   "TQ1_0", "TQ2_0"};
   for (const char* t : kNotWritten) {
     if (n == t) {
       return absl::UnimplementedError(absl::StrCat(
-          "--type ", name, ": Thermocline can run this type but cannot write it yet (its "
-          "quantizer is not implemented); supported: F32, F16, BF16, Q8_0, Q6_K, Q5_K_M, Q5_K_S, Q4_K_M, Q4_K_S, Q3_K_M, Q3_K_S, Q2_K, IQ4_NL, IQ4_XS, Q4_0"));
+          "--type ", name,
+          ": Thermocline can run this type but cannot write it yet (its "
+          "quantizer is not implemented); supported: F32, F16, BF16, Q8_0, Q6_K, Q5_K_M, Q5_K_S, "
+          "Q4_K_M, Q4_K_S, Q3_K_M, Q3_K_S, Q2_K, IQ4_NL, IQ4_XS, Q4_0"));
     }
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("--type ", name, " is not a llama-quantize type; supported: F32, F16, BF16, "
-                   "Q8_0, Q6_K, Q5_K_M, Q5_K_S, Q4_K_M, Q4_K_S, Q3_K_M, Q3_K_S, Q2_K, IQ4_NL, IQ4_XS, Q4_0"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--type ", name,
+      " is not a llama-quantize type; supported: F32, F16, BF16, "
+      "Q8_0, Q6_K, Q5_K_M, Q5_K_S, Q4_K_M, Q4_K_S, Q3_K_M, Q3_K_S, Q2_K, IQ4_NL, IQ4_XS, Q4_0"));
 }
 
 absl::StatusOr<std::vector<QuantizedTensor>> PlanQuantization(const GgufFile& in,
@@ -122,7 +127,7 @@ absl::StatusOr<std::vector<QuantizedTensor>> PlanQuantization(const GgufFile& in
           q.to = GgmlType::kQ5_K;  // Q4_K_S: the first four attn_v
         } else if (ftype == 14 && layer >= 0 && layer < n_ffn_down / 8 &&
                    EndsWith(t.name, ".ffn_down.weight")) {
-          q.to = GgmlType::kQ5_K;  // Q4_K_S: ffn_down of the first eighth
+          q.to = GgmlType::kQ5_K;                // Q4_K_S: ffn_down of the first eighth
         } else if (ftype == 10 && layer >= 0) {  // Q2_K
           if (EndsWith(t.name, ".attn_v.weight")) {
             q.to = gqa >= 4 ? GgmlType::kQ4_K : GgmlType::kQ3_K;
@@ -147,22 +152,22 @@ absl::StatusOr<std::vector<QuantizedTensor>> PlanQuantization(const GgufFile& in
         }
       }
       if (t.ne[0] % TypeTraits(q.to).block_size != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "tensor '", t.name, "': rows of ", t.ne[0], " do not fit ", Name(q.to),
-            " blocks of ", TypeTraits(q.to).block_size,
-            " (llama.cpp would pick a fallback type; not implemented)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor '", t.name, "': rows of ", t.ne[0], " do not fit ", Name(q.to),
+                         " blocks of ", TypeTraits(q.to).block_size,
+                         " (llama.cpp would pick a fallback type; not implemented)"));
       }
       if (q.to != q.from && !HasQuantizer(q.to)) {
         return absl::UnimplementedError(absl::StrCat(
             "tensor '", t.name, "': llama.cpp's ", options.target.name, " mix stores it as ",
-            Name(q.to), ", whose quantizer is not implemented (--pure keeps it ",
-            Name(target), ")"));
+            Name(q.to), ", whose quantizer is not implemented (--pure keeps it ", Name(target),
+            ")"));
       }
       if (q.to != q.from && q.from != GgmlType::kF32 && q.from != GgmlType::kF16 &&
           q.from != GgmlType::kBF16) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "tensor '", t.name, "' is ", Name(q.from),
-            ": quantize from an f32, f16 or bf16 model (requantizing rounds twice)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor '", t.name, "' is ", Name(q.from),
+                         ": quantize from an f32, f16 or bf16 model (requantizing rounds twice)"));
       }
     }
     plan.push_back(std::move(q));

@@ -16,9 +16,9 @@ namespace thermocline {
 
 // A llama.cpp file type (llama_ftype) as `llama-quantize` names it.
 struct QuantizeTarget {
-  std::string name;        // "Q8_0", "Q4_0", "F16", ...
-  GgmlType type;           // the type of most matrices
-  uint32_t file_type;      // general.file_type
+  std::string name;    // "Q8_0", "Q4_0", "F16", ...
+  GgmlType type;       // the type of most matrices
+  uint32_t file_type;  // general.file_type
 };
 
 // The target for a llama-quantize type name (case-insensitive). Names llama.cpp knows whose
@@ -41,11 +41,11 @@ struct QuantizedTensor {
 // ending in "weight", not norms) get the target type, except in a quantized non-pure target
 // (llama_tensor_get_type): output.weight becomes q6_K unless the target is q8_0, and the
 // IQ4_NL / IQ4_XS mixes give attn_v q5_K with 4+ query heads per KV head and ffn_down of the
-// first eighth q5_K; Q4_K_M / Q5_K_M mixes give attn_v and ffn_down q6_K in the layers of use_more_bits (the first
-// and last eighth, every third between), Q4_K_S gives the first four attn_v and the first
-// eighth's ffn_down q5_K, Q3_K_M gives attn_v q5_K (first two layers) / q4_K, ffn_down q5_K
-// (first sixteenth) / q4_K and attn_output q4_K, Q2_K gives attn_v q3_K (q4_K with 4+ query
-// heads per KV head), ffn_down and attn_output q3_K; everything else is copied. (The layer of
+// first eighth q5_K; Q4_K_M / Q5_K_M mixes give attn_v and ffn_down q6_K in the layers of
+// use_more_bits (the first and last eighth, every third between), Q4_K_S gives the first four
+// attn_v and the first eighth's ffn_down q5_K, Q3_K_M gives attn_v q5_K (first two layers) / q4_K,
+// ffn_down q5_K (first sixteenth) / q4_K and attn_output q4_K, Q2_K gives attn_v q3_K (q4_K with 4+
+// query heads per KV head), ffn_down and attn_output q3_K; everything else is copied. (The layer of
 // attn_v is its index among the attn_v tensors, as llama.cpp counts; the files here number
 // them alike.) Errors name a tensor whose type needs a quantizer not written here, or whose rows do
 // not fit the block size.

@@ -173,9 +173,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"Q4_K_S", true}, Case{"Q4_K_M", true}, Case{"Q5_K_S", true},
                       Case{"Q5_K_M", true}, Case{"Q6_K", true}, Case{"IQ4_NL", true},
                       Case{"IQ4_XS", true}, Case{"pure-Q2_K", true}, Case{"pure-Q3_K", true},
-                      Case{"pure-Q4_K", true}, Case{"pure-Q5_K", true},
-                      Case{"pure-IQ4_NL", true}, Case{"pure-IQ4_XS", true},
-                      Case{"Q8_0", false}, Case{"Q4_0", false, kQ8ActivationBound},
+                      Case{"pure-Q4_K", true}, Case{"pure-Q5_K", true}, Case{"pure-IQ4_NL", true},
+                      Case{"pure-IQ4_XS", true}, Case{"Q8_0", false},
+                      Case{"Q4_0", false, kQ8ActivationBound},
                       Case{"pure-Q4_0", false, kQ8ActivationBound}),
     [](const ::testing::TestParamInfo<Case>& info) {
       std::string n = info.param.file;
@@ -190,7 +190,8 @@ std::vector<float> PromptLogits(const LlamaModel& model, ThreadPool& pool, FfnEx
   EXPECT_TRUE(kv.ok()) << kv.status();
   ForwardPass pass(model, *kv, pool, ffn);
   std::vector<BatchEntry> batch;
-  for (size_t p = 0; p < ids.size(); ++p) batch.push_back({0, static_cast<int32_t>(p), ids[p], true});
+  for (size_t p = 0; p < ids.size(); ++p)
+    batch.push_back({0, static_cast<int32_t>(p), ids[p], true});
   std::vector<float> logits;
   EXPECT_TRUE(pass.Run(batch, logits).ok());
   // One decode step too, so the single-token (NeuronFfn) path runs as well.
@@ -225,8 +226,7 @@ TEST(QuantSparsityTest, SparseFfnEqualsDenseOnEveryNewType) {
         plan.coeff_cuts.assign(n_layers, 1e-30f);
         auto sparse = SparseFfn::Create(**model, plan, pool, o);
         ASSERT_TRUE(sparse.ok()) << sparse.status();
-        EXPECT_EQ((*sparse)->weights(0).down_t.type,
-                  f32_copy ? GgmlType::kF32 : GgmlType::kQ8_0);
+        EXPECT_EQ((*sparse)->weights(0).down_t.type, f32_copy ? GgmlType::kF32 : GgmlType::kQ8_0);
         const std::vector<float> got = PromptLogits(**model, pool, sparse->get());
         ASSERT_EQ(got.size(), dense.size());
         float diff = 0;

@@ -24,20 +24,21 @@ struct Case {
 };
 
 TEST(QuantizeTest, SameTensorBytesAsLlamaQuantize) {
-  for (const Case& c : {Case{"Q8_0", false, "Q8_0.gguf"}, Case{"Q4_0", true, "pure-Q4_0.gguf"},
-                        Case{"Q6_K", false, "Q6_K.gguf"}, Case{"Q4_0", false, "Q4_0.gguf"},
-                        Case{"Q4_K_M", false, "Q4_K_M.gguf"}, Case{"Q4_K", true, "pure-Q4_K.gguf"},
-                        Case{"Q4_K_S", false, "Q4_K_S.gguf"}, Case{"Q5_K_M", false, "Q5_K_M.gguf"},
-                        Case{"Q5_K_S", false, "Q5_K_S.gguf"}, Case{"Q5_K", true, "pure-Q5_K.gguf"},
-                        Case{"Q3_K_S", false, "Q3_K_S.gguf"}, Case{"Q3_K_M", false, "Q3_K_M.gguf"},
-                        Case{"Q3_K", true, "pure-Q3_K.gguf"}, Case{"Q2_K", false, "Q2_K.gguf"},
-                        Case{"Q2_K", true, "pure-Q2_K.gguf"}, Case{"IQ4_NL", false, "IQ4_NL.gguf"},
-                        Case{"IQ4_NL", true, "pure-IQ4_NL.gguf"}, Case{"IQ4_XS", false, "IQ4_XS.gguf"},
-                        Case{"IQ4_XS", true, "pure-IQ4_XS.gguf"}}) {
+  for (const Case& c :
+       {Case{"Q8_0", false, "Q8_0.gguf"}, Case{"Q4_0", true, "pure-Q4_0.gguf"},
+        Case{"Q6_K", false, "Q6_K.gguf"}, Case{"Q4_0", false, "Q4_0.gguf"},
+        Case{"Q4_K_M", false, "Q4_K_M.gguf"}, Case{"Q4_K", true, "pure-Q4_K.gguf"},
+        Case{"Q4_K_S", false, "Q4_K_S.gguf"}, Case{"Q5_K_M", false, "Q5_K_M.gguf"},
+        Case{"Q5_K_S", false, "Q5_K_S.gguf"}, Case{"Q5_K", true, "pure-Q5_K.gguf"},
+        Case{"Q3_K_S", false, "Q3_K_S.gguf"}, Case{"Q3_K_M", false, "Q3_K_M.gguf"},
+        Case{"Q3_K", true, "pure-Q3_K.gguf"}, Case{"Q2_K", false, "Q2_K.gguf"},
+        Case{"Q2_K", true, "pure-Q2_K.gguf"}, Case{"IQ4_NL", false, "IQ4_NL.gguf"},
+        Case{"IQ4_NL", true, "pure-IQ4_NL.gguf"}, Case{"IQ4_XS", false, "IQ4_XS.gguf"},
+        Case{"IQ4_XS", true, "pure-IQ4_XS.gguf"}}) {
     SCOPED_TRACE(c.reference);
     const std::string out = testing::TempDir() + "/" + c.reference;
     std::vector<std::string> argv = {Thermocline(), "quantize", ModelPath("quants/base-f32.gguf"),
-                                     out, "--type", c.type};
+                                     out,           "--type",   c.type};
     if (c.pure) argv.push_back("--pure");
     auto r = RunCommand(argv);
     ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -80,8 +81,8 @@ TEST(QuantizeTest, RefusesWhatItCannotWrite) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("is not a llama-quantize type"), std::string::npos) << r.err;
   // A quantized source is refused (requantizing rounds twice).
-  r = RunCommand({Thermocline(), "quantize", ModelPath("quants/Q8_0.gguf"), out, "--type",
-                  "Q4_0", "--pure"});
+  r = RunCommand(
+      {Thermocline(), "quantize", ModelPath("quants/Q8_0.gguf"), out, "--type", "Q4_0", "--pure"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("quantize from an f32, f16 or bf16 model"), std::string::npos) << r.err;
   r = RunCommand({Thermocline(), "quantize", in, "--type", "Q8_0"});

@@ -56,8 +56,8 @@ TEST(DequantReferenceTest, EveryStoredTypeIsBitExact) {
       }
     }
     EXPECT_EQ(differ, 0) << name << ": " << differ << " of " << rows * cols
-                         << " values differ; first at " << first << ": " << got[first]
-                         << " vs " << want[first];
+                         << " values differ; first at " << first << ": " << got[first] << " vs "
+                         << want[first];
     ++checked;
   }
   // q2_K..q6_K, q8_0, q4_0, iq4_nl, iq4_xs.

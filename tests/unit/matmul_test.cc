@@ -35,15 +35,17 @@ constexpr Family kFamilies[] = {{SimdLevel::kPortable, false, "portable"},
 void PrintTo(const Family& f, std::ostream* os) { *os << f.name; }
 
 constexpr GgmlType kAllTypes[] = {
-    GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16,  GgmlType::kQ8_0,  GgmlType::kQ4_0,
-    GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1,  GgmlType::kQ2_K,  GgmlType::kQ3_K,
-    GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K,  GgmlType::kIQ4_NL, GgmlType::kIQ4_XS};
+    GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ8_0,   GgmlType::kQ4_0,
+    GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ2_K,   GgmlType::kQ3_K,
+    GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS};
 
 // The types whose kernels quantize the activations to Q8_0 (the others take f32 activations).
 bool IsQuant(GgmlType t) { return t == GgmlType::kQ8_0 || t == GgmlType::kQ4_0; }
 
 int64_t BlockSize(GgmlType t) { return TypeTraits(t).block_size; }
-int64_t RoundUp(int64_t n, GgmlType t) { return (n + BlockSize(t) - 1) / BlockSize(t) * BlockSize(t); }
+int64_t RoundUp(int64_t n, GgmlType t) {
+  return (n + BlockSize(t) - 1) / BlockSize(t) * BlockSize(t);
+}
 
 // Where the fp16 scales sit in a block of the types we cannot quantize yet (ggml_type.h).
 std::vector<int> HalfOffsets(GgmlType t) {
