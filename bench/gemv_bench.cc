@@ -34,18 +34,16 @@ struct Options {
   std::vector<int> threads = {1, 2};
   int64_t working_set_mib = 1024;
   int rounds = 4;
-  std::vector<GgmlType> types = {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0,
-                                 GgmlType::kQ4_0};
+  std::vector<GgmlType> types = {GgmlType::kF32,  GgmlType::kF16,   GgmlType::kBF16,
+                                 GgmlType::kQ8_0, GgmlType::kQ4_0,  GgmlType::kQ4_K,
+                                 GgmlType::kQ5_K, GgmlType::kQ6_K,  GgmlType::kIQ4_XS};
   int64_t cols = 4096;
   int64_t matrix_mib = 64;
   int64_t gemm_tokens = 64;
   double sparse_fraction = 0.25;
 };
 
-bool IsMatrixType(GgmlType t) {
-  return t == GgmlType::kF32 || t == GgmlType::kF16 || t == GgmlType::kBF16 ||
-         t == GgmlType::kQ8_0 || t == GgmlType::kQ4_0;
-}
+bool IsMatrixType(GgmlType t) { return IsWeightType(t); }
 
 std::vector<std::string_view> Split(std::string_view s) {
   std::vector<std::string_view> out;
@@ -95,6 +93,9 @@ bool ParseFlags(int argc, char** argv, Options& o) {
   for (int t : o.threads) {
     if (t < 1) return false;
   }
+  for (GgmlType t : o.types) {
+    if (o.cols % TypeTraits(t).block_size != 0) return false;
+  }
   return o.rounds >= 1 && o.cols >= 32 && o.cols % 32 == 0 && o.matrix_mib >= 1 &&
          o.gemm_tokens >= 1 && o.sparse_fraction > 0 && o.sparse_fraction <= 1 &&
          !o.types.empty() && !o.threads.empty();
@@ -138,9 +139,19 @@ Weights MakeWeights(GgmlType type, const Options& o) {
   std::mt19937 rng(42);
   std::normal_distribution<float> normal(0.0f, 0.02f);
   std::vector<float> src(o.cols);
+  // Types without a quantizer get random bytes in [0x10, 0x3b]: any two of them form a normal
+  // fp16 scale between 2^-11 and 2^-1 (no subnormal or infinite values, which could slow the
+  // float units), and the quants take every pattern the decoders see.
+  std::uniform_int_distribution<int> byte(0x10, 0x3b);
   for (int64_t r = 0; r < kDistinctRows; ++r) {
-    for (float& f : src) f = normal(rng);
-    QuantizeRow(type, src.data(), distinct.data() + r * row_bytes, o.cols);
+    if (HasQuantizer(type)) {
+      for (float& f : src) f = normal(rng);
+      QuantizeRow(type, src.data(), distinct.data() + r * row_bytes, o.cols);
+    } else {
+      for (int64_t i = 0; i < row_bytes; ++i) {
+        distinct[r * row_bytes + i] = static_cast<uint8_t>(byte(rng));
+      }
+    }
   }
   const int64_t n_copies =
       std::max<int64_t>(1, ((o.working_set_mib << 20) + w.bytes - 1) / w.bytes);
@@ -265,7 +276,7 @@ int Main(int argc, char** argv) {
     std::fprintf(
         stderr,
         "usage: gemv_bench [--threads=1,2] [--working_set_mib=1024] [--rounds=4]\n"
-        "                  [--types=f32,f16,bf16,q8_0,q4_0] [--cols=4096]\n"
+        "                  [--types=f32,f16,bf16,q8_0,q4_0,q4_K,...] [--cols=4096]\n"
         "                  [--matrix_mib=64] [--gemm_tokens=64] [--sparse_fraction=0.25]\n");
     return 2;
   }

@@ -26,6 +26,9 @@ PACKAGES=(
   # The Python client test (tests/e2e/python/): gRPC and protobuf for /usr/bin/python3; the
   # message classes come from protobuf-compiler above (3.21, as python3-protobuf).
   python3-grpcio python3-protobuf
+  # Tests reading the reference data's JSON indexes (tests/unit/dequant_reference_test.cc):
+  # nlohmann/json, header-only.
+  nlohmann-json3-dev
 )
 
 missing=()

@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "shared/model/arch.h"
 #include "shared/model/ggml_type.h"
+#include "shared/model/quant.h"
 #include "shared/model/synth.h"
 #include "tools/command.h"
 
@@ -82,7 +83,7 @@ int RunSynth(const std::vector<std::string>& args) {
     return 1;
   };
   std::optional<GgmlType> type = TypeFromName(type_name);
-  if (!type || !IsWeightType(*type)) {
+  if (!type || !IsWeightType(*type) || !HasQuantizer(*type)) {
     return fail("--type '" + type_name + "' is not one of: f32, f16, bf16, q8_0, q4_0");
   }
   o.type = *type;

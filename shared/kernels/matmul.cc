@@ -13,7 +13,6 @@
 namespace thermocline {
 namespace {
 
-using matmul_internal::IsQuantized;
 using matmul_internal::KernelSet;
 using matmul_internal::RowSource;
 
@@ -58,8 +57,8 @@ Scratch& ThreadScratch() {
   return scratch;
 }
 
-// The activations as the kernels of w.type read them: x itself, or x quantized to Q8_0 once for
-// all rows and threads (pool == nullptr: on this thread).
+// The activations as the kernels of w.type read them: x itself, or x prepared (quantized to
+// Q8_0) once for all rows and threads (pool == nullptr: on this thread).
 struct PreparedInput {
   const uint8_t* data;
   int64_t stride;  // bytes between tokens
@@ -67,17 +66,18 @@ struct PreparedInput {
 
 PreparedInput PrepareInput(const KernelSet& k, const MatrixView& w, const float* x,
                            int64_t n_tokens, int64_t x_stride, ThreadPool* pool) {
-  if (!IsQuantized(w.type)) {
+  const matmul_internal::TypeKernels& tk = k.For(w.type);
+  if (tk.prepare_input == nullptr) {
     return {reinterpret_cast<const uint8_t*>(x), x_stride * static_cast<int64_t>(sizeof(float))};
   }
   // Rounded to whole cache lines so tokens prepared by different threads share none.
-  const int64_t row_bytes = (k.input_bytes(w.cols) + 63) / 64 * 64;
+  const int64_t row_bytes = (tk.input_bytes(w.cols) + 63) / 64 * 64;
   std::vector<uint8_t>& q8 = ThreadScratch().q8;
   if (q8.size() < static_cast<size_t>(row_bytes * n_tokens)) q8.resize(row_bytes * n_tokens);
   uint8_t* dst = q8.data();
   auto quantize = [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      k.prepare_input(w.type, x + t * x_stride, w.cols, dst + t * row_bytes);
+      tk.prepare_input(x + t * x_stride, w.cols, dst + t * row_bytes);
     }
   };
   if (pool != nullptr && n_tokens > 1 && n_tokens * w.cols >= kParallelMinElems) {
@@ -152,7 +152,8 @@ void MatMulRows(const MatrixView& w, const float* x, int64_t n_tokens, int64_t x
 }
 
 void DequantizeMatrixRow(const MatrixView& w, int64_t r, float* out) {
-  DequantizeRow(w.type, w.row(r), out, w.cols);
+  if (w.cols <= 0) return;
+  Kernels().For(w.type).dequantize(w.row(r), w.cols, out);
 }
 
 void GatherMatMul(const MatrixView& w, const int32_t* row_ids, int64_t n_ids, const float* x,

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "shared/kernels/matmul_kernels.h"
+#include "shared/model/quant.h"
 #include "shared/util/fp16.h"
 
 namespace thermocline::matmul_internal {
@@ -346,6 +347,337 @@ struct QuantKernel {
   }
 };
 
+// ---- Block types with f32 activations (see TypeKernels in matmul_kernels.h). ----
+//
+// Each weight block is decoded to its exact f32 values (D::Decode, bit-identical to
+// DequantizeRow) into an L1-resident buffer, then multiplied with FloatKernel<F32Load>'s exact
+// operation sequence: one 8-lane accumulator per (row, token), FMAs in column order, the same
+// horizontal sum. A block type's product therefore equals the f32 kernel on the dequantized
+// matrix bit for bit, and batching tokens or splitting rows cannot change it.
+
+// SIMD decoders: the quants are unpacked to one byte per element with integer SIMD, then each
+// group of 8 is widened, converted and scaled with exactly the float operations of the
+// reference (d * q, d * q + m or d * q - m, separate roundings; _mm256 intrinsics are never
+// contracted into FMAs under -std=c++20), so Decode is bit-identical to DequantizeRow.
+
+inline __m256 U8ToFloat(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(
+      _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline __m256 I8ToFloat(const int8_t* p) {
+  return _mm256_cvtepi32_ps(
+      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline void Store32(uint8_t* p, __m256i v) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), v); }
+inline __m256i Load32(const uint8_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+// Bytes 0..15 of the result: the low nibbles of the 16 bytes at p; bytes 16..31: the high ones.
+inline __m256i SplitNibbles16(const uint8_t* p) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i m = _mm_set1_epi8(0x0F);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+}
+// Byte j = 0x10 where bit j of the little-endian 32-bit word at p is set, else 0.
+inline __m256i HighBits32(const uint8_t* p) {
+  uint32_t qh;
+  std::memcpy(&qh, p, 4);
+  const __m256i spread =
+      _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)),
+                          _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2,
+                                           2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit),
+                          _mm256_set1_epi8(0x10));
+}
+inline __m256i Iq4Lookup(__m256i idx) {
+  const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues));
+  return _mm256_shuffle_epi8(_mm256_set_m128i(t, t), idx);
+}
+
+// q4_1, q5_0, q5_1 (blocks of 32): x = d * q + m, or d * (q - 16) for q5_0.
+template <bool kHasMin, bool kHasHigh>
+struct LegacyDecode {
+  static constexpr int kBlock = kQK;
+  static constexpr int64_t kBytes = 2 + (kHasMin ? 2 : 0) + (kHasHigh ? 4 : 0) + 16;
+  static void Decode(const uint8_t* b, float* out) {
+    const float* half = HalfToFloatTable();
+    uint16_t h;
+    std::memcpy(&h, b, 2);
+    const __m256 d = _mm256_set1_ps(half[h]);
+    __m256 m = _mm256_setzero_ps();
+    if (kHasMin) {
+      std::memcpy(&h, b + 2, 2);
+      m = _mm256_set1_ps(half[h]);
+    }
+    const int64_t qh_at = kHasMin ? 4 : 2;
+    __m256i q = SplitNibbles16(b + qh_at + (kHasHigh ? 4 : 0));
+    if (kHasHigh) q = _mm256_or_si256(q, HighBits32(b + qh_at));
+    if (!kHasMin) q = _mm256_sub_epi8(q, _mm256_set1_epi8(kHasHigh ? 16 : 8));
+    alignas(32) uint8_t qb[32];
+    Store32(qb, q);
+    for (int k = 0; k < 4; ++k) {
+      __m256 v;
+      if (kHasMin) {
+        v = _mm256_add_ps(_mm256_mul_ps(d, U8ToFloat(qb + 8 * k)), m);
+      } else {
+        v = _mm256_mul_ps(d, I8ToFloat(reinterpret_cast<const int8_t*>(qb) + 8 * k));
+      }
+      _mm256_storeu_ps(out + 8 * k, v);
+    }
+  }
+};
+
+struct Iq4nlDecode {
+  static constexpr int kBlock = kQK;
+  static constexpr int64_t kBytes = 18;
+  static void Decode(const uint8_t* b, float* out) {
+    const float* half = HalfToFloatTable();
+    uint16_t h;
+    std::memcpy(&h, b, 2);
+    const __m256 d = _mm256_set1_ps(half[h]);
+    alignas(32) int8_t v[32];
+    Store32(reinterpret_cast<uint8_t*>(v), Iq4Lookup(SplitNibbles16(b + 2)));
+    for (int k = 0; k < 4; ++k)
+      _mm256_storeu_ps(out + 8 * k, _mm256_mul_ps(d, I8ToFloat(v + 8 * k)));
+  }
+};
+
+struct Iq4xsDecode {
+  static constexpr int kBlock = kQK_K;
+  static constexpr int64_t kBytes = 136;
+  static void Decode(const uint8_t* b, float* out) {
+    const float* half = HalfToFloatTable();
+    uint16_t h;
+    std::memcpy(&h, b, 2);
+    const float d = half[h];
+    alignas(32) int8_t v[32];
+    for (int sub = 0; sub < 8; ++sub) {
+      Store32(reinterpret_cast<uint8_t*>(v), Iq4Lookup(SplitNibbles16(b + 8 + 16 * sub)));
+      const __m256 dl = _mm256_set1_ps(d * static_cast<float>(Iq4xsScale(b, sub)));
+      for (int k = 0; k < 4; ++k) {
+        _mm256_storeu_ps(out + 32 * sub + 8 * k, _mm256_mul_ps(dl, I8ToFloat(v + 8 * k)));
+      }
+    }
+  }
+};
+
+// q4_K and q5_K: sub-block s of 32 has its own scale and min; x = (d * sc) * q - dmin * m.
+template <bool kHigh>
+struct Q45KDecode {
+  static constexpr int kBlock = kQK_K;
+  static constexpr int64_t kBytes = kHigh ? 176 : 144;
+  static void Decode(const uint8_t* b, float* out) {
+    const float* half = HalfToFloatTable();
+    uint16_t h;
+    std::memcpy(&h, b, 2);
+    const float d = half[h];
+    std::memcpy(&h, b + 2, 2);
+    const float dmin = half[h];
+    const uint8_t* qs = b + (kHigh ? 48 : 16);
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    __m256i qh = _mm256_setzero_si256();
+    if (kHigh) qh = Load32(b + 16);
+    alignas(32) uint8_t q[kQK_K];
+    for (int g = 0; g < 4; ++g) {
+      const __m256i v = Load32(qs + 32 * g);
+      __m256i lo = _mm256_and_si256(v, low);
+      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+      if (kHigh) {
+        // Bit 2g of qh[l] is bit 4 of sub-block 2g, bit 2g + 1 that of sub-block 2g + 1.
+        const __m256i b0 = _mm256_set1_epi8(static_cast<char>(1 << (2 * g)));
+        const __m256i b1 = _mm256_set1_epi8(static_cast<char>(1 << (2 * g + 1)));
+        const __m256i sixteen = _mm256_set1_epi8(0x10);
+        lo = _mm256_or_si256(
+            lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b0), b0), sixteen));
+        hi = _mm256_or_si256(
+            hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b1), b1), sixteen));
+      }
+      Store32(q + 64 * g, lo);
+      Store32(q + 64 * g + 32, hi);
+    }
+    for (int s = 0; s < 8; ++s) {
+      int sc, m;
+      Q4KScaleMin(b + 4, s, &sc, &m);
+      const __m256 d1 = _mm256_set1_ps(d * static_cast<float>(sc));
+      const __m256 m1 = _mm256_set1_ps(dmin * static_cast<float>(m));
+      for (int k = 0; k < 4; ++k) {
+        const int e = 32 * s + 8 * k;
+        _mm256_storeu_ps(out + e, _mm256_sub_ps(_mm256_mul_ps(d1, U8ToFloat(q + e)), m1));
+      }
+    }
+  }
+};
+
+// q6_K: halves of 128; x = (d * sc) * (q - 32), sub-blocks of 16.
+struct Q6KDecode {
+  static constexpr int kBlock = kQK_K;
+  static constexpr int64_t kBytes = 210;
+  static void Decode(const uint8_t* b, float* out) {
+    const float* half = HalfToFloatTable();
+    uint16_t h;
+    std::memcpy(&h, b + 208, 2);
+    const float d = half[h];
+    const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
+    const __m256i low = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3),
+                  offset = _mm256_set1_epi8(32);
+    alignas(32) int8_t q[kQK_K];
+    for (int half_i = 0; half_i < 2; ++half_i) {
+      const uint8_t* ql = b + 64 * half_i;
+      const __m256i qh = Load32(b + 128 + 32 * half_i);
+      const __m256i ql0 = Load32(ql), ql1 = Load32(ql + 32);
+      const __m256i parts[4] = {_mm256_and_si256(ql0, low), _mm256_and_si256(ql1, low),
+                                _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low),
+                                _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low)};
+      for (int s = 0; s < 4; ++s) {
+        const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * s), three);
+        const __m256i v =
+            _mm256_sub_epi8(_mm256_or_si256(parts[s], _mm256_slli_epi16(hb, 4)), offset);
+        Store32(reinterpret_cast<uint8_t*>(q) + 128 * half_i + 32 * s, v);
+      }
+    }
+    for (int g = 0; g < 16; ++g) {
+      const __m256 dl = _mm256_set1_ps(d * static_cast<float>(scales[g]));
+      for (int k = 0; k < 2; ++k) {
+        const int e = 16 * g + 8 * k;
+        _mm256_storeu_ps(out + e, _mm256_mul_ps(dl, I8ToFloat(q + e)));
+      }
+    }
+  }
+};
+
+// q2_K: x = (d * (sc & 15)) * q - dmin * (sc >> 4), sub-blocks of 16.
+struct Q2KDecode {
+  static constexpr int kBlock = kQK_K;
+  static constexpr int64_t kBytes = 84;
+  static void Decode(const uint8_t* b, float* out) {
+    const float* half = HalfToFloatTable();
+    uint16_t h;
+    std::memcpy(&h, b + 80, 2);
+    const float d = half[h];
+    std::memcpy(&h, b + 82, 2);
+    const float dmin = half[h];
+    const __m256i three = _mm256_set1_epi8(3);
+    alignas(32) uint8_t q[kQK_K];
+    for (int half_i = 0; half_i < 2; ++half_i) {
+      const __m256i v = Load32(b + 16 + 32 * half_i);
+      for (int s = 0; s < 4; ++s) {
+        Store32(q + 128 * half_i + 32 * s, _mm256_and_si256(_mm256_srli_epi16(v, 2 * s), three));
+      }
+    }
+    for (int g = 0; g < 16; ++g) {
+      const uint8_t sc = b[g];
+      const __m256 dl = _mm256_set1_ps(d * static_cast<float>(sc & 0x0F));
+      const __m256 ml = _mm256_set1_ps(dmin * static_cast<float>(sc >> 4));
+      for (int k = 0; k < 2; ++k) {
+        const int e = 16 * g + 8 * k;
+        _mm256_storeu_ps(out + e, _mm256_sub_ps(_mm256_mul_ps(dl, U8ToFloat(q + e)), ml));
+      }
+    }
+  }
+};
+
+// q3_K: q = two low bits - (high bit of hmask ? 0 : 4); x = (d * sc) * q, sub-blocks of 16.
+struct Q3KDecode {
+  static constexpr int kBlock = kQK_K;
+  static constexpr int64_t kBytes = 110;
+  static void Decode(const uint8_t* b, float* out) {
+    const float* half = HalfToFloatTable();
+    uint16_t h;
+    std::memcpy(&h, b + 108, 2);
+    const float d = half[h];
+    const __m256i three = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+    const __m256i hmask = Load32(b);
+    alignas(32) int8_t q[kQK_K];
+    for (int half_i = 0; half_i < 2; ++half_i) {
+      const __m256i v = Load32(b + 32 + 32 * half_i);
+      for (int s = 0; s < 4; ++s) {
+        const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << (4 * half_i + s)));
+        const __m256i missing =
+            _mm256_andnot_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hmask, bit), bit), four);
+        const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(v, 2 * s), three);
+        Store32(reinterpret_cast<uint8_t*>(q) + 128 * half_i + 32 * s,
+                _mm256_sub_epi8(lo, missing));
+      }
+    }
+    for (int g = 0; g < 16; ++g) {
+      const __m256 dl = _mm256_set1_ps(d * static_cast<float>(Q3KScale(b + 96, g)));
+      for (int k = 0; k < 2; ++k) {
+        const int e = 16 * g + 8 * k;
+        _mm256_storeu_ps(out + e, _mm256_mul_ps(dl, I8ToFloat(q + e)));
+      }
+    }
+  }
+};
+
+template <class D>
+struct BlockKernel {
+  static constexpr int kGemvRows = 8;
+  static constexpr int kRows = 4;
+  static constexpr int kTokens = 3;
+  static constexpr int kBlock = D::kBlock;
+  static constexpr int64_t kBytes = D::kBytes;
+
+  static void PrefetchBlock(const uint8_t* const* next, int R, int64_t b) {
+    for (int r = 0; r < R; ++r) {
+      for (int64_t at = 0; at < kBytes; at += 64) Prefetch(next[r] + b * kBytes + at);
+    }
+  }
+
+  template <int R, int T>
+  static void Tile(const uint8_t* const* rows, const uint8_t* const* next, int64_t cols,
+                   const uint8_t* xb, int64_t x_stride, float* y, int64_t y_stride) {
+    __m256 acc[R][T];
+    for (int r = 0; r < R; ++r) {
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+    }
+    const float* x[T];
+    for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<const float*>(xb + t * x_stride);
+    alignas(32) float w[R][kBlock];
+    for (int64_t b = 0; b < cols / kBlock; ++b) {
+      if (next != nullptr) PrefetchBlock(next, R, b);
+      for (int r = 0; r < R; ++r) D::Decode(rows[r] + b * kBytes, w[r]);
+      for (int c = 0; c < kBlock; c += 8) {
+        __m256 xv[T];
+        for (int t = 0; t < T; ++t) xv[t] = _mm256_loadu_ps(x[t] + b * kBlock + c);
+        for (int r = 0; r < R; ++r) {
+          const __m256 wv = _mm256_load_ps(w[r] + c);
+          for (int t = 0; t < T; ++t) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
+        }
+      }
+    }
+    for (int t = 0; t < T; ++t) {
+      for (int r = 0; r < R; ++r) y[t * y_stride + r] = HorizontalSum(acc[r][t]);
+    }
+  }
+
+  template <int R>
+  static void AxpyTile(const uint8_t* const* rows, const uint8_t* const* next, const float* coeffs,
+                       int64_t cols, float* y) {
+    __m256 cv[R];
+    for (int r = 0; r < R; ++r) cv[r] = _mm256_set1_ps(coeffs[r]);
+    alignas(32) float w[R][kBlock];
+    for (int64_t b = 0; b < cols / kBlock; ++b) {
+      if (next != nullptr) PrefetchBlock(next, R, b);
+      for (int r = 0; r < R; ++r) D::Decode(rows[r] + b * kBytes, w[r]);
+      float* yb = y + b * kBlock;
+      for (int c = 0; c < kBlock; c += 8) {
+        __m256 yv = _mm256_loadu_ps(yb + c);
+        for (int r = 0; r < R; ++r) yv = _mm256_fmadd_ps(cv[r], _mm256_load_ps(w[r] + c), yv);
+        _mm256_storeu_ps(yb + c, yv);
+      }
+    }
+  }
+
+  static void Dequantize(const uint8_t* row, int64_t cols, float* out) {
+    alignas(32) float w[kBlock];
+    for (int64_t b = 0; b < cols / kBlock; ++b) {
+      D::Decode(row + b * kBytes, w);
+      std::memcpy(out + b * kBlock, w, sizeof w);
+    }
+  }
+};
+
 // ---- Drivers shared by all types. ----
 
 template <class K, int kMaxR, int kMaxT, size_t... I>
@@ -398,9 +730,9 @@ void AxpyRows(const RowSource& rows, const float* coeffs, int64_t n_rows, int64_
   }
 }
 
-template <class K>
-constexpr TypeKernels MakeKernels() {
-  return {&DotRows<K>, &AxpyRows<K>};
+template <GgmlType kType>
+void ReferenceDequantize(const uint8_t* row, int64_t cols, float* out) {
+  DequantizeRow(kType, row, out, cols);
 }
 
 // roundf semantics (ties away from zero), which ggml's reference quantizer uses; the SIMD
@@ -473,32 +805,46 @@ void PrepareFor(const float* x, int64_t cols, uint8_t* out) {
   }
 }
 
-template <class Q8, class Q4>
-void PrepareInput(GgmlType type, const float* x, int64_t cols, uint8_t* out) {
-  if (type == GgmlType::kQ4_0) {
-    PrepareFor<typename Q4::Loader>(x, cols, out);
-  } else {
-    PrepareFor<typename Q8::Loader>(x, cols, out);
-  }
+template <GgmlType kType, class K>
+constexpr TypeEntry Float() {
+  return {kType, {&DotRows<K>, &AxpyRows<K>, &ReferenceDequantize<kType>}};
 }
-
+template <GgmlType kType, class K>
+constexpr TypeEntry Q8Input() {
+  return {kType,
+          {&DotRows<K>, &AxpyRows<K>, &ReferenceDequantize<kType>, &InputBytes,
+           &PrepareFor<typename K::Loader>}};
+}
+template <GgmlType kType, class D>
+constexpr TypeEntry Block() {
+  using K = BlockKernel<D>;
+  return {kType, {&DotRows<K>, &AxpyRows<K>, &K::Dequantize}};
+}
 template <bool kVnni>
 constexpr KernelSet MakeKernelSet() {
+  using T = GgmlType;
   using Q8 = std::conditional_t<kVnni, QuantKernel<Q8Offset, VnniEngine>,
                                 QuantKernel<Q8Signed, SignEngine>>;
   using Q4 = std::conditional_t<kVnni, QuantKernel<Q4Masked, VnniEngine>,
                                 QuantKernel<Q4Shifted, MaddubsEngine>>;
-  return {
-      kVnni ? "avx2+vnni" : "avx2",
-      MakeKernels<FloatKernel<F32Load>>(),
-      MakeKernels<FloatKernel<F16Load>>(),
-      MakeKernels<FloatKernel<Bf16Load>>(),
-      MakeKernels<Q8>(),
-      MakeKernels<Q4>(),
-      &InputBytes,
-      &PrepareInput<Q8, Q4>,
-      &QuantizeQ8_0,
+  constexpr TypeEntry kEntries[] = {
+      Float<T::kF32, FloatKernel<F32Load>>(),
+      Float<T::kF16, FloatKernel<F16Load>>(),
+      Float<T::kBF16, FloatKernel<Bf16Load>>(),
+      Q8Input<T::kQ8_0, Q8>(),
+      Q8Input<T::kQ4_0, Q4>(),
+      Block<T::kQ4_1, LegacyDecode<true, false>>(),
+      Block<T::kQ5_0, LegacyDecode<false, true>>(),
+      Block<T::kQ5_1, LegacyDecode<true, true>>(),
+      Block<T::kIQ4_NL, Iq4nlDecode>(),
+      Block<T::kQ2_K, Q2KDecode>(),
+      Block<T::kQ3_K, Q3KDecode>(),
+      Block<T::kQ4_K, Q45KDecode<false>>(),
+      Block<T::kQ5_K, Q45KDecode<true>>(),
+      Block<T::kQ6_K, Q6KDecode>(),
+      Block<T::kIQ4_XS, Iq4xsDecode>(),
   };
+  return {kVnni ? "avx2+vnni" : "avx2", MakeTypeTable(kEntries), &QuantizeQ8_0};
 }
 
 constexpr KernelSet kAvx2 = MakeKernelSet<false>();

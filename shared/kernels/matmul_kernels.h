@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdlib>
 
@@ -22,49 +23,67 @@ struct RowSource {
 };
 
 // Kernels for one weight type at one SIMD level.
+//
+// Activation arithmetic, per type: q8_0 and q4_0 weights meet activations quantized to Q8_0
+// (ggml's reference rounding), as in llama.cpp, so their inner loop is an exact integer dot
+// product per block. Every other quantized type (q4_1, q5_0, q5_1, q2_K..q6_K, iq4_nl, iq4_xs)
+// multiplies the f32 activations by its exactly dequantized weights: each block is decoded to
+// the f32 values DequantizeRow gives and then multiplied exactly as the f32 kernel of the same
+// family multiplies an f32 row, so such a product equals, bit for bit, the f32 kernel on the
+// dequantized matrix. That costs the decode per weight but keeps the result within f32
+// rounding of the dequantized model (llama.cpp instead rounds activations to 8 bits, Q8_K for
+// the K-quants, which moves these logits by ~2e-2; see ../shared/models/quants/README.md).
 struct TypeKernels {
   // y[t * y_stride + i] = dot(rows.row(i), x_t) for i < n_rows, t < n_tokens, where
-  // x_t = x + t * x_stride bytes holds `cols` f32 values for float weight types and the
-  // set's prepared activations (see KernelSet::prepare_input) for quantized ones. Every (i, t) dot
-  // product is computed with the same sequence of operations whatever the tile it falls in, so
-  // batching tokens never changes a result.
+  // x_t = x + t * x_stride bytes holds `cols` f32 values, or the prepared activations when the
+  // type has prepare_input. Every (i, t) dot product is computed with the same sequence of
+  // operations whatever the tile it falls in, so batching tokens never changes a result.
+  // nullptr: no kernels for this type in this set.
   void (*dot)(const RowSource& rows, int64_t n_rows, int64_t cols, const uint8_t* x,
               int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
   // y[c] += sum_i coeffs[i] * rows.row(i)[c] for c < cols, rows added in order.
   void (*axpy)(const RowSource& rows, const float* coeffs, int64_t n_rows, int64_t cols, float* y);
+  // One row converted to f32, bit-identical to DequantizeRow.
+  void (*dequantize)(const uint8_t* row, int64_t cols, float* out);
+  // Activations prepared once per call, in a layout of the set's own choosing: input_bytes(cols)
+  // bytes per token, written by prepare_input. nullptr: dot reads the f32 activations.
+  int64_t (*input_bytes)(int64_t cols) = nullptr;
+  void (*prepare_input)(const float* x, int64_t cols, uint8_t* out) = nullptr;
 };
+
+// Type ids run from 0 to 39 (ggml_type.h); a set's table has a slot for each.
+inline constexpr size_t kTypeSlots = 40;
 
 struct KernelSet {
   const char* name;
-  TypeKernels f32, f16, bf16, q8_0, q4_0;
-  // Activations for quantized weights are prepared once per call in a layout of the set's own
-  // choosing: input_bytes(cols) bytes per token, written by prepare_input for weights of `type`.
-  // The Q8_0 quantization inside is bit-identical to QuantizeRow(kQ8_0) for finite input.
-  int64_t (*input_bytes)(int64_t cols);
-  void (*prepare_input)(GgmlType type, const float* x, int64_t cols, uint8_t* out);
-  // The same quantization written as plain BlockQ8_0 (lets tests compare it with QuantizeRow).
+  std::array<TypeKernels, kTypeSlots> by_type;  // indexed by ggml type id
+  // The Q8_0 activation quantization written as plain BlockQ8_0 (lets tests compare it with
+  // QuantizeRow); bit-identical to QuantizeRow(kQ8_0) for finite input.
   void (*quantize_q8_0)(const float* x, uint8_t* blocks, int64_t n);
 
+  bool Has(GgmlType type) const {
+    const size_t i = static_cast<size_t>(type);
+    return i < kTypeSlots && by_type[i].dot != nullptr;
+  }
   const TypeKernels& For(GgmlType type) const {
-    switch (type) {
-      case GgmlType::kF32:
-        return f32;
-      case GgmlType::kF16:
-        return f16;
-      case GgmlType::kBF16:
-        return bf16;
-      case GgmlType::kQ8_0:
-        return q8_0;
-      case GgmlType::kQ4_0:
-        return q4_0;
-      default:
-        break;
-    }
-    // Matrices are only built over weight types (loaders validate them); anything else is a
-    // programming error, stopped here rather than computed as garbage.
-    std::abort();
+    // Matrices are only built over weight types (loaders validate them, and a test checks that
+    // every set covers every weight type); anything else is a programming error, stopped here
+    // rather than computed as garbage.
+    if (!Has(type)) std::abort();
+    return by_type[static_cast<size_t>(type)];
   }
 };
+
+struct TypeEntry {
+  GgmlType type;
+  TypeKernels kernels;
+};
+template <size_t N>
+constexpr std::array<TypeKernels, kTypeSlots> MakeTypeTable(const TypeEntry (&entries)[N]) {
+  std::array<TypeKernels, kTypeSlots> table{};
+  for (const TypeEntry& e : entries) table[static_cast<size_t>(e.type)] = e.kernels;
+  return table;
+}
 
 const KernelSet& PortableKernels();
 // Only valid on a CPU with AVX2, FMA and F16C; with `vnni`, AVX-VNNI too (it only changes how
@@ -77,10 +96,6 @@ bool CpuHasAvxVnni();
 // the arithmetic conversion in portable code and than F16C's insert-convert-broadcast for a
 // single scale in the AVX2 kernels; only entries of values that occur are ever touched.
 const float* HalfToFloatTable();
-
-inline bool IsQuantized(GgmlType type) {
-  return type == GgmlType::kQ8_0 || type == GgmlType::kQ4_0;
-}
 
 // A block of rows sized to stay in L2 while every token tile passes over it, so that with many
 // tokens each weight byte comes from memory once (the activations of a token tile stay in L1).

@@ -113,6 +113,34 @@ struct QuantType {
   }
 };
 
+// Block types with f32 activations (see TypeKernels): each block is dequantized by the
+// reference DequantizeRow and multiplied exactly as FloatDot<F32Elem> multiplies an f32 row
+// (block sizes are multiples of 8, so the eight partial sums see the same terms in the same
+// order), which makes the result equal to the f32 kernel on the dequantized matrix.
+template <GgmlType kType, int kBlock, int kBytes>
+struct BlockType {
+  static float Dot(const uint8_t* w, const uint8_t* xb, int64_t cols) {
+    const float* x = reinterpret_cast<const float*>(xb);
+    float acc[8] = {};
+    float buf[kBlock];
+    for (int64_t b = 0; b < cols / kBlock; ++b) {
+      DequantizeRow(kType, w + b * kBytes, buf, kBlock);
+      const float* xs = x + b * kBlock;
+      for (int c = 0; c < kBlock; c += 8) {
+        for (int j = 0; j < 8; ++j) acc[j] += buf[c + j] * xs[c + j];
+      }
+    }
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+  }
+  static void Axpy(const uint8_t* w, float coeff, int64_t cols, float* y) {
+    float buf[kBlock];
+    for (int64_t b = 0; b < cols / kBlock; ++b) {
+      DequantizeRow(kType, w + b * kBytes, buf, kBlock);
+      for (int c = 0; c < kBlock; ++c) y[b * kBlock + c] += coeff * buf[c];
+    }
+  }
+};
+
 template <class K>
 void DotRows(const RowSource& rows, int64_t n_rows, int64_t cols, const uint8_t* x,
              int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
@@ -132,15 +160,15 @@ void AxpyRows(const RowSource& rows, const float* coeffs, int64_t n_rows, int64_
   for (int64_t i = 0; i < n_rows; ++i) K::Axpy(rows.row(i), coeffs[i], cols, y);
 }
 
-template <class K>
-constexpr TypeKernels MakeKernels() {
-  return {&DotRows<K>, &AxpyRows<K>};
+template <GgmlType kType>
+void Dequantize(const uint8_t* row, int64_t cols, float* out) {
+  DequantizeRow(kType, row, out, cols);
 }
 
 // The portable kernels read plain BlockQ8_0 activations.
 int64_t InputBytes(int64_t cols) { return RowBytes(GgmlType::kQ8_0, cols); }
 
-void PrepareInput(GgmlType, const float* x, int64_t cols, uint8_t* out) {
+void PrepareInput(const float* x, int64_t cols, uint8_t* out) {
   QuantizeRow(GgmlType::kQ8_0, x, out, cols);
 }
 
@@ -148,17 +176,40 @@ void QuantizeQ8_0(const float* x, uint8_t* blocks, int64_t n) {
   QuantizeRow(GgmlType::kQ8_0, x, blocks, n);
 }
 
-constexpr KernelSet kPortable = {
-    "portable",
-    MakeKernels<FloatType<F32Elem>>(),
-    MakeKernels<FloatType<F16Elem>>(),
-    MakeKernels<FloatType<Bf16Elem>>(),
-    MakeKernels<QuantType<Q8Block>>(),
-    MakeKernels<QuantType<Q4Block>>(),
-    &InputBytes,
-    &PrepareInput,
-    &QuantizeQ8_0,
+template <GgmlType kType, class K>
+constexpr TypeEntry Float() {
+  return {kType, {&DotRows<K>, &AxpyRows<K>, &Dequantize<kType>}};
+}
+template <GgmlType kType, class K>
+constexpr TypeEntry Q8Input() {
+  return {kType, {&DotRows<K>, &AxpyRows<K>, &Dequantize<kType>, &InputBytes, &PrepareInput}};
+}
+template <GgmlType kType, int kBlock, int kBytes>
+constexpr TypeEntry Block() {
+  using K = BlockType<kType, kBlock, kBytes>;
+  return {kType, {&DotRows<K>, &AxpyRows<K>, &Dequantize<kType>}};
+}
+
+using T = GgmlType;
+constexpr TypeEntry kEntries[] = {
+    Float<T::kF32, FloatType<F32Elem>>(),
+    Float<T::kF16, FloatType<F16Elem>>(),
+    Float<T::kBF16, FloatType<Bf16Elem>>(),
+    Q8Input<T::kQ8_0, QuantType<Q8Block>>(),
+    Q8Input<T::kQ4_0, QuantType<Q4Block>>(),
+    Block<T::kQ4_1, kQK, 20>(),
+    Block<T::kQ5_0, kQK, 22>(),
+    Block<T::kQ5_1, kQK, 24>(),
+    Block<T::kIQ4_NL, kQK, 18>(),
+    Block<T::kQ2_K, kQK_K, 84>(),
+    Block<T::kQ3_K, kQK_K, 110>(),
+    Block<T::kQ4_K, kQK_K, 144>(),
+    Block<T::kQ5_K, kQK_K, 176>(),
+    Block<T::kQ6_K, kQK_K, 210>(),
+    Block<T::kIQ4_XS, kQK_K, 136>(),
 };
+
+constexpr KernelSet kPortable = {"portable", MakeTypeTable(kEntries), &QuantizeQ8_0};
 
 }  // namespace
 

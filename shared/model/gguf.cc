@@ -59,7 +59,8 @@ absl::string_view GgmlTypeIdName(uint32_t id, bool powerinfer) {
       "f32", "f16", "q4_0", "q4_1", "q4_2 (removed)", "q4_3 (removed)", "q5_0", "q5_1", "q8_0",
       "q8_1", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "q8_K", "iq2_xxs", "iq2_xs", "iq3_xxs",
       "iq1_s", "iq4_nl", "iq3_s", "iq2_s", "iq4_xs", "i8", "i16", "i32", "i64", "f64", "iq1_m",
-      "bf16"};
+      "bf16", "q4_0_4_4 (removed)", "q4_0_4_8 (removed)", "q4_0_8_8 (removed)", "tq1_0", "tq2_0",
+      "iq4_nl_4_4 (removed)", "iq4_nl_4_8 (removed)", "iq4_nl_8_8 (removed)", "mxfp4"};
   // clang-format on
   // PowerInfer's ggml numbers its integer types 16..18 (see TypeTraitsInFile).
   if (powerinfer && id >= 16 && id <= 18) return kNames[id + 8];
@@ -603,10 +604,11 @@ absl::Status GgufFile::Parse() {
     TC_RETURN_IF_ERROR(r.Read(&type_id, tc, "type"));
     std::optional<GgmlTypeTraits> traits = TypeTraitsInFile(type_id, powerinfer_);
     if (!traits) {
+      // Only ids ggml no longer (or never) defined end up here: every known type is listed,
+      // and the model loader decides which ones it can run.
       return r.Error(type_at, tc,
-                     absl::StrCat("unsupported tensor type id ", type_id, " (",
-                                  GgmlTypeIdName(type_id, powerinfer_),
-                                  "); supported: f32, f16, bf16, q8_0, q4_0, i32"));
+                     absl::StrCat("unknown tensor type id ", type_id, " (",
+                                  GgmlTypeIdName(type_id, powerinfer_), ")"));
     }
     t.type = traits->type;
     if (t.ne[0] % traits->block_size != 0) {

@@ -352,8 +352,22 @@ uint32_t LlamaFileType(GgmlType type) {
       return 7;
     case GgmlType::kBF16:
       return 32;
-    case GgmlType::kI32:
-      break;  // never a weight type
+    case GgmlType::kQ6_K:
+      return 18;
+    case GgmlType::kQ2_K:
+      return 10;
+    case GgmlType::kQ3_K:
+      return 12;
+    case GgmlType::kQ4_K:
+      return 15;
+    case GgmlType::kQ5_K:
+      return 17;
+    case GgmlType::kIQ4_NL:
+      return 25;
+    case GgmlType::kIQ4_XS:
+      return 30;
+    default:
+      break;  // the converter writes only the types above
   }
   return 0;
 }
@@ -389,6 +403,12 @@ absl::StatusOr<Llama2cConvertSummary> AddLlama2cToGguf(const Llama2cCheckpoint& 
                                                        const Llama2cConvertOptions& options,
                                                        GgufWriter* writer) {
   const Llama2cConfig& c = ck.config;
+  if (!IsWeightType(options.type) || !HasQuantizer(options.type)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot convert to ", std::string(TypeTraits(options.type).name),
+                     ": the converter writes f32, f16, bf16, q8_0, q4_0, q2_K..q6_K, iq4_nl or "
+                     "iq4_xs"));
+  }
   if (static_cast<int64_t>(vocab.texts.size()) != c.vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat("tokenizer has ", vocab.texts.size(),
                                                    " tokens but the model's vocab_size is ",

@@ -90,6 +90,10 @@ class Loader {
   // kernels simple). Non-finite values are refused: one NaN here poisons every token.
   absl::StatusOr<std::vector<float>> Vector(const std::string& name, int64_t n) {
     TC_ASSIGN_OR_RETURN(const GgufTensorInfo* t, Tensor(name, {n}));
+    if (!HasDequantizer(t->type)) {
+      return Invalid(absl::StrCat("tensor '", name, "' has type ",
+                                  std::string(TypeTraits(t->type).name), ", which cannot be read"));
+    }
     if (n % TypeTraits(t->type).block_size != 0) {
       return Invalid(absl::StrCat("tensor '", name, "' of type ", std::string(TypeTraits(t->type).name),
                                   " cannot hold ", n, " elements"));
@@ -122,7 +126,8 @@ class Loader {
                                   int64_t rows, int64_t index) const {
     if (!IsWeightType(t.type)) {
       return Invalid(absl::StrCat("tensor '", name, "' has type ", std::string(TypeTraits(t.type).name),
-                                  ", which is not a weight type"));
+                                  ", which is not a weight type (no kernels; weight types: ",
+                                  WeightTypeNames(), ")"));
     }
     MatrixView m;
     m.type = t.type;

@@ -8,9 +8,25 @@
 
 namespace thermocline {
 
-// dst receives n floats. n must be a multiple of the type's block size.
+// Which types each direction handles: dequantization every weight type plus q8_K and i32;
+// quantization f32, f16, bf16, q8_0, q4_0, q2_K..q6_K, iq4_nl, iq4_xs and i32 (ggml's
+// quantizers without importance matrix, bit for bit; q4_1/q5_x are not written yet). Anything
+// reading types from a file or a flag checks these first.
+bool HasDequantizer(GgmlType type);
+bool HasQuantizer(GgmlType type);
+
+// dst receives n floats. n must be a multiple of the type's block size; HasDequantizer(type).
 void DequantizeRow(GgmlType type, const void* src, float* dst, int64_t n);
-// dst receives RowBytes(type, n) bytes. n must be a multiple of the type's block size.
+// dst receives RowBytes(type, n) bytes. n must be a multiple of the type's block size;
+// HasQuantizer(type).
 void QuantizeRow(GgmlType type, const float* src, void* dst, int64_t n);
+
+// Sub-block j (0..7) of a Q4_K / Q5_K super-block: its 6-bit scale and min from the 12 packed
+// bytes at `scales` (ggml's get_scale_min_k4). Shared with the SIMD kernels.
+void Q4KScaleMin(const uint8_t* scales, int j, int* sc, int* m);
+// Sub-block j (0..15) of a Q3_K super-block: its scale minus 32, from the 12 packed bytes.
+int Q3KScale(const uint8_t* scales, int j);
+// Sub-block j (0..7) of an IQ4_XS block: its scale minus 32.
+int Iq4xsScale(const uint8_t* block, int j);
 
 }  // namespace thermocline

@@ -234,8 +234,22 @@ uint32_t SynthFileType(GgmlType type) {
       return 7;  // LLAMA_FTYPE_MOSTLY_Q8_0
     case GgmlType::kBF16:
       return 32;  // LLAMA_FTYPE_MOSTLY_BF16
-    case GgmlType::kI32:
-      break;  // never a weight type
+    case GgmlType::kQ6_K:
+      return 18;  // LLAMA_FTYPE_MOSTLY_Q6_K
+    case GgmlType::kQ2_K:
+      return 10;  // LLAMA_FTYPE_MOSTLY_Q2_K
+    case GgmlType::kQ3_K:
+      return 12;  // LLAMA_FTYPE_MOSTLY_Q3_K_M
+    case GgmlType::kQ4_K:
+      return 15;  // LLAMA_FTYPE_MOSTLY_Q4_K_M
+    case GgmlType::kQ5_K:
+      return 17;  // LLAMA_FTYPE_MOSTLY_Q5_K_M
+    case GgmlType::kIQ4_NL:
+      return 25;  // LLAMA_FTYPE_MOSTLY_IQ4_NL
+    case GgmlType::kIQ4_XS:
+      return 30;  // LLAMA_FTYPE_MOSTLY_IQ4_XS
+    default:
+      break;  // synth writes only the types above
   }
   return 0;
 }
@@ -365,7 +379,8 @@ absl::Status ValidateSynthOptions(const SynthOptions& o) {
                absl::StrCat("gives an odd head dimension ", shape.head_dim, " with --heads ",
                             o.heads, " (RoPE rotates pairs)"));
   }
-  if (!TypeTraits(static_cast<uint32_t>(o.type)) || !IsWeightType(o.type)) {
+  if (!TypeTraits(static_cast<uint32_t>(o.type)) || !IsWeightType(o.type) ||
+      !HasQuantizer(o.type)) {
     return absl::InvalidArgumentError(absl::StrCat("--type: type id ",
                                                    static_cast<uint32_t>(o.type),
                                                    " is not a weight type (f32, f16, bf16, "

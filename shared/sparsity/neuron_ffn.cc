@@ -33,7 +33,7 @@ inline float Act(FfnActivation activation, float g) {
 // absl::StrCat here predates std::string_view support.
 std::string TypeName(GgmlType t) { return std::string(TypeTraits(t).name); }
 
-bool IsBlockQuantized(GgmlType t) { return t == GgmlType::kQ8_0 || t == GgmlType::kQ4_0; }
+bool IsBlockQuantized(GgmlType t) { return TypeTraits(t).block_size > 1; }
 
 // Below this much weight traffic a share is not worth waking another thread for.
 constexpr int64_t kMinShareBytes = 64 << 10;
@@ -252,7 +252,15 @@ absl::StatusOr<DownRows> DownRows::ForLayer(const Model& model, int64_t layer,
     return d;
   }
   GgmlType type = w.down.type;
-  if (IsBlockQuantized(type) && quantized_type) type = *quantized_type;
+  if (IsBlockQuantized(type)) {
+    // Other block types than Q8_0/Q4_0 (K-quants, i-quants, q4_1, q5_x) are stored as Q8_0:
+    // most have no quantizer, and the K-quant ones search every sub-block (slow at load).
+    if (quantized_type) {
+      type = *quantized_type;
+    } else if (type != GgmlType::kQ8_0 && type != GgmlType::kQ4_0) {
+      type = GgmlType::kQ8_0;
+    }
+  }
   return Transpose(w.down, type, pool);
 }
 
@@ -263,8 +271,9 @@ absl::StatusOr<DownRows> DownRows::Transpose(const MatrixView& down, GgmlType ty
     return absl::InvalidArgumentError(absl::StrCat(
         "down_t of a ", TypeName(down.type), " matrix must keep its type, not ", TypeName(type)));
   }
-  if (src_quant && type == GgmlType::kBF16) {
-    return absl::InvalidArgumentError("down_t of a quantized matrix: bf16 is not offered");
+  if (src_quant && (type == GgmlType::kBF16 || !HasQuantizer(type))) {
+    return absl::InvalidArgumentError(absl::StrCat("down_t of a quantized matrix: ",
+                                                   TypeName(type), " is not offered"));
   }
   const int64_t dim = down.rows, ffn = down.cols;
   if (ffn % TypeTraits(down.type).block_size != 0 || dim % TypeTraits(type).block_size != 0) {
@@ -304,13 +313,15 @@ absl::StatusOr<DownRows> DownRows::Transpose(const MatrixView& down, GgmlType ty
     }
     return d;
   }
-  // Quantized: tiles of 32 neurons (one block of a down row). Each down row contributes one
-  // dequantized block, written transposed into 32 f32 rows, which are then stored in `type`.
-  pool.ParallelFor((ffn + kTile - 1) / kTile, [&](int64_t t0, int64_t t1) {
-    std::vector<float> tile(kTile * dim), block(kTile);
+  // Quantized: tiles of one block of a down row (32 neurons, 256 for super-block types). Each
+  // down row contributes one dequantized block, written transposed into that many f32 rows,
+  // which are then stored in `type`.
+  const int64_t q_tile = std::max<int64_t>(kTile, TypeTraits(down.type).block_size);
+  pool.ParallelFor((ffn + q_tile - 1) / q_tile, [&](int64_t t0, int64_t t1) {
+    std::vector<float> tile(q_tile * dim), block(q_tile);
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t i0 = t * kTile, width = std::min(kTile, ffn - i0);
-      // i0 is a multiple of 32, so it starts a whole block.
+      const int64_t i0 = t * q_tile, width = std::min(q_tile, ffn - i0);
+      // i0 is a multiple of the block size, so it starts a whole block.
       const int64_t offset = RowBytes(down.type, i0);
       for (int64_t r = 0; r < dim; ++r) {
         DequantizeRow(down.type, down.row(r) + offset, block.data(), width);

@@ -145,7 +145,10 @@ class NeuronFfn {
 // the copy dequantizes and requantizes every row to `quantized_type`: the same type as the model
 // keeps the bytes read per active neuron equal to the dense path's but rounds each weight a
 // second time (an error of up to half a quantization step of the new block); kF16 keeps the
-// dequantized values exactly at ~3.6x (vs Q4_0) or ~1.9x (vs Q8_0) the bytes.
+// dequantized values exactly at ~3.6x (vs Q4_0) or ~1.9x (vs Q8_0) the bytes. The other block
+// types (q4_1, q5_x, the K-quants, iq4_nl, iq4_xs) go the same way via f32 and are stored as
+// Q8_0 by default (most have no quantizer; Q8_0 is the closest cheap type in bytes per neuron:
+// ~1.9x a Q4_K row, one extra rounding of at most half a Q8_0 step), or as `quantized_type`.
 class DownRows {
  public:
   DownRows() = default;
@@ -156,7 +159,8 @@ class DownRows {
   DownRows& operator=(const DownRows&) = delete;
 
   // Borrows `model.layer(layer).down_t`, or builds the transposed copy. quantized_type applies
-  // to Q8_0/Q4_0 models only and must be kF32, kF16, kQ8_0 or kQ4_0 (default: the model's own).
+  // to block-quantized models only and must be kF32, kF16 or a type with a quantizer (default:
+  // the model's own type for Q8_0/Q4_0, else kQ8_0).
   static absl::StatusOr<DownRows> ForLayer(const Model& model, int64_t layer,
                                            std::optional<GgmlType> quantized_type,
                                            ThreadPool& pool);

@@ -312,9 +312,12 @@ TEST(ActivationStatsTest, I32TensorsRoundTripInGgufAndPowerInferFiles) {
   EXPECT_EQ(TypeTraits(GgmlType::kI32).name, "i32");
   EXPECT_EQ(TypeFromName("i32"), GgmlType::kI32);
   EXPECT_FALSE(IsWeightType(GgmlType::kI32));
-  // In PWRI files 16 and 17 are PowerInfer's I8 and I16, which nothing reads.
-  EXPECT_FALSE(TypeTraitsInFile(16, true).has_value());
-  EXPECT_FALSE(TypeTraitsInFile(18, false).has_value());  // iq3_xxs in today's numbering
+  // In PWRI files 16 and 17 are PowerInfer's I8 and I16; in today's numbering 16..18 are
+  // i-quants.
+  EXPECT_EQ(TypeTraitsInFile(16, true)->type, GgmlType::kI8);
+  EXPECT_EQ(TypeTraitsInFile(17, true)->type, GgmlType::kI16);
+  EXPECT_EQ(TypeTraitsInFile(18, false)->type, GgmlType::kIQ3_XXS);
+  EXPECT_EQ(TypeIdInFile(GgmlType::kI16, true), 17u);
 
   // Rows convert as integers: rounding to nearest even, saturation, NaN to 0.
   const std::vector<float> in = {

@@ -238,11 +238,20 @@ TEST(GgufRawTest, TensorInfoErrors) {
         .Data(data)
         .bytes();
   };
+  // Every type ggml knows is read (with its block size), whether or not anything can run it.
+  for (uint32_t id : {3u, 12u, 14u, 18u, 21u, 23u, 29u, 34u, 39u}) {
+    const GgmlTypeTraits t = *TypeTraits(id);
+    auto f = Parse(one({static_cast<uint64_t>(t.block_size) * 2}, id, 0, 1024));
+    ASSERT_TRUE(f.ok()) << id << ": " << f.status();
+    EXPECT_EQ((*f)->tensors()[0].type, t.type);
+    EXPECT_EQ((*f)->tensors()[0].n_bytes, 2 * t.block_bytes);
+  }
   ExpectError(ParseError(one({32}, 12, 0, 1024)),
-              "tensor 0 'blk.0.ffn_up.weight': unsupported tensor type id 12 (q4_K); supported: "
-              "f32, f16, bf16, q8_0, q4_0");
-  ExpectError(ParseError(one({32}, 3, 0, 1024)), "unsupported tensor type id 3 (q4_1)");
-  ExpectError(ParseError(one({32}, 500, 0, 1024)), "unsupported tensor type id 500 (unknown)");
+              "tensor 0 'blk.0.ffn_up.weight': ne[0] = 32 is not a multiple of the q4_K block "
+              "size 256");
+  ExpectError(ParseError(one({32}, 4, 0, 1024)), "unknown tensor type id 4 (q4_2 (removed))");
+  ExpectError(ParseError(one({32}, 33, 0, 1024)), "unknown tensor type id 33 (q4_0_8_8 (removed))");
+  ExpectError(ParseError(one({32}, 500, 0, 1024)), "unknown tensor type id 500 (unknown)");
   ExpectError(ParseError(one({1, 1, 1, 1, 1}, 0, 0, 1024)), "n_dims 5 is not in [1, 4]");
   ExpectError(ParseError(one({}, 0, 0, 1024)), "n_dims 0 is not in [1, 4]");
   ExpectError(ParseError(one({~0ull}, 0, 0, 1024)), "ne[0] = -1 is negative");

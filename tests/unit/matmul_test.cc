@@ -34,10 +34,57 @@ constexpr Family kFamilies[] = {{SimdLevel::kPortable, false, "portable"},
 
 void PrintTo(const Family& f, std::ostream* os) { *os << f.name; }
 
-constexpr GgmlType kAllTypes[] = {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0,
-                                  GgmlType::kQ4_0};
+constexpr GgmlType kAllTypes[] = {
+    GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ8_0,   GgmlType::kQ4_0,
+    GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ2_K,   GgmlType::kQ3_K,
+    GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS};
 
+// The types whose kernels quantize the activations to Q8_0 (the others take f32 activations).
 bool IsQuant(GgmlType t) { return t == GgmlType::kQ8_0 || t == GgmlType::kQ4_0; }
+
+int64_t BlockSize(GgmlType t) { return TypeTraits(t).block_size; }
+int64_t RoundUp(int64_t n, GgmlType t) {
+  return (n + BlockSize(t) - 1) / BlockSize(t) * BlockSize(t);
+}
+
+// Where the fp16 scales sit in a block of the types we cannot quantize yet (ggml_type.h).
+std::vector<int> HalfOffsets(GgmlType t) {
+  switch (t) {
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_1:
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
+      return {0, 2};
+    case GgmlType::kQ5_0:
+    case GgmlType::kIQ4_NL:
+    case GgmlType::kIQ4_XS:
+      return {0};
+    case GgmlType::kQ2_K:
+      return {80, 82};
+    case GgmlType::kQ3_K:
+      return {108};
+    case GgmlType::kQ6_K:
+      return {208};
+    default:
+      return {};
+  }
+}
+
+// Random bytes in every field (all nibble, bit-plane and packed-scale patterns occur) with
+// finite fp16 scales of the row's magnitude.
+void RandomBlocks(GgmlType type, int64_t cols, float magnitude, std::mt19937& rng, uint8_t* dst) {
+  const GgmlTypeTraits& t = TypeTraits(type);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> unit(0.25f, 1.0f);
+  for (int64_t b = 0; b < cols / t.block_size; ++b) {
+    uint8_t* blk = dst + b * t.block_bytes;
+    for (int64_t i = 0; i < t.block_bytes; ++i) blk[i] = static_cast<uint8_t>(byte(rng));
+    for (int at : HalfOffsets(type)) {
+      const uint16_t h = Fp32ToFp16(magnitude * unit(rng) * (byte(rng) % 2 ? 1.0f : -1.0f));
+      std::memcpy(blk + at, &h, 2);
+    }
+  }
+}
 
 // A random matrix quantized with the reference QuantizeRow, plus its dequantized values: the
 // exact operands the kernels multiply.
@@ -60,8 +107,15 @@ TestMatrix MakeMatrix(GgmlType type, int64_t rows, int64_t cols, std::mt19937& r
     const float s = std::exp(scale(rng));  // rows of very different magnitude
     for (int64_t c = 0; c < cols; ++c) src[c] = normal(rng) * s;
     // An all-zero block exercises the d = 0 path of the quantized formats.
-    if (r % 7 == 3) std::fill(src.begin(), src.begin() + std::min<int64_t>(cols, kQK), 0.0f);
-    QuantizeRow(type, src.data(), m.bytes.data() + 1 + r * rb, cols);
+    const bool zero_block = r % 7 == 3;
+    if (zero_block) std::fill(src.begin(), src.begin() + std::min<int64_t>(cols, kQK), 0.0f);
+    uint8_t* row = m.bytes.data() + 1 + r * rb;
+    if (HasQuantizer(type)) {
+      QuantizeRow(type, src.data(), row, cols);
+    } else {
+      RandomBlocks(type, cols, s / 64, rng, row);
+      if (zero_block) std::fill(row, row + TypeTraits(type).block_bytes, 0);
+    }
     DequantizeRow(type, m.bytes.data() + 1 + r * rb, m.deq.data() + r * cols, cols);
   }
   m.view = MatrixView{type, rows, cols, m.bytes.data() + 1, rb};
@@ -129,7 +183,7 @@ TEST_P(KernelTest, MatMulMatchesDoubleReference) {
   std::mt19937 rng(1234);
   for (GgmlType type : kAllTypes) {
     for (const Shape& s : shapes) {
-      const int64_t cols = IsQuant(type) ? (s.cols + kQK - 1) / kQK * kQK : s.cols;
+      const int64_t cols = RoundUp(s.cols, type);
       TestMatrix m = MakeMatrix(type, s.rows, cols, rng);
       for (int64_t n_tokens : {1, 3, 17}) {
         if (s.rows >= 300 && n_tokens > 3) continue;  // keep the reference cheap
@@ -174,7 +228,7 @@ TEST_P(KernelTest, MatMulMatchesDoubleReference) {
 TEST_P(KernelTest, BatchThreadsAndRowSplitsAreBitIdentical) {
   std::mt19937 rng(99);
   for (GgmlType type : kAllTypes) {
-    const int64_t rows = 77, cols = IsQuant(type) ? 320 : 300, n_tokens = 17;
+    const int64_t rows = 77, cols = BlockSize(type) > 1 ? RoundUp(300, type) : 300, n_tokens = 17;
     TestMatrix m = MakeMatrix(type, rows, cols, rng);
     std::vector<float> x = RandomVector(n_tokens * cols, rng);
     ThreadPool pool1(1);
@@ -206,17 +260,20 @@ TEST_P(KernelTest, BatchThreadsAndRowSplitsAreBitIdentical) {
 TEST_P(KernelTest, GatherMatMulEqualsDenseRows) {
   std::mt19937 rng(7);
   for (GgmlType type : kAllTypes) {
-    const int64_t rows = 500, cols = IsQuant(type) ? 2048 : 2043;
+    const int64_t rows = 500, cols = BlockSize(type) > 1 ? 2048 : 2043;
     TestMatrix m = MakeMatrix(type, rows, cols, rng);
     std::vector<float> x = RandomVector(cols, rng);
     ThreadPool pool1(1);
     std::vector<float> dense(rows);
     MatMul(m.view, x.data(), 1, cols, dense.data(), rows, pool1);
-    // Unsorted, with repeats, and short lists that do not fill a tile.
+    // Empty, one, unsorted with repeats, short lists that do not fill a tile, and every row.
     std::uniform_int_distribution<int32_t> pick(0, rows - 1);
-    for (int64_t n_ids : {1, 3, 9, 301}) {
+    for (int64_t n_ids : {0, 1, 3, 9, 301, 500}) {
       std::vector<int32_t> ids(n_ids);
       for (int32_t& id : ids) id = pick(rng);
+      if (n_ids == rows) {
+        for (int64_t i = 0; i < n_ids; ++i) ids[i] = static_cast<int32_t>(i);
+      }
       for (int threads : {1, 2, 3}) {
         ThreadPool pool(threads);
         std::vector<float> y(n_ids + 1, -7.0f);
@@ -236,15 +293,20 @@ TEST_P(KernelTest, AxpyRowsMatchesDoubleReference) {
   struct Case {
     int64_t rows, cols, n_ids;
   };
-  // Small lists (one thread, ragged float rows) and a long one that every pool size splits.
-  const Case cases[] = {{10, 43, 5}, {50, 96, 7}, {400, 2048, 300}};
+  // Empty and one-row lists, small lists (one thread, ragged float rows), a long one that every
+  // pool size splits, and every row in order.
+  const Case cases[] = {{10, 43, 0}, {10, 43, 1},      {10, 43, 5},
+                        {50, 96, 7}, {400, 2048, 300}, {64, 512, 64}};
   for (GgmlType type : kAllTypes) {
     for (const Case& k : cases) {
-      const int64_t cols = IsQuant(type) ? (k.cols + kQK - 1) / kQK * kQK : k.cols;
+      const int64_t cols = RoundUp(k.cols, type);
       TestMatrix m = MakeMatrix(type, k.rows, cols, rng);
       std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(k.rows) - 1);
       std::vector<int32_t> ids(k.n_ids);
       for (int32_t& id : ids) id = pick(rng);
+      if (k.n_ids == k.rows) {
+        for (int64_t i = 0; i < k.n_ids; ++i) ids[i] = static_cast<int32_t>(i);
+      }
       const std::vector<float> coeffs = RandomVector(k.n_ids, rng);
       const std::vector<float> y0 = RandomVector(cols, rng);
       std::vector<double> ref(cols), sum_abs(cols);
@@ -279,10 +341,42 @@ TEST_P(KernelTest, AxpyRowsMatchesDoubleReference) {
 TEST_P(KernelTest, DequantizeMatrixRowMatchesReference) {
   std::mt19937 rng(3);
   for (GgmlType type : kAllTypes) {
-    TestMatrix m = MakeMatrix(type, 4, 64, rng);
-    std::vector<float> row(64);
-    DequantizeMatrixRow(m.view, 2, row.data());
-    EXPECT_EQ(std::memcmp(row.data(), m.deq.data() + 2 * 64, 64 * sizeof(float)), 0);
+    const int64_t cols = RoundUp(64, type) * 2;
+    TestMatrix m = MakeMatrix(type, 8, cols, rng);
+    std::vector<float> row(cols);
+    for (int64_t r = 0; r < 8; ++r) {
+      DequantizeMatrixRow(m.view, r, row.data());
+      EXPECT_EQ(std::memcmp(row.data(), m.deq.data() + r * cols, cols * sizeof(float)), 0)
+          << TypeName(type) << " row " << r;
+    }
+  }
+}
+
+// Types with f32 activations decode each block to its dequantized values and then multiply
+// exactly as the f32 kernel does (matmul_kernels.h): the same bits as the f32 kernel of the
+// same family over the dequantized matrix, for GEMV, GEMM and AxpyRows.
+TEST_P(KernelTest, BlockTypesEqualF32KernelOnDequantizedMatrix) {
+  std::mt19937 rng(17);
+  for (GgmlType type : kAllTypes) {
+    if (IsQuant(type) || BlockSize(type) == 1) continue;
+    const int64_t rows = 29, cols = RoundUp(512, type), n_tokens = 5;
+    TestMatrix m = MakeMatrix(type, rows, cols, rng);
+    MatrixView f32{GgmlType::kF32, rows, cols, reinterpret_cast<const uint8_t*>(m.deq.data()),
+                   cols * static_cast<int64_t>(sizeof(float))};
+    std::vector<float> x = RandomVector(n_tokens * cols, rng);
+    ThreadPool pool(1);
+    for (int64_t nt : {int64_t{1}, n_tokens}) {
+      std::vector<float> a(nt * rows), b(nt * rows);
+      MatMul(m.view, x.data(), nt, cols, a.data(), rows, pool);
+      MatMul(f32, x.data(), nt, cols, b.data(), rows, pool);
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+          << TypeName(type) << " tokens=" << nt;
+    }
+    std::vector<int32_t> ids = {3, 0, 28, 3, 17, 9, 11};
+    std::vector<float> ya(cols, 0.5f), yb(cols, 0.5f);
+    AxpyRows(m.view, ids.data(), x.data(), 7, ya.data(), pool);
+    AxpyRows(f32, ids.data(), x.data(), 7, yb.data(), pool);
+    EXPECT_EQ(std::memcmp(ya.data(), yb.data(), ya.size() * sizeof(float)), 0) << TypeName(type);
   }
 }
 
@@ -302,12 +396,12 @@ TEST(VnniTest, SameBitsAsPlainAvx2) {
     const int64_t rows = 37, cols = 640, n_tokens = 5;
     TestMatrix m = MakeMatrix(type, rows, cols, rng);
     std::vector<float> x = RandomVector(n_tokens * cols, rng);
-    const int64_t in_bytes = plain.input_bytes(cols);
-    ASSERT_EQ(in_bytes, vnni.input_bytes(cols));
+    const int64_t in_bytes = plain.For(type).input_bytes(cols);
+    ASSERT_EQ(in_bytes, vnni.For(type).input_bytes(cols));
     std::vector<uint8_t> in_plain(n_tokens * in_bytes), in_vnni(n_tokens * in_bytes);
     for (int64_t t = 0; t < n_tokens; ++t) {
-      plain.prepare_input(type, x.data() + t * cols, cols, in_plain.data() + t * in_bytes);
-      vnni.prepare_input(type, x.data() + t * cols, cols, in_vnni.data() + t * in_bytes);
+      plain.For(type).prepare_input(x.data() + t * cols, cols, in_plain.data() + t * in_bytes);
+      vnni.For(type).prepare_input(x.data() + t * cols, cols, in_vnni.data() + t * in_bytes);
     }
     std::vector<float> y_plain(n_tokens * rows), y_vnni(n_tokens * rows);
     const matmul_internal::RowSource src{m.view.data, m.view.row_bytes, nullptr};
@@ -316,6 +410,32 @@ TEST(VnniTest, SameBitsAsPlainAvx2) {
     EXPECT_EQ(std::memcmp(y_plain.data(), y_vnni.data(), y_plain.size() * sizeof(float)), 0)
         << TypeName(type);
   }
+}
+
+// The kernel table of every family covers exactly the weight types, and only q8_0 / q4_0
+// prepare (quantize) their activations.
+TEST(KernelTableTest, EveryFamilyCoversExactlyTheWeightTypes) {
+  std::vector<const matmul_internal::KernelSet*> sets = {&matmul_internal::PortableKernels()};
+  if (matmul_internal::CpuHasAvx2()) {
+    sets.push_back(&matmul_internal::Avx2Kernels(false));
+    sets.push_back(&matmul_internal::Avx2Kernels(true));
+  }
+  for (const matmul_internal::KernelSet* k : sets) {
+    for (uint32_t id = 0; id < matmul_internal::kTypeSlots; ++id) {
+      const auto t = TypeTraits(id);
+      const bool weight = t.has_value() && IsWeightType(t->type);
+      const GgmlType type = static_cast<GgmlType>(id);
+      EXPECT_EQ(k->Has(type), weight) << k->name << " type id " << id;
+      if (!weight) continue;
+      const matmul_internal::TypeKernels& tk = k->For(type);
+      EXPECT_TRUE(tk.axpy != nullptr && tk.dequantize != nullptr) << k->name << " " << id;
+      EXPECT_EQ(tk.prepare_input != nullptr, IsQuant(type)) << k->name << " " << id;
+      EXPECT_EQ(tk.input_bytes != nullptr, IsQuant(type)) << k->name << " " << id;
+    }
+  }
+  int n = 0;
+  for (GgmlType t : kAllTypes) n += IsWeightType(t);
+  EXPECT_EQ(n, static_cast<int>(std::size(kAllTypes)));
 }
 
 // The activation quantizer of every kernel family must reproduce ggml's reference rounding

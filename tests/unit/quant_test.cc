@@ -23,7 +23,19 @@ TEST(GgmlTypeTest, TraitsMatchGgml) {
   };
   for (const Expected& e :
        {Expected{0, "f32", 1, 4}, Expected{1, "f16", 1, 2}, Expected{2, "q4_0", 32, 18},
-        Expected{8, "q8_0", 32, 34}, Expected{30, "bf16", 1, 2}}) {
+        Expected{3, "q4_1", 32, 20}, Expected{6, "q5_0", 32, 22}, Expected{7, "q5_1", 32, 24},
+        Expected{8, "q8_0", 32, 34}, Expected{9, "q8_1", 32, 36}, Expected{10, "q2_K", 256, 84},
+        Expected{11, "q3_K", 256, 110}, Expected{12, "q4_K", 256, 144},
+        Expected{13, "q5_K", 256, 176}, Expected{14, "q6_K", 256, 210},
+        Expected{15, "q8_K", 256, 292}, Expected{16, "iq2_xxs", 256, 66},
+        Expected{17, "iq2_xs", 256, 74}, Expected{18, "iq3_xxs", 256, 98},
+        Expected{19, "iq1_s", 256, 50}, Expected{20, "iq4_nl", 32, 18},
+        Expected{21, "iq3_s", 256, 110}, Expected{22, "iq2_s", 256, 82},
+        Expected{23, "iq4_xs", 256, 136}, Expected{24, "i8", 1, 1}, Expected{25, "i16", 1, 2},
+        Expected{26, "i32", 1, 4}, Expected{27, "i64", 1, 8}, Expected{28, "f64", 1, 8},
+        Expected{29, "iq1_m", 256, 56}, Expected{30, "bf16", 1, 2},
+        Expected{34, "tq1_0", 256, 54}, Expected{35, "tq2_0", 256, 66},
+        Expected{39, "mxfp4", 32, 17}}) {
     auto t = TypeTraits(e.id);
     ASSERT_TRUE(t.has_value()) << e.name;
     EXPECT_EQ(t->name, e.name);
@@ -36,12 +48,26 @@ TEST(GgmlTypeTest, TraitsMatchGgml) {
     ASSERT_TRUE(by_name.has_value());
     EXPECT_EQ(*by_name, t->type);
   }
-  // Types ggml has but we do not (Q4_1, Q5_0, Q8_1, Q2_K, ...) and ids past the table.
-  for (uint32_t id : {3u, 6u, 7u, 9u, 10u, 12u, 29u, 31u, 1000u, 0xFFFFFFFFu}) {
+  // Ids ggml removed (q4_2, q4_3, the q4_0_4_4 / iq4_nl_4_4 repacks) and ids past the table.
+  for (uint32_t id : {4u, 5u, 31u, 32u, 33u, 36u, 37u, 38u, 1000u, 0xFFFFFFFFu}) {
     EXPECT_FALSE(TypeTraits(id).has_value()) << id;
   }
-  EXPECT_FALSE(TypeFromName("q4_1").has_value());
   EXPECT_FALSE(TypeFromName("F32").has_value());
+  EXPECT_FALSE(TypeFromName("q4_k").has_value());  // llama.cpp spells the K upper case
+  // Weight types are exactly those with kernels; the others are only listed.
+  for (GgmlType t : {GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K,
+                     GgmlType::kQ6_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS}) {
+    EXPECT_TRUE(HasQuantizer(t)) << TypeTraits(t).name;
+  }
+  for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1}) {
+    EXPECT_TRUE(IsWeightType(t)) << TypeTraits(t).name;
+    EXPECT_TRUE(HasDequantizer(t)) << TypeTraits(t).name;
+    EXPECT_FALSE(HasQuantizer(t)) << TypeTraits(t).name;
+  }
+  for (GgmlType t : {GgmlType::kQ8_K, GgmlType::kQ8_1, GgmlType::kIQ3_XXS, GgmlType::kIQ3_S,
+                     GgmlType::kI8, GgmlType::kI32, GgmlType::kTQ1_0}) {
+    EXPECT_FALSE(IsWeightType(t)) << TypeTraits(t).name;
+  }
   EXPECT_EQ(RowBytes(GgmlType::kF32, 64), 256);
   EXPECT_EQ(RowBytes(GgmlType::kF16, 64), 128);
   EXPECT_EQ(RowBytes(GgmlType::kBF16, 64), 128);

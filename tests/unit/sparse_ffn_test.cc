@@ -5,6 +5,7 @@
 #include "shared/sparsity/sparse_ffn.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -354,6 +355,55 @@ TEST(DownRowsTest, TransposeIsExactForFloatsAndBoundedForQuantized) {
   ThreadPool pool(1);
   TestMatrix f16 = MakeMatrix(GgmlType::kF16, 8, 8, 1.0f, rng);
   EXPECT_FALSE(DownRows::Transpose(f16.view, GgmlType::kF32, pool).ok());
+}
+
+// Types without a quantizer: a real llama.cpp ffn_down (../shared/models/quants/dequant/: [256
+// down rows][768 neurons], 3 super-blocks per row) transposed via f32, stored as Q8_0 by
+// default (ForLayer) or as f32 / f16 on request; a bf16 target, or one without a quantizer, is
+// refused.
+TEST(DownRowsTest, TransposeOfTypesWithoutQuantizer) {
+  const std::string dir = testing::ModelPath("quants/dequant");
+  for (const char* name : {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"}) {
+    const std::string base = dir + "/" + name + ".blk.0.ffn_down.weight";
+    const std::string raw = testing::ReadFileOrDie(base + ".raw");
+    const std::vector<float> deq = testing::ReadF32File(base + ".f32");
+    std::string lower = name;
+    for (char& ch : lower) ch = static_cast<char>(ch == 'K' ? 'K' : std::tolower(ch));
+    const GgmlType src = *TypeFromName(lower);
+    const int64_t dim = 256, ffn = 768;
+    ASSERT_EQ(static_cast<int64_t>(raw.size()), dim * RowBytes(src, ffn)) << name;
+    const MatrixView down{src, dim, ffn, reinterpret_cast<const uint8_t*>(raw.data()),
+                          RowBytes(src, ffn)};
+    for (GgmlType dst : {GgmlType::kQ8_0, GgmlType::kF32, GgmlType::kF16}) {
+      SCOPED_TRACE(std::string(name) + " -> " + TypeName(dst));
+      for (int threads : {1, 2}) {
+        ThreadPool pool(threads);
+        auto rows = DownRows::Transpose(down, dst, pool);
+        ASSERT_TRUE(rows.ok()) << rows.status();
+        ASSERT_EQ(rows->view().rows, ffn);
+        ASSERT_EQ(rows->view().cols, dim);
+        std::vector<float> row(dim);
+        for (int64_t i = 0; i < ffn; ++i) {
+          DequantizeMatrixRow(rows->view(), i, row.data());
+          for (int64_t b = 0; b < dim; b += kQK) {
+            double amax = 0;
+            for (int64_t c = b; c < b + kQK; ++c) {
+              amax = std::max(amax, std::fabs(static_cast<double>(deq[c * ffn + i])));
+            }
+            const double bound = dst == GgmlType::kQ8_0   ? 0.6 * amax / 127
+                                 : dst == GgmlType::kF16 ? amax * 0x1p-11
+                                                         : 0.0;
+            for (int64_t c = b; c < b + kQK; ++c) {
+              ASSERT_LE(std::fabs(row[c] - deq[c * ffn + i]), bound) << "i=" << i << " c=" << c;
+            }
+          }
+        }
+      }
+    }
+    ThreadPool pool(1);
+    EXPECT_FALSE(DownRows::Transpose(down, GgmlType::kBF16, pool).ok());
+    EXPECT_EQ(DownRows::Transpose(down, src, pool).ok(), HasQuantizer(src));
+  }
 }
 
 TEST(SparsityModeTest, NamesRoundTrip) {
