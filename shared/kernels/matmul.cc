@@ -7,7 +7,7 @@
 
 #include "shared/kernels/dispatch.h"
 #include "shared/kernels/matmul_kernels.h"
-#include "shared/model/quant.h"
+#include "shared/gguf/quant.h"
 #include "shared/util/cpu_features.h"
 
 namespace thermocline {

@@ -15,8 +15,8 @@
 
 #include <cstdint>
 
-#include "shared/model/ggml_type.h"
-#include "shared/model/matrix_view.h"
+#include "shared/gguf/ggml_type.h"
+#include "shared/gguf/matrix_view.h"
 #include "shared/util/thread_pool.h"
 
 namespace thermocline {

@@ -14,7 +14,7 @@
 #include <utility>
 
 #include "shared/kernels/matmul_kernels.h"
-#include "shared/model/quant.h"
+#include "shared/gguf/quant.h"
 #include "shared/util/fp16.h"
 
 namespace thermocline::matmul_internal {

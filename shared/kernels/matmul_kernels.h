@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <cstdlib>
 
-#include "shared/model/ggml_type.h"
+#include "shared/gguf/ggml_type.h"
 
 namespace thermocline::matmul_internal {
 

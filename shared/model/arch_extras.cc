@@ -1,6 +1,6 @@
 #include "absl/strings/str_cat.h"
 #include "shared/model/arch_specs.h"
-#include "shared/model/gguf.h"
+#include "shared/gguf/gguf.h"
 #include "shared/model/model.h"
 #include "shared/util/status_macros.h"
 

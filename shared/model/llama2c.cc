@@ -11,7 +11,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "shared/model/quant.h"
+#include "shared/gguf/quant.h"
 #include "shared/util/status_macros.h"
 
 namespace thermocline {

@@ -14,8 +14,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "shared/model/ggml_type.h"
-#include "shared/model/gguf.h"
+#include "shared/gguf/ggml_type.h"
+#include "shared/gguf/gguf.h"
 #include "shared/tokenizer/tokenizer.h"
 
 namespace thermocline {

@@ -7,7 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "shared/model/quant.h"
+#include "shared/gguf/quant.h"
 #include "shared/util/status_macros.h"
 
 namespace thermocline {
@@ -383,6 +383,25 @@ absl::Status ReadFfn(Loader& ld, const ArchSpec& a, const ModelConfig& c, const 
 }
 
 }  // namespace
+
+absl::StatusOr<ModelDescription> ReadModelDescription(const std::string& path) {
+  TC_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::OpenHeader(path));
+  const GgufFile& f = *file;
+  TC_ASSIGN_OR_RETURN(std::string arch_name, f.GetString("general.architecture"));
+  const ArchSpec* arch = FindArch(arch_name);
+  if (arch == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("model ", f.path(), ": general.architecture '",
+                                                   arch_name, "' is not one of: ",
+                                                   KnownArchNames()));
+  }
+  Loader ld(f, *arch);
+  ModelDescription d;
+  d.config.arch = arch;
+  TC_RETURN_IF_ERROR(ReadHyperparameters(ld, f, *arch, d.config));
+  TC_ASSIGN_OR_RETURN(d.tokenizer, Tokenizer::FromGguf(f));
+  d.config.vocab_size = d.tokenizer.vocab_size();
+  return d;
+}
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path) {
   TC_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(path));

@@ -14,8 +14,8 @@
 
 #include "absl/status/statusor.h"
 #include "shared/model/arch.h"
-#include "shared/model/gguf.h"
-#include "shared/model/matrix_view.h"
+#include "shared/gguf/gguf.h"
+#include "shared/gguf/matrix_view.h"
 #include "shared/tokenizer/tokenizer.h"
 
 namespace thermocline {
@@ -101,6 +101,16 @@ struct LayerWeights {
   FfnWeights shared;
   std::vector<float> shared_gate;
 };
+
+// What a model is, without its weights: hyperparameters and tokenizer from the file's header
+// alone (GgufFile::OpenHeader: nothing mapped), for the gateway, which tokenizes and sizes
+// requests but never computes. Errors are those Model::Load gives for the same keys; the
+// tensors are not checked (the workers, which load them, do).
+struct ModelDescription {
+  ModelConfig config;
+  Tokenizer tokenizer;
+};
+absl::StatusOr<ModelDescription> ReadModelDescription(const std::string& path);
 
 class Model {
  public:

@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "shared/model/quant.h"
+#include "shared/gguf/quant.h"
 #include "shared/util/status_macros.h"
 
 namespace thermocline {

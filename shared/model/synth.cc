@@ -14,7 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "shared/model/arch.h"
-#include "shared/model/quant.h"
+#include "shared/gguf/quant.h"
 #include "shared/model/synth_arch.h"
 #include "shared/util/status_macros.h"
 #include "shared/util/thread_pool.h"

@@ -22,8 +22,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "shared/model/ggml_type.h"
-#include "shared/model/gguf.h"
+#include "shared/gguf/ggml_type.h"
+#include "shared/gguf/gguf.h"
 
 namespace thermocline {
 

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "shared/model/ggml_type.h"
+#include "shared/gguf/ggml_type.h"
 #include "shared/model/model.h"
 
 namespace thermocline {

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "shared/model/quant.h"
+#include "shared/gguf/quant.h"
 #include "shared/runtime/ops.h"
 
 namespace thermocline {

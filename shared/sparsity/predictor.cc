@@ -9,7 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "shared/model/quant.h"
+#include "shared/gguf/quant.h"
 #include "shared/util/status_macros.h"
 
 namespace thermocline {

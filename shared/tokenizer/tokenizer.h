@@ -29,7 +29,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "shared/model/gguf.h"
+#include "shared/gguf/gguf.h"
 
 namespace thermocline {
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
-#include "shared/model/gguf.h"
+#include "shared/gguf/gguf.h"
 
 namespace thermocline {
 

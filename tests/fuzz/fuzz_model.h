@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <memory>
 
-#include "shared/model/gguf.h"
+#include "shared/gguf/gguf.h"
 #include "shared/tokenizer/tokenizer.h"
 
 namespace thermocline::fuzz {

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <cstdlib>
 
-#include "shared/model/gguf.h"
+#include "shared/gguf/gguf.h"
 #include "shared/tokenizer/tokenizer.h"
 
 using thermocline::GgufFile;

@@ -15,7 +15,7 @@
 #include "gpu_worker/cuda/cuda_util.h"
 #include "gpu_worker/cuda/kernels.h"
 #include "shared/kernels/matmul.h"
-#include "shared/model/quant.h"
+#include "shared/gguf/quant.h"
 #include "shared/runtime/kv_cache.h"
 #include "shared/runtime/ops.h"
 #include "shared/sparsity/neuron_ffn.h"

@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "shared/model/gguf.h"
+#include "shared/gguf/gguf.h"
 #include "shared/model/model.h"
-#include "shared/model/quant.h"
+#include "shared/gguf/quant.h"
 #include "shared/runtime/forward.h"
 #include "shared/runtime/ops.h"
 #include "shared/sparsity/predictor.h"

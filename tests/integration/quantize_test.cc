@@ -5,7 +5,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
-#include "shared/model/gguf.h"
+#include "shared/gguf/gguf.h"
 #include "tests/test_support.h"
 
 namespace thermocline {

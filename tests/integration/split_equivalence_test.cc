@@ -318,11 +318,11 @@ TEST(SplitGenerateCommand, PrintsWhatLocalGenerationPrints) {
   EXPECT_TRUE(ipc::ListInstanceSegments(instance).empty());
 
   // Misuse is refused with a clear message before anything starts.
-  std::vector<std::string> no_placement = common;
-  no_placement.push_back("--split");
-  const testing::CommandResult bad = testing::RunCommand(no_placement);
+  std::vector<std::string> both = common;
+  both.insert(both.end(), {"--split", "--hot-fraction", "0.5", "--plan", "p.gguf"});
+  const testing::CommandResult bad = testing::RunCommand(both);
   EXPECT_EQ(bad.exit_code, 1);
-  EXPECT_NE(bad.err.find("exactly one of --hot-fraction"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("not both"), std::string::npos) << bad.err;
   std::vector<std::string> stray = common;
   stray.insert(stray.end(), {"--hot-fraction", "0.5"});
   EXPECT_NE(testing::RunCommand(stray).err.find("--hot-fraction needs --split"),

@@ -16,8 +16,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "shared/model/gguf.h"
-#include "shared/model/quant.h"
+#include "shared/gguf/gguf.h"
+#include "shared/gguf/quant.h"
 #include "shared/runtime/corpus.h"
 #include "shared/runtime/ffn.h"
 #include "shared/runtime/forward.h"

@@ -11,8 +11,8 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "shared/model/ggml_type.h"
-#include "shared/model/quant.h"
+#include "shared/gguf/ggml_type.h"
+#include "shared/gguf/quant.h"
 #include "shared/util/fp16.h"
 #include "tests/test_support.h"
 

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "shared/model/gguf.h"
-#include "shared/model/quant.h"
+#include "shared/gguf/gguf.h"
+#include "shared/gguf/quant.h"
 #include "tests/test_support.h"
 
 namespace thermocline {

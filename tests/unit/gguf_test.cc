@@ -1,4 +1,4 @@
-#include "shared/model/gguf.h"
+#include "shared/gguf/gguf.h"
 
 #include <cmath>
 #include <cstdint>
@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "shared/model/quant.h"
+#include "shared/gguf/quant.h"
 #include "tests/test_support.h"
 
 namespace thermocline {

@@ -9,9 +9,9 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "shared/model/gguf.h"
+#include "shared/gguf/gguf.h"
 #include "shared/model/llama2c.h"
-#include "shared/model/quant.h"
+#include "shared/gguf/quant.h"
 #include "shared/tokenizer/tokenizer.h"
 #include "tests/test_support.h"
 

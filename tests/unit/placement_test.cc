@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "shared/model/gguf.h"
+#include "shared/gguf/gguf.h"
 #include "shared/runtime/corpus.h"
 #include "shared/sparsity/planner.h"
 #include "shared/sparsity/profiler.h"

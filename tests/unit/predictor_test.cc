@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "shared/model/quant.h"
+#include "shared/gguf/quant.h"
 #include "shared/sparsity/predictor_trainer.h"
 #include "shared/util/fp16.h"
 #include "tests/test_support.h"

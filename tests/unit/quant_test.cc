@@ -1,4 +1,4 @@
-#include "shared/model/quant.h"
+#include "shared/gguf/quant.h"
 
 #include <cmath>
 #include <cstdint>
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "shared/model/ggml_type.h"
+#include "shared/gguf/ggml_type.h"
 #include "shared/util/fp16.h"
 
 namespace thermocline {

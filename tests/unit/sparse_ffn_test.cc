@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "shared/model/quant.h"
+#include "shared/gguf/quant.h"
 #include "shared/model/synth.h"
 #include "shared/runtime/ffn.h"
 #include "shared/runtime/ops.h"

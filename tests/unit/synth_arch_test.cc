@@ -13,9 +13,9 @@
 
 #include "gtest/gtest.h"
 #include "shared/model/arch.h"
-#include "shared/model/gguf.h"
+#include "shared/gguf/gguf.h"
 #include "shared/model/model.h"
-#include "shared/model/quant.h"
+#include "shared/gguf/quant.h"
 #include "shared/model/synth.h"
 #include "shared/runtime/forward.h"
 #include "tests/test_support.h"

@@ -7,7 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "shared/model/gguf.h"
+#include "shared/gguf/gguf.h"
 #include "shared/tokenizer/pretokenizer.h"
 #include "shared/tokenizer/tokenizer.h"
 #include "tests/test_support.h"

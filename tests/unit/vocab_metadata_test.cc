@@ -4,7 +4,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "shared/model/gguf.h"
+#include "shared/gguf/gguf.h"
 #include "shared/tokenizer/tokenizer.h"
 #include "shared/tokenizer/vocab_metadata.h"
 #include "tests/test_support.h"

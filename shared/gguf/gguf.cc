@@ -1,4 +1,4 @@
-#include "shared/model/gguf.h"
+#include "shared/gguf/gguf.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -444,6 +444,7 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
   file->path_ = path;
   file->base_ = static_cast<const uint8_t*>(map);
   file->size_ = size;
+  file->file_size_ = size;
   file->owns_mapping_ = true;
   absl::Status s = file->Parse();
   if (!s.ok()) return fail(s.code(), s.message());
@@ -454,9 +455,64 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::FromBuffer(const uint8_t* da
   std::unique_ptr<GgufFile> file(new GgufFile());
   file->base_ = data;
   file->size_ = size;
+  file->file_size_ = size;
   absl::Status s = file->Parse();
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat("gguf: ", s.message()));
   return file;
+}
+
+absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::OpenHeader(const std::string& path) {
+  auto fail = [&](absl::StatusCode code, absl::string_view what) {
+    return absl::Status(code, absl::StrCat("gguf: ", path, ": ", what));
+  };
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    return fail(err == ENOENT   ? absl::StatusCode::kNotFound
+                : err == EACCES ? absl::StatusCode::kPermissionDenied
+                                : absl::StatusCode::kUnavailable,
+                absl::StrCat("cannot open: ", std::strerror(err)));
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) {
+    ::close(fd);
+    return fail(absl::StatusCode::kInvalidArgument, "not a regular, non-empty file");
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  // The header's length is known only once parsed: read a prefix, and a larger one while the
+  // parse runs out of bytes before the end of the file.
+  uint64_t want = std::min<uint64_t>(size, uint64_t{1} << 20);
+  std::vector<uint8_t> buffer;
+  while (true) {
+    buffer.resize(want);
+    uint64_t got = 0;
+    while (got < want) {
+      const ssize_t n = ::pread(fd, buffer.data() + got, want - got, static_cast<off_t>(got));
+      if (n <= 0) {
+        ::close(fd);
+        return fail(absl::StatusCode::kUnavailable, "read failed or the file shrank");
+      }
+      got += static_cast<uint64_t>(n);
+    }
+    std::unique_ptr<GgufFile> file(new GgufFile());
+    file->path_ = path;
+    file->owned_ = std::move(buffer);
+    file->base_ = file->owned_.data();
+    file->size_ = want;
+    file->file_size_ = size;
+    file->header_only_ = true;
+    absl::Status s = file->Parse();
+    if (s.ok()) {
+      ::close(fd);
+      return file;
+    }
+    if (want == size) {
+      ::close(fd);
+      return fail(s.code(), s.message());
+    }
+    buffer = std::move(file->owned_);
+    want = std::min<uint64_t>(size, want * 4);
+  }
 }
 
 GgufFile::~GgufFile() {
@@ -643,19 +699,21 @@ absl::Status GgufFile::Parse() {
   // A file without tensors may end before its alignment padding (found by the fuzzer: a
   // metadata-only file of 30 bytes). Its empty data section then starts at the end of the
   // file, which keeps data_offset() <= file_size() for every file that parses.
-  if (tensors_.empty() && data_offset_ > size_) data_offset_ = size_;
+  // Ranges are checked against the whole file even when only its header was read (OpenHeader).
+  const uint64_t fsize = file_size_;
+  if (tensors_.empty() && data_offset_ > fsize) data_offset_ = fsize;
   for (size_t i = 0; i < tensors_.size(); ++i) {
     GgufTensorInfo& t = tensors_[i];
     const std::string tc = absl::StrCat("tensor ", i, " '", Printable(t.name), "'");
     const uint64_t n_bytes = static_cast<uint64_t>(t.n_bytes);
-    if (t.offset > size_ || data_offset_ > size_ - t.offset ||
-        n_bytes > size_ - t.offset - data_offset_) {
+    if (t.offset > fsize || data_offset_ > fsize - t.offset ||
+        n_bytes > fsize - t.offset - data_offset_) {
       const uint64_t begin = data_offset_ + t.offset;  // only for the message; may wrap
       return absl::InvalidArgumentError(absl::StrCat(tc, ": data [", begin, ", ", begin + n_bytes,
-                                                     ") extends past end of file (size ", size_,
+                                                     ") extends past end of file (size ", fsize,
                                                      ")"));
     }
-    t.data = base_ + data_offset_ + t.offset;
+    t.data = header_only_ ? nullptr : base_ + data_offset_ + t.offset;
   }
   // Overlapping tensors would let a write through one view (e.g. after conversion) corrupt
   // another; no writer produces them, so they indicate a damaged file.

@@ -18,7 +18,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "shared/model/ggml_type.h"
+#include "shared/gguf/ggml_type.h"
 
 namespace thermocline {
 
@@ -90,6 +90,9 @@ class GgufFile {
  public:
   // Maps `path` read-only and validates header, metadata and tensor infos.
   static absl::StatusOr<std::unique_ptr<GgufFile>> Open(const std::string& path);
+  // Reads only the header, metadata and tensor infos (no mapping; every tensor's data is null),
+  // for a process that needs a model's description but never its weights (the gateway).
+  static absl::StatusOr<std::unique_ptr<GgufFile>> OpenHeader(const std::string& path);
   // Parses a file image held by the caller (which must outlive the result). For tests and fuzzing.
   static absl::StatusOr<std::unique_ptr<GgufFile>> FromBuffer(const uint8_t* data, size_t size);
 
@@ -101,7 +104,8 @@ class GgufFile {
   bool is_powerinfer() const { return powerinfer_; }
   uint64_t alignment() const { return alignment_; }
   uint64_t data_offset() const { return data_offset_; }
-  uint64_t file_size() const { return size_; }
+  uint64_t file_size() const { return file_size_; }
+  bool header_only() const { return header_only_; }
   const std::string& path() const { return path_; }
 
   // Metadata in file order.
@@ -123,7 +127,10 @@ class GgufFile {
 
   std::string path_;
   const uint8_t* base_ = nullptr;
-  uint64_t size_ = 0;
+  uint64_t size_ = 0;       // bytes at base_
+  uint64_t file_size_ = 0;  // the whole file's (> size_ for OpenHeader)
+  bool header_only_ = false;
+  std::vector<uint8_t> owned_;  // OpenHeader's copy of the header
   bool owns_mapping_ = false;
   uint32_t version_ = 0;
   bool powerinfer_ = false;

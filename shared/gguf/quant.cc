@@ -1,4 +1,4 @@
-#include "shared/model/quant.h"
+#include "shared/gguf/quant.h"
 
 #include <algorithm>
 #include <cmath>

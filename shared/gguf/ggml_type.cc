@@ -1,4 +1,4 @@
-#include "shared/model/ggml_type.h"
+#include "shared/gguf/ggml_type.h"
 
 #include <array>
 #include <cstdlib>

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "shared/model/ggml_type.h"
+#include "shared/gguf/ggml_type.h"
 
 namespace thermocline {
 
