@@ -855,7 +855,7 @@ const std::map<std::string, TestFn, std::less<>>& Tests() {
       simple("iterable", IsIterable),
       simple("sequence",
              [](const Value& v) {
-               return v.is_string() || v.kind() == Value::Kind::kObject ||
+               return v.is_undefined() || v.is_string() || v.kind() == Value::Kind::kObject ||
                       (v.kind() == Value::Kind::kArray && !v.is_generator());
              }),
       simple("escaped", [](const Value& v) { return v.is_markup(); }),

@@ -17,6 +17,7 @@ class Parser {
   Body ParseAll() {
     std::string end;
     Body body = ParseBody({}, end);
+    if (!unknown_.empty()) Fail(unknown_[0].first, unknown_[0].second);
     return body;
   }
 
@@ -205,6 +206,7 @@ class Parser {
 
   NodePtr ParseFor() {
     NodePtr n = At<Node>(Cur());
+    SoftScope hard(*this, false);
     n->kind = Node::Kind::kFor;
     Next();
     ParseTargets(*n);
@@ -229,10 +231,24 @@ class Parser {
     return n;
   }
 
+  // Jinja2 checks filter and test names when compiling, except directly inside an `if` (its
+  // test and bodies) or a conditional expression, where an unknown name fails only when run.
+  struct SoftScope {
+    SoftScope(Parser& p, bool soft) : p(p), saved(p.soft_) { p.soft_ = soft; }
+    ~SoftScope() { p.soft_ = saved; }
+    Parser& p;
+    bool saved;
+  };
+
+  void UnknownName(const Token& t, const std::string& message) {
+    if (!soft_) unknown_.emplace_back(t, message);
+  }
+
   NodePtr ParseIf() {
     NodePtr n = At<Node>(Cur());
     n->kind = Node::Kind::kIf;
     Next();
+    SoftScope soft(*this, true);
     ExprPtr cond = ParseTuple(false);
     while (true) {
       ExpectBlockEnd();
@@ -254,6 +270,7 @@ class Parser {
 
   NodePtr ParseSet() {
     NodePtr n = At<Node>(Cur());
+    SoftScope hard(*this, soft_);
     Next();
     if (Cur().type == TokenType::kName && Peek().type == TokenType::kOp && Peek().text == ".") {
       n->targets.push_back(ExpectName("a variable name"));
@@ -273,6 +290,7 @@ class Parser {
       Fail(Cur(), "expected '=' after the assignment target");
     }
     n->kind = Node::Kind::kSetBlock;
+    soft_ = false;
     while (IsOp("|")) {
       Next();
       n->filters.push_back(ParseFilterCall(nullptr));
@@ -286,6 +304,7 @@ class Parser {
 
   NodePtr ParseMacro() {
     NodePtr n = At<Node>(Cur());
+    SoftScope hard(*this, false);
     n->kind = Node::Kind::kMacro;
     Next();
     n->name = ExpectName("a macro name");
@@ -321,6 +340,7 @@ class Parser {
 
   NodePtr ParseFilterBlock() {
     NodePtr n = At<Node>(Cur());
+    SoftScope hard(*this, false);
     n->kind = Node::Kind::kFilterBlock;
     Next();
     n->filters.push_back(ParseFilterCall(nullptr));
@@ -337,6 +357,7 @@ class Parser {
 
   NodePtr ParseWith() {
     NodePtr n = At<Node>(Cur());
+    SoftScope hard(*this, false);
     n->kind = Node::Kind::kWith;
     Next();
     while (Cur().type != TokenType::kBlockEnd) {
@@ -389,6 +410,7 @@ class Parser {
 
   ExprPtr ParseCondExpr() {
     const Token& t = Cur();
+    const size_t unknown_before = unknown_.size();
     ExprPtr expr = ParseOr();
     while (IsName("if")) {
       Next();
@@ -399,6 +421,7 @@ class Parser {
         DepthGuard guard(*this);
         otherwise = ParseCondExpr();
       }
+      unknown_.resize(unknown_before);  // a conditional expression checks names at run time
       ExprPtr c = MakeExpr(Expr::Kind::kCond, t);
       c->args.push_back(std::move(expr));
       c->args.push_back(std::move(cond));
@@ -733,7 +756,7 @@ class Parser {
     const Token& t = Cur();
     ExprPtr f = MakeExpr(Expr::Kind::kFilter, t);
     f->name = ParseDottedName("a filter name");
-    if (!IsKnownFilter(f->name)) Fail(t, "no filter named '" + f->name + "'");
+    if (!IsKnownFilter(f->name)) UnknownName(t, "no filter named '" + f->name + "'");
     f->args.push_back(std::move(subject));
     if (IsOp("(")) ParseCallArgs(*f);
     return f;
@@ -764,7 +787,7 @@ class Parser {
     }
     const Token& name_tok = Cur();
     e->name = ParseDottedName("a test name");
-    if (!IsKnownTest(e->name)) Fail(name_tok, "no test named '" + e->name + "'");
+    if (!IsKnownTest(e->name)) UnknownName(name_tok, "no test named '" + e->name + "'");
     e->args.push_back(std::move(node));
     const Token& c = Cur();
     if (IsOp("(")) {
@@ -784,6 +807,8 @@ class Parser {
   size_t pos_ = 0;
   int depth_ = 0;
   int loop_depth_ = 0;
+  bool soft_ = false;
+  std::vector<std::pair<Token, std::string>> unknown_;  // unknown filters and tests, not soft
 };
 
 }  // namespace
