@@ -265,7 +265,8 @@ Value BoundMethod::Call(Interpreter& interp, const CallArgs& args) const {
         items.push_back(Value::List({Value::Str(k), v}, true));
       }
     }
-    return Value::List(std::move(items));
+    return Value::DictView(name_ == "keys" ? "dict_keys" : name_ == "values" ? "dict_values" : "dict_items",
+                           std::move(items));
   }
   const Array& a = self_.as_array();
   Params p(fn, args, {"value"});
@@ -543,6 +544,7 @@ const std::map<std::string, FilterFn, std::less<>>& Filters() {
       {"float",
        [](Interpreter&, const Value& v, const CallArgs& a) {
          Params p("float", a, {"default"});
+         RequireDefined(v);  // float(Undefined) raises
          if (v.is_number()) return Value::Float(v.as_double());
          double d = 0;
          if (v.is_string() && ParseFloat(v.as_string(), d)) return Value::Float(d);
@@ -562,12 +564,19 @@ const std::map<std::string, FilterFn, std::less<>>& Filters() {
          } else {
            ThrowError("indent: width must be an integer or a string");
          }
-         return Value::Str(IndentText(ToStr(v), indention, p.BoolOr(1, false), p.BoolOr(2, false)));
+         // Jinja2 appends "\n" to the value, which only a string allows.
+         RequireDefined(v);
+         if (!v.is_string()) {
+           ThrowError("unsupported operand type(s) for +=: '" + TypeName(v) + "' and 'str'");
+         }
+         return Value::Str(
+             IndentText(v.as_string(), indention, p.BoolOr(1, false), p.BoolOr(2, false)));
        }},
       {"int",
        [](Interpreter&, const Value& v, const CallArgs& a) {
          Params p("int", a, {"default", "base"});
          const int64_t base = p.IntOr(1, 10);
+         RequireDefined(v);  // int(Undefined) raises
          if (v.is_integer_like()) return Value::Int(v.as_int());
          if (v.kind() == Value::Kind::kFloat) {
            const double d = std::trunc(v.as_double());
@@ -986,7 +995,16 @@ Value ApplyFilter(Interpreter& interp, const std::string& name, const Value& sub
                   const CallArgs& args) {
   const FilterFn* f = FindFilter(name);
   if (f == nullptr) ThrowError("no filter named '" + name + "'");
-  return (*f)(interp, subject, args);
+  // These are Python generators: their errors surface only when the result is iterated.
+  const bool lazy = name == "select" || name == "reject" || name == "selectattr" ||
+                    name == "rejectattr" || name == "map" || name == "items" || name == "unique";
+  if (!lazy) return (*f)(interp, subject, args);
+  try {
+    return (*f)(interp, subject, args);
+  } catch (const TemplateError& e) {
+    if (e.code() != absl::StatusCode::kInvalidArgument) throw;  // limits stay immediate
+    return Value::FailedGenerator(e.message());
+  }
 }
 
 bool ApplyTest(Interpreter& interp, const std::string& name, const Value& subject,
@@ -1025,7 +1043,7 @@ Value GetItem(const Value& obj, const Value& key) {
       }
       break;
     case Value::Kind::kArray:
-      if (key.is_integer_like() && !obj.is_generator()) {
+      if (key.is_integer_like() && !obj.is_generator() && obj.as_array().dict_view == nullptr) {
         const auto& items = obj.as_array().items;
         const int64_t i = PyIndex(key.as_int(), items.size());
         if (i >= 0 && i < static_cast<int64_t>(items.size())) return items[static_cast<size_t>(i)];
@@ -1075,10 +1093,12 @@ Value GetSlice(const Value& obj, const Value& start, const Value& stop, const Va
   if (obj.is_string()) {
     cps = DecodeUtf8(obj.as_string());
     n = cps.size();
-  } else if (obj.kind() == Value::Kind::kArray && !obj.is_generator()) {
+  } else if (obj.kind() == Value::Kind::kArray && !obj.is_generator() &&
+             obj.as_array().dict_view == nullptr) {
     n = obj.as_array().items.size();
   } else {
-    return Value::Undefined(ObjectDesc(obj) + " cannot be sliced");
+    // Jinja2 slices with Python's own subscript (not its forgiving getitem).
+    ThrowError(absl::StrCat("'", TypeName(obj), "' object is not subscriptable"));
   }
   const auto len = static_cast<int64_t>(n);
   auto clamp = [&](std::optional<int64_t> x, int64_t def) {
@@ -1105,7 +1125,9 @@ Value GetSlice(const Value& obj, const Value& start, const Value& stop, const Va
 std::vector<Value> Iterate(const Value& v) {
   switch (v.kind()) {
     case Value::Kind::kUndefined: return {};
-    case Value::Kind::kArray: return v.as_array().items;
+    case Value::Kind::kArray:
+      if (!v.as_array().deferred_error.empty()) ThrowError(v.as_array().deferred_error);
+      return v.as_array().items;
     case Value::Kind::kString: {
       std::vector<Value> out;
       for (char32_t c : DecodeUtf8(v.as_string())) {

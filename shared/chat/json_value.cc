@@ -65,7 +65,7 @@ class Dumper {
       case Value::Kind::kString: out_ += JsonQuote(v.as_string()); break;
       case Value::Kind::kArray: {
         const Array& a = v.as_array();
-        if (a.is_generator) Unserializable(v);
+        if (a.is_generator || a.dict_view != nullptr) Unserializable(v);
         if (a.items.empty()) {
           out_ += "[]";
           break;

@@ -89,7 +89,8 @@ Value BinaryOp(Interpreter& interp, std::string_view op, const Value& a, const V
       return Value::Str(a.as_string() + b.as_string());
     }
     if (a.kind() == Value::Kind::kArray && b.kind() == Value::Kind::kArray &&
-        !a.is_generator() && !b.is_generator() &&
+        !a.is_generator() && !b.is_generator() && a.as_array().dict_view == nullptr &&
+        b.as_array().dict_view == nullptr &&
         a.as_array().is_tuple == b.as_array().is_tuple) {
       std::vector<Value> items = a.as_array().items;
       items.insert(items.end(), b.as_array().items.begin(), b.as_array().items.end());
@@ -110,7 +111,8 @@ Value BinaryOp(Interpreter& interp, std::string_view op, const Value& a, const V
       return Value::Int(r);
     }
     const auto is_seq = [](const Value& v) {
-      return v.is_string() || (v.kind() == Value::Kind::kArray && !v.is_generator());
+      return v.is_string() || (v.kind() == Value::Kind::kArray && !v.is_generator() &&
+                               v.as_array().dict_view == nullptr);
     };
     if (is_seq(a) && b.is_integer_like()) return Repeat(interp, a, b.as_int());
     if (is_seq(b) && a.is_integer_like()) return Repeat(interp, b, a.as_int());
@@ -185,6 +187,9 @@ bool Contains(const Value& container, const Value& item) {
       }
       return container.as_string().find(item.as_string()) != std::string::npos;
     case Value::Kind::kArray:
+      if (!container.as_array().deferred_error.empty()) {
+        ThrowError(container.as_array().deferred_error);
+      }
       for (const Value& x : container.as_array().items) {
         if (Equal(x, item)) return true;
       }

@@ -693,6 +693,16 @@ class Parser {
     ExprPtr parts[3];
     int colons = 0;
     if (!IsOp(":")) parts[0] = ParseExpression(true);
+    if (IsOp(",")) {  // a[x, y]: the key is a tuple
+      ExprPtr tuple = MakeExpr(Expr::Kind::kTuple, t);
+      tuple->args.push_back(std::move(parts[0]));
+      while (IsOp(",")) {
+        Next();
+        if (IsOp("]")) break;
+        tuple->args.push_back(ParseExpression(true));
+      }
+      parts[0] = std::move(tuple);
+    }
     while (IsOp(":") && colons < 2) {
       Next();
       ++colons;

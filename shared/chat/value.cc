@@ -90,6 +90,20 @@ Value Value::Dict(std::vector<std::pair<std::string, Value>> items) {
   return Value(std::shared_ptr<const Object>(std::move(o)));
 }
 
+Value Value::FailedGenerator(std::string error) {
+  auto a = std::make_shared<Array>();
+  a->is_generator = true;
+  a->deferred_error = std::move(error);
+  return Value(std::shared_ptr<const Array>(std::move(a)));
+}
+
+Value Value::DictView(const char* view, std::vector<Value> items) {
+  Value v = List(std::move(items));
+  auto a = std::make_shared<Array>(v.as_array());
+  a->dict_view = view;
+  return Value(std::shared_ptr<const Array>(std::move(a)));
+}
+
 int64_t Value::as_int() const {
   if (kind() == Kind::kBool) return as_bool() ? 1 : 0;
   return std::get<int64_t>(v_);
@@ -141,14 +155,14 @@ std::string Repr(const Value& v) {
     case Value::Kind::kArray: {
       const Array& a = v.as_array();
       if (a.is_generator) return "<generator object>";
-      std::string out = a.is_tuple ? "(" : "[";
+      std::string out = a.dict_view != nullptr ? std::string(a.dict_view) + "([" : a.is_tuple ? "(" : "[";
       for (size_t i = 0; i < a.items.size(); ++i) {
         if (i > 0) out += ", ";
         out += Repr(a.items[i]);
         CheckStringSize(out.size());
       }
       if (a.is_tuple && a.items.size() == 1) out += ",";
-      out += a.is_tuple ? ")" : "]";
+      out += a.dict_view != nullptr ? "])" : a.is_tuple ? ")" : "]";
       return out;
     }
     case Value::Kind::kObject: {
@@ -185,6 +199,7 @@ bool Equal(const Value& a, const Value& b) {
       const Array& x = a.as_array();
       const Array& y = b.as_array();
       if (x.is_generator || y.is_generator) return &x == &y;
+      if ((x.dict_view == nullptr) != (y.dict_view == nullptr)) return false;
       if (x.is_tuple != y.is_tuple || x.items.size() != y.items.size()) return false;
       for (size_t i = 0; i < x.items.size(); ++i) {
         if (!Equal(x.items[i], y.items[i])) return false;
@@ -238,6 +253,7 @@ std::string TypeName(const Value& v) {
     case Value::Kind::kFloat: return "float";
     case Value::Kind::kString: return "str";
     case Value::Kind::kArray:
+      if (v.as_array().dict_view != nullptr) return v.as_array().dict_view;
       return v.as_array().is_generator ? "generator" : v.as_array().is_tuple ? "tuple" : "list";
     case Value::Kind::kObject: return "dict";
     case Value::Kind::kNamespace: return "Namespace";

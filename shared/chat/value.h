@@ -62,6 +62,11 @@ struct Array {
   // What Jinja2's select/map/items/unique/reverse return: a Python iterator, which iterates like
   // a list but is always true, has no length, prints as an object and is not JSON.
   bool is_generator = false;
+  // A generator whose computation failed: Python computes generators lazily, so the error is
+  // raised only when the items are used (iterated, searched), never by printing or testing it.
+  std::string deferred_error;
+  // dict.keys() / values() / items(): "dict_keys" ... (printed so, not indexable, not JSON).
+  const char* dict_view = nullptr;
   int depth = 1;
 };
 
@@ -104,6 +109,8 @@ class Value {
   static Value Generator(std::vector<Value> items) {
     return MakeArray(std::move(items), false, true);
   }
+  static Value FailedGenerator(std::string error);
+  static Value DictView(const char* view, std::vector<Value> items);
   bool is_generator() const { return kind() == Kind::kArray && as_array().is_generator; }
   static Value Dict(std::vector<std::pair<std::string, Value>> items);
   static Value Ns(std::shared_ptr<Namespace> ns) { return Value(std::move(ns)); }
