@@ -1111,7 +1111,10 @@ Value GetSlice(const Value& obj, const Value& start, const Value& stop, const Va
   const int64_t lo = clamp(a, c > 0 ? 0 : len - 1);
   const int64_t hi = clamp(b, c > 0 ? len : -1);
   std::vector<size_t> idx;
-  for (int64_t i = lo; c > 0 ? i < hi : i > hi; i += c) idx.push_back(static_cast<size_t>(i));
+  for (int64_t i = lo; c > 0 ? i < hi : i > hi;) {
+    idx.push_back(static_cast<size_t>(i));
+    if (__builtin_add_overflow(i, c, &i)) break;
+  }
   if (obj.is_string()) {
     std::string out;
     for (size_t i : idx) AppendUtf8(cps[i], out);

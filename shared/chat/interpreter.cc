@@ -92,11 +92,11 @@ Interpreter::~Interpreter() {
 }
 
 void Interpreter::Step(int64_t n) {
-  steps_ += n;
-  if (steps_ > limits_.max_steps) {
+  if (n > limits_.max_steps - steps_) {
     ThrowLimit("template rendering took more than " + std::to_string(limits_.max_steps) +
                " steps");
   }
+  steps_ += n;
 }
 
 std::string Interpreter::Render(const Body& body,

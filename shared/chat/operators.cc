@@ -26,8 +26,8 @@ bool IsFloatOp(const Value& a, const Value& b) {
 
 Value Repeat(Interpreter& interp, const Value& seq, int64_t n) {
   if (seq.is_string()) {
-    if (n <= 0) return Value::Str("");
     const size_t len = seq.as_string().size();
+    if (n <= 0 || len == 0) return Value::Str("");
     if (len > 0 && static_cast<uint64_t>(n) > kMaxStringBytes / len) CheckStringSize(kMaxStringBytes + 1);
     std::string out;
     out.reserve(len * static_cast<size_t>(n));
@@ -38,7 +38,11 @@ Value Repeat(Interpreter& interp, const Value& seq, int64_t n) {
   const Array& a = seq.as_array();
   std::vector<Value> items;
   if (n > 0 && !a.items.empty()) {
-    interp.Step(n * static_cast<int64_t>(a.items.size()));
+    int64_t total = 0;
+    if (__builtin_mul_overflow(n, static_cast<int64_t>(a.items.size()), &total)) {
+      total = std::numeric_limits<int64_t>::max() / 2;
+    }
+    interp.Step(total);
     for (int64_t i = 0; i < n; ++i) items.insert(items.end(), a.items.begin(), a.items.end());
   }
   return Value::List(std::move(items), a.is_tuple);
