@@ -23,9 +23,10 @@ PACKAGES=(
   # The Python client test (tests/e2e/python/): gRPC and protobuf for /usr/bin/python3; the
   # message classes come from protobuf-compiler above (3.21, as python3-protobuf).
   python3-grpcio python3-protobuf
-  # Chat templates (shared/chat/): nlohmann-json for messages, tools and tojson; Python's
-  # Jinja2 as the reference the template tests compare against (tests/helpers/).
-  nlohmann-json3-dev python3-jinja2
+  # Chat templates (shared/chat/): nlohmann-json for messages, tools and tojson, ICU for
+  # Unicode case mapping; Python's Jinja2 as the reference the template tests compare against
+  # (tests/helpers/).
+  nlohmann-json3-dev libicu-dev python3-jinja2
 )
 
 missing=()

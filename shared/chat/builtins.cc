@@ -168,8 +168,10 @@ Value StrMethod(Interpreter& interp, const std::string& s, const std::string& na
   if (name == "upper" || name == "lower" || name == "title" || name == "capitalize" ||
       name == "splitlines" || name.rfind("is", 0) == 0) {
     Params p(fn, args, {});
-    if (name == "upper") return Value::Str(AsciiUpper(s));
-    if (name == "lower") return Value::Str(AsciiLower(s));
+    if (name == "upper") return Value::Str(PyUpper(s));
+    if (name == "lower") return Value::Str(PyLower(s));
+    if (name == "isupper") return Value::Bool(PyIsUpper(s));
+    if (name == "islower") return Value::Bool(PyIsLower(s));
     if (name == "title") return Value::Str(PyTitle(s));
     if (name == "capitalize") return Value::Str(PyCapitalize(s));
     if (name == "splitlines") {
@@ -180,7 +182,6 @@ Value StrMethod(Interpreter& interp, const std::string& s, const std::string& na
     const std::vector<char32_t> cps = DecodeUtf8(s);
     if (cps.empty()) return Value::Bool(false);
     bool all = true;
-    bool any_cased = false;
     for (char32_t c : cps) {
       const bool digit = c >= '0' && c <= '9';
       const bool up = c >= 'A' && c <= 'Z';
@@ -189,16 +190,7 @@ Value StrMethod(Interpreter& interp, const std::string& s, const std::string& na
       if (name == "isalpha") all &= up || low;
       if (name == "isalnum") all &= up || low || digit;
       if (name == "isspace") all &= IsPySpace(c);
-      if (name == "isupper") {
-        all &= !low;
-        any_cased |= up;
-      }
-      if (name == "islower") {
-        all &= !up;
-        any_cased |= low;
-      }
     }
-    if (name == "isupper" || name == "islower") return Value::Bool(all && any_cased);
     return Value::Bool(all);
   }
   if (name == "replace") {
@@ -313,7 +305,7 @@ Value GetPath(const Value& item, const Value& attribute) {
 }
 
 Value LowerIfString(const Value& v) {
-  return v.is_string() ? Value::Str(AsciiLower(v.as_string())) : v;
+  return v.is_string() ? Value::Str(PyLower(v.as_string())) : v;
 }
 
 std::string IndentText(const std::string& s, const std::string& indention, bool first,
@@ -643,7 +635,7 @@ const std::map<std::string, FilterFn, std::less<>>& Filters() {
       {"lower",
        [](Interpreter&, const Value& v, const CallArgs& a) {
          Params p("lower", a, {});
-         return Value::Str(AsciiLower(ToStr(v)));
+         return Value::Str(PyLower(ToStr(v)));
        }},
       {"map", [](Interpreter& interp, const Value& v, const CallArgs& a) {
          return MapFilter(interp, v, a);
@@ -793,7 +785,7 @@ const std::map<std::string, FilterFn, std::less<>>& Filters() {
       {"upper",
        [](Interpreter&, const Value& v, const CallArgs& a) {
          Params p("upper", a, {});
-         return Value::Str(AsciiUpper(ToStr(v)));
+         return Value::Str(PyUpper(ToStr(v)));
        }},
       {"wordcount",
        [](Interpreter&, const Value& v, const CallArgs& a) {
@@ -868,16 +860,8 @@ const std::map<std::string, TestFn, std::less<>>& Tests() {
                       (v.kind() == Value::Kind::kArray && !v.is_generator());
              }),
       simple("escaped", [](const Value& v) { return v.is_markup(); }),
-      simple("lower",
-             [](const Value& v) {
-               const std::string s = ToStr(v);
-               return s == AsciiLower(s);
-             }),
-      simple("upper",
-             [](const Value& v) {
-               const std::string s = ToStr(v);
-               return s == AsciiUpper(s);
-             }),
+      simple("lower", [](const Value& v) { return PyIsLower(ToStr(v)); }),
+      simple("upper", [](const Value& v) { return PyIsUpper(ToStr(v)); }),
       simple("odd",
              [](const Value& v) {
                if (!v.is_integer_like()) ThrowError("odd: value is not an integer");

@@ -5,6 +5,9 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "unicode/uchar.h"
+#include "unicode/ucasemap.h"
+
 namespace thermocline::chat {
 
 namespace {
@@ -271,12 +274,55 @@ std::string PyReplace(std::string_view s, std::string_view from, std::string_vie
   return out;
 }
 
-std::string AsciiUpper(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) {
-    if (c >= 'a' && c <= 'z') c = static_cast<char>(c - 'a' + 'A');
+namespace {
+
+// ICU's root-locale full case mapping is Python's (language-independent SpecialCasing rules).
+std::string IcuCaseMap(std::string_view s, bool upper) {
+  UErrorCode status = U_ZERO_ERROR;
+  UCaseMap* map = ucasemap_open("", U_FOLD_CASE_DEFAULT, &status);
+  if (U_FAILURE(status)) return std::string(s);
+  std::string out(s.size() + 16, '\0');
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    status = U_ZERO_ERROR;
+    const int32_t n =
+        upper ? ucasemap_utf8ToUpper(map, out.data(), static_cast<int32_t>(out.size()), s.data(),
+                                     static_cast<int32_t>(s.size()), &status)
+              : ucasemap_utf8ToLower(map, out.data(), static_cast<int32_t>(out.size()), s.data(),
+                                     static_cast<int32_t>(s.size()), &status);
+    if (status == U_BUFFER_OVERFLOW_ERROR) {
+      out.assign(static_cast<size_t>(n), '\0');
+      continue;
+    }
+    if (U_FAILURE(status)) break;
+    out.resize(static_cast<size_t>(n));
+    ucasemap_close(map);
+    return out;
   }
-  return out;
+  ucasemap_close(map);
+  return std::string(s);
+}
+
+}  // namespace
+
+std::string PyUpper(std::string_view s) { return IcuCaseMap(s, true); }
+std::string PyLower(std::string_view s) { return IcuCaseMap(s, false); }
+
+bool PyIsUpper(std::string_view s) {
+  bool cased = false;
+  for (char32_t c : DecodeUtf8(s)) {
+    if (u_isULowercase(static_cast<UChar32>(c)) || u_istitle(static_cast<UChar32>(c))) return false;
+    if (u_isUUppercase(static_cast<UChar32>(c))) cased = true;
+  }
+  return cased;
+}
+
+bool PyIsLower(std::string_view s) {
+  bool cased = false;
+  for (char32_t c : DecodeUtf8(s)) {
+    if (u_isUUppercase(static_cast<UChar32>(c)) || u_istitle(static_cast<UChar32>(c))) return false;
+    if (u_isULowercase(static_cast<UChar32>(c))) cased = true;
+  }
+  return cased;
 }
 
 std::string AsciiLower(std::string_view s) {

@@ -37,10 +37,14 @@ std::vector<std::string> PySplitLines(std::string_view s);
 // points, as Python does.
 std::string PyReplace(std::string_view s, std::string_view from, std::string_view to,
                       int64_t count);
-// ASCII-only case mapping (Python maps every Unicode letter; see chat_template.h).
-std::string AsciiUpper(std::string_view s);
+// str.upper() / str.lower(): full Unicode case mapping (ß -> SS, final sigma), through ICU.
+std::string PyUpper(std::string_view s);
+std::string PyLower(std::string_view s);
+// str.isupper() / str.islower(): no cased character of the other case, and at least one cased.
+bool PyIsUpper(std::string_view s);
+bool PyIsLower(std::string_view s);
 std::string AsciiLower(std::string_view s);
-// str.title() / str.capitalize() over ASCII letters.
+// str.title() / str.capitalize() over ASCII letters (other letters are left as they are).
 std::string PyTitle(std::string_view s);
 std::string PyCapitalize(std::string_view s);
 
