@@ -713,21 +713,28 @@ const std::map<std::string, FilterFn, std::less<>>& Filters() {
       {"title",
        [](Interpreter&, const Value& v, const CallArgs& a) {
          Params p("title", a, {});
-         // Jinja2 capitalizes each word after a run of whitespace, -, (, {, [ or <.
-         std::string s = ToStr(v);
-         bool start = true;
-         for (char& c : s) {
-           const bool sep = IsPySpace(static_cast<unsigned char>(c)) || c == '-' || c == '(' ||
-                            c == '{' || c == '[' || c == '<';
-           if (sep) {
-             start = true;
-             continue;
+         // Jinja2 splits at runs of whitespace, -, (, {, [ and <, then upper-cases each piece's
+         // first character and lower-cases the rest.
+         std::string out;
+         std::string piece;
+         auto flush = [&] {
+           const std::vector<char32_t> cps = DecodeUtf8(piece);
+           if (!cps.empty()) {
+             out += PyUpper(EncodeUtf8(cps, 0, 1)) + PyLower(EncodeUtf8(cps, 1, cps.size()));
            }
-           if (start && c >= 'a' && c <= 'z') c = static_cast<char>(c - 'a' + 'A');
-           if (!start && c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-           start = false;
+           piece.clear();
+         };
+         for (char32_t c : DecodeUtf8(ToStr(v))) {
+           const bool sep = IsPySpace(c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
+           if (sep) {
+             flush();
+             AppendUtf8(c, out);
+           } else {
+             AppendUtf8(c, piece);
+           }
          }
-         return Value::Str(std::move(s));
+         flush();
+         return Value::Str(std::move(out));
        }},
       {"tojson",
        [](Interpreter& interp, const Value& v, const CallArgs& a) {

@@ -325,31 +325,47 @@ bool PyIsLower(std::string_view s) {
   return cased;
 }
 
-std::string AsciiLower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) {
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-  }
-  return out;
+namespace {
+
+// Titlecase of one code point, full mapping (ǆ -> ǅ, ß -> Ss).
+std::string TitleOne(char32_t c) {
+  std::string in;
+  AppendUtf8(c, in);
+  UErrorCode status = U_ZERO_ERROR;
+  UCaseMap* map = ucasemap_open(
+      "", U_TITLECASE_WHOLE_STRING | U_TITLECASE_NO_BREAK_ADJUSTMENT, &status);
+  if (U_FAILURE(status)) return in;
+  char buf[32];
+  const int32_t n = ucasemap_utf8ToTitle(map, buf, sizeof buf, in.data(),
+                                         static_cast<int32_t>(in.size()), &status);
+  ucasemap_close(map);
+  if (U_FAILURE(status) || n < 0 || n > static_cast<int32_t>(sizeof buf)) return in;
+  return std::string(buf, static_cast<size_t>(n));
 }
 
+bool IsCased(char32_t c) {
+  const auto u = static_cast<UChar32>(c);
+  return u_isUUppercase(u) || u_isULowercase(u) || u_istitle(u);
+}
+
+}  // namespace
+
 std::string PyTitle(std::string_view s) {
-  std::string out(s);
+  std::string out;
   bool prev_cased = false;
-  for (char& c : out) {
-    const bool lower = c >= 'a' && c <= 'z';
-    const bool upper = c >= 'A' && c <= 'Z';
-    if (lower && !prev_cased) c = static_cast<char>(c - 'a' + 'A');
-    if (upper && prev_cased) c = static_cast<char>(c - 'A' + 'a');
-    prev_cased = lower || upper;
+  for (char32_t c : DecodeUtf8(s)) {
+    std::string one;
+    AppendUtf8(c, one);
+    out += prev_cased ? PyLower(one) : TitleOne(c);
+    prev_cased = IsCased(c);
   }
   return out;
 }
 
 std::string PyCapitalize(std::string_view s) {
-  std::string out = AsciiLower(s);
-  if (!out.empty() && out[0] >= 'a' && out[0] <= 'z') out[0] = static_cast<char>(out[0] - 'a' + 'A');
-  return out;
+  const std::vector<char32_t> cps = DecodeUtf8(s);
+  if (cps.empty()) return "";
+  return TitleOne(cps[0]) + PyLower(EncodeUtf8(cps, 1, cps.size()));
 }
 
 std::string PyStrRepr(std::string_view s) {

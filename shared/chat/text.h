@@ -43,8 +43,7 @@ std::string PyLower(std::string_view s);
 // str.isupper() / str.islower(): no cased character of the other case, and at least one cased.
 bool PyIsUpper(std::string_view s);
 bool PyIsLower(std::string_view s);
-std::string AsciiLower(std::string_view s);
-// str.title() / str.capitalize() over ASCII letters (other letters are left as they are).
+// str.title() / str.capitalize(), Unicode-aware like the rest (titlecase, then lowercase).
 std::string PyTitle(std::string_view s);
 std::string PyCapitalize(std::string_view s);
 

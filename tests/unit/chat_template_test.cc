@@ -60,6 +60,7 @@ x|éA|back\slash|keep\d)x"},
 ]
 ])x"},
     {R"x(unicode case)x", R"x({{ 'straße ǆ ﬁ éà σς ΑΣ İ'|upper }} {{ 'ÉÀ ΑΣ ΟΔΟΣ İ Ǆ'|lower }} {{ 'ÉCOLE'.lower() }} {{ 'ÉB'.isupper() }} {{ 'éb1'.islower() }} {{ '1'.islower() }} {{ 'Éa' is upper }} {{ 'ß' is lower }} {{ ['B', 'a', 'É', 'e']|sort }} {{ ['É', 'é']|unique|list }})x", R"x({})x", R"x(STRASSE Ǆ FI ÉÀ ΣΣ ΑΣ İ éà ας οδος i̇ ǆ école True True False False True ['a', 'B', 'e', 'É'] ['É'])x"},
+    {R"x(unicode title)x", R"x({{ 'ǆemal ßtraße élan'|title }}|{{ 'ǆemal ßtraße élan'.title() }}|{{ 'ßig ÉCOLE'|capitalize }}|{{ 'they\'re 1st x-ray'.title() }}|{{ 'they\'re 1st x-ray'|title }}|{{ 'ÉCOLE'.capitalize() }})x", R"x({})x", R"x(Ǆemal SStraße Élan|ǅemal Sstraße Élan|Ssig école|They'Re 1St X-Ray|They're 1st X-Ray|École)x"},
     {R"x(upper lower)x", R"x({{ 'Hello World'|upper }} {{ 'Hello World'|lower }} {{ 'hello world'|capitalize }} {{ 'hello big-world(x)'|title }})x", R"x({})x", R"x(HELLO WORLD hello world Hello world Hello Big-World(X))x"},
     {R"x(default)x", R"x([{{ missing|default('d') }}][{{ ''|default('d') }}][{{ ''|default('d', true) }}][{{ none|default('d') }}][{{ 0|d('z', boolean=true) }}])x", R"x({})x", R"x([d][][d][None][z])x"},
     {R"x(join)x", R"x({{ [1, 2, 3]|join(', ') }} {{ users|join('/', attribute='name') }} {{ 'abc'|join('-') }})x", R"x({"users": [{"name": "a"}, {"name": "b"}]})x", R"x(1, 2, 3 a/b a-b-c)x"},
