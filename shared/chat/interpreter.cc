@@ -149,9 +149,11 @@ Interpreter::Flow Interpreter::Exec(const Node& node, const std::shared_ptr<Scop
         auto inner = std::make_shared<Scope>();
         inner->parent = scope;
         std::string text;
-        ExecBody(node.body, inner, text);
+        // A break or continue inside leaves the enclosing loop before anything is assigned.
+        const Flow f = ExecBody(node.body, inner, text);
+        if (f != Flow::kNormal) return f;
         Value v = Value::Str(std::move(text));
-        for (const ExprPtr& f : node.filters) v = ApplyFilterExpr(*f, std::move(v), scope);
+        for (const ExprPtr& fe : node.filters) v = ApplyFilterExpr(*fe, std::move(v), scope);
         scope->Set(node.targets[0], std::move(v));
         return Flow::kNormal;
       }
@@ -163,10 +165,11 @@ Interpreter::Flow Interpreter::Exec(const Node& node, const std::shared_ptr<Scop
         inner->parent = scope;
         std::string text;
         const Flow f = ExecBody(node.body, inner, text);
+        if (f != Flow::kNormal) return f;  // as in Jinja2, the filtered text is then dropped
         Value v = Value::Str(std::move(text));
         for (const ExprPtr& fe : node.filters) v = ApplyFilterExpr(*fe, std::move(v), scope);
         Append(out, ToStr(v));
-        return f;
+        return Flow::kNormal;
       }
       case Node::Kind::kWith: {
         auto inner = std::make_shared<Scope>();
@@ -212,8 +215,8 @@ Interpreter::Flow Interpreter::ExecFor(const Node& node, const std::shared_ptr<S
     if (node.else_body.empty()) return Flow::kNormal;
     auto inner = std::make_shared<Scope>();
     inner->parent = scope;
-    const Flow f = ExecBody(node.else_body, inner, out);
-    return f == Flow::kNormal ? f : Flow::kNormal;
+    // The else block is outside this loop: a break there ends the enclosing loop.
+    return ExecBody(node.else_body, inner, out);
   }
   const auto n = static_cast<int64_t>(items.size());
   for (int64_t i = 0; i < n; ++i) {
