@@ -32,7 +32,8 @@ absl::StatusOr<nlohmann::ordered_json> ReadJson(const std::string& path, const s
   try {
     return nlohmann::ordered_json::parse(*text);
   } catch (const nlohmann::json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " ", path, ": not valid JSON: ", e.what()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " ", path, ": not valid JSON: ", e.what()));
   }
 }
 
@@ -40,8 +41,7 @@ absl::StatusOr<nlohmann::ordered_json> ReadJson(const std::string& path, const s
 std::string SpecialTokenText(const GgufFile& file, const std::string& key) {
   const absl::StatusOr<int64_t> id = file.GetInt(key);
   const absl::StatusOr<const GgufArray*> tokens = file.GetArray("tokenizer.ggml.tokens");
-  if (!id.ok() || !tokens.ok() || *id < 0 ||
-      static_cast<size_t>(*id) >= (*tokens)->items.size()) {
+  if (!id.ok() || !tokens.ok() || *id < 0 || static_cast<size_t>(*id) >= (*tokens)->items.size()) {
     return "";
   }
   const std::string* s = (*tokens)->items[static_cast<size_t>(*id)].AsString();
@@ -55,15 +55,15 @@ int Fail(const absl::Status& s) {
 
 int RunRenderTemplate(const std::vector<std::string>& args) {
   po::options_description opts("options");
-  opts.add_options()
-      ("model", po::value<std::string>(), "GGUF whose tokenizer.chat_template to use")
-      ("template", po::value<std::string>(), "a Jinja template file instead of a model's")
-      ("messages", po::value<std::string>()->required(),
-       "JSON file: an array of {\"role\": ..., \"content\": ...} messages (OpenAI's format)")
-      ("add-generation-prompt", po::bool_switch(), "end with the assistant turn's opening")
-      ("bos-token", po::value<std::string>(), "bos_token (default: the model's BOS text)")
-      ("eos-token", po::value<std::string>(), "eos_token (default: the model's EOS text)")
-      ("tools", po::value<std::string>(), "JSON file: an array of tool definitions");
+  opts.add_options()("model", po::value<std::string>(),
+                     "GGUF whose tokenizer.chat_template to use")(
+      "template", po::value<std::string>(), "a Jinja template file instead of a model's")(
+      "messages", po::value<std::string>()->required(),
+      "JSON file: an array of {\"role\": ..., \"content\": ...} messages (OpenAI's format)")(
+      "add-generation-prompt", po::bool_switch(), "end with the assistant turn's opening")(
+      "bos-token", po::value<std::string>(), "bos_token (default: the model's BOS text)")(
+      "eos-token", po::value<std::string>(), "eos_token (default: the model's EOS text)")(
+      "tools", po::value<std::string>(), "JSON file: an array of tool definitions");
   po::variables_map vm;
   int exit_code = 0;
   if (!ParseOptions("render-template",

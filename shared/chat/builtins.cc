@@ -1,4 +1,3 @@
-#include "absl/strings/str_cat.h"
 #include "shared/chat/builtins.h"
 
 #include <algorithm>
@@ -10,6 +9,7 @@
 #include <initializer_list>
 #include <map>
 
+#include "absl/strings/str_cat.h"
 #include "shared/chat/interpreter.h"
 #include "shared/chat/json_value.h"
 #include "shared/chat/operators.h"
@@ -79,10 +79,11 @@ class BoundMethod : public Callable {
 };
 
 bool IsStrMethod(std::string_view n) {
-  static const char* const kNames[] = {
-      "strip", "lstrip", "rstrip", "split", "rsplit", "startswith", "endswith", "upper",
-      "lower", "replace", "title", "capitalize", "find", "rfind", "count", "join",
-      "splitlines", "isdigit", "isalpha", "isalnum", "isspace", "isupper", "islower"};
+  static const char* const kNames[] = {"strip",      "lstrip",     "rstrip",  "split",   "rsplit",
+                                       "startswith", "endswith",   "upper",   "lower",   "replace",
+                                       "title",      "capitalize", "find",    "rfind",   "count",
+                                       "join",       "splitlines", "isdigit", "isalpha", "isalnum",
+                                       "isspace",    "isupper",    "islower"};
   for (const char* k : kNames) {
     if (n == k) return true;
   }
@@ -140,8 +141,8 @@ Value StrMethod(Interpreter& interp, const std::string& s, const std::string& na
     const std::string* sp = sep.is_none() ? nullptr : &StrArg(fn, sep);
     if (sp != nullptr && sp->empty()) ThrowError(fn + "(): empty separator");
     const int64_t maxsplit = p.IntOr(1, -1);
-    std::vector<std::string> parts = name == "split" ? PySplit(s, sp, maxsplit)
-                                                     : PyRSplit(s, sp, maxsplit);
+    std::vector<std::string> parts =
+        name == "split" ? PySplit(s, sp, maxsplit) : PyRSplit(s, sp, maxsplit);
     interp.Step(static_cast<int64_t>(parts.size()));
     std::vector<Value> items;
     for (std::string& x : parts) items.push_back(Value::Str(std::move(x)));
@@ -208,7 +209,8 @@ Value StrMethod(Interpreter& interp, const std::string& s, const std::string& na
     if (name == "count") {
       if (sub.empty()) return Value::Int(static_cast<int64_t>(Utf8Length(s)) + 1);
       int64_t n = 0;
-      for (size_t pos = s.find(sub); pos != std::string::npos; pos = s.find(sub, pos + sub.size())) ++n;
+      for (size_t pos = s.find(sub); pos != std::string::npos; pos = s.find(sub, pos + sub.size()))
+        ++n;
       return Value::Int(n);
     }
     const size_t pos = name == "find" ? s.find(sub) : s.rfind(sub);
@@ -257,7 +259,9 @@ Value BoundMethod::Call(Interpreter& interp, const CallArgs& args) const {
         items.push_back(Value::List({Value::Str(k), v}, true));
       }
     }
-    return Value::DictView(name_ == "keys" ? "dict_keys" : name_ == "values" ? "dict_values" : "dict_items",
+    return Value::DictView(name_ == "keys"     ? "dict_keys"
+                           : name_ == "values" ? "dict_values"
+                                               : "dict_items",
                            std::move(items));
   }
   const Array& a = self_.as_array();
@@ -278,13 +282,17 @@ Value BoundMethod::Call(Interpreter& interp, const CallArgs& args) const {
 
 size_t Length(const Value& v) {
   switch (v.kind()) {
-    case Value::Kind::kUndefined: return 0;
-    case Value::Kind::kString: return Utf8Length(v.as_string());
+    case Value::Kind::kUndefined:
+      return 0;
+    case Value::Kind::kString:
+      return Utf8Length(v.as_string());
     case Value::Kind::kArray:
       if (!v.is_generator()) return v.as_array().items.size();
       break;
-    case Value::Kind::kObject: return v.as_object().items.size();
-    default: break;
+    case Value::Kind::kObject:
+      return v.as_object().items.size();
+    default:
+      break;
   }
   ThrowError("object of type '" + TypeName(v) + "' has no len()");
 }
@@ -297,9 +305,8 @@ Value GetPath(const Value& item, const Value& attribute) {
   for (const std::string& part : PySplit(attribute.as_string(), &kDot, -1)) {
     bool digits = !part.empty();
     for (char c : part) digits &= c >= '0' && c <= '9';
-    v = digits && part.size() < 18
-            ? GetItem(v, Value::Int(std::strtoll(part.c_str(), nullptr, 10)))
-            : GetItem(v, Value::Str(part));
+    v = digits && part.size() < 18 ? GetItem(v, Value::Int(std::strtoll(part.c_str(), nullptr, 10)))
+                                   : GetItem(v, Value::Str(part));
   }
   return v;
 }
@@ -308,8 +315,7 @@ Value LowerIfString(const Value& v) {
   return v.is_string() ? Value::Str(PyLower(v.as_string())) : v;
 }
 
-std::string IndentText(const std::string& s, const std::string& indention, bool first,
-                       bool blank) {
+std::string IndentText(const std::string& s, const std::string& indention, bool first, bool blank) {
   const std::vector<std::string> lines = PySplitLines(s + "\n");
   std::string rv;
   if (blank) {
@@ -335,7 +341,8 @@ bool ParseInt(const std::string& text, int64_t base, int64_t& out) {
   std::string s = PyStrip(text, nullptr, true, true);
   std::string digits;
   for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '_' && i > 0 && i + 1 < s.size() && std::isalnum(static_cast<unsigned char>(s[i - 1])) &&
+    if (s[i] == '_' && i > 0 && i + 1 < s.size() &&
+        std::isalnum(static_cast<unsigned char>(s[i - 1])) &&
         std::isalnum(static_cast<unsigned char>(s[i + 1]))) {
       continue;
     }
@@ -804,8 +811,8 @@ const std::map<std::string, FilterFn, std::less<>>& Filters() {
 }
 
 const FilterFn* FindFilter(std::string_view name) {
-  static const std::map<std::string, std::string, std::less<>> kAliases = {
-      {"d", "default"}, {"e", "escape"}};
+  static const std::map<std::string, std::string, std::less<>> kAliases = {{"d", "default"},
+                                                                           {"e", "escape"}};
   const auto alias = kAliases.find(name);
   if (alias != kAliases.end()) name = alias->second;
   const auto it = Filters().find(name);
@@ -891,18 +898,22 @@ const std::map<std::string, TestFn, std::less<>>& Tests() {
          if (v.kind() != o.kind()) return false;
          switch (v.kind()) {
            case Value::Kind::kNone:
-           case Value::Kind::kUndefined: return v.kind() == Value::Kind::kNone;
-           case Value::Kind::kBool: return v.as_bool() == o.as_bool();
-           case Value::Kind::kArray: return &v.as_array() == &o.as_array();
-           case Value::Kind::kObject: return &v.as_object() == &o.as_object();
-           case Value::Kind::kNamespace: return v.namespace_ptr() == o.namespace_ptr();
-           default: return Equal(v, o);
+           case Value::Kind::kUndefined:
+             return v.kind() == Value::Kind::kNone;
+           case Value::Kind::kBool:
+             return v.as_bool() == o.as_bool();
+           case Value::Kind::kArray:
+             return &v.as_array() == &o.as_array();
+           case Value::Kind::kObject:
+             return &v.as_object() == &o.as_object();
+           case Value::Kind::kNamespace:
+             return v.namespace_ptr() == o.namespace_ptr();
+           default:
+             return Equal(v, o);
          }
        }},
-      {"in",
-       [](Interpreter&, const Value& v, const CallArgs& a) {
-         return Contains(OneArg("in", a), v);
-       }},
+      {"in", [](Interpreter&, const Value& v,
+                const CallArgs& a) { return Contains(OneArg("in", a), v); }},
       {"filter",
        [](Interpreter&, const Value& v, const CallArgs& a) {
          NoArgs("filter", a);
@@ -913,12 +924,21 @@ const std::map<std::string, TestFn, std::less<>>& Tests() {
          NoArgs("test", a);
          return v.is_string() && IsKnownTest(v.as_string());
        }},
-      compare("eq", "=="), compare("equalto", "=="), compare("==", "=="),
-      compare("ne", "!="), compare("!=", "!="),
-      compare("lt", "<"), compare("lessthan", "<"), compare("<", "<"),
-      compare("le", "<="), compare("<=", "<="),
-      compare("gt", ">"), compare("greaterthan", ">"), compare(">", ">"),
-      compare("ge", ">="), compare(">=", ">="),
+      compare("eq", "=="),
+      compare("equalto", "=="),
+      compare("==", "=="),
+      compare("ne", "!="),
+      compare("!=", "!="),
+      compare("lt", "<"),
+      compare("lessthan", "<"),
+      compare("<", "<"),
+      compare("le", "<="),
+      compare("<=", "<="),
+      compare("gt", ">"),
+      compare("greaterthan", ">"),
+      compare(">", ">"),
+      compare("ge", ">="),
+      compare(">=", ">="),
   };
   return *tests;
 }
@@ -930,9 +950,7 @@ class BuiltinFn : public Callable {
   using Fn = std::function<Value(Interpreter&, const CallArgs&)>;
   BuiltinFn(std::string name, Fn fn) : name_(std::move(name)), fn_(std::move(fn)) {}
   std::string name() const override { return name_; }
-  Value Call(Interpreter& interp, const CallArgs& args) const override {
-    return fn_(interp, args);
-  }
+  Value Call(Interpreter& interp, const CallArgs& args) const override { return fn_(interp, args); }
 
  private:
   std::string name_;
@@ -1007,7 +1025,9 @@ bool ApplyTest(Interpreter& interp, const std::string& name, const Value& subjec
 
 Value GetAttribute(const Value& obj, const std::string& name) {
   switch (obj.kind()) {
-    case Value::Kind::kUndefined: RequireDefined(obj); break;
+    case Value::Kind::kUndefined:
+      RequireDefined(obj);
+      break;
     case Value::Kind::kObject: {
       if (IsDictMethod(name) || IsUnsafeMethod(obj, name)) return MethodOrUndefined(obj, name);
       const Value* v = obj.as_object().Find(name);
@@ -1019,14 +1039,17 @@ Value GetAttribute(const Value& obj, const std::string& name) {
       if (v != nullptr) return *v;
       return Value::Undefined("'Namespace object' has no attribute '" + name + "'");
     }
-    default: break;
+    default:
+      break;
   }
   return MethodOrUndefined(obj, name);
 }
 
 Value GetItem(const Value& obj, const Value& key) {
   switch (obj.kind()) {
-    case Value::Kind::kUndefined: RequireDefined(obj); break;
+    case Value::Kind::kUndefined:
+      RequireDefined(obj);
+      break;
     case Value::Kind::kObject:
       if (key.is_string()) {
         const Value* v = obj.as_object().Find(key.as_string());
@@ -1038,7 +1061,8 @@ Value GetItem(const Value& obj, const Value& key) {
         const auto& items = obj.as_array().items;
         const int64_t i = PyIndex(key.as_int(), items.size());
         if (i >= 0 && i < static_cast<int64_t>(items.size())) return items[static_cast<size_t>(i)];
-        return Value::Undefined(ObjectDesc(obj) + " has no element " + std::to_string(key.as_int()));
+        return Value::Undefined(ObjectDesc(obj) + " has no element " +
+                                std::to_string(key.as_int()));
       }
       break;
     case Value::Kind::kString:
@@ -1051,8 +1075,10 @@ Value GetItem(const Value& obj, const Value& key) {
         return Value::Undefined("'str object' has no element " + std::to_string(key.as_int()));
       }
       break;
-    case Value::Kind::kNamespace: break;
-    default: break;
+    case Value::Kind::kNamespace:
+      break;
+    default:
+      break;
   }
   if (key.is_string()) {
     if (obj.kind() == Value::Kind::kObject) {
@@ -1118,7 +1144,8 @@ Value GetSlice(const Value& obj, const Value& start, const Value& stop, const Va
 
 std::vector<Value> Iterate(const Value& v) {
   switch (v.kind()) {
-    case Value::Kind::kUndefined: return {};
+    case Value::Kind::kUndefined:
+      return {};
     case Value::Kind::kArray:
       if (!v.as_array().deferred_error.empty()) ThrowError(v.as_array().deferred_error);
       return v.as_array().items;
@@ -1136,7 +1163,8 @@ std::vector<Value> Iterate(const Value& v) {
       for (const auto& kv : v.as_object().items) out.push_back(Value::Str(kv.first));
       return out;
     }
-    default: ThrowError(absl::StrCat("\'", TypeName(v), "' object is not iterable"));
+    default:
+      ThrowError(absl::StrCat("\'", TypeName(v), "' object is not iterable"));
   }
 }
 

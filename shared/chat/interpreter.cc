@@ -1,6 +1,6 @@
-#include "absl/strings/str_cat.h"
 #include "shared/chat/interpreter.h"
 
+#include "absl/strings/str_cat.h"
 #include "shared/chat/builtins.h"
 #include "shared/chat/operators.h"
 
@@ -93,8 +93,7 @@ Interpreter::~Interpreter() {
 
 void Interpreter::Step(int64_t n) {
   if (n > limits_.max_steps - steps_) {
-    ThrowLimit("template rendering took more than " + std::to_string(limits_.max_steps) +
-               " steps");
+    ThrowLimit("template rendering took more than " + std::to_string(limits_.max_steps) + " steps");
   }
   steps_ += n;
 }
@@ -136,15 +135,22 @@ Interpreter::Flow Interpreter::Exec(const Node& node, const std::shared_ptr<Scop
   Step();
   try {
     switch (node.kind) {
-      case Node::Kind::kText: Append(out, node.text); return Flow::kNormal;
-      case Node::Kind::kOutput: Append(out, ToStr(Eval(*node.expr, scope))); return Flow::kNormal;
+      case Node::Kind::kText:
+        Append(out, node.text);
+        return Flow::kNormal;
+      case Node::Kind::kOutput:
+        Append(out, ToStr(Eval(*node.expr, scope)));
+        return Flow::kNormal;
       case Node::Kind::kIf:
         for (const auto& [cond, body] : node.branches) {
           if (cond == nullptr || Truthy(Eval(*cond, scope))) return ExecBody(body, scope, out);
         }
         return Flow::kNormal;
-      case Node::Kind::kFor: return ExecFor(node, scope, out);
-      case Node::Kind::kSet: ExecSet(node, scope); return Flow::kNormal;
+      case Node::Kind::kFor:
+        return ExecFor(node, scope, out);
+      case Node::Kind::kSet:
+        ExecSet(node, scope);
+        return Flow::kNormal;
       case Node::Kind::kSetBlock: {
         auto inner = std::make_shared<Scope>();
         inner->parent = scope;
@@ -179,8 +185,10 @@ Interpreter::Flow Interpreter::Exec(const Node& node, const std::shared_ptr<Scop
         }
         return ExecBody(node.body, inner, out);
       }
-      case Node::Kind::kBreak: return Flow::kBreak;
-      case Node::Kind::kContinue: return Flow::kContinue;
+      case Node::Kind::kBreak:
+        return Flow::kBreak;
+      case Node::Kind::kContinue:
+        return Flow::kContinue;
     }
   } catch (TemplateError& e) {
     if (!e.has_position()) e.set_position(node.line, node.column);
@@ -224,16 +232,11 @@ Interpreter::Flow Interpreter::ExecFor(const Node& node, const std::shared_ptr<S
     inner->parent = scope;
     bind(*inner, items[static_cast<size_t>(i)]);
     std::vector<std::pair<std::string, Value>> loop = {
-        {"index", Value::Int(i + 1)},
-        {"index0", Value::Int(i)},
-        {"revindex", Value::Int(n - i)},
-        {"revindex0", Value::Int(n - i - 1)},
-        {"first", Value::Bool(i == 0)},
-        {"last", Value::Bool(i == n - 1)},
-        {"length", Value::Int(n)},
-        {"depth", Value::Int(1)},
-        {"depth0", Value::Int(0)},
-        {"cycle", Value::Func(std::make_shared<CycleFn>(i))},
+        {"index", Value::Int(i + 1)},    {"index0", Value::Int(i)},
+        {"revindex", Value::Int(n - i)}, {"revindex0", Value::Int(n - i - 1)},
+        {"first", Value::Bool(i == 0)},  {"last", Value::Bool(i == n - 1)},
+        {"length", Value::Int(n)},       {"depth", Value::Int(1)},
+        {"depth0", Value::Int(0)},       {"cycle", Value::Func(std::make_shared<CycleFn>(i))},
     };
     loop.emplace_back("previtem", i > 0 ? items[static_cast<size_t>(i - 1)]
                                         : Value::Undefined("there is no previous item"));
@@ -332,7 +335,8 @@ Value Interpreter::Eval(const Expr& e, const std::shared_ptr<Scope>& scope) {
 
 Value Interpreter::EvalImpl(const Expr& e, const std::shared_ptr<Scope>& scope) {
   switch (e.kind) {
-    case Expr::Kind::kLiteral: return e.literal;
+    case Expr::Kind::kLiteral:
+      return e.literal;
     case Expr::Kind::kName: {
       const Value* v = scope->Lookup(e.name);
       if (v != nullptr) return *v;
@@ -361,7 +365,8 @@ Value Interpreter::EvalImpl(const Expr& e, const std::shared_ptr<Scope>& scope) 
       }
       return Value::Dict(std::move(items));
     }
-    case Expr::Kind::kGetAttr: return GetAttribute(Eval(*e.args[0], scope), e.name);
+    case Expr::Kind::kGetAttr:
+      return GetAttribute(Eval(*e.args[0], scope), e.name);
     case Expr::Kind::kGetItem: {
       Value obj = Eval(*e.args[0], scope);
       return GetItem(obj, Eval(*e.args[1], scope));
@@ -383,21 +388,24 @@ Value Interpreter::EvalImpl(const Expr& e, const std::shared_ptr<Scope>& scope) 
       }
       return callee.as_callable().Call(*this, args);
     }
-    case Expr::Kind::kFilter: return ApplyFilterExpr(e, Eval(*e.args[0], scope), scope);
+    case Expr::Kind::kFilter:
+      return ApplyFilterExpr(e, Eval(*e.args[0], scope), scope);
     case Expr::Kind::kTest: {
       Value subject = Eval(*e.args[0], scope);
       CallArgs args = EvalArgs(e, scope, 1);
       const bool r = ApplyTest(*this, e.name, subject, args);
       return Value::Bool(e.negated ? !r : r);
     }
-    case Expr::Kind::kNeg: return Negate(Eval(*e.args[0], scope));
+    case Expr::Kind::kNeg:
+      return Negate(Eval(*e.args[0], scope));
     case Expr::Kind::kPos: {
       Value v = Eval(*e.args[0], scope);
       RequireDefined(v);
       if (!v.is_number()) ThrowError("bad operand type for unary +: '" + TypeName(v) + "'");
       return v.kind() == Value::Kind::kBool ? Value::Int(v.as_int()) : v;
     }
-    case Expr::Kind::kNot: return Value::Bool(!Truthy(Eval(*e.args[0], scope)));
+    case Expr::Kind::kNot:
+      return Value::Bool(!Truthy(Eval(*e.args[0], scope)));
     case Expr::Kind::kAnd: {
       Value a = Eval(*e.args[0], scope);
       return Truthy(a) ? Eval(*e.args[1], scope) : a;
@@ -431,7 +439,8 @@ Value Interpreter::EvalImpl(const Expr& e, const std::shared_ptr<Scope>& scope) 
     case Expr::Kind::kCond:
       if (Truthy(Eval(*e.args[1], scope))) return Eval(*e.args[0], scope);
       if (e.args[2]) return Eval(*e.args[2], scope);
-      return Value::Undefined("the inline if expression evaluated to false and no else section was defined");
+      return Value::Undefined(
+          "the inline if expression evaluated to false and no else section was defined");
   }
   ThrowError("unknown expression");
 }

@@ -27,7 +27,7 @@ struct Scope {
   std::shared_ptr<Scope> parent;
   std::vector<std::pair<std::string, Value>> vars;
   const Value* Lookup(std::string_view name) const;  // this scope, then its parents
-  void Set(const std::string& name, Value v);       // this scope
+  void Set(const std::string& name, Value v);        // this scope
 };
 
 class Interpreter {

@@ -14,9 +14,12 @@ Value FromJsonAt(const nlohmann::ordered_json& j, int depth) {
     ThrowError("JSON nests deeper than " + std::to_string(kMaxValueDepth) + " levels");
   }
   switch (j.type()) {
-    case nlohmann::ordered_json::value_t::null: return Value::None();
-    case nlohmann::ordered_json::value_t::boolean: return Value::Bool(j.get<bool>());
-    case nlohmann::ordered_json::value_t::number_integer: return Value::Int(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::null:
+      return Value::None();
+    case nlohmann::ordered_json::value_t::boolean:
+      return Value::Bool(j.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer:
+      return Value::Int(j.get<int64_t>());
     case nlohmann::ordered_json::value_t::number_unsigned: {
       const auto u = j.get<uint64_t>();
       if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
@@ -24,8 +27,10 @@ Value FromJsonAt(const nlohmann::ordered_json& j, int depth) {
       }
       return Value::Int(static_cast<int64_t>(u));
     }
-    case nlohmann::ordered_json::value_t::number_float: return Value::Float(j.get<double>());
-    case nlohmann::ordered_json::value_t::string: return Value::Str(j.get<std::string>());
+    case nlohmann::ordered_json::value_t::number_float:
+      return Value::Float(j.get<double>());
+    case nlohmann::ordered_json::value_t::string:
+      return Value::Str(j.get<std::string>());
     case nlohmann::ordered_json::value_t::array: {
       std::vector<Value> items;
       items.reserve(j.size());
@@ -38,7 +43,8 @@ Value FromJsonAt(const nlohmann::ordered_json& j, int depth) {
       for (const auto& [k, x] : j.items()) items.emplace_back(k, FromJsonAt(x, depth + 1));
       return Value::Dict(std::move(items));
     }
-    default: ThrowError("unsupported JSON value (binary)");
+    default:
+      ThrowError("unsupported JSON value (binary)");
   }
 }
 
@@ -48,9 +54,15 @@ class Dumper {
 
   void Dump(const Value& v, int level) {
     switch (v.kind()) {
-      case Value::Kind::kNone: out_ += "null"; break;
-      case Value::Kind::kBool: out_ += v.as_bool() ? "true" : "false"; break;
-      case Value::Kind::kInt: out_ += std::to_string(v.as_int()); break;
+      case Value::Kind::kNone:
+        out_ += "null";
+        break;
+      case Value::Kind::kBool:
+        out_ += v.as_bool() ? "true" : "false";
+        break;
+      case Value::Kind::kInt:
+        out_ += std::to_string(v.as_int());
+        break;
       case Value::Kind::kFloat: {
         const double d = v.as_double();
         if (std::isnan(d)) {
@@ -62,7 +74,9 @@ class Dumper {
         }
         break;
       }
-      case Value::Kind::kString: out_ += JsonQuote(v.as_string()); break;
+      case Value::Kind::kString:
+        out_ += JsonQuote(v.as_string());
+        break;
       case Value::Kind::kArray: {
         const Array& a = v.as_array();
         if (a.is_generator || a.dict_view != nullptr) Unserializable(v);
@@ -100,7 +114,8 @@ class Dumper {
         out_ += "}";
         break;
       }
-      default: Unserializable(v);
+      default:
+        Unserializable(v);
     }
     CheckStringSize(out_.size());
   }

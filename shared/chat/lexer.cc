@@ -32,9 +32,7 @@ bool IsAsciiSpace(char c) {
          (c >= 0x1c && c <= 0x1f);
 }
 
-bool IsNameStart(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
-}
+bool IsNameStart(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
 bool IsDigit(char c) { return c >= '0' && c <= '9'; }
 
 class Lexer {
@@ -136,8 +134,8 @@ class Lexer {
     if (sign == '-') {
       while (p < src_.size()) {
         size_t q = p;
-        const std::vector<char32_t> one = DecodeUtf8(std::string_view(src_).substr(
-            p, std::min<size_t>(4, src_.size() - p)));
+        const std::vector<char32_t> one =
+            DecodeUtf8(std::string_view(src_).substr(p, std::min<size_t>(4, src_.size() - p)));
         if (one.empty() || !IsPySpace(one[0])) break;
         std::string enc;
         AppendUtf8(one[0], enc);
@@ -272,7 +270,7 @@ class Lexer {
     if (kOne.find(c) == std::string_view::npos) {
       const auto b = static_cast<unsigned char>(c);
       Fail(p, b < 0x80 && b >= 0x20 ? std::string("unexpected char '") + c + "'"
-                                   : "unexpected character in a tag");
+                                    : "unexpected character in a tag");
     }
     if (c == '(' || c == '[' || c == '{') {
       balance.push_back(c == '(' ? ')' : c == '[' ? ']' : '}');
@@ -367,17 +365,38 @@ class Lexer {
       }
       const char e = s[++i];
       switch (e) {
-        case '\n': break;
-        case '\\': out.push_back('\\'); break;
-        case '\'': out.push_back('\''); break;
-        case '"': out.push_back('"'); break;
-        case 'a': out.push_back('\a'); break;
-        case 'b': out.push_back('\b'); break;
-        case 'f': out.push_back('\f'); break;
-        case 'n': out.push_back('\n'); break;
-        case 'r': out.push_back('\r'); break;
-        case 't': out.push_back('\t'); break;
-        case 'v': out.push_back('\v'); break;
+        case '\n':
+          break;
+        case '\\':
+          out.push_back('\\');
+          break;
+        case '\'':
+          out.push_back('\'');
+          break;
+        case '"':
+          out.push_back('"');
+          break;
+        case 'a':
+          out.push_back('\a');
+          break;
+        case 'b':
+          out.push_back('\b');
+          break;
+        case 'f':
+          out.push_back('\f');
+          break;
+        case 'n':
+          out.push_back('\n');
+          break;
+        case 'r':
+          out.push_back('\r');
+          break;
+        case 't':
+          out.push_back('\t');
+          break;
+        case 'v':
+          out.push_back('\v');
+          break;
         case 'x':
         case 'u':
         case 'U': {
@@ -395,12 +414,12 @@ class Lexer {
           i += n;
           break;
         }
-        case 'N': Fail(offset, "\\N{...} escapes are not supported");
+        case 'N':
+          Fail(offset, "\\N{...} escapes are not supported");
         default:
           if (e >= '0' && e <= '7') {
             char32_t cp = static_cast<char32_t>(e - '0');
-            for (int k = 0; k < 2 && i + 1 < s.size() && s[i + 1] >= '0' && s[i + 1] <= '7';
-                 ++k) {
+            for (int k = 0; k < 2 && i + 1 < s.size() && s[i + 1] >= '0' && s[i + 1] <= '7'; ++k) {
               cp = cp * 8 + static_cast<char32_t>(s[++i] - '0');
             }
             AppendUtf8(cp, out);

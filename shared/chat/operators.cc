@@ -28,7 +28,8 @@ Value Repeat(Interpreter& interp, const Value& seq, int64_t n) {
   if (seq.is_string()) {
     const size_t len = seq.as_string().size();
     if (n <= 0 || len == 0) return Value::Str("");
-    if (len > 0 && static_cast<uint64_t>(n) > kMaxStringBytes / len) CheckStringSize(kMaxStringBytes + 1);
+    if (len > 0 && static_cast<uint64_t>(n) > kMaxStringBytes / len)
+      CheckStringSize(kMaxStringBytes + 1);
     std::string out;
     out.reserve(len * static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) out += seq.as_string();
@@ -92,10 +93,9 @@ Value BinaryOp(Interpreter& interp, std::string_view op, const Value& a, const V
       interp.Step(static_cast<int64_t>((a.as_string().size() + b.as_string().size()) / 64));
       return Value::Str(a.as_string() + b.as_string());
     }
-    if (a.kind() == Value::Kind::kArray && b.kind() == Value::Kind::kArray &&
-        !a.is_generator() && !b.is_generator() && a.as_array().dict_view == nullptr &&
-        b.as_array().dict_view == nullptr &&
-        a.as_array().is_tuple == b.as_array().is_tuple) {
+    if (a.kind() == Value::Kind::kArray && b.kind() == Value::Kind::kArray && !a.is_generator() &&
+        !b.is_generator() && a.as_array().dict_view == nullptr &&
+        b.as_array().dict_view == nullptr && a.as_array().is_tuple == b.as_array().is_tuple) {
       std::vector<Value> items = a.as_array().items;
       items.insert(items.end(), b.as_array().items.begin(), b.as_array().items.end());
       interp.Step(static_cast<int64_t>(items.size()));
@@ -183,7 +183,8 @@ Value Negate(const Value& v) {
 
 bool Contains(const Value& container, const Value& item) {
   switch (container.kind()) {
-    case Value::Kind::kUndefined: return false;
+    case Value::Kind::kUndefined:
+      return false;
     case Value::Kind::kString:
       if (!item.is_string()) {
         RequireDefined(item);

@@ -1,8 +1,8 @@
-#include "absl/strings/str_cat.h"
 #include "shared/chat/parser.h"
 
 #include <initializer_list>
 
+#include "absl/strings/str_cat.h"
 #include "shared/chat/builtins.h"
 #include "shared/chat/lexer.h"
 
@@ -25,8 +25,7 @@ class Parser {
   struct DepthGuard {
     explicit DepthGuard(Parser& p) : p(p) {
       if (++p.depth_ > kMaxParseDepth) {
-        p.Fail(p.Cur(), "template nests deeper than " + std::to_string(kMaxParseDepth) +
-                            " levels");
+        p.Fail(p.Cur(), "template nests deeper than " + std::to_string(kMaxParseDepth) + " levels");
       }
     }
     ~DepthGuard() { --p.depth_; }
@@ -49,17 +48,27 @@ class Parser {
 
   static std::string Describe(const Token& t) {
     switch (t.type) {
-      case TokenType::kText: return "text";
-      case TokenType::kVarBegin: return "'{{'";
-      case TokenType::kVarEnd: return "'}}'";
-      case TokenType::kBlockBegin: return "'{%'";
-      case TokenType::kBlockEnd: return "'%}'";
-      case TokenType::kName: return absl::StrCat("\'", t.text, "'");
-      case TokenType::kString: return "string literal";
+      case TokenType::kText:
+        return "text";
+      case TokenType::kVarBegin:
+        return "'{{'";
+      case TokenType::kVarEnd:
+        return "'}}'";
+      case TokenType::kBlockBegin:
+        return "'{%'";
+      case TokenType::kBlockEnd:
+        return "'%}'";
+      case TokenType::kName:
+        return absl::StrCat("\'", t.text, "'");
+      case TokenType::kString:
+        return "string literal";
       case TokenType::kInt:
-      case TokenType::kFloat: return "number " + t.text;
-      case TokenType::kOp: return absl::StrCat("\'", t.text, "'");
-      case TokenType::kEof: return "end of template";
+      case TokenType::kFloat:
+        return "number " + t.text;
+      case TokenType::kOp:
+        return absl::StrCat("\'", t.text, "'");
+      case TokenType::kEof:
+        return "end of template";
     }
     return "token";
   }
@@ -144,12 +153,14 @@ class Parser {
         case TokenType::kEof: {
           if (ends.size() > 0) {
             std::string want;
-            for (const char* e : ends) want += std::string(want.empty() ? "" : " or ") + absl::StrCat("\'", e, "'");
+            for (const char* e : ends)
+              want += std::string(want.empty() ? "" : " or ") + absl::StrCat("\'", e, "'");
             Fail(t, "unexpected end of template: expected " + want);
           }
           return body;
         }
-        default: Fail(t, "unexpected " + Describe(t));
+        default:
+          Fail(t, "unexpected " + Describe(t));
       }
     }
   }
@@ -171,8 +182,8 @@ class Parser {
       ExpectBlockEnd();
       return n;
     }
-    static const char* const kUnsupported[] = {"call", "include", "import", "from", "extends",
-                                               "block", "autoescape", "do", "trans"};
+    static const char* const kUnsupported[] = {"call",  "include",    "import", "from", "extends",
+                                               "block", "autoescape", "do",     "trans"};
     for (const char* u : kUnsupported) {
       if (tag == u) Fail(t, "the '" + tag + "' tag is not supported in chat templates");
     }
@@ -396,10 +407,12 @@ class Parser {
       case TokenType::kName:
       case TokenType::kString:
       case TokenType::kInt:
-      case TokenType::kFloat: return true;
+      case TokenType::kFloat:
+        return true;
       case TokenType::kOp:
         return t.text == "(" || t.text == "[" || t.text == "{" || t.text == "-" || t.text == "+";
-      default: return false;
+      default:
+        return false;
     }
   }
 
@@ -651,7 +664,8 @@ class Parser {
           return dict;
         }
         break;
-      default: break;
+      default:
+        break;
     }
     Fail(t, "unexpected " + Describe(t) + " in an expression");
   }

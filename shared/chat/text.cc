@@ -5,8 +5,8 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "unicode/uchar.h"
 #include "unicode/ucasemap.h"
+#include "unicode/uchar.h"
 
 namespace thermocline::chat {
 
@@ -65,10 +65,10 @@ bool InChars(char32_t c, const std::vector<char32_t>& set) {
 bool IsNonPrintable(char32_t c) {
   if (c < 0x20 || (c >= 0x7F && c <= 0xA0)) return true;
   if (c == 0xAD || c == 0x1680 || (c >= 0x2000 && c <= 0x200F) || (c >= 0x2028 && c <= 0x202F) ||
-      (c >= 0x205F && c <= 0x2064) || (c >= 0x2066 && c <= 0x206F) || c == 0x3000 ||
-      c == 0xFEFF || (c >= 0xFFF9 && c <= 0xFFFB) || (c >= 0x600 && c <= 0x605) || c == 0x61C ||
-      c == 0x6DD || c == 0x70F || c == 0x180E || c == 0x110BD ||
-      (c >= 0x1D173 && c <= 0x1D17A) || c == 0xE0001 || (c >= 0xE0020 && c <= 0xE007F)) {
+      (c >= 0x205F && c <= 0x2064) || (c >= 0x2066 && c <= 0x206F) || c == 0x3000 || c == 0xFEFF ||
+      (c >= 0xFFF9 && c <= 0xFFFB) || (c >= 0x600 && c <= 0x605) || c == 0x61C || c == 0x6DD ||
+      c == 0x70F || c == 0x180E || c == 0x110BD || (c >= 0x1D173 && c <= 0x1D17A) || c == 0xE0001 ||
+      (c >= 0xE0020 && c <= 0xE007F)) {
     return true;
   }
   if (c >= 0xD800 && c <= 0xF8FF) return true;  // surrogates and the private use area
@@ -135,8 +135,8 @@ bool IsValidUtf8(std::string_view s) {
 
 bool IsPySpace(char32_t c) {
   return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 ||
-         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 ||
-         c == 0x202F || c == 0x205F || c == 0x3000;
+         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
+         c == 0x205F || c == 0x3000;
 }
 
 bool IsPyLineBreak(char32_t c) {
@@ -284,11 +284,11 @@ std::string IcuCaseMap(std::string_view s, bool upper) {
   std::string out(s.size() + 16, '\0');
   for (int attempt = 0; attempt < 2; ++attempt) {
     status = U_ZERO_ERROR;
-    const int32_t n =
-        upper ? ucasemap_utf8ToUpper(map, out.data(), static_cast<int32_t>(out.size()), s.data(),
-                                     static_cast<int32_t>(s.size()), &status)
-              : ucasemap_utf8ToLower(map, out.data(), static_cast<int32_t>(out.size()), s.data(),
-                                     static_cast<int32_t>(s.size()), &status);
+    const int32_t n = upper
+                          ? ucasemap_utf8ToUpper(map, out.data(), static_cast<int32_t>(out.size()),
+                                                 s.data(), static_cast<int32_t>(s.size()), &status)
+                          : ucasemap_utf8ToLower(map, out.data(), static_cast<int32_t>(out.size()),
+                                                 s.data(), static_cast<int32_t>(s.size()), &status);
     if (status == U_BUFFER_OVERFLOW_ERROR) {
       out.assign(static_cast<size_t>(n), '\0');
       continue;
@@ -332,8 +332,8 @@ std::string TitleOne(char32_t c) {
   std::string in;
   AppendUtf8(c, in);
   UErrorCode status = U_ZERO_ERROR;
-  UCaseMap* map = ucasemap_open(
-      "", U_TITLECASE_WHOLE_STRING | U_TITLECASE_NO_BREAK_ADJUSTMENT, &status);
+  UCaseMap* map =
+      ucasemap_open("", U_TITLECASE_WHOLE_STRING | U_TITLECASE_NO_BREAK_ADJUSTMENT, &status);
   if (U_FAILURE(status)) return in;
   char buf[32];
   const int32_t n = ucasemap_utf8ToTitle(map, buf, sizeof buf, in.data(),
@@ -405,12 +405,23 @@ std::string HtmlEscape(std::string_view s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&#34;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out.push_back(c);
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&#34;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out.push_back(c);
     }
   }
   return out;
@@ -421,13 +432,27 @@ std::string JsonQuote(std::string_view s) {
   for (char ch : s) {
     const auto c = static_cast<unsigned char>(ch);
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (c < 0x20) {
           char buf[8];

@@ -58,9 +58,12 @@ void Namespace::Set(const std::string& key, Value v) {
 
 int Value::depth() const {
   switch (kind()) {
-    case Kind::kArray: return as_array().depth;
-    case Kind::kObject: return as_object().depth;
-    default: return 0;
+    case Kind::kArray:
+      return as_array().depth;
+    case Kind::kObject:
+      return as_object().depth;
+    default:
+      return 0;
   }
 }
 
@@ -123,39 +126,58 @@ void RequireDefined(const Value& v) {
 bool Truthy(const Value& v) {
   switch (v.kind()) {
     case Value::Kind::kUndefined:
-    case Value::Kind::kNone: return false;
-    case Value::Kind::kBool: return v.as_bool();
-    case Value::Kind::kInt: return v.as_int() != 0;
-    case Value::Kind::kFloat: return v.as_double() != 0.0;
-    case Value::Kind::kString: return !v.as_string().empty();
-    case Value::Kind::kArray: return v.as_array().is_generator || !v.as_array().items.empty();
-    case Value::Kind::kObject: return !v.as_object().items.empty();
+    case Value::Kind::kNone:
+      return false;
+    case Value::Kind::kBool:
+      return v.as_bool();
+    case Value::Kind::kInt:
+      return v.as_int() != 0;
+    case Value::Kind::kFloat:
+      return v.as_double() != 0.0;
+    case Value::Kind::kString:
+      return !v.as_string().empty();
+    case Value::Kind::kArray:
+      return v.as_array().is_generator || !v.as_array().items.empty();
+    case Value::Kind::kObject:
+      return !v.as_object().items.empty();
     case Value::Kind::kNamespace:
-    case Value::Kind::kCallable: return true;
+    case Value::Kind::kCallable:
+      return true;
   }
   return false;
 }
 
 std::string ToStr(const Value& v) {
   switch (v.kind()) {
-    case Value::Kind::kUndefined: return "";
-    case Value::Kind::kString: return v.as_string();
-    default: return Repr(v);
+    case Value::Kind::kUndefined:
+      return "";
+    case Value::Kind::kString:
+      return v.as_string();
+    default:
+      return Repr(v);
   }
 }
 
 std::string Repr(const Value& v) {
   switch (v.kind()) {
-    case Value::Kind::kUndefined: return "";
-    case Value::Kind::kNone: return "None";
-    case Value::Kind::kBool: return v.as_bool() ? "True" : "False";
-    case Value::Kind::kInt: return std::to_string(v.as_int());
-    case Value::Kind::kFloat: return PyFloatRepr(v.as_double());
-    case Value::Kind::kString: return PyStrRepr(v.as_string());
+    case Value::Kind::kUndefined:
+      return "";
+    case Value::Kind::kNone:
+      return "None";
+    case Value::Kind::kBool:
+      return v.as_bool() ? "True" : "False";
+    case Value::Kind::kInt:
+      return std::to_string(v.as_int());
+    case Value::Kind::kFloat:
+      return PyFloatRepr(v.as_double());
+    case Value::Kind::kString:
+      return PyStrRepr(v.as_string());
     case Value::Kind::kArray: {
       const Array& a = v.as_array();
       if (a.is_generator) return "<generator object>";
-      std::string out = a.dict_view != nullptr ? std::string(a.dict_view) + "([" : a.is_tuple ? "(" : "[";
+      std::string out = a.dict_view != nullptr ? std::string(a.dict_view) + "(["
+                        : a.is_tuple           ? "("
+                                               : "[";
       for (size_t i = 0; i < a.items.size(); ++i) {
         if (i > 0) out += ", ";
         out += Repr(a.items[i]);
@@ -178,8 +200,10 @@ std::string Repr(const Value& v) {
     }
     // Python prints an address here; no template can depend on it. Contents are not printed
     // (a namespace may contain itself).
-    case Value::Kind::kNamespace: return "<Namespace>";
-    case Value::Kind::kCallable: return "<function " + v.as_callable().name() + ">";
+    case Value::Kind::kNamespace:
+      return "<Namespace>";
+    case Value::Kind::kCallable:
+      return "<function " + v.as_callable().name() + ">";
   }
   return "";
 }
@@ -193,8 +217,10 @@ bool Equal(const Value& a, const Value& b) {
   if (a.kind() != b.kind()) return false;
   switch (a.kind()) {
     case K::kUndefined:
-    case K::kNone: return true;
-    case K::kString: return a.as_string() == b.as_string();
+    case K::kNone:
+      return true;
+    case K::kString:
+      return a.as_string() == b.as_string();
     case K::kArray: {
       const Array& x = a.as_array();
       const Array& y = b.as_array();
@@ -216,9 +242,12 @@ bool Equal(const Value& a, const Value& b) {
       }
       return true;
     }
-    case K::kNamespace: return a.namespace_ptr() == b.namespace_ptr();
-    case K::kCallable: return &a.as_callable() == &b.as_callable();
-    default: return false;
+    case K::kNamespace:
+      return a.namespace_ptr() == b.namespace_ptr();
+    case K::kCallable:
+      return &a.as_callable() == &b.as_callable();
+    default:
+      return false;
   }
 }
 
@@ -231,8 +260,8 @@ bool Less(const Value& a, const Value& b) {
     return a.as_int() < b.as_int();
   }
   if (a.kind() == K::kString && b.kind() == K::kString) return a.as_string() < b.as_string();
-  if (a.kind() == K::kArray && b.kind() == K::kArray && !a.is_generator() &&
-      !b.is_generator() && a.as_array().is_tuple == b.as_array().is_tuple) {
+  if (a.kind() == K::kArray && b.kind() == K::kArray && !a.is_generator() && !b.is_generator() &&
+      a.as_array().is_tuple == b.as_array().is_tuple) {
     const auto& x = a.as_array().items;
     const auto& y = b.as_array().items;
     for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
@@ -240,24 +269,33 @@ bool Less(const Value& a, const Value& b) {
     }
     return x.size() < y.size();
   }
-  ThrowError("'<' not supported between instances of '" + TypeName(a) + "' and '" +
-             TypeName(b) + "'");
+  ThrowError("'<' not supported between instances of '" + TypeName(a) + "' and '" + TypeName(b) +
+             "'");
 }
 
 std::string TypeName(const Value& v) {
   switch (v.kind()) {
-    case Value::Kind::kUndefined: return "Undefined";
-    case Value::Kind::kNone: return "NoneType";
-    case Value::Kind::kBool: return "bool";
-    case Value::Kind::kInt: return "int";
-    case Value::Kind::kFloat: return "float";
-    case Value::Kind::kString: return "str";
+    case Value::Kind::kUndefined:
+      return "Undefined";
+    case Value::Kind::kNone:
+      return "NoneType";
+    case Value::Kind::kBool:
+      return "bool";
+    case Value::Kind::kInt:
+      return "int";
+    case Value::Kind::kFloat:
+      return "float";
+    case Value::Kind::kString:
+      return "str";
     case Value::Kind::kArray:
       if (v.as_array().dict_view != nullptr) return v.as_array().dict_view;
       return v.as_array().is_generator ? "generator" : v.as_array().is_tuple ? "tuple" : "list";
-    case Value::Kind::kObject: return "dict";
-    case Value::Kind::kNamespace: return "Namespace";
-    case Value::Kind::kCallable: return "function";
+    case Value::Kind::kObject:
+      return "dict";
+    case Value::Kind::kNamespace:
+      return "Namespace";
+    case Value::Kind::kCallable:
+      return "function";
   }
   return "object";
 }

@@ -49,8 +49,8 @@ class TemplateError : public std::runtime_error {
   int column_ = 0;
 };
 
-[[noreturn]] void ThrowError(std::string message);         // InvalidArgument
-[[noreturn]] void ThrowLimit(std::string message);         // ResourceExhausted
+[[noreturn]] void ThrowError(std::string message);  // InvalidArgument
+[[noreturn]] void ThrowLimit(std::string message);  // ResourceExhausted
 
 class Value;
 class Callable;
@@ -86,7 +86,16 @@ struct Namespace {
 class Value {
  public:
   enum class Kind {
-    kUndefined, kNone, kBool, kInt, kFloat, kString, kArray, kObject, kNamespace, kCallable
+    kUndefined,
+    kNone,
+    kBool,
+    kInt,
+    kFloat,
+    kString,
+    kArray,
+    kObject,
+    kNamespace,
+    kCallable
   };
 
   // Undefined; `hint` is the error raised when the value is used in a way that needs a value
@@ -125,7 +134,7 @@ class Value {
   bool is_number() const { return is_integer_like() || kind() == Kind::kFloat; }
 
   bool as_bool() const { return std::get<bool>(v_); }
-  int64_t as_int() const;  // int or bool
+  int64_t as_int() const;    // int or bool
   double as_double() const;  // any number
   const std::string& as_string() const { return *std::get<std::shared_ptr<const std::string>>(v_); }
   const Array& as_array() const { return *std::get<std::shared_ptr<const Array>>(v_); }
@@ -144,10 +153,10 @@ class Value {
     std::string hint;
   };
   // Strings are shared: templates copy values freely (loop items, list concatenation).
-  using Storage = std::variant<Undef, std::monostate, bool, int64_t, double,
-                               std::shared_ptr<const std::string>,
-                               std::shared_ptr<const Array>, std::shared_ptr<const Object>,
-                               std::shared_ptr<Namespace>, std::shared_ptr<const Callable>>;
+  using Storage =
+      std::variant<Undef, std::monostate, bool, int64_t, double, std::shared_ptr<const std::string>,
+                   std::shared_ptr<const Array>, std::shared_ptr<const Object>,
+                   std::shared_ptr<Namespace>, std::shared_ptr<const Callable>>;
   template <typename T>
   explicit Value(T x) : v_(std::move(x)) {}
   static Value MakeArray(std::vector<Value> items, bool is_tuple, bool is_generator);
@@ -174,8 +183,8 @@ void RequireDefined(const Value& v);
 
 // Python semantics.
 bool Truthy(const Value& v);
-std::string ToStr(const Value& v);   // str(v); undefined is ""
-std::string Repr(const Value& v);    // repr(v)
+std::string ToStr(const Value& v);  // str(v); undefined is ""
+std::string Repr(const Value& v);   // repr(v)
 bool Equal(const Value& a, const Value& b);
 // a < b, raising TypeError as Python does for unorderable operands.
 bool Less(const Value& a, const Value& b);

@@ -41,7 +41,8 @@ const thermocline::chat::ChatTemplateInputs& Inputs() {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string source(reinterpret_cast<const char*>(data), size);
-  absl::StatusOr<thermocline::chat::ChatTemplate> t = thermocline::chat::ChatTemplate::Parse(source);
+  absl::StatusOr<thermocline::chat::ChatTemplate> t =
+      thermocline::chat::ChatTemplate::Parse(source);
   if (!t.ok()) {
     if (t.status().message().empty()) std::abort();
     return 0;

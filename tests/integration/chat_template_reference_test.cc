@@ -5,9 +5,9 @@
 #include <dirent.h>
 
 #include <algorithm>
+#include <fstream>
 #include <iostream>
 #include <map>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -227,7 +227,8 @@ TEST(ChatTemplateReference, EveryTemplateMatchesPythonJinja2) {
     } else {
       ++raised;
       EXPECT_FALSE(got.ok()) << label << ": Python raised " << want["error"].get<std::string>()
-                             << " but C++ rendered:\n" << *got;
+                             << " but C++ rendered:\n"
+                             << *got;
     }
   }
   // The comparison is only meaningful if most cases render: every template renders several.
@@ -235,8 +236,7 @@ TEST(ChatTemplateReference, EveryTemplateMatchesPythonJinja2) {
     EXPECT_GE(rendered_per_template[file], 4) << file << " rendered too few conversations";
   }
   std::cout << "chat templates: " << files.size() << " templates, " << cases.size()
-            << " cases: " << rendered << " rendered identically, " << raised
-            << " raised in both\n";
+            << " cases: " << rendered << " rendered identically, " << raised << " raised in both\n";
 }
 
 }  // namespace

@@ -49,7 +49,8 @@ class RenderTemplateCommand : public ::testing::Test {
   // Python's Jinja2 (Hugging Face's setup) on the same inputs; tools=None when absent.
   std::vector<json> Reference(const std::vector<std::pair<std::string, json>>& cases) {
     json py = json::array();
-    for (const auto& [source, vars] : cases) py.push_back({{"template", source}, {"variables", vars}});
+    for (const auto& [source, vars] : cases)
+      py.push_back({{"template", source}, {"variables", vars}});
     const std::string path = Write("cases.json", py.dump());
     auto r = RunCommand({"/usr/bin/python3", THERMOCLINE_CHAT_REFERENCE_PY, path});
     EXPECT_EQ(r.exit_code, 0) << r.err;
@@ -70,10 +71,12 @@ class RenderTemplateCommand : public ::testing::Test {
 };
 
 TEST_F(RenderTemplateCommand, TemplateFileMatchesPythonJinja2) {
-  const std::string qwen = testing::SharedDataDir() + "/chat-templates/Qwen-Qwen2.5-7B-Instruct.jinja";
-  const std::string hermes =
-      testing::SharedDataDir() + "/chat-templates/NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja";
-  const std::string phi = testing::SharedDataDir() + "/chat-templates/microsoft-Phi-3.5-mini-instruct.jinja";
+  const std::string qwen =
+      testing::SharedDataDir() + "/chat-templates/Qwen-Qwen2.5-7B-Instruct.jinja";
+  const std::string hermes = testing::SharedDataDir() +
+                             "/chat-templates/NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja";
+  const std::string phi =
+      testing::SharedDataDir() + "/chat-templates/microsoft-Phi-3.5-mini-instruct.jinja";
   const std::vector<json> want = Reference({
       {testing::ReadFileOrDie(qwen), Vars(false, "", "", false)},
       {testing::ReadFileOrDie(qwen), Vars(true, "", "", true)},
@@ -105,17 +108,19 @@ TEST_F(RenderTemplateCommand, ModelTemplateAndSpecialTokensComeFromTheGguf) {
   auto source = (*file)->GetString("tokenizer.chat_template");
   ASSERT_TRUE(source.ok()) << source.status();
   const GgufArray* tokens = *(*file)->GetArray("tokenizer.ggml.tokens");
-  const std::string bos = *tokens->items[*(*file)->GetInt("tokenizer.ggml.bos_token_id")].AsString();
-  const std::string eos = *tokens->items[*(*file)->GetInt("tokenizer.ggml.eos_token_id")].AsString();
-  const std::vector<json> want = Reference({{*source, Vars(false, bos, eos, false)},
-                                            {*source, Vars(true, "[B]", eos, false)}});
+  const std::string bos =
+      *tokens->items[*(*file)->GetInt("tokenizer.ggml.bos_token_id")].AsString();
+  const std::string eos =
+      *tokens->items[*(*file)->GetInt("tokenizer.ggml.eos_token_id")].AsString();
+  const std::vector<json> want = Reference(
+      {{*source, Vars(false, bos, eos, false)}, {*source, Vars(true, "[B]", eos, false)}});
   ASSERT_TRUE(want[0]["ok"].get<bool>() && want[1]["ok"].get<bool>());
 
   auto r = Thermocline({"--model", model, "--messages", messages_});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, want[0]["output"].get<std::string>());
-  r = Thermocline({"--model", model, "--messages", messages_, "--add-generation-prompt",
-                   "--bos-token", "[B]"});
+  r = Thermocline(
+      {"--model", model, "--messages", messages_, "--add-generation-prompt", "--bos-token", "[B]"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, want[1]["output"].get<std::string>());
 }
