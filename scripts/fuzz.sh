@@ -3,7 +3,8 @@
 # Usage: scripts/fuzz.sh [SECONDS per target, default 10] [BUILD_DIR, default build-fuzz]
 # Seeds are made at run time (nothing binary is committed): the gguf fuzzer starts from the
 # team's small models, the tokenizer fuzzer from corpus text and id lists, the validation
-# fuzzer from serialized requests written by `validate_fuzzer`'s own seed list below.
+# fuzzer from serialized requests written by `validate_fuzzer`'s own seed list below, the chat
+# template fuzzer from the published templates in ../shared/chat-templates and a few below.
 # A crash leaves its input as BUILD_DIR/fuzz-out/<target>/crash-*; rerun one input with
 # `BUILD_DIR/bin/<target> FILE`. Longer runs: docs/operations.md, "Fuzzing".
 set -euo pipefail
@@ -20,7 +21,7 @@ export THERMOCLINE_FUZZ_MODEL=$model
 out=$dir/fuzz-out
 bin=$(cd "$dir" && pwd)/bin
 rm -rf "$out"
-mkdir -p "$out"/{gguf,tokenizer,validate}-seeds
+mkdir -p "$out"/{gguf,tokenizer,validate,chat_template}-seeds
 
 # gguf: real small models (truncated to 64 KiB: the header, metadata and tensor table are at
 # the front, and short seeds keep the mutations on them).
@@ -44,7 +45,20 @@ printf 'GGUF\x03\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00
 printf '\x0a\x10Once upon a time\x18\x10' >"$out/validate-seeds/text16"
 printf '\x0a\x00' >"$out/validate-seeds/empty-text"
 
-for t in gguf tokenizer validate; do
+# chat_template: real templates, plus small ones covering what they do not (macros with
+# defaults, namespaces, filters with arguments, whitespace control, loop controls, errors).
+for f in "$shared"/chat-templates/*.jinja; do
+  [[ -f $f ]] && cp "$f" "$out/chat_template-seeds/$(basename "$f")"
+done
+printf '%s' '{%- macro f(a, b=2) -%}{{ a ~ b }}{%- endmacro -%}{% set ns = namespace(n=0) %}{% for m in messages if m.content %}{% set ns.n = ns.n + 1 %}{{ f(loop.index, b=m.role|upper) }}{% if loop.last %}{% break %}{% endif %}{% endfor %}{{ ns.n }}' \
+  >"$out/chat_template-seeds/macro-namespace"
+printf '%s' '{{ tools|map(attribute="function")|selectattr("name", "equalto", "get_weather")|list|tojson(indent=2) }}{{ messages[1:]|length }}{{ "a b"|replace(" ", "-")|indent(2, first=true) }}{% filter trim %} x {% endfilter %}{{ raise_exception("stop") if not messages }}' \
+  >"$out/chat_template-seeds/filters"
+printf '%s' '  {%+ if true -%} a {%- endif +%}
+{# c #}{% raw %}{{ x }}{% endraw %}{{ "\u00e9"[::-1] ~ 1.5e3 ~ (1, 2) }}{% for k, v in {"a": [1]}|items %}{{ k }}{{ v|first }}{% else %}none{% endfor %}' \
+  >"$out/chat_template-seeds/whitespace"
+
+for t in gguf tokenizer validate chat_template; do
   mkdir -p "$out/$t"
   echo "fuzz: $t for ${secs}s"
   # A fixed seed (THERMOCLINE_FUZZ_SEED, default 1) makes a short CI run repeat the same inputs:

@@ -26,9 +26,11 @@ PACKAGES=(
   # The Python client test (tests/e2e/python/): gRPC and protobuf for /usr/bin/python3; the
   # message classes come from protobuf-compiler above (3.21, as python3-protobuf).
   python3-grpcio python3-protobuf
-  # Tests reading the reference data's JSON indexes (tests/unit/dequant_reference_test.cc):
-  # nlohmann/json, header-only.
-  nlohmann-json3-dev
+  # nlohmann/json (header-only): chat templates' values (shared/chat/) and the tests reading the
+  # reference data's JSON indexes (tests/unit/dequant_reference_test.cc). ICU: Unicode case
+  # mapping in chat templates (and WordPiece, above). Python's Jinja2: the reference the
+  # template tests compare against (tests/helpers/).
+  nlohmann-json3-dev libicu-dev python3-jinja2
 )
 
 missing=()

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
-#include "shared/model/ggml_type.h"
+#include "shared/gguf/ggml_type.h"
 #include "shared/model/llama2c.h"
 #include "tools/command.h"
 

@@ -112,7 +112,7 @@ constexpr const char* kLocalOnly[] = {"model",     "threads",      "context",  "
 int RunServer(const std::string& address, const std::string& prompt, int32_t max_new_tokens,
               const SamplingParams& sp, bool ignore_eos, const std::vector<std::string>& stops,
               std::optional<int32_t> logprobs, const std::string& request_id,
-              double wait_ready_seconds, const ClientSecurity& security) {
+              double wait_ready_seconds, const ClientSecurity& security, bool seed_given) {
   v1::GenerateRequest req;
   req.set_text(prompt);
   req.set_max_new_tokens(max_new_tokens);
@@ -125,7 +125,9 @@ int RunServer(const std::string& address, const std::string& prompt, int32_t max
   req.set_repetition_penalty(sp.repetition_penalty);
   req.set_presence_penalty(sp.presence_penalty);
   req.set_frequency_penalty(sp.frequency_penalty);
-  req.set_seed(sp.seed);
+  // Unset unless --seed was given: the gateway then draws one and reports it in the Final, as
+  // the proto promises (a fixed default would make every unseeded request sample alike).
+  if (seed_given) req.set_seed(sp.seed);
   for (const std::string& stop : stops) req.add_stop(stop);
   req.set_ignore_eos(ignore_eos);
   if (logprobs.has_value()) {
@@ -302,7 +304,7 @@ int RunGenerate(const std::vector<std::string>& args) {
     if (!security.ok()) return fail(std::string(security.status().message()));
     return RunServer(server, prompt, max_new_tokens, sp, ignore_eos, stops,
                      vm.count("logprobs") ? std::optional<int32_t>(logprobs) : std::nullopt,
-                     request_id, wait_ready_seconds, *security);
+                     request_id, wait_ready_seconds, *security, !vm["seed"].defaulted());
   }
   if (threads < 0) return fail("--threads must be >= 0");
   if (max_new_tokens < 0) return fail("--max-new-tokens must be >= 0");
@@ -316,10 +318,16 @@ int RunGenerate(const std::vector<std::string>& args) {
       if (vm.count(flag)) return fail(std::string("--") + flag + " needs --split");
     }
   } else {
-    if (vm.count("hot-fraction") == vm.count("plan")) {
-      return fail("--split needs exactly one of --hot-fraction F and --plan PLAN.gguf");
+    if (vm.count("hot-fraction") && vm.count("plan")) {
+      return fail("--split takes one of --hot-fraction F and --plan PLAN.gguf, not both");
     }
     if (vm.count("hot-fraction")) so.hot_fraction = hot_fraction;
+    if (!vm.count("hot-fraction") && !vm.count("plan")) {
+      // As the gateway: with the host backend every FFN neuron is "hot" by default.
+      so.hot_fraction = 1.0;
+      std::cerr << "thermocline generate: no --hot-fraction or --plan; placing the whole FFN on "
+                   "the gpu worker (hot fraction 1)\n";
+    }
     if (vm.count("numa-node")) so.numa_node = numa_node;
   }
 
@@ -373,7 +381,10 @@ int RunGenerate(const std::vector<std::string>& args) {
   return 0;
 }
 
-CommandRegistrar reg({"generate", "generate text from a prompt on this machine's CPU", &RunGenerate});
+CommandRegistrar reg({"generate",
+                      "generate text from a prompt: in this process, split over the two worker "
+                      "processes (--split), or from a running gateway (--server)",
+                      &RunGenerate});
 
 }  // namespace
 }  // namespace thermocline::tools

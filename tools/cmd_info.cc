@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "shared/model/gguf.h"
+#include "shared/gguf/gguf.h"
 #include "tools/command.h"
 
 namespace thermocline::tools {

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
-#include "shared/model/gguf.h"
+#include "shared/gguf/gguf.h"
 #include "shared/model/model.h"
 #include "shared/sparsity/activation_stats.h"
 #include "shared/sparsity/placement.h"

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
-#include "shared/model/gguf.h"
+#include "shared/gguf/gguf.h"
 #include "shared/model/quantize.h"
 #include "shared/util/progress.h"
 #include "tools/command.h"

@@ -12,8 +12,8 @@
 
 #include "absl/strings/str_format.h"
 #include "shared/model/arch.h"
-#include "shared/model/ggml_type.h"
-#include "shared/model/quant.h"
+#include "shared/gguf/ggml_type.h"
+#include "shared/gguf/quant.h"
 #include "shared/model/synth.h"
 #include "tools/command.h"
 
