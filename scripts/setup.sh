@@ -30,7 +30,7 @@ PACKAGES=(
   # reference data's JSON indexes (tests/unit/dequant_reference_test.cc). ICU: Unicode case
   # mapping in chat templates (and WordPiece, above). Python's Jinja2: the reference the
   # template tests compare against (tests/helpers/).
-  nlohmann-json3-dev libicu-dev python3-jinja2
+  nlohmann-json3-dev python3-jinja2
 )
 
 missing=()
