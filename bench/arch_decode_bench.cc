@@ -27,7 +27,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "bench/decode_loop.h"
-#include "shared/model/ggml_type.h"
+#include "shared/gguf/ggml_type.h"
 #include "shared/model/model.h"
 #include "shared/model/synth.h"
 #include "shared/runtime/forward.h"

@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "shared/kernels/matmul.h"
-#include "shared/model/ggml_type.h"
-#include "shared/model/quant.h"
+#include "shared/gguf/ggml_type.h"
+#include "shared/gguf/quant.h"
 #include "shared/util/cpu_features.h"
 #include "shared/util/membw.h"
 #include "shared/util/thread_pool.h"

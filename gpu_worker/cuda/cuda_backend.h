@@ -12,7 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "gpu_worker/backend.h"
-#include "shared/model/ggml_type.h"
+#include "shared/gguf/ggml_type.h"
 #include "shared/model/model.h"
 #include "shared/sparsity/partition.h"
 #include "shared/sparsity/sparsity_mode.h"

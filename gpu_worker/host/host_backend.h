@@ -13,7 +13,7 @@
 #include "absl/status/statusor.h"
 #include "gpu_worker/backend.h"
 #include "gpu_worker/host/split_ffn.h"
-#include "shared/model/ggml_type.h"
+#include "shared/gguf/ggml_type.h"
 #include "shared/runtime/forward.h"
 #include "shared/runtime/kv_cache.h"
 #include "shared/util/thread_pool.h"
