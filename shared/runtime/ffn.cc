@@ -119,32 +119,37 @@ void DenseFfn::Compute(int64_t layer, const float* h, const float* predictor_inp
   AddRowBias(w.down_b, n_tokens, c.dim, out);
 }
 
-void DenseFfn::ComputeMoe(int64_t layer, const float* h, int64_t n_tokens, float* out) {
-  const ModelConfig& c = model_.config();
-  const LayerWeights& w = model_.layer(layer);
-  const int64_t n_exp = c.n_experts, k = c.n_experts_used, dim = c.dim;
-  // Routing as llama.cpp: softmax over every expert, the k largest (lower id first on ties),
-  // their probabilities as weights, renormalised to sum 1 where the architecture does.
-  probs_.resize(n_tokens * n_exp);
-  MatMul(w.router, h, n_tokens, dim, probs_.data(), n_exp, pool_);
-  picks_.resize(n_tokens * k);
-  pick_w_.resize(n_tokens * k);
+void RouteExperts(const ModelConfig& c, const LayerWeights& w, const float* h, int64_t n_tokens,
+                  ThreadPool& pool, std::vector<float>& probs, std::vector<int32_t>& picks,
+                  std::vector<float>& weights) {
+  const int64_t n_exp = c.n_experts, k = c.n_experts_used;
+  probs.resize(n_tokens * n_exp);
+  MatMul(w.router, h, n_tokens, c.dim, probs.data(), n_exp, pool);
+  picks.resize(n_tokens * k);
+  weights.resize(n_tokens * k);
   std::vector<int32_t> order(n_exp);
   for (int64_t t = 0; t < n_tokens; ++t) {
-    float* p = probs_.data() + t * n_exp;
+    float* p = probs.data() + t * n_exp;
     Softmax(p, n_exp);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [p](int32_t a, int32_t b) { return p[a] > p[b]; });
     float sum = 0.0f;
     for (int64_t j = 0; j < k; ++j) {
-      picks_[t * k + j] = order[j];
-      pick_w_[t * k + j] = p[order[j]];
+      picks[t * k + j] = order[j];
+      weights[t * k + j] = p[order[j]];
       sum += p[order[j]];
     }
     if (c.expert_weights_norm) {
-      for (int64_t j = 0; j < k; ++j) pick_w_[t * k + j] /= sum;
+      for (int64_t j = 0; j < k; ++j) weights[t * k + j] /= sum;
     }
   }
+}
+
+void DenseFfn::ComputeMoe(int64_t layer, const float* h, int64_t n_tokens, float* out) {
+  const ModelConfig& c = model_.config();
+  const LayerWeights& w = model_.layer(layer);
+  const int64_t n_exp = c.n_experts, k = c.n_experts_used, dim = c.dim;
+  RouteExperts(c, w, h, n_tokens, pool_, probs_, picks_, pick_w_);
   // Each expert runs once over the tokens that picked it; outputs land per (token, pick) and
   // are summed in pick order, so the result does not depend on how tokens were grouped.
   picks_y_.resize(n_tokens * k * dim);

@@ -67,6 +67,14 @@ class DenseFfn final : public FfnExecutor {
   std::vector<int64_t> moe_rows_;
 };
 
+// The experts each token of an MoE layer uses, as llama.cpp routes: softmax over the router's
+// logits, the n_experts_used largest (lower id first on ties), their probabilities as weights,
+// renormalised to sum 1 where the architecture does. picks/weights: [n_tokens][n_experts_used];
+// probs is scratch. Shared by the dense and the sparse FFN so both route alike.
+void RouteExperts(const ModelConfig& config, const LayerWeights& w, const float* h,
+                  int64_t n_tokens, ThreadPool& pool, std::vector<float>& probs,
+                  std::vector<int32_t>& picks, std::vector<float>& weights);
+
 // act(x) in place for the activation of a plain (non-gated) MLP.
 void Activate(FfnActivation activation, float* x, int64_t n);
 // gate[i] = act(gate[i]) * up[i] for the gated forms (dReLU: relu(gate) * relu(up)).

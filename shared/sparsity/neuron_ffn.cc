@@ -251,7 +251,13 @@ absl::StatusOr<DownRows> DownRows::ForLayer(const Model& model, int64_t layer,
     d.view_ = w.down_t;
     return d;
   }
-  GgmlType type = w.down.type;
+  return ForMatrix(w.down, quantized_type, pool);
+}
+
+absl::StatusOr<DownRows> DownRows::ForMatrix(const MatrixView& down,
+                                             std::optional<GgmlType> quantized_type,
+                                             ThreadPool& pool) {
+  GgmlType type = down.type;
   if (IsBlockQuantized(type)) {
     // Other block types than Q8_0/Q4_0 (K-quants, i-quants, q4_1, q5_x) are stored as Q8_0:
     // most have no quantizer, and the K-quant ones search every sub-block (slow at load).
@@ -261,7 +267,7 @@ absl::StatusOr<DownRows> DownRows::ForLayer(const Model& model, int64_t layer,
       type = GgmlType::kQ8_0;
     }
   }
-  return Transpose(w.down, type, pool);
+  return Transpose(down, type, pool);
 }
 
 absl::StatusOr<DownRows> DownRows::Transpose(const MatrixView& down, GgmlType type,

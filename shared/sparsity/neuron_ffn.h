@@ -164,6 +164,10 @@ class DownRows {
   static absl::StatusOr<DownRows> ForLayer(const Model& model, int64_t layer,
                                            std::optional<GgmlType> quantized_type,
                                            ThreadPool& pool);
+  // The same for any down matrix (an expert's), with ForLayer's choice of type.
+  static absl::StatusOr<DownRows> ForMatrix(const MatrixView& down,
+                                            std::optional<GgmlType> quantized_type,
+                                            ThreadPool& pool);
   // The transposed copy of `down` ([dim][ffn_dim]) as [ffn_dim][dim] rows of `type` (the same
   // rules as above; float types must equal down's type).
   static absl::StatusOr<DownRows> Transpose(const MatrixView& down, GgmlType type,

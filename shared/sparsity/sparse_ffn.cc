@@ -1,7 +1,9 @@
 #include "shared/sparsity/sparse_ffn.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
+#include <span>
 
 #include "shared/util/status_macros.h"
 
@@ -19,9 +21,29 @@ absl::StatusOr<std::unique_ptr<SparseFfn>> SparseFfn::Create(const Model& model,
   ffn->down_rows_.resize(c.n_layers);
   ffn->weights_.resize(c.n_layers);
   ffn->activity_.assign(c.n_layers, LayerActivity{});
+  ffn->moe_.resize(c.n_layers);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = model.layer(l);
     NeuronWeights& nw = ffn->weights_[l];
+    if (c.layers[l].moe) {
+      if (ffn->plan_.mode(l) == SparsityMode::kDense) continue;
+      MoeLayer& m = ffn->moe_[l];
+      auto neuron_weights = [&](const FfnWeights& e, DownRows& down) -> absl::StatusOr<NeuronWeights> {
+        TC_ASSIGN_OR_RETURN(down, DownRows::ForMatrix(e.down, options.quantized_down_t_type, pool));
+        NeuronWeights x{e.gate, e.up, down.view(), c.activation};
+        TC_RETURN_IF_ERROR(ValidateNeuronWeights(x));
+        return x;
+      };
+      m.downs.resize(w.experts.size());
+      for (size_t e = 0; e < w.experts.size(); ++e) {
+        TC_ASSIGN_OR_RETURN(NeuronWeights x, neuron_weights(w.experts[e], m.downs[e]));
+        m.experts.push_back(x);
+      }
+      if (!w.shared.up.empty()) {
+        TC_ASSIGN_OR_RETURN(m.shared, neuron_weights(w.shared, m.shared_down));
+      }
+      continue;
+    }
     nw.gate = w.gate;
     nw.up = w.up;
     nw.up_b = w.up_b;
@@ -65,6 +87,10 @@ void SparseFfn::Compute(int64_t layer, const float* h, const float* predictor_in
   const SparsityMode mode = plan_.mode(layer);
   LayerActivity& act = activity_[layer];
   act.tokens += n_tokens;
+  if (mode != SparsityMode::kDense && c.layers[layer].moe) {
+    ComputeMoe(layer, h, n_tokens, out);
+    return;
+  }
   if (mode == SparsityMode::kDense) {
     dense_.Compute(layer, h, predictor_input, n_tokens, out);
     act.candidates += n_tokens * c.ffn_dim;
@@ -113,6 +139,48 @@ void SparseFfn::Compute(int64_t layer, const float* h, const float* predictor_in
     act.active += worker.active;
     act.down += worker.down;
     worker.candidates = worker.active = worker.down = 0;
+  }
+}
+
+void SparseFfn::ComputeMoe(int64_t layer, const float* h, int64_t n_tokens, float* out) {
+  const ModelConfig& c = model_.config();
+  const LayerWeights& w = model_.layer(layer);
+  const MoeLayer& m = moe_[layer];
+  const int64_t k = c.n_experts_used, dim = c.dim;
+  RouteExperts(c, w, h, n_tokens, pool_, moe_probs_, moe_picks_, moe_weights_);
+  const NeuronFilter filter = plan_.FilterFor(layer, c.activation);
+  if (static_cast<int64_t>(all_ids_.size()) < std::max(c.ffn_dim, c.shared_expert_ffn_dim)) {
+    all_ids_.resize(std::max(c.ffn_dim, c.shared_expert_ffn_dim));
+    std::iota(all_ids_.begin(), all_ids_.end(), 0);
+  }
+  const std::span<const int32_t> expert_ids(all_ids_.data(), c.ffn_dim);
+  const std::span<const int32_t> shared_ids(all_ids_.data(), c.shared_expert_ffn_dim);
+  LayerActivity& act = activity_[layer];
+  NeuronFfn& neurons = workers_[0].neurons;
+  moe_y_.resize(dim);
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const float* ht = h + t * dim;
+    float* o = out + t * dim;
+    std::fill(o, o + dim, 0.0f);
+    // Pick order and arithmetic as DenseFfn's: o += y_j * w_j for j = 0..k-1.
+    for (int64_t j = 0; j < k; ++j) {
+      std::fill(moe_y_.begin(), moe_y_.end(), 0.0f);
+      const int64_t ran = neurons.Compute(m.experts[moe_picks_[t * k + j]], ht, expert_ids, filter,
+                                          moe_y_.data(), pool_);
+      act.candidates += c.ffn_dim;
+      act.active += ran;
+      act.down += neurons.down_rows();
+      const float wj = moe_weights_[t * k + j];
+      for (int64_t i = 0; i < dim; ++i) o[i] += moe_y_[i] * wj;
+    }
+    if (!w.shared.up.empty()) {
+      std::fill(moe_y_.begin(), moe_y_.end(), 0.0f);
+      neurons.Compute(m.shared, ht, shared_ids, filter, moe_y_.data(), pool_);
+      float g = 0.0f;
+      for (int64_t i = 0; i < dim; ++i) g += w.shared_gate[i] * ht[i];
+      g = 1.0f / (1.0f + std::exp(-g));
+      for (int64_t i = 0; i < dim; ++i) o[i] += moe_y_[i] * g;
+    }
   }
 }
 

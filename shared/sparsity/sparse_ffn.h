@@ -85,6 +85,18 @@ class SparseFfn final : public FfnExecutor {
                 const float* predictor_input, const float* gate, float* out);
 
   std::vector<Worker> workers_;
+  // MoE layers (exact mode): every expert, and the shared expert, as neuron-major weights;
+  // routing as the dense pass (RouteExperts), then NeuronFfn inside each chosen expert.
+  struct MoeLayer {
+    std::vector<NeuronWeights> experts;
+    std::vector<DownRows> downs;
+    NeuronWeights shared;
+    DownRows shared_down;
+  };
+  void ComputeMoe(int64_t layer, const float* h, int64_t n_tokens, float* out);
+  std::vector<MoeLayer> moe_;  // [n_layers]; empty entries for other layers
+  std::vector<float> moe_probs_, moe_weights_, moe_y_;
+  std::vector<int32_t> moe_picks_, shared_ids_;
   std::vector<int32_t> all_ids_;   // 0..ffn_dim-1
   std::vector<float> batch_gate_;  // [n_tokens][ffn_dim] gate pre-activations
 };

@@ -4,7 +4,8 @@
 // neurons whose activation is exactly 0, so the only difference from dense is the order of the
 // down projection's sum: fp32 reassociation over ffn_dim terms, bounded by 1e-5 of
 // max(1, max|logit|) for these small fp32 models (the same argument as sparse_ffn_test's
-// ExactSparsityTest). MoE layers run dense; a non-dense plan on one is refused by name.
+// ExactSparsityTest). MoE layers run exact inside each chosen expert; threshold and predicted,
+// which need per-expert cuts and predictors, are refused by name.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -105,16 +106,44 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FfnShapesExactTest,
                            return std::string(info.param.arch);
                          });
 
-TEST(FfnShapesExactTest, MoeLayersRefuseSparsityByName) {
-  std::unique_ptr<Model> model = Synth(ShapeCase{"llama", SynthFfnKind::kReluGated}, 4);
-  ASSERT_NE(model, nullptr);
-  ASSERT_TRUE(model->config().moe());
-  ThreadPool pool(1);
-  auto exact = SparseFfn::Create(
-      *model, SparsityPlan::Uniform(SparsityMode::kExact, model->config().n_layers), pool);
-  ASSERT_FALSE(exact.ok());
-  EXPECT_NE(exact.status().message().find("mixture-of-experts"), std::string::npos)
-      << exact.status();
+// MoE: exact inside each chosen expert (and the shared expert) equals the dense experts.
+TEST(FfnShapesExactTest, MoeExactEqualsDenseInsideTheChosenExperts) {
+  for (const char* arch : {"llama", "qwen2moe"}) {
+    SCOPED_TRACE(arch);
+    std::unique_ptr<Model> model = Synth(ShapeCase{arch, SynthFfnKind::kReluGated}, 4);
+    ASSERT_NE(model, nullptr);
+    ASSERT_TRUE(model->config().moe());
+    ThreadPool pool(2);
+    const std::vector<float> dense = Logits(*model, pool, nullptr);
+    auto exact = SparseFfn::Create(
+        *model, SparsityPlan::Uniform(SparsityMode::kExact, model->config().n_layers), pool);
+    ASSERT_TRUE(exact.ok()) << exact.status();
+    const std::vector<float> got = Logits(*model, pool, exact->get());
+    ASSERT_EQ(got.size(), dense.size());
+    double max_ref = 1, worst = 0;
+    for (size_t i = 0; i < dense.size(); ++i) {
+      max_ref = std::max(max_ref, static_cast<double>(std::abs(dense[i])));
+      worst = std::max(worst, static_cast<double>(std::abs(got[i] - dense[i])));
+    }
+    int64_t candidates = 0, active = 0;
+    for (const LayerActivity& a : (*exact)->activity()) {
+      candidates += a.candidates;
+      active += a.active;
+    }
+    std::printf("%s MoE: max |exact - dense| %.3g (bound %.3g), active %lld of %lld candidates\n",
+                arch, worst, 1e-5 * max_ref, static_cast<long long>(active),
+                static_cast<long long>(candidates));
+    EXPECT_LE(worst, 1e-5 * max_ref);
+    EXPECT_GT(active, candidates / 20);
+    EXPECT_LT(active, candidates * 9 / 10);
+    // Modes that need per-expert cuts or predictors are refused by name.
+    SparsityPlan threshold = SparsityPlan::Uniform(SparsityMode::kThreshold, model->config().n_layers);
+    std::fill(threshold.coeff_cuts.begin(), threshold.coeff_cuts.end(), 0.1f);
+    auto refused = SparseFfn::Create(*model, threshold, pool);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.status().message().find("mixture-of-experts"), std::string::npos)
+        << refused.status();
+  }
 }
 
 }  // namespace
