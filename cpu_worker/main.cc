@@ -16,7 +16,6 @@
 #include "shared/ipc/worker_session.h"
 #include "shared/util/version.h"
 
-namespace po = boost::program_options;
 using namespace thermocline;
 
 int main(int argc, char** argv) {
@@ -24,21 +23,13 @@ int main(int argc, char** argv) {
     std::printf("%s %s\n", "thermocline-cpu-worker", thermocline::Version());
     return 0;
   }
-  ipc::CommonWorkerFlags common;
-  int numa_node = -1;
-  std::string cpus_flag;
-  bool lock = false;
-  po::options_description opts("thermocline-cpu-worker options");
-  ipc::AddCommonWorkerOptions(opts, common);
-  opts.add_options()
-      ("numa-node", po::value(&numa_node), "NUMA node holding the cold rows (and, without --cpus, running the threads)")
-      ("cpus", po::value(&cpus_flag), "CPUs to pin the threads to, e.g. 0-3,6")
-      ("mlock", po::bool_switch(&lock), "lock the cold rows in memory");
+  ipc::WorkerFlags common;
   int exit_code = 0;
-  if (!ipc::ParseWorkerCommandLine("thermocline-cpu-worker", "cpu_worker", opts, argc, argv,
-                                   common, exit_code)) {
+  if (!ipc::ParseWorkerCommandLine(ipc::WorkerKind::kCpu, argc, argv, common, exit_code)) {
     return exit_code;
   }
+  const std::string& cpus_flag = common.cpus;
+  const bool lock = common.mlock;
   std::vector<int> cpus;
   if (!cpus_flag.empty()) {
     auto parsed = cpu_worker::ParseCpuList(cpus_flag);
@@ -58,8 +49,7 @@ int main(int argc, char** argv) {
   ipc::WorkerSession& s = **session;
   s.Log(absl::StrCat("attached to instance '", common.instance, "' (pid ", getpid(), ")"));
   // Pin before any thread exists: the pool's threads inherit the affinity.
-  auto placed = cpu_worker::PlaceProcess(
-      numa_node >= 0 ? std::optional<int>(numa_node) : std::nullopt, cpus);
+  auto placed = cpu_worker::PlaceProcess(common.numa_node, cpus);
   if (!placed.ok()) s.Fail(placed.status());
   s.Log(placed->description);
   auto loaded = ipc::LoadWorkerModel(common);

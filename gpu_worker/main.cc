@@ -15,7 +15,6 @@
 #include "shared/ipc/worker_session.h"
 #include "shared/util/version.h"
 
-namespace po = boost::program_options;
 using namespace thermocline;
 
 namespace {
@@ -54,24 +53,18 @@ int main(int argc, char** argv) {
     std::printf("%s %s\n", "thermocline-gpu-worker", thermocline::Version());
     return 0;
   }
-  ipc::CommonWorkerFlags common;
-  std::string backend_name, kv_type, vram_budget;
-  gpu_worker::HostBackendOptions options;
-  po::options_description opts("thermocline-gpu-worker options");
-  ipc::AddCommonWorkerOptions(opts, common);
-  opts.add_options()
-      ("backend", po::value(&backend_name)->default_value("host"), "compute backend: host or cuda")
-      ("kv-slots", po::value(&options.n_kv_slots)->default_value(4), "KV cache slots (sequences)")
-      ("context", po::value(&options.context)->default_value(0), "positions per slot (0 = the model's context length)")
-      ("max-batch", po::value(&options.max_batch)->default_value(512), "most entries in one Step")
-      ("kv-type", po::value(&kv_type)->default_value("f32"), "KV cache element type: f32 or f16")
-      ("vram-budget", po::value(&vram_budget)->default_value("0"),
-       "cuda: device memory the backend may use, e.g. 20G (0 = the device's free memory)");
+  ipc::WorkerFlags common;
   int exit_code = 0;
-  if (!ipc::ParseWorkerCommandLine("thermocline-gpu-worker", "gpu_worker", opts, argc, argv,
-                                   common, exit_code)) {
+  if (!ipc::ParseWorkerCommandLine(ipc::WorkerKind::kGpu, argc, argv, common, exit_code)) {
     return exit_code;
   }
+  const std::string& backend_name = common.backend;
+  const std::string& kv_type = common.kv_type;
+  const std::string& vram_budget = common.vram_budget;
+  gpu_worker::HostBackendOptions options;
+  options.n_kv_slots = common.kv_slots;
+  options.context = common.context;
+  options.max_batch = common.max_batch;
   auto usage_error = [](const std::string& msg) {
     std::fprintf(stderr, "gpu_worker: %s\n", msg.c_str());
     return 2;
