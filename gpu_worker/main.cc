@@ -53,18 +53,18 @@ int main(int argc, char** argv) {
     std::printf("%s %s\n", "thermocline-gpu-worker", thermocline::Version());
     return 0;
   }
-  ipc::WorkerFlags common;
+  ipc::WorkerFlags flags;
   int exit_code = 0;
-  if (!ipc::ParseWorkerCommandLine(ipc::WorkerKind::kGpu, argc, argv, common, exit_code)) {
+  if (!ipc::ParseWorkerCommandLine(ipc::WorkerKind::kGpu, argc, argv, flags, exit_code)) {
     return exit_code;
   }
-  const std::string& backend_name = common.backend;
-  const std::string& kv_type = common.kv_type;
-  const std::string& vram_budget = common.vram_budget;
+  const std::string& backend_name = flags.backend;
+  const std::string& kv_type = flags.kv_type;
+  const std::string& vram_budget = flags.vram_budget;
   gpu_worker::HostBackendOptions options;
-  options.n_kv_slots = common.kv_slots;
-  options.context = common.context;
-  options.max_batch = common.max_batch;
+  options.n_kv_slots = flags.kv_slots;
+  options.context = flags.context;
+  options.max_batch = flags.max_batch;
   auto usage_error = [](const std::string& msg) {
     std::fprintf(stderr, "gpu_worker: %s\n", msg.c_str());
     return 2;
@@ -93,24 +93,24 @@ int main(int argc, char** argv) {
   if (kv_type != "f32" && kv_type != "f16") return usage_error("--kv-type must be f32 or f16");
   if (options.context < 0) return usage_error("--context must be >= 0");
   options.kv_type = kv_type == "f16" ? GgmlType::kF16 : GgmlType::kF32;
-  options.threads = common.threads;
+  options.threads = flags.threads;
 
-  auto session = ipc::WorkerSession::Start("gpu_worker", common.instance, ipc::Role::kGpuWorker);
+  auto session = ipc::WorkerSession::Start("gpu_worker", flags.instance, ipc::Role::kGpuWorker);
   if (!session.ok()) {
     std::fprintf(stderr, "gpu_worker: cannot attach to instance '%s': %s\n",
-                 common.instance.c_str(), session.status().ToString().c_str());
+                 flags.instance.c_str(), session.status().ToString().c_str());
     return 1;
   }
   ipc::WorkerSession& s = **session;
-  s.Log(absl::StrCat("attached to instance '", common.instance, "' (pid ", getpid(), ")"));
-  auto loaded = ipc::LoadWorkerModel(common);
+  s.Log(absl::StrCat("attached to instance '", flags.instance, "' (pid ", getpid(), ")"));
+  auto loaded = ipc::LoadWorkerModel(flags);
   if (!loaded.ok()) s.Fail(loaded.status());
   const ModelConfig& config = loaded->model->config();
   int64_t hot = 0;
   for (const LayerPartition& l : loaded->partition.layers) hot += static_cast<int64_t>(l.hot.size());
-  s.Log(absl::StrCat("loaded ", common.model_path, ": ", config.n_layers, " layers, ", hot, " of ",
+  s.Log(absl::StrCat("loaded ", flags.model_path, ": ", config.n_layers, " layers, ", hot, " of ",
                      config.n_layers * config.ffn_dim, " FFN neurons hot, sparsity ",
-                     common.sparsity.mode, ", ", common.threads, " threads"));
+                     flags.sparsity.mode, ", ", flags.threads, " threads"));
   absl::StatusOr<std::unique_ptr<gpu_worker::Backend>> backend;
   if (backend_name == "host") {
     backend = gpu_worker::HostBackend::Create(*loaded->model, std::move(loaded->plan),
