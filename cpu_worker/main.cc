@@ -16,7 +16,6 @@
 #include "shared/ipc/worker_session.h"
 #include "shared/util/version.h"
 
-namespace po = boost::program_options;
 using namespace thermocline;
 
 int main(int argc, char** argv) {
@@ -24,21 +23,13 @@ int main(int argc, char** argv) {
     std::printf("%s %s\n", "thermocline-cpu-worker", thermocline::Version());
     return 0;
   }
-  ipc::CommonWorkerFlags common;
-  int numa_node = -1;
-  std::string cpus_flag;
-  bool lock = false;
-  po::options_description opts("thermocline-cpu-worker options");
-  ipc::AddCommonWorkerOptions(opts, common);
-  opts.add_options()
-      ("numa-node", po::value(&numa_node), "NUMA node holding the cold rows (and, without --cpus, running the threads)")
-      ("cpus", po::value(&cpus_flag), "CPUs to pin the threads to, e.g. 0-3,6")
-      ("mlock", po::bool_switch(&lock), "lock the cold rows in memory");
+  ipc::WorkerFlags flags;
   int exit_code = 0;
-  if (!ipc::ParseWorkerCommandLine("thermocline-cpu-worker", "cpu_worker", opts, argc, argv,
-                                   common, exit_code)) {
+  if (!ipc::ParseWorkerCommandLine(ipc::WorkerKind::kCpu, argc, argv, flags, exit_code)) {
     return exit_code;
   }
+  const std::string& cpus_flag = flags.cpus;
+  const bool lock = flags.mlock;
   std::vector<int> cpus;
   if (!cpus_flag.empty()) {
     auto parsed = cpu_worker::ParseCpuList(cpus_flag);
@@ -49,23 +40,22 @@ int main(int argc, char** argv) {
     cpus = *parsed;
   }
 
-  auto session = ipc::WorkerSession::Start("cpu_worker", common.instance, ipc::Role::kCpuWorker);
+  auto session = ipc::WorkerSession::Start("cpu_worker", flags.instance, ipc::Role::kCpuWorker);
   if (!session.ok()) {
     std::fprintf(stderr, "cpu_worker: cannot attach to instance '%s': %s\n",
-                 common.instance.c_str(), session.status().ToString().c_str());
+                 flags.instance.c_str(), session.status().ToString().c_str());
     return 1;
   }
   ipc::WorkerSession& s = **session;
-  s.Log(absl::StrCat("attached to instance '", common.instance, "' (pid ", getpid(), ")"));
+  s.Log(absl::StrCat("attached to instance '", flags.instance, "' (pid ", getpid(), ")"));
   // Pin before any thread exists: the pool's threads inherit the affinity.
-  auto placed = cpu_worker::PlaceProcess(
-      numa_node >= 0 ? std::optional<int>(numa_node) : std::nullopt, cpus);
+  auto placed = cpu_worker::PlaceProcess(flags.numa_node, cpus);
   if (!placed.ok()) s.Fail(placed.status());
   s.Log(placed->description);
-  auto loaded = ipc::LoadWorkerModel(common);
+  auto loaded = ipc::LoadWorkerModel(flags);
   if (!loaded.ok()) s.Fail(loaded.status());
   const ModelConfig& config = loaded->model->config();
-  ThreadPool pool(common.threads);
+  ThreadPool pool(flags.threads);
   auto rows = cpu_worker::ColdRows::Build(*loaded->model, loaded->partition, placed->node, pool);
   if (!rows.ok()) s.Fail(rows.status());
   if (lock) {
@@ -73,10 +63,10 @@ int main(int argc, char** argv) {
   }
   int64_t cold = 0;
   for (const LayerPartition& l : loaded->partition.layers) cold += l.n_cold();
-  s.Log(absl::StrCat("loaded ", common.model_path, ": ", cold, " of ",
+  s.Log(absl::StrCat("loaded ", flags.model_path, ": ", cold, " of ",
                      config.n_layers * config.ffn_dim, " FFN neurons cold, ", rows->bytes(),
                      " bytes of cold rows", lock ? " (locked)" : "", ", sparsity ",
-                     common.sparsity.mode, ", ", common.threads, " threads"));
+                     flags.sparsity.mode, ", ", flags.threads, " threads"));
   cpu_worker::ColdExecutor executor(*rows, loaded->partition, loaded->plan, config.activation,
                                     pool);
   absl::Status run = cpu_worker::RunCpuWorker(s, executor, config);

@@ -79,7 +79,6 @@ int Main(int argc, char** argv) {
   double hot_fraction = 0;
   SchedulerOptions sched;
   SparsityFlags sf;
-  SparsityOptionValues sv;
   driver::SplitEngineOptions so;
   int32_t context = 0;
   SecurityOptions security;
@@ -118,7 +117,7 @@ int Main(int argc, char** argv) {
       ("tls-client-ca", po::value(&security.tls_client_ca), "mutual TLS: require client certificates signed by this PEM CA")
       ("auth-token-file", po::value(&auth_token_file), "require 'authorization: Bearer <token>' on every Generation call; the token is this file's first line");
   // clang-format on
-  AddSparsityOptions(opts, sf, sv);
+  AddSparsityOptions(opts, sf);
   po::variables_map vm;
   try {
     po::store(po::parse_command_line(argc, argv, opts), vm);
@@ -134,7 +133,6 @@ int Main(int argc, char** argv) {
     std::cout << "thermocline-gateway " << Version() << "\n";
     return 0;
   }
-  FinishSparsityOptions(vm, sv, sf);
   if (model_path.empty()) return Fail("--model is required");
   if (vm.count("hot-fraction") && vm.count("plan")) {
     return Fail("give one of --hot-fraction F and --plan PLAN, not both");

@@ -15,7 +15,6 @@
 #include "shared/ipc/worker_session.h"
 #include "shared/util/version.h"
 
-namespace po = boost::program_options;
 using namespace thermocline;
 
 namespace {
@@ -54,24 +53,18 @@ int main(int argc, char** argv) {
     std::printf("%s %s\n", "thermocline-gpu-worker", thermocline::Version());
     return 0;
   }
-  ipc::CommonWorkerFlags common;
-  std::string backend_name, kv_type, vram_budget;
-  gpu_worker::HostBackendOptions options;
-  po::options_description opts("thermocline-gpu-worker options");
-  ipc::AddCommonWorkerOptions(opts, common);
-  opts.add_options()
-      ("backend", po::value(&backend_name)->default_value("host"), "compute backend: host or cuda")
-      ("kv-slots", po::value(&options.n_kv_slots)->default_value(4), "KV cache slots (sequences)")
-      ("context", po::value(&options.context)->default_value(0), "positions per slot (0 = the model's context length)")
-      ("max-batch", po::value(&options.max_batch)->default_value(512), "most entries in one Step")
-      ("kv-type", po::value(&kv_type)->default_value("f32"), "KV cache element type: f32 or f16")
-      ("vram-budget", po::value(&vram_budget)->default_value("0"),
-       "cuda: device memory the backend may use, e.g. 20G (0 = the device's free memory)");
+  ipc::WorkerFlags flags;
   int exit_code = 0;
-  if (!ipc::ParseWorkerCommandLine("thermocline-gpu-worker", "gpu_worker", opts, argc, argv,
-                                   common, exit_code)) {
+  if (!ipc::ParseWorkerCommandLine(ipc::WorkerKind::kGpu, argc, argv, flags, exit_code)) {
     return exit_code;
   }
+  const std::string& backend_name = flags.backend;
+  const std::string& kv_type = flags.kv_type;
+  const std::string& vram_budget = flags.vram_budget;
+  gpu_worker::HostBackendOptions options;
+  options.n_kv_slots = flags.kv_slots;
+  options.context = flags.context;
+  options.max_batch = flags.max_batch;
   auto usage_error = [](const std::string& msg) {
     std::fprintf(stderr, "gpu_worker: %s\n", msg.c_str());
     return 2;
@@ -100,24 +93,24 @@ int main(int argc, char** argv) {
   if (kv_type != "f32" && kv_type != "f16") return usage_error("--kv-type must be f32 or f16");
   if (options.context < 0) return usage_error("--context must be >= 0");
   options.kv_type = kv_type == "f16" ? GgmlType::kF16 : GgmlType::kF32;
-  options.threads = common.threads;
+  options.threads = flags.threads;
 
-  auto session = ipc::WorkerSession::Start("gpu_worker", common.instance, ipc::Role::kGpuWorker);
+  auto session = ipc::WorkerSession::Start("gpu_worker", flags.instance, ipc::Role::kGpuWorker);
   if (!session.ok()) {
     std::fprintf(stderr, "gpu_worker: cannot attach to instance '%s': %s\n",
-                 common.instance.c_str(), session.status().ToString().c_str());
+                 flags.instance.c_str(), session.status().ToString().c_str());
     return 1;
   }
   ipc::WorkerSession& s = **session;
-  s.Log(absl::StrCat("attached to instance '", common.instance, "' (pid ", getpid(), ")"));
-  auto loaded = ipc::LoadWorkerModel(common);
+  s.Log(absl::StrCat("attached to instance '", flags.instance, "' (pid ", getpid(), ")"));
+  auto loaded = ipc::LoadWorkerModel(flags);
   if (!loaded.ok()) s.Fail(loaded.status());
   const ModelConfig& config = loaded->model->config();
   int64_t hot = 0;
   for (const LayerPartition& l : loaded->partition.layers) hot += static_cast<int64_t>(l.hot.size());
-  s.Log(absl::StrCat("loaded ", common.model_path, ": ", config.n_layers, " layers, ", hot, " of ",
+  s.Log(absl::StrCat("loaded ", flags.model_path, ": ", config.n_layers, " layers, ", hot, " of ",
                      config.n_layers * config.ffn_dim, " FFN neurons hot, sparsity ",
-                     common.sparsity.mode, ", ", common.threads, " threads"));
+                     flags.sparsity.mode, ", ", flags.threads, " threads"));
   absl::StatusOr<std::unique_ptr<gpu_worker::Backend>> backend;
   if (backend_name == "host") {
     backend = gpu_worker::HostBackend::Create(*loaded->model, std::move(loaded->plan),

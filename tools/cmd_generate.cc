@@ -218,7 +218,6 @@ int RunGenerate(const std::vector<std::string>& args) {
   SamplingParams sp;
   bool ignore_eos = false;
   SparsityFlags sf;
-  SparsityOptionValues sv;
   bool split = false;
   driver::SplitEngineOptions so;
   double hot_fraction = 0;
@@ -241,7 +240,7 @@ int RunGenerate(const std::vector<std::string>& args) {
       ("context", po::value(&context)->default_value(0), "KV cache positions (0 = prompt + max-new-tokens)")
       ("kv-type", po::value(&kv_type)->default_value("f32"), "KV cache element type: f32 or f16")
       ("ignore-eos", po::bool_switch(&ignore_eos), "keep generating past the end-of-sequence token");
-  AddSparsityOptions(opts, sf, sv);
+  AddSparsityOptions(opts, sf);
   po::options_description split_opts("split execution (docs/split.md)");
   split_opts.add_options()
       ("split", po::bool_switch(&split), "run the model in a gpu worker and a cpu worker process")
@@ -311,7 +310,6 @@ int RunGenerate(const std::vector<std::string>& args) {
   if (context < 0) return fail("--context must be >= 0");
   if (kv_type != "f32" && kv_type != "f16") return fail("--kv-type must be f32 or f16");
   if (absl::Status s = ValidateSamplingParams(sp); !s.ok()) return fail(std::string(s.message()));
-  FinishSparsityOptions(vm, sv, sf);
   if (!split) {
     for (const char* flag : {"hot-fraction", "plan", "instance", "cpus", "numa-node", "bindir",
                              "worker-log"}) {

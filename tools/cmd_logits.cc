@@ -73,7 +73,6 @@ int RunLogits(const std::vector<std::string>& args) {
   int32_t greedy = 0;
   int threads = 0;
   SparsityFlags sf;
-  SparsityOptionValues sv;
   bool split = false;
   double hot_fraction = 0;
   driver::SplitEngineOptions so;
@@ -88,7 +87,7 @@ int RunLogits(const std::vector<std::string>& args) {
       ("threads", po::value(&threads)->default_value(1), "CPU threads (0 = all cores)")
       ("kv-type", po::value(&kv_type)->default_value("f32"), "KV cache element type: f32 or f16");
   // clang-format on
-  AddSparsityOptions(opts, sf, sv);
+  AddSparsityOptions(opts, sf);
   po::options_description split_opts("split execution (docs/split.md)");
   split_opts.add_options()
       ("split", po::bool_switch(&split), "run the model in a gpu worker and a cpu worker process")
@@ -103,7 +102,6 @@ int RunLogits(const std::vector<std::string>& args) {
                     opts, pos, args, vm, exit_code)) {
     return exit_code;
   }
-  FinishSparsityOptions(vm, sv, sf);
   if (threads < 0) return Fail("--threads must be >= 0");
   if (greedy < 0) return Fail("--greedy must be >= 0");
   if (kv_type != "f32" && kv_type != "f16") return Fail("--kv-type must be f32 or f16");

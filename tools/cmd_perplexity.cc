@@ -23,7 +23,6 @@ int RunPerplexity(const std::vector<std::string>& args) {
   int64_t max_tokens = 0, window = 0, batch = 0;
   int threads = 0;
   SparsityFlags sf;
-  SparsityOptionValues sv;
   po::options_description opts("options");
   // One option per line reads as a table.
   // clang-format off
@@ -38,7 +37,7 @@ int RunPerplexity(const std::vector<std::string>& args) {
        "default: the model's own (requantized)")
       ("threads", po::value(&threads)->default_value(0), "CPU threads (0 = all cores)");
   // clang-format on
-  AddSparsityOptions(opts, sf, sv);
+  AddSparsityOptions(opts, sf);
   po::positional_options_description pos;
   po::variables_map vm;
   int exit_code = 0;
@@ -50,7 +49,6 @@ int RunPerplexity(const std::vector<std::string>& args) {
     std::cerr << "thermocline perplexity: " << msg << "\n";
     return 1;
   };
-  FinishSparsityOptions(vm, sv, sf);
   if (threads < 0) return fail("--threads must be >= 0");
   if (max_tokens < 0) return fail("--tokens must be >= 0");
   if (batch <= 0) return fail("--batch must be > 0");

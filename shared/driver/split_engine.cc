@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "shared/ipc/futex.h"
 #include "shared/ipc/messages.h"
+#include "shared/ipc/worker_flags.h"
 #include "shared/util/status_macros.h"
 
 namespace thermocline::driver {
@@ -37,27 +38,34 @@ uint64_t RingCapacity(uint64_t max_payload, uint64_t floor) {
   return c;
 }
 
-std::string Flt(double v) { return absl::StrFormat("%.17g", v); }
+// The flags of one worker: the engine's options, with that worker's thread count. Only what
+// `kind` takes is emitted, so the other worker's fields may stay set.
+ipc::WorkerFlags WorkerFlagsOf(const SplitEngineOptions& o, ipc::WorkerKind kind) {
+  ipc::WorkerFlags f;
+  f.instance = o.instance;
+  f.model_path = o.model_path;
+  f.threads = kind == ipc::WorkerKind::kGpu ? o.gpu_threads : o.cpu_threads;
+  f.plan_path = o.plan_path;
+  if (o.plan_path.empty()) f.hot_fraction = o.hot_fraction;  // a plan wins, as in Create
+  f.sparsity = o.sparsity;
+  f.backend = o.gpu_backend;
+  f.kv_slots = o.kv_slots;
+  f.context = o.context;
+  f.max_batch = o.max_batch;
+  f.kv_type = o.kv_type;
+  f.numa_node = o.numa_node;
+  f.cpus = o.cpus;
+  f.mlock = o.mlock;
+  return f;
+}
 
-void AddCommon(const SplitEngineOptions& o, int threads, std::vector<std::string>& a) {
-  a.insert(a.end(), {"--instance", o.instance, "--model", o.model_path, "--threads",
-                     absl::StrCat(threads)});
-  if (!o.plan_path.empty()) {
-    a.insert(a.end(), {"--plan", o.plan_path});
-  } else if (o.hot_fraction.has_value()) {
-    a.insert(a.end(), {"--hot-fraction", Flt(*o.hot_fraction)});
-  }
-  a.insert(a.end(), {"--sparsity", o.sparsity.mode});
-  if (!o.sparsity.stats_path.empty()) a.insert(a.end(), {"--stats", o.sparsity.stats_path});
-  if (o.sparsity.target_sparsity.has_value()) {
-    a.insert(a.end(), {"--target-sparsity", Flt(*o.sparsity.target_sparsity)});
-  }
-  if (o.sparsity.gate_sparsity.has_value()) {
-    a.insert(a.end(), {"--gate-sparsity", Flt(*o.sparsity.gate_sparsity)});
-  }
-  if (!o.sparsity.predictor_path.empty()) {
-    a.insert(a.end(), {"--predictor", o.sparsity.predictor_path});
-  }
+std::vector<std::string> Argv(const SplitEngineOptions& o, ipc::WorkerKind kind,
+                              const std::vector<std::string>& extra) {
+  std::vector<std::string> a = {o.bindir + "/" + ipc::WorkerProgram(kind)};
+  const std::vector<std::string> flags = ipc::WorkerArgv(WorkerFlagsOf(o, kind), kind);
+  a.insert(a.end(), flags.begin(), flags.end());
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
 }
 
 }  // namespace
@@ -75,23 +83,11 @@ absl::StatusOr<std::string> SelfBinDir() {
 }
 
 std::vector<std::string> GpuWorkerArgv(const SplitEngineOptions& o) {
-  std::vector<std::string> a = {o.bindir + "/" + kGpuWorkerBinary};
-  AddCommon(o, o.gpu_threads, a);
-  a.insert(a.end(), {"--backend", o.gpu_backend, "--kv-slots", absl::StrCat(o.kv_slots), "--context",
-                     absl::StrCat(o.context), "--max-batch", absl::StrCat(o.max_batch),
-                     "--kv-type", o.kv_type});
-  a.insert(a.end(), o.extra_gpu_args.begin(), o.extra_gpu_args.end());
-  return a;
+  return Argv(o, ipc::WorkerKind::kGpu, o.extra_gpu_args);
 }
 
 std::vector<std::string> CpuWorkerArgv(const SplitEngineOptions& o) {
-  std::vector<std::string> a = {o.bindir + "/" + kCpuWorkerBinary};
-  AddCommon(o, o.cpu_threads, a);
-  if (o.numa_node.has_value()) a.insert(a.end(), {"--numa-node", absl::StrCat(*o.numa_node)});
-  if (!o.cpus.empty()) a.insert(a.end(), {"--cpus", o.cpus});
-  if (o.mlock) a.push_back("--mlock");
-  a.insert(a.end(), o.extra_cpu_args.begin(), o.extra_cpu_args.end());
-  return a;
+  return Argv(o, ipc::WorkerKind::kCpu, o.extra_cpu_args);
 }
 
 absl::StatusOr<std::unique_ptr<SplitEngine>> SplitEngine::Create(SplitEngineOptions o) {

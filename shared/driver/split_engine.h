@@ -41,9 +41,6 @@
 
 namespace thermocline::driver {
 
-inline constexpr char kGpuWorkerBinary[] = "thermocline-gpu-worker";
-inline constexpr char kCpuWorkerBinary[] = "thermocline-cpu-worker";
-
 struct SplitEngineOptions {
   std::string instance;  // "" = "gen-<pid>-<n>", unique per engine of this process
   std::string model_path;
