@@ -27,6 +27,7 @@
 #include "gateway/scheduler.h"
 #include "gateway/security.h"
 #include "gateway/service.h"
+#include "gateway/split_serving_engine.h"
 #include "shared/driver/split_engine.h"
 #include "shared/model/model.h"
 #include "shared/sparsity/sparsity_options.h"
@@ -333,7 +334,8 @@ int Main(int argc, char** argv) {
       metrics.SetWorkerUp("gpu_worker", true);
       metrics.SetWorkerUp("cpu_worker", true);
       scheduler = std::make_unique<Scheduler>(
-          *std::move(engine), model.tokenizer(), sched, &metrics,
+          std::make_unique<SplitServingEngine>(*std::move(engine)), model.tokenizer(), sched,
+          &metrics,
           [&set_health, &worker_lost, &stopping, attach = so.attach](bool serving, const std::string& why) {
             set_health(serving);
             Log(serving ? Level::kInfo : Level::kWarn, serving ? "serving" : "not_serving",

@@ -78,7 +78,7 @@ struct Scheduler::Sequence {
   absl::Time last_token = absl::InfinitePast();
 };
 
-Scheduler::Scheduler(std::unique_ptr<driver::SplitEngine> engine, const Tokenizer& tokenizer,
+Scheduler::Scheduler(std::unique_ptr<ServingEngine> engine, const Tokenizer& tokenizer,
                      SchedulerOptions options, GatewayMetrics* metrics, HealthCallback health,
                      GiveUpCallback give_up)
     : engine_(std::move(engine)),
@@ -89,8 +89,9 @@ Scheduler::Scheduler(std::unique_ptr<driver::SplitEngine> engine, const Tokenize
       give_up_(std::move(give_up)),
       probe_slot_(options.kv_slots) {
   for (int32_t s = options_.kv_slots - 1; s >= 0; --s) free_slots_.push_back(s);
-  seen_gpu_restarts_ = engine_->stats().gpu_restarts;
-  seen_cpu_restarts_ = engine_->stats().cpu_restarts;
+  const WorkerHealth h = engine_->health();
+  seen_gpu_restarts_ = h.gpu_restarts;
+  seen_cpu_restarts_ = h.cpu_restarts;
   PublishPids();
   UpdateGauges();
   thread_ = std::thread([this] { Loop(); });
@@ -131,8 +132,9 @@ absl::StatusOr<std::shared_ptr<Stream>> Scheduler::Submit(Job job) {
 }
 
 void Scheduler::PublishPids() {
-  gpu_pid_.store(engine_->worker_pid(ipc::Role::kGpuWorker));
-  cpu_pid_.store(engine_->worker_pid(ipc::Role::kCpuWorker));
+  const WorkerHealth h = engine_->health();
+  gpu_pid_.store(h.gpu_pid);
+  cpu_pid_.store(h.cpu_pid);
 }
 
 void Scheduler::UpdateGauges() {
@@ -166,7 +168,7 @@ void Scheduler::MonitorLoop() {
 }
 
 void Scheduler::NoteRestarts() {
-  const driver::SplitEngineStats& st = engine_->stats();
+  const WorkerHealth st = engine_->health();
   const bool restarted =
       st.gpu_restarts != seen_gpu_restarts_ || st.cpu_restarts != seen_cpu_restarts_;
   if (metrics_) {
@@ -207,7 +209,7 @@ void Scheduler::Probe() {
   std::vector<float> logits;
   const BatchEntry e{probe_slot_, 0, tokenizer_.bos(), false};
   absl::Status s = engine_->Run(std::span<const BatchEntry>(&e, 1), logits);
-  engine_->ReleaseSlot(probe_slot_);
+  engine_->ResetSlot(probe_slot_);
   NoteRestarts();
   if (!s.ok()) {
     Log(Level::kError, "probe_failed", {{"error", std::string(s.message())}});
@@ -511,7 +513,7 @@ void Scheduler::Fail(Sequence& seq, const absl::Status& status) {
 void Scheduler::Retire(Sequence& seq) {
   if (seq.slot < 0) return;
   // The sequence is over: its slot is never replayed and goes to the next request.
-  engine_->ReleaseSlot(seq.slot);
+  engine_->ResetSlot(seq.slot);
   free_slots_.push_back(seq.slot);
   seq.slot = -1;
 }

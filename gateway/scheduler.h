@@ -1,12 +1,15 @@
-// The gateway's scheduler: one thread owns the SplitEngine and runs continuous batching over its
-// KV slots (docs/gateway.md#scheduling).
+// The gateway's scheduler: one thread owns the engine (a ServingEngine: the split engine in
+// production, gateway/split_serving_engine.h; a fake in tests/unit/scheduler_policy_test.cc) and
+// runs continuous batching over its KV slots (docs/gateway.md#scheduling).
 //
 // Each step holds one decode entry per running sequence that has finished its prompt, plus up to
 // `prefill_chunk` prompt positions of the oldest sequence still prefilling, so a long prompt
 // never stalls the streams already decoding. Admission is FIFO: a waiting request takes a free
 // slot as soon as one exists and fewer than `max_batch` sequences run. A request whose caller
 // cancelled (or whose deadline passed) leaves at the next step boundary and its slot is released
-// in the engine at once, so the next queued request starts in the same step.
+// in the engine at once (ResetSlot), so the next queued request starts in the same step.
+// A step the engine fails ends every running sequence with its status; queued requests are
+// untouched and are admitted at the next boundary.
 //
 // Sampling, logprobs and text (stop strings, UTF-8) happen here per sequence; the gRPC handler
 // only forwards the finished GenerateResponse messages (Stream) to its caller.
@@ -28,7 +31,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "gateway/metrics.h"
-#include "shared/driver/split_engine.h"
+#include "gateway/serving_engine.h"
+#include "shared/ipc/transport.h"
 #include "shared/runtime/sampler.h"
 #include "shared/tokenizer/tokenizer.h"
 #include "thermocline/v1/generation.pb.h"
@@ -96,7 +100,7 @@ class Scheduler {
  public:
   // `engine` must have kv_slots + 1 slots (the last one is used to probe a dead worker while
   // idle, so that recovery does not wait for the next request). `metrics` may be null.
-  Scheduler(std::unique_ptr<driver::SplitEngine> engine, const Tokenizer& tokenizer,
+  Scheduler(std::unique_ptr<ServingEngine> engine, const Tokenizer& tokenizer,
             SchedulerOptions options, GatewayMetrics* metrics, HealthCallback health,
             GiveUpCallback give_up = {});
   // Stops the thread; sequences still running get FINISH_REASON_CANCELLED.
@@ -145,7 +149,7 @@ class Scheduler {
   void PublishPids();
   void UpdateGauges();
 
-  std::unique_ptr<driver::SplitEngine> engine_;
+  std::unique_ptr<ServingEngine> engine_;
   const Tokenizer& tokenizer_;
   const SchedulerOptions options_;
   GatewayMetrics* metrics_;
