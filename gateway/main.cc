@@ -222,16 +222,20 @@ int Main(int argc, char** argv) {
                              " (a bad address, or the port is in use)"));
   }
 
-  auto model_or = Model::Load(model_path);
+  // The gateway tokenizes and sizes requests but never computes: it reads the model's header
+  // alone (nothing mapped); the workers load and check the weights.
+  auto model_or = ReadModelDescription(model_path);
   if (!model_or.ok()) return Fail(absl::StrCat("--model: ", model_or.status().message()));
-  const Model& model = **model_or;
-  const ModelConfig& cfg = model.config();
+  const ModelConfig& cfg = model_or->config;
+  const Tokenizer& tokenizer = model_or->tokenizer;
   if (context == 0 || context > cfg.context_length) {
     if (context > cfg.context_length) {
       return Fail(absl::StrCat("--context ", context, " exceeds the model's context of ",
                                cfg.context_length));
     }
-    context = static_cast<int32_t>(cfg.context_length);
+    // A file may say up to 2^31 positions; the KV cache refuses what the machine cannot hold,
+    // naming the bytes, and --context caps it.
+    context = static_cast<int32_t>(std::min<int64_t>(cfg.context_length, INT32_MAX));
   }
 
   RequestLimits limits;
@@ -239,14 +243,14 @@ int Main(int argc, char** argv) {
   limits.vocab_size = static_cast<int32_t>(cfg.vocab_size);
   v1::ModelInfo info;
   info.set_model(model_path.substr(model_path.rfind('/') + 1));
-  info.set_architecture("llama");
+  info.set_architecture(cfg.arch_name());
   info.set_vocab_size(static_cast<int32_t>(cfg.vocab_size));
   info.set_context_length(context);
   info.set_n_layers(static_cast<int32_t>(cfg.n_layers));
   info.set_embedding_dim(static_cast<int32_t>(cfg.dim));
   info.set_ffn_dim(static_cast<int32_t>(cfg.ffn_dim));
-  info.set_bos_token_id(model.tokenizer().bos());
-  info.set_eos_token_id(model.tokenizer().eos());
+  info.set_bos_token_id(tokenizer.bos());
+  info.set_eos_token_id(tokenizer.eos());
   info.set_max_batch(sched.max_batch);
   info.set_max_queue(sched.max_queue);
   info.set_max_new_tokens_limit(context);
@@ -257,7 +261,7 @@ int Main(int argc, char** argv) {
   info.set_hot_fraction(so.hot_fraction.value_or(0));
   info.set_plan(so.plan_path);
   info.set_workers(workers);
-  GenerationService service(model, limits, info);
+  GenerationService service(tokenizer, limits, info);
   service.SetAuthToken(auth_token);
   service.SetMaxConcurrent(max_concurrent);
 
@@ -326,7 +330,7 @@ int Main(int argc, char** argv) {
     // Warm-up: one step through both workers before READY, so the first request does not pay
     // for page faults and ring setup, and a worker that cannot compute fails startup.
     std::vector<float> logits;
-    const BatchEntry warm{sched.kv_slots, 0, model.tokenizer().bos(), true};
+    const BatchEntry warm{sched.kv_slots, 0, tokenizer.bos(), true};
     if (absl::Status s = (*engine)->Run(std::span<const BatchEntry>(&warm, 1), logits); !s.ok()) {
       rc = Fail(absl::StrCat("warm-up step failed: ", s.message()));
     } else {
@@ -334,7 +338,7 @@ int Main(int argc, char** argv) {
       metrics.SetWorkerUp("gpu_worker", true);
       metrics.SetWorkerUp("cpu_worker", true);
       scheduler = std::make_unique<Scheduler>(
-          std::make_unique<SplitServingEngine>(*std::move(engine)), model.tokenizer(), sched,
+          std::make_unique<SplitServingEngine>(*std::move(engine)), tokenizer, sched,
           &metrics,
           [&set_health, &worker_lost, &stopping, attach = so.attach](bool serving, const std::string& why) {
             set_health(serving);

@@ -15,9 +15,9 @@ grpc::Status ToGrpc(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
-GenerationService::GenerationService(const Model& model, RequestLimits limits,
+GenerationService::GenerationService(const Tokenizer& tokenizer, RequestLimits limits,
                                      v1::ModelInfo info)
-    : model_(model), limits_(limits), info_(std::move(info)) {}
+    : tokenizer_(tokenizer), limits_(limits), info_(std::move(info)) {}
 
 grpc::Status GenerationService::Authorize(const grpc::ServerContextBase* context) const {
   if (auth_token_.empty()) return grpc::Status::OK;
@@ -44,7 +44,7 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* context,
                         absl::StrCat("too many Generate calls in flight: ", max_concurrent_,
                                      " (--max-concurrent) are being served; retry later"));
   }
-  auto job = ValidateGenerate(*request, limits_, model_.tokenizer());
+  auto job = ValidateGenerate(*request, limits_, tokenizer_);
   if (!job.ok()) {
     Log(Level::kInfo, "request_refused", {{"request_id", request->request_id()},
                                           {"error", std::string(job.status().message())}});
@@ -127,7 +127,7 @@ grpc::ServerUnaryReactor* GenerationService::GetModelInfo(grpc::CallbackServerCo
 grpc::Status GenerationService::DoTokenize(const v1::TokenizeRequest& request,
                                            v1::TokenizeResponse* response) {
   if (absl::Status s = ValidateTokenize(request, limits_); !s.ok()) return ToGrpc(s);
-  const Tokenizer& tok = model_.tokenizer();
+  const Tokenizer& tok = tokenizer_;
   for (int32_t id : tok.Encode(request.text(), request.add_bos())) {
     response->add_token_ids(id);
     response->add_pieces(tok.piece(id));
@@ -140,7 +140,7 @@ grpc::Status GenerationService::DoDetokenize(const v1::DetokenizeRequest& reques
   if (absl::Status s = ValidateDetokenize(request, limits_); !s.ok()) return ToGrpc(s);
   std::vector<int32_t> ids(request.token_ids().begin(), request.token_ids().end());
   // Decode = a StreamingDetokenizer fed every id and flushed: always valid UTF-8.
-  response->set_text(model_.tokenizer().Decode(ids));
+  response->set_text(tokenizer_.Decode(ids));
   return grpc::Status::OK;
 }
 

@@ -14,7 +14,7 @@
 
 #include "gateway/scheduler.h"
 #include "gateway/validate.h"
-#include "shared/model/model.h"
+#include "shared/tokenizer/tokenizer.h"
 #include "thermocline/v1/generation.grpc.pb.h"
 
 namespace thermocline::gateway {
@@ -39,7 +39,7 @@ class GenerationService final
  public:
   // `model` (for the tokenizer and shapes) must outlive the service; `info` is what
   // GetModelInfo answers.
-  GenerationService(const Model& model, RequestLimits limits, v1::ModelInfo info);
+  GenerationService(const Tokenizer& tokenizer, RequestLimits limits, v1::ModelInfo info);
 
   // Set once the model is loaded and the workers are ready; until then Generate answers
   // UNAVAILABLE ("loading"). The scheduler must outlive the server's handlers.
@@ -68,7 +68,7 @@ class GenerationService final
                                          grpc::ByteBuffer* response) override;
 
  private:
-  const Model& model_;
+  const Tokenizer& tokenizer_;
   const RequestLimits limits_;
   const v1::ModelInfo info_;
   std::string auth_token_;

@@ -4,6 +4,7 @@
 // model info and reflection.
 #include <algorithm>
 #include <atomic>
+#include <fstream>
 #include <limits>
 #include <thread>
 
@@ -273,6 +274,33 @@ TEST(GatewayGenerate, TokenizerModelInfoAndReflection) {
   ASSERT_TRUE(stream->Finish().ok());
   EXPECT_NE(std::find(names.begin(), names.end(), "thermocline.v1.Generation"), names.end());
   EXPECT_NE(std::find(names.begin(), names.end(), "grpc.health.v1.Health"), names.end());
+}
+
+}  // namespace
+}  // namespace thermocline::testing
+
+namespace thermocline::testing {
+namespace {
+
+// The gateway tokenizes and sizes requests from the model's header alone: the model file is
+// never mapped into its address space (only the workers map it), and its info names the
+// architecture from the file.
+TEST(GatewayGenerate, GatewayNeverMapsTheModel) {
+  Gateway gw(absl::StrCat("e2e-nomap-", getpid()));
+  std::ifstream maps(absl::StrCat("/proc/", gw.pid(), "/maps"));
+  ASSERT_TRUE(maps.good());
+  std::string line;
+  int lines = 0;
+  while (std::getline(maps, line)) {
+    ++lines;
+    EXPECT_EQ(line.find("stories260K.gguf"), std::string::npos) << line;
+  }
+  EXPECT_GT(lines, 10);
+  grpc::ClientContext ctx;
+  v1::ModelInfo info;
+  ASSERT_TRUE(gw.stub().GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
+  EXPECT_EQ(info.architecture(), "llama");
+  EXPECT_EQ(info.vocab_size(), 512);
 }
 
 }  // namespace
