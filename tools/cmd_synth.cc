@@ -40,6 +40,8 @@ int RunSynth(const std::vector<std::string>& args) {
       ("heads", po::value(&o.heads)->default_value(o.heads), "attention (query) heads")
       ("kv-heads", po::value(&o.kv_heads)->default_value(o.kv_heads), "key/value heads (GQA)")
       ("vocab", po::value(&o.vocab)->default_value(o.vocab), "vocabulary size (>= 259)")
+      ("tokenizer-from", po::value(&o.tokenizer_from),
+       "take the tokenizer (and vocabulary size) of this GGUF, e.g. a vocabulary-only file")
       ("context", po::value(&o.context)->default_value(o.context), "context length")
       ("head-dim", po::value(&o.head_dim)->default_value(0),
        "attention head size (0: dim / heads; else written as attention.key_length)")

@@ -13,9 +13,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "shared/model/arch.h"
 #include "shared/gguf/quant.h"
+#include "shared/model/arch.h"
 #include "shared/model/synth_arch.h"
+#include "shared/tokenizer/tokenizer.h"
+#include "shared/tokenizer/vocab_metadata.h"
 #include "shared/util/status_macros.h"
 #include "shared/util/thread_pool.h"
 
@@ -931,7 +933,24 @@ int64_t SynthParameterCount(const SynthOptions& o) {
   return n;
 }
 
-absl::StatusOr<GgufWriter> BuildSynthModel(const SynthOptions& o, SynthLayout layout) {
+absl::StatusOr<GgufWriter> BuildSynthModel(const SynthOptions& requested, SynthLayout layout) {
+  SynthOptions o = requested;
+  std::unique_ptr<GgufFile> vocab_file;
+  if (!o.tokenizer_from.empty()) {
+    // Only the header is read: a model file lends its vocabulary without its weights.
+    auto opened = GgufFile::OpenHeader(o.tokenizer_from);
+    if (!opened.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--tokenizer-from: ", opened.status().message()));
+    }
+    vocab_file = std::move(*opened);
+    auto tokenizer = Tokenizer::FromGguf(*vocab_file);
+    if (!tokenizer.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--tokenizer-from ", o.tokenizer_from, ": ", tokenizer.status().message()));
+    }
+    o.vocab = tokenizer->vocab_size();
+  }
   TC_RETURN_IF_ERROR(ValidateSynthOptions(o));
   const SynthShape shape = ResolveShape(o);
   auto design = std::make_shared<const SynthSparsityDesign>(DesignSynthSparsity(o));
@@ -995,8 +1014,12 @@ absl::StatusOr<GgufWriter> BuildSynthModel(const SynthOptions& o, SynthLayout la
     w.SetValue("powerinfer.sparse_threshold", GgufF32(0.0f));
   }
 
-  SynthVocab vocab = MakeSynthVocab(o.vocab);
-  w.SetValue("tokenizer.ggml.model", GgufString("llama"));
+  if (vocab_file != nullptr) {
+    TC_ASSIGN_OR_RETURN(const int32_t n, CopyTokenizerMetadata(*vocab_file, w));
+    if (n != o.vocab) return absl::InternalError("--tokenizer-from: the vocabulary size changed");
+  } else {
+    SynthVocab vocab = MakeSynthVocab(o.vocab);
+    w.SetValue("tokenizer.ggml.model", GgufString("llama"));
   w.SetValue("tokenizer.ggml.tokens", GgufStringArray(std::move(vocab.tokens)));
   w.SetValue("tokenizer.ggml.scores", GgufF32Array(vocab.scores));
   w.SetValue("tokenizer.ggml.token_type", GgufI32Array(vocab.types));
@@ -1005,6 +1028,7 @@ absl::StatusOr<GgufWriter> BuildSynthModel(const SynthOptions& o, SynthLayout la
   w.SetValue("tokenizer.ggml.unknown_token_id", GgufU32(0));
   w.SetValue("tokenizer.ggml.add_bos_token", GgufBool(true));
   w.SetValue("tokenizer.ggml.add_eos_token", GgufBool(false));
+  }
 
   auto specs =
       std::make_shared<const std::vector<SynthTensorSpec>>(SynthSpecs(o, shape, *design, layout));

@@ -67,6 +67,10 @@ struct SynthOptions {
   // fluctuation): 0 gives every neuron the same frequency; the default puts about half of all
   // activations on the 10% most frequent neurons. In [0, 4].
   double skew = 1.25;
+  // A GGUF (a model or a vocabulary-only file such as llama.cpp's ggml-vocab-*.gguf) whose
+  // tokenizer.* keys the model takes, with its vocabulary size (`vocab` is then ignored): every
+  // tokenizer kind can be served end to end. "": the byte-level SentencePiece vocabulary.
+  std::string tokenizer_from;
   std::string name = "thermocline-synth";
   int threads = 0;  // 0 = all cores; never changes the output
   // Called after each tensor is generated, with bytes done and total tensor bytes.
