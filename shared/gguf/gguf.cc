@@ -406,7 +406,11 @@ absl::StatusOr<std::unique_ptr<GgufFile>> OpenGgufOfArchitecture(const std::stri
   return file;
 }
 
-absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
+namespace {
+
+// Opens `path` for reading as a regular, non-empty file: the descriptor and its size, or the
+// error both openers report ("gguf: PATH: ...").
+absl::Status OpenRegularFile(const std::string& path, int* fd_out, uint64_t* size_out) {
   auto fail = [&](absl::StatusCode code, absl::string_view what) {
     return absl::Status(code, absl::StrCat("gguf: ", path, ": ", what));
   };
@@ -433,6 +437,20 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
     return fail(absl::StatusCode::kInvalidArgument, "file is empty");
   }
   const uint64_t size = static_cast<uint64_t>(st.st_size);
+  *fd_out = fd;
+  *size_out = size;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
+  auto fail = [&](absl::StatusCode code, absl::string_view what) {
+    return absl::Status(code, absl::StrCat("gguf: ", path, ": ", what));
+  };
+  int fd = -1;
+  uint64_t size = 0;
+  TC_RETURN_IF_ERROR(OpenRegularFile(path, &fd, &size));
   void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   const int map_err = errno;
   ::close(fd);  // the mapping keeps the file alive
@@ -465,20 +483,9 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::OpenHeader(const std::string
   auto fail = [&](absl::StatusCode code, absl::string_view what) {
     return absl::Status(code, absl::StrCat("gguf: ", path, ": ", what));
   };
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    return fail(err == ENOENT   ? absl::StatusCode::kNotFound
-                : err == EACCES ? absl::StatusCode::kPermissionDenied
-                                : absl::StatusCode::kUnavailable,
-                absl::StrCat("cannot open: ", std::strerror(err)));
-  }
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) {
-    ::close(fd);
-    return fail(absl::StatusCode::kInvalidArgument, "not a regular, non-empty file");
-  }
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  int fd = -1;
+  uint64_t size = 0;
+  TC_RETURN_IF_ERROR(OpenRegularFile(path, &fd, &size));
   // The header's length is known only once parsed: read a prefix, and a larger one while the
   // parse runs out of bytes before the end of the file.
   uint64_t want = std::min<uint64_t>(size, uint64_t{1} << 20);

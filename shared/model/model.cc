@@ -384,16 +384,25 @@ absl::Status ReadFfn(Loader& ld, const ArchSpec& a, const ModelConfig& c, const 
 
 }  // namespace
 
+namespace {
+
+// The spec of the file's general.architecture, or an error listing the known ones.
+absl::StatusOr<const ArchSpec*> ArchOf(const GgufFile& f) {
+  TC_ASSIGN_OR_RETURN(std::string name, f.GetString("general.architecture"));
+  const ArchSpec* arch = FindArch(name);
+  if (arch == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("model ", f.path(), ": general.architecture '",
+                                                   name, "' is not one of: ", KnownArchNames()));
+  }
+  return arch;
+}
+
+}  // namespace
+
 absl::StatusOr<ModelDescription> ReadModelDescription(const std::string& path) {
   TC_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::OpenHeader(path));
   const GgufFile& f = *file;
-  TC_ASSIGN_OR_RETURN(std::string arch_name, f.GetString("general.architecture"));
-  const ArchSpec* arch = FindArch(arch_name);
-  if (arch == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("model ", f.path(), ": general.architecture '",
-                                                   arch_name, "' is not one of: ",
-                                                   KnownArchNames()));
-  }
+  TC_ASSIGN_OR_RETURN(const ArchSpec* arch, ArchOf(f));
   Loader ld(f, *arch);
   ModelDescription d;
   d.config.arch = arch;
@@ -417,13 +426,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::FromGguf(std::unique_ptr<GgufFile>
 
 absl::Status Model::Init() {
   const GgufFile& f = *file_;
-  TC_ASSIGN_OR_RETURN(std::string arch_name, f.GetString("general.architecture"));
-  const ArchSpec* arch = FindArch(arch_name);
-  if (arch == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("model ", f.path(), ": general.architecture '",
-                                                   arch_name, "' is not one of: ",
-                                                   KnownArchNames()));
-  }
+  TC_ASSIGN_OR_RETURN(const ArchSpec* arch, ArchOf(f));
   const ArchSpec& a = *arch;
   Loader ld(f, a);
   ModelConfig& c = config_;

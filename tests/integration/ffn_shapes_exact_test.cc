@@ -65,6 +65,16 @@ std::vector<float> Logits(const Model& model, ThreadPool& pool, FfnExecutor* ffn
   return logits;
 }
 
+// max |a - b| and max(1, max |b|).
+std::pair<double, double> MaxDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  double worst = 0, max_ref = 1;
+  for (size_t i = 0; i < b.size(); ++i) {
+    max_ref = std::max(max_ref, static_cast<double>(std::abs(b[i])));
+    worst = std::max(worst, static_cast<double>(std::abs(a[i] - b[i])));
+  }
+  return {worst, max_ref};
+}
+
 class FfnShapesExactTest : public ::testing::TestWithParam<ShapeCase> {};
 
 TEST_P(FfnShapesExactTest, ExactEqualsDense) {
@@ -81,11 +91,7 @@ TEST_P(FfnShapesExactTest, ExactEqualsDense) {
     ASSERT_TRUE(exact.ok()) << exact.status();
     const std::vector<float> got = Logits(*model, pool, exact->get());
     ASSERT_EQ(got.size(), dense.size());
-    double max_ref = 1, worst = 0;
-    for (size_t i = 0; i < dense.size(); ++i) {
-      max_ref = std::max(max_ref, static_cast<double>(std::abs(dense[i])));
-      worst = std::max(worst, static_cast<double>(std::abs(got[i] - dense[i])));
-    }
+    const auto [worst, max_ref] = MaxDiff(got, dense);
     const double active = (*exact)->ActiveRatio();
     std::printf("%s: max |exact - dense| %.3g (bound %.3g), active %.3f\n", c.arch, worst,
                 1e-5 * max_ref, active);
@@ -120,11 +126,7 @@ TEST(FfnShapesExactTest, MoeExactEqualsDenseInsideTheChosenExperts) {
     ASSERT_TRUE(exact.ok()) << exact.status();
     const std::vector<float> got = Logits(*model, pool, exact->get());
     ASSERT_EQ(got.size(), dense.size());
-    double max_ref = 1, worst = 0;
-    for (size_t i = 0; i < dense.size(); ++i) {
-      max_ref = std::max(max_ref, static_cast<double>(std::abs(dense[i])));
-      worst = std::max(worst, static_cast<double>(std::abs(got[i] - dense[i])));
-    }
+    const auto [worst, max_ref] = MaxDiff(got, dense);
     int64_t candidates = 0, active = 0;
     for (const LayerActivity& a : (*exact)->activity()) {
       candidates += a.candidates;
