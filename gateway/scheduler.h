@@ -41,7 +41,7 @@ namespace thermocline::gateway {
 
 // A validated generation request (gateway/validate.h builds it from the proto).
 struct Job {
-  std::vector<int32_t> prompt;  // token ids, BOS included when the prompt was text
+  std::vector<int32_t> prompt;  // token ids; from text: BOS/EOS as the vocabulary says
   int32_t max_new_tokens = 0;
   SamplingParams sampling;      // seed already drawn when the caller gave none
   std::vector<std::string> stop;

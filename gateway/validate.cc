@@ -64,7 +64,8 @@ absl::StatusOr<Job> ValidateGenerate(const v1::GenerateRequest& r, const Request
                                 " bytes, got ", r.text().size()));
       }
       if (!IsValidUtf8(r.text())) return Bad("prompt text must be valid UTF-8");
-      job.prompt = tokenizer.Encode(r.text(), /*add_bos=*/true);
+      // BOS (and EOS) as the vocabulary says, as llama.cpp does (gpt-2-style BPE adds none).
+      job.prompt = tokenizer.Encode(r.text(), EncodeOptions{.add_special = true});
       break;
     case v1::GenerateRequest::kTokenIds: {
       const auto& ids = r.token_ids().ids();

@@ -225,7 +225,7 @@ int RunGenerate(const std::vector<std::string>& args) {
   po::options_description opts("options");
   opts.add_options()
       ("model,m", po::value(&model_path), "model file (GGUF); required unless --server")
-      ("prompt,p", po::value(&prompt)->default_value(""), "prompt text (BOS is prepended)")
+      ("prompt,p", po::value(&prompt)->default_value(""), "prompt text (BOS first when the vocabulary says so)")
       ("max-new-tokens,n", po::value(&max_new_tokens)->default_value(128), "tokens to generate at most")
       ("temperature,t", po::value(&sp.temperature)->default_value(0.8f, "0.8"), "0 = greedy")
       ("top-k", po::value(&sp.top_k)->default_value(40), "keep the k most likely tokens (0 = off)")
@@ -337,7 +337,8 @@ int RunGenerate(const std::vector<std::string>& args) {
   if (!plan.ok()) return fail(std::string(plan.status().message()));
 
   GenerationRequest req;
-  req.prompt = tok.Encode(prompt, /*add_bos=*/true);
+  // BOS (and EOS) as the vocabulary says, as llama.cpp does (gpt-2-style BPE adds none).
+  req.prompt = tok.Encode(prompt, EncodeOptions{.add_special = true});
   req.max_new_tokens = max_new_tokens;
   req.sampling = sp;
   req.ignore_eos = ignore_eos;

@@ -71,6 +71,16 @@ TEST(SynthTokenizerFromTest, ModelCarriesTheVocabularyAndTokenizesLikeLlamaCpp) 
     for (int x; b >> x;) want_ids.push_back(x);
     EXPECT_EQ(got_ids, want_ids);
 
+    // generate adds BOS only where the vocabulary says so (llama-spm yes, gpt-2 and falcon no).
+    const testing::CommandResult gen =
+        RunCommand({BinDir() + "/thermocline", "generate", "-m", path, "-p", text, "-n", "1",
+                    "-t", "0", "--threads", "1"});
+    ASSERT_EQ(gen.exit_code, 0) << gen.err;
+    const size_t with_bos = want_ids.size() + (vocab->add_bos_token() ? 1 : 0);
+    EXPECT_NE(gen.err.find("prompt: " + std::to_string(with_bos) + " tokens"), std::string::npos)
+        << gen.err;
+    EXPECT_EQ(vocab->add_bos_token(), name == "llama-spm");
+
     // It runs: the ids go through the model and give one finite row per position.
     ThreadPool pool(1);
     auto kv = KvCache::Create((*model)->config(), 1, 64, GgmlType::kF32);
