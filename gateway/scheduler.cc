@@ -359,6 +359,13 @@ bool Scheduler::Step() {
   for (size_t r = 0; r < rows.size(); ++r) {
     Sequence& seq = *rows[r];
     std::span<const float> row(logits.data() + r * vocab, static_cast<size_t>(vocab));
+    // A non-finite row ends this request alone, with INTERNAL: the others in the batch go on.
+    if (absl::Status finite = CheckFiniteLogits(row, static_cast<int64_t>(seq.history.size()) - 1);
+        !finite.ok()) {
+      Fail(seq, finite);
+      Retire(seq);
+      continue;
+    }
     const int32_t token = seq.sampler.Sample(row, seq.history);
     seq.history.push_back(token);
     Emit(seq, token, row);

@@ -56,6 +56,8 @@ absl::StatusOr<GenerationStats> Generate(BatchRunner& pass, int32_t eos,
   Sampler sampler(request.sampling);
   t0 = std::chrono::steady_clock::now();
   for (int32_t i = 0; i < request.max_new_tokens; ++i) {
+    TC_RETURN_IF_ERROR(CheckFiniteLogits(std::span<const float>(logits.data(), vocab),
+                                         static_cast<int64_t>(history.size()) - 1));
     const int32_t token = sampler.Sample(std::span<const float>(logits.data(), vocab), history);
     history.push_back(token);
     if (token == eos && !request.ignore_eos) {

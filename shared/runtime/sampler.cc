@@ -9,6 +9,17 @@
 
 namespace thermocline {
 
+absl::Status CheckFiniteLogits(std::span<const float> logits, int64_t position) {
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (!std::isfinite(logits[i])) {
+      return absl::InternalError(absl::StrCat(
+          "the logits after position ", position, " are not finite (token ", i, " is ",
+          logits[i], "): a weight or activation of the model is NaN or infinite"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateSamplingParams(const SamplingParams& p) {
   auto bad = [](const char* field, const char* rule, auto value) {
     return absl::InvalidArgumentError(

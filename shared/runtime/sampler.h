@@ -25,6 +25,10 @@ struct SamplingParams {
 // Checks ranges; the error names the field.
 absl::Status ValidateSamplingParams(const SamplingParams& params);
 
+// Sampling is defined on finite logits only: a NaN or inf anywhere in the row (a NaN weight, an
+// overflowing activation) is an InternalError naming the position, never a silent token 0.
+absl::Status CheckFiniteLogits(std::span<const float> logits, int64_t position);
+
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);

@@ -2,12 +2,16 @@
 // a block_count smaller than the blocks stored is refused naming the tensors it would ignore, a
 // stray tensor is refused by name, and a context length of 2^31 (valid as a key) is refused by
 // the KV cache with the bytes it would need instead of overflowing or aborting in the allocator.
+#include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "shared/gguf/gguf.h"
 #include "shared/model/model.h"
+#include "shared/runtime/forward.h"
+#include "shared/runtime/generate.h"
 #include "shared/runtime/kv_cache.h"
 #include "tests/test_support.h"
 
@@ -16,7 +20,7 @@ namespace {
 
 // Writes a copy of `src` with metadata `overrides` applied and `extra` appended as an F32 tensor.
 std::string Rewrite(const std::string& src, const std::vector<std::pair<std::string, GgufValue>>& overrides,
-                    const std::string& extra = "") {
+                    const std::string& extra = "", const std::string& nan_in = "") {
   auto file = GgufFile::Open(src);
   EXPECT_TRUE(file.ok()) << file.status();
   GgufWriter w;
@@ -27,7 +31,12 @@ std::string Rewrite(const std::string& src, const std::vector<std::pair<std::str
   }
   for (const auto& [k, v] : overrides) w.SetValue(k, v);
   for (const GgufTensorInfo& t : (*file)->tensors()) {
-    const std::string_view bytes(reinterpret_cast<const char*>(t.data), static_cast<size_t>(t.n_bytes));
+    std::string bytes(reinterpret_cast<const char*>(t.data), static_cast<size_t>(t.n_bytes));
+    if (t.name == nan_in) {  // one f32 element: a NaN weight
+      EXPECT_EQ(t.type, GgmlType::kF32);
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      std::memcpy(bytes.data(), &nan, sizeof(nan));
+    }
     EXPECT_TRUE(w.AddTensorBytes(t.name, t.type, t.ne, bytes).ok());
   }
   if (!extra.empty()) {
@@ -78,6 +87,29 @@ TEST(ModelConsistencyTest, HugeContextIsRefusedWithTheBytesNeeded) {
   EXPECT_NE(kv.status().message().find("--context"), std::string::npos) << kv.status();
   // A capacity the machine holds still works.
   EXPECT_TRUE(KvCache::Create((*model)->config(), 5, 64, GgmlType::kF32).ok());
+}
+
+// One NaN in one ffn_down: generation fails with an error naming non-finite logits (issue [5/7]
+// item 5), where it used to sample token 0 and report success.
+TEST(ModelConsistencyTest, NanWeightFailsGenerationInsteadOfSamplingTokenZero) {
+  const std::string path =
+      Rewrite(testing::ModelPath("archs/qwen2.gguf"), {}, "", "blk.0.ffn_down.weight");
+  auto model = Model::Load(path);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ThreadPool pool(1);
+  auto kv = KvCache::Create((*model)->config(), 1, 32, GgmlType::kF32);
+  ASSERT_TRUE(kv.ok());
+  ForwardPass pass(**model, *kv, pool);
+  GenerationRequest req;
+  req.prompt = {1, 385, 328, 432};
+  req.max_new_tokens = 4;
+  req.sampling.temperature = 0;
+  int emitted = 0;
+  auto stats = Generate(pass, req, [&](int32_t, std::span<const float>) { return ++emitted > 0; });
+  ASSERT_FALSE(stats.ok());
+  EXPECT_EQ(stats.status().code(), absl::StatusCode::kInternal);
+  EXPECT_NE(stats.status().message().find("not finite"), std::string::npos) << stats.status();
+  EXPECT_EQ(emitted, 0);
 }
 
 }  // namespace

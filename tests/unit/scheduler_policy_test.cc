@@ -102,7 +102,7 @@ class FakeEngine final : public ServingEngine {
     for (const BatchEntry& e : batch) {
       if (!e.want_logits) continue;
       logits[row * static_cast<size_t>(vocab_) + static_cast<size_t>((e.token + 1) % vocab_)] =
-          1.0f;
+          e.token == poison_ ? std::numeric_limits<float>::quiet_NaN() : 1.0f;
       ++row;
     }
     return absl::OkStatus();
@@ -124,6 +124,8 @@ class FakeEngine final : public ServingEngine {
   void Open() { Set([&] { open_ = true; }); }
   void ReleaseRun(int64_t index) { Set([&] { released_ = std::max(released_, index); }); }
   void FailRun(int64_t index, absl::Status status) { Set([&] { failures_[index] = status; }); }
+  // Rows after this token hold a NaN (a model whose weights or activations are not finite).
+  void PoisonToken(int32_t token) { Set([&] { poison_ = token; }); }
   void SetHealthAfterRun(int64_t index, WorkerHealth h) { Set([&] { health_after_[index] = h; }); }
   void SetHealth(WorkerHealth h) { Set([&] { health_ = h; }); }
   // Waits until `n` Runs have been entered (the n-th one is blocked when gated).
@@ -161,6 +163,7 @@ class FakeEngine final : public ServingEngine {
   int64_t runs_ = 0, released_ = 0;
   bool open_ = true;
   std::map<int64_t, absl::Status> failures_;
+  int32_t poison_ = -1;
   std::map<int64_t, WorkerHealth> health_after_;
   WorkerHealth health_;
 };
@@ -380,6 +383,25 @@ TEST(SchedulerPolicy, ChunkedPrefillKeepsDecodeEntriesInEveryStep) {
       }
     }
   }
+}
+
+// Non-finite logits end their own request with INTERNAL (never a silent token 0); a request
+// decoding in the same steps completes.
+TEST(SchedulerPolicy, NonFiniteLogitsFailOnlyTheirRequest) {
+  Harness h(Options(/*max_batch=*/2, /*kv_slots=*/2));
+  h.fake->PoisonToken(Byte('q'));
+  h.fake->Gate();
+  auto good = h.Submit(MakeJob(Bytes("a"), 4));  // a -> b c d e
+  ASSERT_TRUE(h.fake->WaitForRuns(1));
+  auto bad = h.Submit(MakeJob(Bytes("pq"), 4));  // the row after 'q' is NaN
+  h.fake->Open();
+  const Outcome og = Collect(*good), ob = Collect(*bad);
+  ASSERT_TRUE(og.final.has_value()) << og.error;
+  EXPECT_EQ(og.text, "bcde");
+  EXPECT_FALSE(ob.final.has_value());
+  EXPECT_EQ(ob.error.code(), absl::StatusCode::kInternal) << ob.error;
+  EXPECT_NE(ob.error.message().find("not finite"), std::string::npos) << ob.error;
+  EXPECT_TRUE(ob.tokens.empty());
 }
 
 TEST(SchedulerPolicy, AdmissionIsFifo) {
