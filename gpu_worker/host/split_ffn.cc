@@ -182,7 +182,7 @@ void SplitFfn::ComputeLayer(int64_t layer, const float* h, const float* predicto
   }
 
   if (!sent) {
-    AddDownBias(layer, n_tokens, out);
+    AddRowBias(model_.layer(layer).down_b, n_tokens, out);
     return;
   }
   y_cold_.resize(n_tokens * dim);
@@ -196,17 +196,7 @@ void SplitFfn::ComputeLayer(int64_t layer, const float* h, const float* predicto
     return;
   }
   for (int64_t i = 0; i < n_tokens * dim; ++i) out[i] += y_cold_[i];
-  AddDownBias(layer, n_tokens, out);
-}
-
-void SplitFfn::AddDownBias(int64_t layer, int64_t n_tokens, float* out) const {
-  // One vector per layer, not per neuron: the hot side adds it once, after the merge.
-  const std::vector<float>& b = model_.layer(layer).down_b;
-  if (b.empty()) return;
-  const int64_t dim = model_.config().dim;
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    for (int64_t i = 0; i < dim; ++i) out[t * dim + i] += b[i];
-  }
+  AddRowBias(model_.layer(layer).down_b, n_tokens, out);
 }
 
 }  // namespace thermocline::gpu_worker

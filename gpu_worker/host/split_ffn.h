@@ -54,7 +54,6 @@ class SplitFfn final : public FfnExecutor {
   void ComputeLayer(int64_t layer, const float* h, const float* predictor_input,
                     int64_t n_tokens, float* out);
   void PredictRows(int64_t layer, const float* predictor_input, int64_t n_tokens);
-  void AddDownBias(int64_t layer, int64_t n_tokens, float* out) const;
   // Recall of the predictor's hot pick for row t (hot_ids_ of that row) against the hot
   // neurons that are truly active: act(gate . h) > 0 on ReLU models, or passing the layer's
   // magnitude cut. Rows of layers with neither definition are not sampled.

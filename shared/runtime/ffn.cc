@@ -8,16 +8,19 @@
 #include "shared/runtime/ops.h"
 
 namespace thermocline {
-namespace {
 
-void AddRowBias(const std::vector<float>& b, int64_t n_rows, int64_t width, float* y) {
-  if (b.empty()) return;
+void AddRowBias(const std::vector<float>& b, int64_t n_rows, float* y) {
+  const int64_t width = static_cast<int64_t>(b.size());
   for (int64_t r = 0; r < n_rows; ++r) {
     for (int64_t i = 0; i < width; ++i) y[r * width + i] += b[i];
   }
 }
 
-}  // namespace
+float SharedExpertGate(const LayerWeights& w, const float* h) {
+  float g = 0.0f;
+  for (size_t i = 0; i < w.shared_gate.size(); ++i) g += w.shared_gate[i] * h[i];
+  return 1.0f / (1.0f + std::exp(-g));
+}
 
 void Activate(FfnActivation activation, float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
@@ -59,13 +62,13 @@ void DenseFfn::RunFfn(const FfnWeights& w, const std::vector<float>& up_b, int64
   gate_.resize(n * nf);
   if (w.gate.empty()) {
     MatMul(w.up, h, n, c.dim, gate_.data(), nf, pool_);
-    AddRowBias(up_b, n, nf, gate_.data());
+    AddRowBias(up_b, n, gate_.data());
     Activate(c.activation, gate_.data(), n * nf);
   } else {
     up_.resize(n * nf);
     MatMul(w.gate, h, n, c.dim, gate_.data(), nf, pool_);
     MatMul(w.up, h, n, c.dim, up_.data(), nf, pool_);
-    AddRowBias(up_b, n, nf, up_.data());
+    AddRowBias(up_b, n, up_.data());
     for (int64_t t = 0; t < n; ++t) {
       GatedActivate(c.activation, gate_.data() + t * nf, up_.data() + t * nf, nf);
     }
@@ -88,10 +91,10 @@ void DenseFfn::Compute(int64_t layer, const float* h, const float* predictor_inp
     up_.resize(n_tokens * nf);
     MatMul(w.gate, h, n_tokens, c.dim, gate_.data(), nf, pool_);
     MatMul(w.up, h, n_tokens, c.dim, up_.data(), nf, pool_);
-    AddRowBias(w.up_b, n_tokens, nf, up_.data());
+    AddRowBias(w.up_b, n_tokens, up_.data());
   } else {
     MatMul(w.up, h, n_tokens, c.dim, gate_.data(), nf, pool_);
-    AddRowBias(w.up_b, n_tokens, nf, gate_.data());
+    AddRowBias(w.up_b, n_tokens, gate_.data());
   }
   if (observer_ != nullptr) {
     observer_->OnPredictorInput(layer, predictor_input, n_tokens);
@@ -116,7 +119,7 @@ void DenseFfn::Compute(int64_t layer, const float* h, const float* predictor_inp
       AxpyRows(w.down_t, all_rows_.data(), gate_.data() + t * nf, nf, out + t * c.dim, pool_);
     }
   }
-  AddRowBias(w.down_b, n_tokens, c.dim, out);
+  AddRowBias(w.down_b, n_tokens, out);
 }
 
 void RouteExperts(const ModelConfig& c, const LayerWeights& w, const float* h, int64_t n_tokens,
@@ -185,9 +188,7 @@ void DenseFfn::ComputeMoe(int64_t layer, const float* h, int64_t n_tokens, float
     shared_y_.resize(n_tokens * dim);
     RunFfn(w.shared, {}, c.shared_expert_ffn_dim, h, n_tokens, shared_y_.data());
     for (int64_t t = 0; t < n_tokens; ++t) {
-      float g = 0.0f;
-      for (int64_t i = 0; i < dim; ++i) g += w.shared_gate[i] * h[t * dim + i];
-      g = 1.0f / (1.0f + std::exp(-g));
+      const float g = SharedExpertGate(w, h + t * dim);
       for (int64_t i = 0; i < dim; ++i) out[t * dim + i] += shared_y_[t * dim + i] * g;
     }
   }

@@ -75,6 +75,13 @@ void RouteExperts(const ModelConfig& config, const LayerWeights& w, const float*
                   int64_t n_tokens, ThreadPool& pool, std::vector<float>& probs,
                   std::vector<int32_t>& picks, std::vector<float>& weights);
 
+// y[r][i] += b[i] for r < n_rows, i < b.size() (rows of b.size() values); nothing for an empty b
+// (an absent bias).
+void AddRowBias(const std::vector<float>& b, int64_t n_rows, float* y);
+
+// sigmoid(shared_gate . h): the weight of a layer's shared expert for one token (qwen2moe).
+float SharedExpertGate(const LayerWeights& w, const float* h);
+
 // act(x) in place for the activation of a plain (non-gated) MLP.
 void Activate(FfnActivation activation, float* x, int64_t n);
 // gate[i] = act(gate[i]) * up[i] for the gated forms (dReLU: relu(gate) * relu(up)).

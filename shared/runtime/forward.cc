@@ -39,13 +39,6 @@ void AttendHead(const KvCache& kv, int64_t layer, int64_t slot, int64_t first, i
   }
 }
 
-void AddBias(const std::vector<float>& b, int64_t n_rows, float* y) {
-  if (b.empty()) return;
-  const int64_t n = static_cast<int64_t>(b.size());
-  for (int64_t r = 0; r < n_rows; ++r) {
-    for (int64_t i = 0; i < n; ++i) y[r * n + i] += b[i];
-  }
-}
 
 }  // namespace
 
@@ -152,9 +145,9 @@ void ForwardPass::QkvAndRope(int64_t layer, std::span<const BatchEntry> batch, c
   MatMul(w.wq, in, n, c.dim, q_.data(), c.q_dim, pool_);
   MatMul(w.wk, in, n, c.dim, k_.data(), c.kv_dim, pool_);
   MatMul(w.wv, in, n, c.dim, v_.data(), c.kv_dim, pool_);
-  AddBias(w.bq, n, q_.data());
-  AddBias(w.bk, n, k_.data());
-  AddBias(w.bv, n, v_.data());
+  AddRowBias(w.bq, n, q_.data());
+  AddRowBias(w.bk, n, k_.data());
+  AddRowBias(w.bv, n, v_.data());
   // q/k norms: over the whole projection (olmo2) or per head (qwen3, gemma3), before RoPE.
   auto qk_norm = [&](const std::vector<float>& nw, float* x, int64_t width) {
     if (nw.empty()) return;
@@ -221,7 +214,7 @@ absl::Status ForwardPass::Run(std::span<const BatchEntry> batch, std::vector<flo
     QkvAndRope(l, batch, attn_in);
     Attention(l, batch);
     MatMul(w.wo, att_.data(), n, c.q_dim, proj_.data(), dim, pool_);
-    AddBias(w.bo, n, proj_.data());
+    AddRowBias(w.bo, n, proj_.data());
     if (!w.post_attn_norm.empty()) {
       for (int64_t e = 0; e < n; ++e) {
         RmsNorm(proj_.data() + e * dim, w.post_attn_norm.data(), dim, c.rms_eps,

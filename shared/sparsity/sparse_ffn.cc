@@ -54,7 +54,8 @@ absl::StatusOr<std::unique_ptr<SparseFfn>> SparseFfn::Create(const Model& model,
     nw.down_t = ffn->down_rows_[l].view();
     TC_RETURN_IF_ERROR(ValidateNeuronWeights(nw));
   }
-  ffn->all_ids_.resize(c.ffn_dim);
+  // 0..n-1 for every neuron set the layers run whole: the FFN, or an MoE shared expert.
+  ffn->all_ids_.resize(std::max(c.ffn_dim, c.shared_expert_ffn_dim));
   std::iota(ffn->all_ids_.begin(), ffn->all_ids_.end(), 0);
   ffn->workers_.resize(pool.size());
   for (Worker& worker : ffn->workers_) {
@@ -70,8 +71,9 @@ void SparseFfn::RunToken(Worker& worker, ThreadPool& pool, int64_t layer, const 
   const NeuronWeights& w = weights_[layer];
   const NeuronFilter filter = plan_.FilterFor(layer, model_.config().activation);
   if (gate != nullptr) {
-    worker.candidates += static_cast<int64_t>(all_ids_.size());
-    worker.active += worker.neurons.ComputeWithGate(w, h, all_ids_, gate, filter, out, pool);
+    const std::span<const int32_t> all(all_ids_.data(), static_cast<size_t>(w.ffn_dim()));
+    worker.candidates += static_cast<int64_t>(all.size());
+    worker.active += worker.neurons.ComputeWithGate(w, h, all, gate, filter, out, pool);
     worker.down += worker.neurons.down_rows();
     return;
   }
@@ -128,12 +130,7 @@ void SparseFfn::Compute(int64_t layer, const float* h, const float* predictor_in
     });
   }
   // The down bias is one vector per layer, not per neuron: added once to the sum.
-  const std::vector<float>& down_b = model_.layer(layer).down_b;
-  if (!down_b.empty()) {
-    for (int64_t t = 0; t < n_tokens; ++t) {
-      for (int64_t i = 0; i < c.dim; ++i) out[t * c.dim + i] += down_b[i];
-    }
-  }
+  AddRowBias(model_.layer(layer).down_b, n_tokens, out);
   for (Worker& worker : workers_) {
     act.candidates += worker.candidates;
     act.active += worker.active;
@@ -149,10 +146,6 @@ void SparseFfn::ComputeMoe(int64_t layer, const float* h, int64_t n_tokens, floa
   const int64_t k = c.n_experts_used, dim = c.dim;
   RouteExperts(c, w, h, n_tokens, pool_, moe_probs_, moe_picks_, moe_weights_);
   const NeuronFilter filter = plan_.FilterFor(layer, c.activation);
-  if (static_cast<int64_t>(all_ids_.size()) < std::max(c.ffn_dim, c.shared_expert_ffn_dim)) {
-    all_ids_.resize(std::max(c.ffn_dim, c.shared_expert_ffn_dim));
-    std::iota(all_ids_.begin(), all_ids_.end(), 0);
-  }
   const std::span<const int32_t> expert_ids(all_ids_.data(), c.ffn_dim);
   const std::span<const int32_t> shared_ids(all_ids_.data(), c.shared_expert_ffn_dim);
   LayerActivity& act = activity_[layer];
@@ -176,9 +169,7 @@ void SparseFfn::ComputeMoe(int64_t layer, const float* h, int64_t n_tokens, floa
     if (!w.shared.up.empty()) {
       std::fill(moe_y_.begin(), moe_y_.end(), 0.0f);
       neurons.Compute(m.shared, ht, shared_ids, filter, moe_y_.data(), pool_);
-      float g = 0.0f;
-      for (int64_t i = 0; i < dim; ++i) g += w.shared_gate[i] * ht[i];
-      g = 1.0f / (1.0f + std::exp(-g));
+      const float g = SharedExpertGate(w, ht);
       for (int64_t i = 0; i < dim; ++i) o[i] += moe_y_[i] * g;
     }
   }

@@ -97,7 +97,7 @@ class SparseFfn final : public FfnExecutor {
   std::vector<MoeLayer> moe_;  // [n_layers]; empty entries for other layers
   std::vector<float> moe_probs_, moe_weights_, moe_y_;
   std::vector<int32_t> moe_picks_, shared_ids_;
-  std::vector<int32_t> all_ids_;   // 0..ffn_dim-1
+  std::vector<int32_t> all_ids_;   // 0..max(ffn_dim, shared expert width)-1
   std::vector<float> batch_gate_;  // [n_tokens][ffn_dim] gate pre-activations
 };
 
