@@ -29,6 +29,26 @@
 namespace thermocline::testing {
 namespace {
 
+// Joins every thread of `threads` when it goes out of scope (or at Now()), first setting *stop
+// when given: a std::thread destroyed unjoined would abort the whole test binary with nothing
+// but "terminate called without an active exception".
+class JoinAll {
+ public:
+  JoinAll(std::vector<std::thread>& threads, std::atomic<bool>* stop)
+      : threads_(threads), stop_(stop) {}
+  ~JoinAll() { Now(); }
+  void Now() {
+    if (stop_ != nullptr) stop_->store(true);
+    for (std::thread& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+  }
+
+ private:
+  std::vector<std::thread>& threads_;
+  std::atomic<bool>* stop_;
+};
+
 // The value of an unlabelled metric line "name value", or -1.
 double Metric(const std::string& text, const std::string& name) {
   std::istringstream lines(text);
@@ -144,8 +164,8 @@ TEST(Soak, ChaosUnder64StreamsLosesNothingAndLeaksNothing) {
   // reached before the baseline is taken.
   {
     std::vector<std::thread> t;
+    JoinAll join_warmup(t, nullptr);
     for (int i = 0; i < 64; ++i) t.emplace_back([&, i] { gw->Generate(greedy[i % 6]); });
-    for (auto& x : t) x.join();
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   const int fds_before = CountFds(gateway);
@@ -164,6 +184,9 @@ TEST(Soak, ChaosUnder64StreamsLosesNothingAndLeaksNothing) {
   };
 
   std::vector<std::thread> clients;
+  // Whatever leaves this scope (an exception while starting threads, a failed assertion), the
+  // clients are stopped and joined first, so it is reported instead of aborting the process.
+  JoinAll join_clients(clients, &stop);
   for (int c = 0; c < 64; ++c) {
     clients.emplace_back([&, c] {
       std::mt19937 rng(1234 + c);
@@ -235,8 +258,7 @@ TEST(Soak, ChaosUnder64StreamsLosesNothingAndLeaksNothing) {
     EXPECT_EQ(std::set<std::string>(now.begin(), now.end()),
               std::set<std::string>(segs.begin(), segs.end()));
   }
-  stop.store(true);
-  for (auto& t : clients) t.join();
+  join_clients.Now();
 
   // Afterwards: same gateway, SERVING, nothing held.
   EXPECT_EQ(kill(gateway, 0), 0) << "the gateway died";
