@@ -27,6 +27,8 @@ absl::Status SendPatiently(ipc::WorkerSession& session, ipc::WorkerMetricsWriter
   const int64_t start = ipc::MonotonicNs();
   absl::Status s;
   while (true) {
+    // Waiting for the gpu worker to read is not a hang of this one.
+    session.Progress();
     s = send(kIdleSlice);
     if (!absl::IsDeadlineExceeded(s)) break;
     if (!session.StopReason().empty()) {
@@ -61,6 +63,7 @@ absl::Status RunCpuWorker(ipc::WorkerSession& session, ColdExecutor& executor,
   session.SetReady();
   session.Log(absl::StrCat("ready, epoch ", t.epoch()));
   while (true) {
+    session.Progress();
     if (std::string why = session.StopReason(); !why.empty()) {
       session.Log(absl::StrCat("stopping: ", why));
       return absl::OkStatus();

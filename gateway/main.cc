@@ -86,6 +86,7 @@ int Main(int argc, char** argv) {
   std::string auth_token_file;
   double shutdown_grace = 2;
   int32_t max_concurrent = 0;
+  double hang_timeout = 60;
   po::options_description opts("thermocline-gateway options");
   // clang-format off
   opts.add_options()
@@ -112,6 +113,7 @@ int Main(int argc, char** argv) {
       ("bindir", po::value(&so.bindir), "directory of the worker executables (default: this one's)")
       ("worker-log", po::value(&so.log_path), "append the workers' output here (default: stderr)")
       ("shutdown-grace", po::value(&shutdown_grace)->default_value(2), "seconds in-flight streams get at SIGTERM to end by themselves; then they end with a Final of FINISH_REASON_CANCELLED")
+      ("hang-timeout", po::value(&hang_timeout)->default_value(60), "seconds a worker's compute thread may go without progress (one layer's cold half, one step between cold exchanges) before it is taken for hung, killed and replaced, its heartbeat notwithstanding; 0: off")
       ("max-restarts", po::value(&so.restart.max_restarts)->default_value(5), "restarts of one worker allowed within a minute; past that the requests in flight fail UNAVAILABLE and the gateway exits with status 1 for its service manager to restart it")
       ("tls-cert", po::value(&security.tls_cert), "serve gRPC over TLS with this PEM certificate (chain)")
       ("tls-key", po::value(&security.tls_key), "the PEM private key of --tls-cert")
@@ -174,6 +176,10 @@ int Main(int argc, char** argv) {
     so.numa_node = vm["numa-node"].as<int>();
   }
   if (so.restart.max_restarts < 0) return Fail("--max-restarts must be >= 0");
+  if (!(hang_timeout >= 0 && hang_timeout <= 86400)) {
+    return Fail("--hang-timeout must be in [0, 86400] seconds");
+  }
+  so.hang_timeout = absl::Seconds(hang_timeout);
   if (!(shutdown_grace >= 0 && shutdown_grace <= 3600)) {
     return Fail("--shutdown-grace must be in [0, 3600] seconds");
   }

@@ -26,9 +26,11 @@ void RingColdLink::BeginStep(uint64_t step_id, uint64_t epoch) {
   step_id_ = step_id;
   epoch_ = epoch;
   sent_rows_ = 0;
+  transport_.Progress();
 }
 
-absl::Status RingColdLink::CheckPeer(std::string_view waiting_for) const {
+absl::Status RingColdLink::CheckPeer(std::string_view waiting_for) {
+  transport_.Progress();
   const uint64_t now_epoch = transport_.epoch();
   if (now_epoch != epoch_) {
     return absl::UnavailableError(absl::StrCat("cpu worker: epoch moved from ", epoch_, " to ",
@@ -45,6 +47,14 @@ absl::Status RingColdLink::CheckPeer(std::string_view waiting_for) const {
     return absl::UnavailableError(absl::StrCat("cpu worker (pid ", cpu.pid, ") heartbeat is ",
                                                age / 1000000, " ms old; step ", step_id_,
                                                " waited for ", Av(waiting_for)));
+  }
+  const absl::Duration hang = transport_.hang_timeout();
+  const int64_t idle = transport_.ProgressAgeNs(ipc::Role::kCpuWorker);
+  if (hang > absl::ZeroDuration() && idle > absl::ToInt64Nanoseconds(hang)) {
+    return absl::UnavailableError(absl::StrCat(
+        "cpu worker (pid ", cpu.pid, ") is hung: its compute thread made no progress for ",
+        idle / 1000000, " ms (its heartbeat thread still beats); step ", step_id_,
+        " waited for ", Av(waiting_for)));
   }
   return absl::OkStatus();
 }
@@ -67,6 +77,7 @@ absl::Status RingColdLink::SendCold(const ColdRequest& r) {
     TC_RETURN_IF_ERROR(CheckPeer(absl::StrCat("ring space for layer ", r.layer)));
   }
   sent_rows_ = r.rows;
+  transport_.Progress();
   return absl::OkStatus();
 }
 
@@ -91,6 +102,7 @@ absl::Status RingColdLink::ReceiveCold(int64_t layer, std::span<float> y_cold) {
                                              " rows, ", sent_rows_, " were sent"));
       }
       if (s.ok()) std::memcpy(y_cold.data(), p->data.data(), y_cold.size() * sizeof(float));
+      transport_.Progress();
       TC_RETURN_IF_ERROR(from_cpu_.Release());
       return s;
     }

@@ -1,7 +1,9 @@
 // The ColdLink over the gpu->cpu and cpu->gpu rings, with the failure rules of the protocol
 // (docs/workers.md): while it waits it wakes at least every 20 ms and gives up the step with
-// Unavailable when the epoch moved on, the CPU worker's process is gone, or its heartbeat is
-// older than 300 ms. Messages that belong to another step or layer (left over from an
+// Unavailable when the epoch moved on, the CPU worker's process is gone, its heartbeat is
+// older than 300 ms, or its compute thread has shown no progress for the gateway's hang timeout
+// (the process runs but its work does not: docs/workers.md, liveness). Waiting counts as this
+// worker's own progress, so that the one waited on is blamed, never the one waiting. Messages that belong to another step or layer (left over from an
 // abandoned step) are dropped with a log line.
 #pragma once
 
@@ -38,7 +40,7 @@ class RingColdLink final : public ColdLink {
 
  private:
   // Unavailable when the CPU worker cannot answer this step any more.
-  absl::Status CheckPeer(std::string_view waiting_for) const;
+  absl::Status CheckPeer(std::string_view waiting_for);
 
   ipc::Transport& transport_;
   ipc::RingProducer& to_cpu_;

@@ -50,6 +50,7 @@ class GpuWorker {
                               " kv slots x ", lim.context, " positions, max batch ", lim.max_batch,
                               ", epoch ", t.epoch()));
     while (true) {
+      session_.Progress();
       if (std::string why = session_.StopReason(); !why.empty()) {
         session_.Log(absl::StrCat("stopping: ", why));
         return absl::OkStatus();
@@ -125,6 +126,7 @@ class GpuWorker {
           absl::StrCat(rows, " logits rows do not fit the gpu->gateway ring"));
     }
     while (true) {
+      session_.Progress();  // waiting for the gateway to read is not a hang of this worker
       absl::Status s = status.ok()
                            ? ipc::SendLogits(*to_gateway_, step_id, static_cast<uint32_t>(rows),
                                              static_cast<uint32_t>(config_.vocab_size),

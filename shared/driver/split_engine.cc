@@ -166,6 +166,7 @@ absl::Status SplitEngine::Init() {
   so.attach = options_.attach;
   so.restart = options_.restart;
   so.ready_timeout = options_.ready_timeout;
+  so.hang_timeout = options_.hang_timeout;
   so.output_fd = log_fd_;
   supervisor_ = std::make_unique<Supervisor>(*transport_, std::move(so));
   return supervisor_->Start();

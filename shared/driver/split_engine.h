@@ -76,6 +76,9 @@ struct SplitEngineOptions {
   // a hang: the worker is killed and restarted. Long: a 512-entry prefill chunk of a large
   // model on a loaded machine takes tens of seconds.
   absl::Duration step_timeout = absl::Seconds(300);
+  // SupervisorOptions::hang_timeout: a worker whose compute thread makes no progress this long
+  // is killed and replaced, whatever its heartbeat says.
+  absl::Duration hang_timeout = absl::Seconds(60);
   bool log_restarts = true;  // one line on stderr per recovery
 
   // Observation hook, called after each step is sent and before its reply is awaited (step id,

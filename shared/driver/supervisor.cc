@@ -108,6 +108,7 @@ absl::Status Supervisor::WaitReady(std::span<Worker* const> which) {
 }
 
 absl::Status Supervisor::Start() {
+  TC_RETURN_IF_ERROR(transport_.SetHangTimeout(options_.hang_timeout));
   std::vector<Worker*> all;
   for (Worker& w : workers_) all.push_back(&w);
   if (!options_.attach) {
@@ -142,11 +143,20 @@ std::vector<WorkerDeath> Supervisor::Check() {
     if (!w.dead.has_value()) {
       const ipc::ProcessInfo info = transport_.Process(w.spec.role);
       const int64_t age_ns = transport_.HeartbeatAgeNs(w.spec.role);
+      const int64_t idle_ns = transport_.ProgressAgeNs(w.spec.role);
+      const bool stuck = info.state == ipc::ProcessState::kReady &&
+                         options_.hang_timeout > absl::ZeroDuration() &&
+                         idle_ns > absl::ToInt64Nanoseconds(options_.hang_timeout);
+      const std::string stuck_why = absl::StrCat(
+          "hung: its compute thread made no progress for ", idle_ns / 1000000,
+          " ms (heartbeat ", age_ns / 1000000, " ms old)");
       if (options_.attach) {
         if (!info.alive || info.pid != w.attached_pid) {
           w.dead = absl::StrCat("process ", w.attached_pid, " is gone");
         } else if (age_ns > absl::ToInt64Nanoseconds(options_.heartbeat_timeout)) {
           w.dead = absl::StrCat("no heartbeat for ", age_ns / 1000000, " ms");
+        } else if (stuck) {
+          w.dead = stuck_why;
         }
       } else if (w.process == nullptr || w.process->Exited()) {
         w.dead = w.process == nullptr ? "not started" : w.process->ExitDescription();
@@ -154,6 +164,9 @@ std::vector<WorkerDeath> Supervisor::Check() {
                  age_ns > absl::ToInt64Nanoseconds(options_.stall_timeout)) {
         w.process->KillAndReap();
         w.dead = absl::StrCat("hung (no heartbeat for ", age_ns / 1000000, " ms), killed");
+      } else if (info.pid == w.process->pid() && stuck) {
+        w.process->KillAndReap();
+        w.dead = absl::StrCat(stuck_why, ", killed");
       }
       if (w.dead.has_value()) w.last_exit = *w.dead;
     }

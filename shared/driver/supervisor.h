@@ -56,6 +56,12 @@ struct SupervisorOptions {
   // Spawn mode: waitpid sees deaths at once, so the heartbeat only catches a hung worker; the
   // limit is loose because a worker starved of CPU on a loaded machine is slow, not hung.
   absl::Duration stall_timeout = absl::Seconds(5);
+  // A ready worker whose compute thread shows no progress (Transport::Progress) for this long
+  // is hung even though its heartbeat beats: killed (spawn mode) or reported dead (attach). It
+  // bounds one message's work: a layer's cold half on the cpu worker, a step between two cold
+  // exchanges on the gpu worker. Published in the transport so that the gpu worker gives up a
+  // step on a hung cpu worker by the same rule. Zero: off.
+  absl::Duration hang_timeout = absl::Seconds(60);
   int output_fd = -1;  // workers' stdout and stderr (-1: the driver's stderr)
 };
 

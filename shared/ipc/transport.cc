@@ -142,6 +142,7 @@ absl::StatusOr<std::unique_ptr<Transport>> Transport::Create(std::string_view in
     auto* cb = reinterpret_cast<ControlBlock*>(base);
     // The preamble was written by SharedSegment; the rest is zeroed memory we now format.
     new (&cb->epoch) std::atomic<uint64_t>(1);
+    new (&cb->hang_timeout_ns) std::atomic<uint64_t>(0);
     cb->control_bytes = sizeof(ControlBlock);
     cb->ring_count = kNumRings;
     for (int i = 0; i < kNumRings; ++i) {
@@ -230,6 +231,7 @@ absl::Status Transport::ClaimSlot() {
   slot.start_ticks.store(self.start_ticks, std::memory_order_relaxed);
   slot.epoch.store(epoch(), std::memory_order_relaxed);
   slot.heartbeat_ns.store(static_cast<uint64_t>(MonotonicNs()), std::memory_order_relaxed);
+  slot.progress_ns.store(static_cast<uint64_t>(MonotonicNs()), std::memory_order_relaxed);
   slot.state.store(static_cast<uint32_t>(ProcessState::kStarting), std::memory_order_release);
   claimed_ = true;
   return absl::OkStatus();
@@ -297,6 +299,29 @@ void Transport::Heartbeat() {
       static_cast<uint64_t>(MonotonicNs()), std::memory_order_release);
 }
 
+void Transport::Progress() {
+  control_->processes[static_cast<int>(role_)].progress_ns.store(
+      static_cast<uint64_t>(MonotonicNs()), std::memory_order_release);
+}
+
+absl::Status Transport::SetHangTimeout(absl::Duration timeout) {
+  if (role_ != Role::kGateway) return absl::FailedPreconditionError("only the gateway sets it");
+  if (timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("the hang timeout must be >= 0");
+  }
+  control_->hang_timeout_ns.store(static_cast<uint64_t>(absl::ToInt64Nanoseconds(timeout)),
+                                  std::memory_order_release);
+  return absl::OkStatus();
+}
+
+absl::Duration Transport::hang_timeout() const {
+  const uint64_t ns = control_->hang_timeout_ns.load(std::memory_order_acquire);
+  // Shared memory is not trusted: an absurd value (over a day) reads as off rather than as a
+  // negative or overflowing duration.
+  if (ns > uint64_t{86400} * 1000000000) return absl::ZeroDuration();
+  return absl::Nanoseconds(static_cast<int64_t>(ns));
+}
+
 void Transport::SetState(ProcessState state) {
   control_->processes[static_cast<int>(role_)].state.store(static_cast<uint32_t>(state),
                                                            std::memory_order_release);
@@ -311,19 +336,29 @@ ProcessInfo Transport::Process(Role role) const {
                    ? static_cast<ProcessState>(state)
                    : ProcessState::kFailed;  // an impossible value is a failure, not UB
   info.heartbeat_ns = slot.heartbeat_ns.load(std::memory_order_acquire);
+  info.progress_ns = slot.progress_ns.load(std::memory_order_acquire);
   info.epoch = slot.epoch.load(std::memory_order_relaxed);
   info.alive = ProcessAlive(info.pid, slot.start_ticks.load(std::memory_order_relaxed));
   return info;
 }
 
-int64_t Transport::HeartbeatAgeNs(Role role) const {
-  uint64_t hb =
-      control_->processes[static_cast<int>(role)].heartbeat_ns.load(std::memory_order_acquire);
-  int64_t now = MonotonicNs();
-  if (hb == 0 || hb > static_cast<uint64_t>(now)) {
-    return hb == 0 ? std::numeric_limits<int64_t>::max() : 0;
+namespace {
+int64_t AgeNs(const std::atomic<uint64_t>& stamp) {
+  const uint64_t t = stamp.load(std::memory_order_acquire);
+  const int64_t now = MonotonicNs();
+  if (t == 0 || t > static_cast<uint64_t>(now)) {
+    return t == 0 ? std::numeric_limits<int64_t>::max() : 0;
   }
-  return now - static_cast<int64_t>(hb);
+  return now - static_cast<int64_t>(t);
+}
+}  // namespace
+
+int64_t Transport::HeartbeatAgeNs(Role role) const {
+  return AgeNs(control_->processes[static_cast<int>(role)].heartbeat_ns);
+}
+
+int64_t Transport::ProgressAgeNs(Role role) const {
+  return AgeNs(control_->processes[static_cast<int>(role)].progress_ns);
 }
 
 }  // namespace thermocline::ipc

@@ -44,7 +44,8 @@ enum class ProcessState : uint32_t {
 std::string_view ProcessStateName(ProcessState state);
 
 // Bump whenever anything after the SegmentPreamble changes.
-inline constexpr uint32_t kTransportLayoutVersion = 2;  // 2: RingControl::generation
+// 2: RingControl::generation; 3: ProcessSlot::progress_ns, ControlBlock::hang_timeout_ns.
+inline constexpr uint32_t kTransportLayoutVersion = 3;
 inline constexpr char kTransportSegment[] = "transport";
 
 struct RingDescriptor {
@@ -58,12 +59,20 @@ struct ProcessSlot {
   std::atomic<uint64_t> start_ticks;     // with pid, identifies the process across pid reuse
   std::atomic<uint64_t> heartbeat_ns;    // MonotonicNs() of the last Heartbeat()
   std::atomic<uint64_t> epoch;           // epoch the process attached under
+  // MonotonicNs() of the compute thread's last sign of progress (Transport::Progress). The
+  // heartbeat comes from a thread of its own and says only that the process runs; this says
+  // that the thread doing the work does: a frozen compute thread stops it while the heartbeat
+  // goes on.
+  std::atomic<uint64_t> progress_ns;
 };
 
 struct ControlBlock {
   SegmentPreamble preamble;
   // Bumped by the gateway when it restarts a worker; stamped on every message.
   alignas(64) std::atomic<uint64_t> epoch;
+  // Set by the gateway: a worker whose compute thread shows no progress for this long is hung
+  // (the gateway kills it; a gpu worker waiting on the cpu worker gives up its step). 0: never.
+  std::atomic<uint64_t> hang_timeout_ns;
   uint32_t control_bytes;  // sizeof(ControlBlock)
   uint32_t ring_count;     // kNumRings
   RingDescriptor rings[kNumRings];
@@ -84,6 +93,7 @@ struct ProcessInfo {
   int32_t pid = 0;
   ProcessState state = ProcessState::kAbsent;
   uint64_t heartbeat_ns = 0;
+  uint64_t progress_ns = 0;
   uint64_t epoch = 0;
   bool alive = false;  // pid runs and is the process that took the slot
 };
@@ -128,6 +138,15 @@ class Transport {
   std::vector<RingId> CorruptRings() const;
 
   void Heartbeat();
+  // The calling process's compute thread made progress (took or finished work, or waited one
+  // slice for a peer or for work): called from that thread only, at least every hang timeout.
+  void Progress();
+  // Nanoseconds since `role` last called Progress() (INT64_MAX when it never did; claiming the
+  // slot counts as progress).
+  int64_t ProgressAgeNs(Role role) const;
+  // Gateway: the hang timeout every process reads (0: off). Workers: read it.
+  absl::Status SetHangTimeout(absl::Duration timeout);
+  absl::Duration hang_timeout() const;
   void SetState(ProcessState state);
   ProcessInfo Process(Role role) const;
   // Nanoseconds since `role` last called Heartbeat() (INT64_MAX when it never did).

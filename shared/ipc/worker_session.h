@@ -1,7 +1,7 @@
 // The lifecycle both worker processes share (docs/workers.md): attach to the instance's
 // transport (waiting up to 5 s for the gateway to publish it), mark the slot starting, keep a
 // heartbeat every 50 ms from a thread of its own (so a long load or a long step still reads as
-// alive), and watch for the two reasons to stop: SIGTERM/SIGINT and the death of the gateway
+// alive; the compute thread's own progress is published separately, Progress), and watch for the two reasons to stop: SIGTERM/SIGINT and the death of the gateway
 // that owns the segment. Log lines go to stderr, one line per event, prefixed with the role.
 #pragma once
 
@@ -39,7 +39,14 @@ class WorkerSession {
   // Non-empty when the worker should exit cleanly: "SIGTERM received", "gateway exited".
   std::string StopReason() const;
 
-  void SetReady() { transport_->SetState(ProcessState::kReady); }
+  // Loading is over: the hang timeout (progress) applies from here.
+  void SetReady() {
+    transport_->Progress();
+    transport_->SetState(ProcessState::kReady);
+  }
+  // The compute thread's sign of life (Transport::Progress): the worker loops call it per
+  // message and per idle or waiting slice, never from another thread.
+  void Progress() { transport_->Progress(); }
   // Clean exit: kStopped (kept by the Transport's destructor).
   void SetStopped() { transport_->SetState(ProcessState::kStopped); }
   // Fatal error: logs it, marks the slot kFailed and exits the process with status 1 without

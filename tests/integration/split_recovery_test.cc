@@ -5,7 +5,10 @@
 // from the token callback (between steps: the worker dies idle). Also: a worker that keeps
 // dying spends the restart budget and the error names it; Ctrl-C of `generate --split` stops
 // everything cleanly; kill -9 of the driver itself leaves workers that exit on their own and a
-// segment that RemoveStale clears; no segment is left in /dev/shm after any of this.
+// segment that RemoveStale clears; no segment is left in /dev/shm after any of this. And hangs
+// that a heartbeat cannot see: one worker's compute thread frozen by ptrace while its heartbeat
+// thread beats on is found by its lack of progress, and that worker, not the one waiting on it,
+// is replaced.
 //
 // Logits after a gpu_worker restart come from a KV cache rebuilt by a replayed prefill, while
 // the uninterrupted run built it one decode step at a time; rows of one batch are computed
@@ -16,6 +19,8 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/ptrace.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -57,6 +62,36 @@ struct Output {
   std::vector<std::vector<float>> logits;
   absl::Status status;
 };
+
+// Freezes one thread (`tid`, here a worker's main thread, which runs its compute loop) with
+// ptrace and keeps it frozen, leaving the process's other threads (the heartbeat) running. The
+// tracer is a child process of its own: ptrace-stops of a tracee are reported to its tracer's
+// waitpid, and the supervisor's waitpid on the worker must see only the worker's exit. The
+// tracer reaps the tracee's exit notification (which the real parent gets only after that) and
+// exits; it dies with the test (PDEATHSIG), which detaches and resumes the thread.
+pid_t FreezeThread(pid_t tid) {
+  const pid_t tracer = fork();
+  if (tracer != 0) return tracer;
+  // Only async-signal-safe calls from here: the test process has threads.
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (ptrace(PTRACE_SEIZE, tid, nullptr, nullptr) != 0) _exit(2);
+  if (ptrace(PTRACE_INTERRUPT, tid, nullptr, nullptr) != 0) _exit(3);
+  for (;;) {
+    int status = 0;
+    const pid_t r = waitpid(tid, &status, __WALL);
+    if (r < 0 && errno != EINTR) _exit(4);
+    if (r == tid && (WIFEXITED(status) || WIFSIGNALED(status))) _exit(0);
+    // A stop (the interrupt, or a signal about to be delivered): stay stopped.
+  }
+}
+
+// The tracer's exit status: 0 once the frozen thread's process died while frozen.
+int ReapTracer(pid_t tracer) {
+  int status = 0;
+  while (waitpid(tracer, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
 
 class SplitRecovery : public ::testing::Test {
  protected:
@@ -201,6 +236,48 @@ TEST_F(SplitRecovery, CpuWorkerKilledMidStepIsReplacedWithoutReplay) {
     EXPECT_NE(engine.worker_pid(Role::kCpuWorker), killed);
   });
 }
+
+// A hang that the heartbeat cannot show: the compute thread of one worker is frozen mid-step
+// while its heartbeat thread goes on. Before progress was tracked, the stream stalled for the
+// 300 s step timeout and then the gpu_worker was killed whichever worker hung.
+class SplitHang : public SplitRecovery,
+                  public ::testing::WithParamInterface<Role> {};
+
+TEST_P(SplitHang, AFrozenComputeThreadIsFoundAndItsWorkerAloneReplaced) {
+  const Role frozen_role = GetParam();
+  ASSERT_FALSE(Reference().tokens.empty());
+  driver::SplitEngineOptions o = Options();
+  o.hang_timeout = absl::Seconds(2);
+  pid_t frozen = 0, tracer = 0;
+  o.on_step_sent = [&](uint64_t, int64_t done) {
+    if (done == kKillAfterSteps && frozen == 0) {
+      frozen = engine_->worker_pid(frozen_role);
+      tracer = FreezeThread(frozen);
+    }
+  };
+  WithEngine(o, [&](driver::SplitEngine& engine) {
+    const pid_t other = engine.worker_pid(frozen_role == Role::kGpuWorker ? Role::kCpuWorker
+                                                                          : Role::kGpuWorker);
+    const Output got = Generate(engine);
+    ASSERT_GT(tracer, 0);
+    EXPECT_EQ(ReapTracer(tracer), 0) << "the frozen worker was not killed while frozen";
+    ExpectSameOutput(got);
+    const driver::SplitEngineStats& s = engine.stats();
+    const bool gpu = frozen_role == Role::kGpuWorker;
+    EXPECT_EQ(s.gpu_restarts, gpu ? 1 : 0);
+    EXPECT_EQ(s.cpu_restarts, gpu ? 0 : 1);
+    EXPECT_NE(engine.worker_pid(frozen_role), frozen);
+    EXPECT_EQ(engine.worker_pid(gpu ? Role::kCpuWorker : Role::kGpuWorker), other)
+        << "the worker that waited was replaced";
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(BothWorkers, SplitHang,
+                         ::testing::Values(Role::kGpuWorker, Role::kCpuWorker),
+                         [](const ::testing::TestParamInfo<Role>& info) {
+                           return std::string(info.param == Role::kGpuWorker ? "GpuWorker"
+                                                                             : "CpuWorker");
+                         });
 
 TEST_F(SplitRecovery, WorkersKilledBetweenStepsAreReplacedBeforeTheNextStep) {
   ASSERT_FALSE(Reference().tokens.empty());
