@@ -298,7 +298,8 @@ int Main(int argc, char** argv) {
   std::atomic<bool> stopping{false};
   std::atomic<bool> worker_lost{false};  // attach mode: a worker died (see below)
   std::atomic<Scheduler*> live_scheduler{nullptr};
-  std::atomic<bool> gave_up{false};  // spawn mode: a worker's restart budget is spent (below)
+  std::atomic<bool> gave_up{false};
+  std::string given_up_reason;  // written once, before gave_up is read as true  // spawn mode: a worker's restart budget is spent (below)
   std::thread signal_thread([&] {
     int sig = 0;
     sigwait(&sigs, &sig);
@@ -358,12 +359,13 @@ int Main(int argc, char** argv) {
               kill(getpid(), SIGTERM);
             }
           },
-          [&set_health, &gave_up](const absl::Status& why) {
+          [&set_health, &gave_up, &given_up_reason](const absl::Status& why) {
             // The restart budget is spent: restarting again at once would crash-loop, and
             // staying up idle would leave the instance down until a request happens to come
             // (a load balancer that honours health sends none). Exiting non-zero hands the
             // decision to the service manager (Restart=on-failure, its own delay and limits).
             if (gave_up.exchange(true)) return;
+            given_up_reason = std::string(why.message());
             set_health(false);
             Log(Level::kError, "giving_up", {{"error", std::string(why.message())}});
             kill(getpid(), SIGTERM);
@@ -408,8 +410,8 @@ int Main(int argc, char** argv) {
   scheduler.reset();  // ends what still runs, then the engine stops the workers
   metrics.Stop();
   if (gave_up.load() && rc == 0) {
-    rc = Fail("a worker kept dying and its restart budget (--max-restarts per minute) is spent; "
-              "exiting for the service manager to restart the instance");
+    rc = Fail(absl::StrCat("the workers cannot be brought back (", given_up_reason,
+                           "); exiting for the service manager to restart the instance"));
   }
   if (worker_lost.load() && rc == 0) {
     rc = Fail("a worker died and --workers attach cannot restart it; exiting for the service "

@@ -189,7 +189,7 @@ void Scheduler::NoteRestarts() {
 }
 
 void Scheduler::NoteFailure(const absl::Status& status) {
-  if (give_up_ && driver::IsRestartBudgetSpent(status)) give_up_(status);
+  if (give_up_ && driver::IsGivenUp(status)) give_up_(status);
 }
 
 void Scheduler::NoteServing() {

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <iostream>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -159,6 +160,15 @@ absl::Status SplitEngine::Init() {
       return absl::FailedPreconditionError(absl::StrCat(
           "split: cannot open the worker log ", options_.log_path, ": ", std::strerror(errno)));
     }
+  }
+  // Before the workers start: what they load is what later restarts are compared with.
+  for (const std::string* path : {&options_.model_path, &options_.plan_path}) {
+    if (path->empty()) continue;
+    absl::StatusOr<FileIdentity> id = IdentifyFile(*path);
+    if (!id.ok()) {
+      return absl::Status(id.status().code(), absl::StrCat("split: ", id.status().message()));
+    }
+    inputs_.emplace_back(*path, *id);
   }
   SupervisorOptions so;
   so.workers = {WorkerSpec{ipc::Role::kGpuWorker, GpuWorkerArgv(options_)},
@@ -391,6 +401,7 @@ absl::Status SplitEngine::Recover(const Failure& failure) {
       }
     }
   }
+  TC_RETURN_IF_ERROR(CheckInputsUnchanged(Failure{roles, why}));
   TC_ASSIGN_OR_RETURN(const uint64_t epoch, supervisor_->Restart(roles));
   to_gpu_->set_epoch(epoch);
   from_gpu_->set_min_epoch(epoch);
@@ -410,6 +421,27 @@ absl::Status SplitEngine::Recover(const Failure& failure) {
     std::cerr << absl::StrFormat(
         "thermocline split [%s]: %s; restarted under epoch %d%s\n", options_.instance, why, epoch,
         gpu ? absl::StrFormat(", replaying %d tokens", history_.total_tokens()) : "");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SplitEngine::CheckInputsUnchanged(const Failure& failure) const {
+  for (const auto& [path, then] : inputs_) {
+    absl::StatusOr<FileIdentity> now = IdentifyFile(path);
+    std::string change;
+    if (!now.ok()) {
+      change = std::string(now.status().message());
+    } else if (!(*now == then)) {
+      change = DescribeFileChange(then, *now);
+    }
+    if (change.empty()) continue;
+    absl::Status lost = absl::UnavailableError(absl::StrCat(
+        failure.why, "; not restarted: ", path,
+        " changed since the workers loaded it (", change,
+        "), and a new worker would load other bytes than the one still running; restart the "
+        "service to serve the new file"));
+    lost.SetPayload(kGivenUpPayload, absl::Cord(path));
+    return lost;
   }
   return absl::OkStatus();
 }

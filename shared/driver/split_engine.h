@@ -38,6 +38,7 @@
 #include "shared/model/model.h"
 #include "shared/runtime/generate.h"
 #include "shared/sparsity/sparsity_mode.h"
+#include "shared/util/file_identity.h"
 
 namespace thermocline::driver {
 
@@ -136,6 +137,9 @@ class SplitEngine final : public BatchRunner {
   // Restarts the failed workers and adopts the new epoch; a gpu_worker restart schedules a
   // replay of every slot.
   absl::Status Recover(const Failure& failure);
+  // Unavailable, marked kGivenUpPayload, when the model (or plan) file is not the one the
+  // workers loaded: a worker started now would load other bytes than the survivor holds.
+  absl::Status CheckInputsUnchanged(const Failure& failure) const;
   absl::Status Replay(std::optional<Failure>* failure);
   std::optional<Failure> DeadWorkers();
 
@@ -144,6 +148,8 @@ class SplitEngine final : public BatchRunner {
   std::optional<ipc::RingProducer> to_gpu_;
   std::optional<ipc::RingConsumer> from_gpu_;
   std::unique_ptr<Supervisor> supervisor_;
+  // The files the workers load, as they were when the engine started them (path, identity).
+  std::vector<std::pair<std::string, FileIdentity>> inputs_;
   int log_fd_ = -1;
   SlotHistory history_;
   bool replay_pending_ = false;

@@ -207,8 +207,8 @@ absl::StatusOr<uint64_t> Supervisor::Restart(std::span<const ipc::Role> roles) {
       if (!d.ok()) {
         absl::Status spent = absl::UnavailableError(absl::StrCat(
             Role(w->spec.role), " (", w->spec.argv.front(), ") keeps dying: last ",
-            w->last_exit, "; ", d.status().message(), ", giving up"));
-        spent.SetPayload(kRestartBudgetSpentPayload, absl::Cord(Role(w->spec.role)));
+            w->last_exit, "; restart budget spent: ", d.status().message(), ", giving up"));
+        spent.SetPayload(kGivenUpPayload, absl::Cord(Role(w->spec.role)));
         return spent;
       }
       delay = std::max(delay, *d);

@@ -30,13 +30,14 @@
 
 namespace thermocline::driver {
 
-// The payload (absl::Status::SetPayload) that marks Restart's Unavailable for a spent restart
-// budget, so that a caller far up (the gateway) can tell "this instance will not come back by
-// itself" from a passing Unavailable without parsing the message.
-inline constexpr char kRestartBudgetSpentPayload[] =
-    "type.thermocline/driver.RestartBudgetSpent";
-inline bool IsRestartBudgetSpent(const absl::Status& s) {
-  return s.GetPayload(kRestartBudgetSpentPayload).has_value();
+// The payload (absl::Status::SetPayload) that marks an Unavailable after which the driver will
+// not bring the workers back by itself: a spent restart budget (its value: the worker's role),
+// or a model file that changed since the workers loaded it (SplitEngine). A caller far up (the
+// gateway) tells "this instance is lost" from a passing Unavailable by it, without parsing the
+// message.
+inline constexpr char kGivenUpPayload[] = "type.thermocline/driver.GivenUp";
+inline bool IsGivenUp(const absl::Status& s) {
+  return s.GetPayload(kGivenUpPayload).has_value();
 }
 
 struct WorkerSpec {
@@ -95,7 +96,7 @@ class Supervisor {
   // for each, a place in the restart budget and its backoff; then one epoch bump, the spawns,
   // and the wait for readiness. A worker that dies again while starting is retried within the
   // budget. Returns the new epoch. Unavailable when the budget is spent (naming the worker and
-  // its last exit, marked with kRestartBudgetSpentPayload) or in attach mode.
+  // its last exit, marked with kGivenUpPayload) or in attach mode.
   absl::StatusOr<uint64_t> Restart(std::span<const ipc::Role> roles);
 
   // SIGKILLs a worker (a hung one, or one its peer reported unavailable) and reaps it; the

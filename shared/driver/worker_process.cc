@@ -13,13 +13,20 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "shared/ipc/worker_session.h"
 
 extern char** environ;
 
 namespace thermocline::driver {
 
 std::string DescribeWaitStatus(int status) {
-  if (WIFEXITED(status)) return absl::StrCat("exited with status ", WEXITSTATUS(status));
+  if (WIFEXITED(status)) {
+    if (WEXITSTATUS(status) == ipc::kExitMappedFileShrank) {
+      return absl::StrCat("exited with status ", WEXITSTATUS(status),
+                          " (SIGBUS: a file it had mapped shrank under it)");
+    }
+    return absl::StrCat("exited with status ", WEXITSTATUS(status));
+  }
   if (WIFSIGNALED(status)) {
     const int sig = WTERMSIG(status);
     const char* what = sigdescr_np(sig);

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -17,12 +18,31 @@ static_assert(std::atomic<int>::is_always_lock_free);
 
 void OnStopSignal(int sig) { g_stop_signal.store(sig, std::memory_order_relaxed); }
 
-void InstallStopHandlers() {
+// The line OnBusError writes, composed before any handler can run (a handler may only write).
+char g_bus_error_line[256] = "worker: SIGBUS\n";
+size_t g_bus_error_len = 0;
+
+void OnBusError(int) {
+  (void)!write(STDERR_FILENO, g_bus_error_line, g_bus_error_len);
+  _exit(kExitMappedFileShrank);
+}
+
+void InstallStopHandlers(std::string_view prefix) {
   struct sigaction sa = {};
   sa.sa_handler = OnStopSignal;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
+  const int n = std::snprintf(
+      g_bus_error_line, sizeof(g_bus_error_line),
+      "%.*s: SIGBUS: a mapped file is shorter than its mapping (was the model file truncated or "
+      "rewritten while in use?); exiting with status %d\n",
+      static_cast<int>(prefix.size()), prefix.data(), kExitMappedFileShrank);
+  g_bus_error_len = n > 0 ? std::min(static_cast<size_t>(n), sizeof(g_bus_error_line) - 1) : 0;
+  struct sigaction bus = {};
+  bus.sa_handler = OnBusError;
+  sigemptyset(&bus.sa_mask);
+  sigaction(SIGBUS, &bus, nullptr);
 }
 
 absl::string_view Av(std::string_view s) { return absl::string_view(s.data(), s.size()); }
@@ -38,7 +58,7 @@ absl::StatusOr<std::unique_ptr<WorkerSession>> WorkerSession::Start(std::string_
                                                                     std::string_view instance,
                                                                     Role role,
                                                                     absl::Duration attach_timeout) {
-  InstallStopHandlers();
+  InstallStopHandlers(log_prefix);
   // The supervisor may start a worker before (or while) the gateway publishes the segment:
   // NotFound (no segment yet) and Unavailable (still being formatted) are worth waiting out.
   const absl::Time deadline = absl::Now() + attach_timeout;

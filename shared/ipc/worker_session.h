@@ -18,10 +18,15 @@
 
 namespace thermocline::ipc {
 
+// A worker's exit status after SIGBUS: a file it had mapped became shorter than the mapping
+// (the model file truncated or rewritten in place under the service). The worker writes one
+// line saying so and exits with this status instead of dumping core; the driver names it.
+inline constexpr int kExitMappedFileShrank = 86;
+
 class WorkerSession {
  public:
   // `log_prefix`: "gpu_worker" or "cpu_worker". Installs SIGTERM/SIGINT handlers that only set a
-  // flag (StopRequested), attaches, SetState(kStarting) and starts the heartbeat thread.
+  // flag (StopRequested), a SIGBUS handler (kExitMappedFileShrank), attaches, SetState(kStarting) and starts the heartbeat thread.
   static absl::StatusOr<std::unique_ptr<WorkerSession>> Start(
       std::string_view log_prefix, std::string_view instance, Role role,
       absl::Duration attach_timeout = absl::Seconds(5));

@@ -279,6 +279,40 @@ INSTANTIATE_TEST_SUITE_P(BothWorkers, SplitHang,
                                                                              : "CpuWorker");
                          });
 
+// The model file truncated in place under running workers: their next touch of a weight page
+// past the new end is SIGBUS. Before, the workers crashed, were restarted onto the truncated
+// file, died loading it, and the budget went on "exited with status 1". Now the worker says
+// what happened and the engine gives up at once, naming the file and the change (a restart
+// would load other bytes than a survivor holds), marked for the gateway to exit.
+TEST_F(SplitRecovery, AModelFileTruncatedUnderTheWorkersIsReportedAsChangedNotRestarted) {
+  const std::string copy = testing::TempDir() + "/truncated-under-service.gguf";
+  {
+    std::ifstream in(Stories(), std::ios::binary);
+    std::ofstream out(copy, std::ios::binary | std::ios::trunc);
+    out << in.rdbuf();
+    ASSERT_TRUE(out.good());
+  }
+  driver::SplitEngineOptions o = Options();
+  o.model_path = copy;
+  WithEngine(o, [&](driver::SplitEngine& engine) {
+    const Output got = Generate(engine, [&](int i) {
+      if (i == 5) {
+        ASSERT_EQ(truncate(copy.c_str(), 4096), 0) << std::strerror(errno);
+      }
+    });
+    ASSERT_FALSE(got.status.ok());
+    EXPECT_EQ(got.status.code(), absl::StatusCode::kUnavailable) << got.status;
+    EXPECT_TRUE(driver::IsGivenUp(got.status)) << got.status;
+    const std::string msg(got.status.message());
+    EXPECT_NE(msg.find("changed since the workers loaded it"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("bytes"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("SIGBUS"), std::string::npos) << msg;
+    EXPECT_EQ(engine.stats().restarts, 0);
+    EXPECT_GE(got.tokens.size(), 6u);
+  });
+  std::remove(copy.c_str());
+}
+
 TEST_F(SplitRecovery, WorkersKilledBetweenStepsAreReplacedBeforeTheNextStep) {
   ASSERT_FALSE(Reference().tokens.empty());
   WithEngine(Options(), [&](driver::SplitEngine& engine) {

@@ -523,7 +523,7 @@ void FailedStep(absl::Status failure, const std::string& reported, bool gives_up
   EXPECT_EQ(FirstRunWith(runs, 0, Byte('x')), 2);
   EXPECT_EQ(give_ups, gives_up ? 1 : 0);
   if (gives_up) {
-    EXPECT_TRUE(driver::IsRestartBudgetSpent(given));
+    EXPECT_TRUE(driver::IsGivenUp(given));
   }
 }
 
@@ -533,7 +533,7 @@ TEST(SchedulerPolicy, FailedStepEndsTheRunningSequencesNotTheQueuedOnes) {
 
 TEST(SchedulerPolicy, SpentRestartBudgetFailsTheStepAsIsAndGivesUp) {
   absl::Status s = absl::UnavailableError("gpu_worker keeps dying");
-  s.SetPayload(driver::kRestartBudgetSpentPayload, absl::Cord("1"));
+  s.SetPayload(driver::kGivenUpPayload, absl::Cord("1"));
   FailedStep(s, "gpu_worker keeps dying", true);
 }
 
