@@ -87,6 +87,7 @@ int Main(int argc, char** argv) {
   double shutdown_grace = 2;
   int32_t max_concurrent = 0;
   double hang_timeout = 60;
+  double stream_idle_timeout = 60;
   po::options_description opts("thermocline-gateway options");
   // clang-format off
   opts.add_options()
@@ -105,6 +106,8 @@ int Main(int argc, char** argv) {
       ("kv-slots", po::value(&sched.kv_slots)->default_value(4), "KV cache slots (sequences held at once)")
       ("context", po::value(&context)->default_value(0), "positions per slot (0 = the model's context)")
       ("prefill-chunk", po::value(&sched.prefill_chunk)->default_value(64), "prompt positions per step")
+      ("max-pending-messages", po::value(&sched.max_pending_messages)->default_value(16), "messages a stream may have waiting for its reader; beyond, its sequence pauses (others go on) until the reader catches up")
+      ("stream-idle-timeout", po::value(&stream_idle_timeout)->default_value(60), "seconds a paused stream (its reader reads nothing) keeps its KV slot before it is cancelled; 0: until the caller's deadline")
       ("gpu-threads", po::value(&so.gpu_threads)->default_value(1), "threads of the gpu worker")
       ("cpu-threads", po::value(&so.cpu_threads)->default_value(1), "threads of the cpu worker")
       ("kv-type", po::value(&so.kv_type)->default_value("f32"), "KV cache element type: f32 or f16")
@@ -168,6 +171,11 @@ int Main(int argc, char** argv) {
   // last writes: the limit bites only on callers that hold calls open without reading.
   if (max_concurrent == 0) max_concurrent = 2 * (sched.max_queue + sched.kv_slots);
   if (sched.prefill_chunk < 1) return Fail("--prefill-chunk must be >= 1");
+  if (sched.max_pending_messages < 1) return Fail("--max-pending-messages must be >= 1");
+  if (!(stream_idle_timeout >= 0 && stream_idle_timeout <= 86400)) {
+    return Fail("--stream-idle-timeout must be in [0, 86400] seconds");
+  }
+  sched.stream_idle_timeout = absl::Seconds(stream_idle_timeout);
   if (context < 0) return Fail("--context must be >= 0");
   if (so.gpu_threads < 1 || so.cpu_threads < 1) return Fail("--gpu-threads and --cpu-threads must be >= 1");
   if (so.instance.empty()) return Fail("--instance must not be empty");

@@ -61,6 +61,27 @@ void Stream::Push(Event event) {
   cv_.notify_all();
 }
 
+size_t Stream::pending() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return events_.size();
+}
+
+void Stream::SetAbandonHook(std::function<void()> hook) {
+  std::lock_guard<std::mutex> lock(mu_);
+  abandon_hook_ = std::move(hook);
+}
+
+void Stream::Abandon() {
+  std::function<void()> hook;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (abandoned_) return;
+    abandoned_ = true;
+    hook = std::move(abandon_hook_);
+  }
+  if (hook) hook();
+}
+
 struct Scheduler::Sequence {
   Sequence(Job j, const Tokenizer& tok)
       : job(std::move(j)), sampler(job.sampling), text(tok, job.stop), history(job.prompt) {}
@@ -76,6 +97,9 @@ struct Scheduler::Sequence {
   absl::Time started = absl::InfinitePast();      // first prompt position scheduled
   absl::Time first_token = absl::InfinitePast();
   absl::Time last_token = absl::InfinitePast();
+  // Since when the sequence has been left out of the steps because its reader does not read
+  // (InfiniteFuture: it is not).
+  absl::Time stalled_since = absl::InfiniteFuture();
 };
 
 Scheduler::Scheduler(std::unique_ptr<ServingEngine> engine, const Tokenizer& tokenizer,
@@ -252,6 +276,25 @@ void Scheduler::Loop() {
         Retire(*seq);
       }
     }
+    // A reader that has read nothing for stream_idle_timeout loses its sequence, and its call
+    // is cancelled: its handler may be blocked in a write that nothing else would end.
+    const absl::Time now = absl::Now();
+    for (auto& seq : running_) {
+      if (seq->done || options_.stream_idle_timeout <= absl::ZeroDuration() ||
+          now - seq->stalled_since <= options_.stream_idle_timeout) {
+        continue;
+      }
+      Log(Level::kWarn, "stream_abandoned",
+          {{"request_id", seq->job.request_id},
+           {"pending", static_cast<int64_t>(seq->stream->pending())}});
+      Fail(*seq, absl::CancelledError(absl::StrCat(
+                     "the caller read nothing for ",
+                     absl::FormatDuration(options_.stream_idle_timeout),
+                     " (--stream-idle-timeout) with ", seq->stream->pending(),
+                     " messages waiting; the stream is ended and its slot freed")));
+      seq->stream->Abandon();
+      Retire(*seq);
+    }
     if (end_now) {
       EndAll();
       continue;
@@ -275,7 +318,15 @@ void Scheduler::Loop() {
     }
     UpdateGauges();
     if (probe) Probe();
-    Step();
+    if (!Step() && !running_.empty()) {
+      // Every running sequence waits for its reader: nothing to compute until one reads (or
+      // something else happens), so wait a little instead of spinning.
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::milliseconds(10), [&] {
+        return stop_ || probe_requested_ || end_streams_ ||
+               (!waiting_.empty() && !free_slots_.empty());
+      });
+    }
   }
   // Shutting down: every sequence still known ends, so no handler waits forever.
   EndAll();
@@ -312,8 +363,14 @@ bool Scheduler::Step() {
   if (running_.empty()) return false;
   std::vector<BatchEntry> batch;
   std::vector<Sequence*> rows;  // the sequence of each logits row, in order
+  const absl::Time now = absl::Now();
   for (auto& seq : running_) {
     if (seq->prefilled == static_cast<int32_t>(seq->job.prompt.size())) {
+      if (seq->stream->pending() >= static_cast<size_t>(options_.max_pending_messages)) {
+        if (seq->stalled_since == absl::InfiniteFuture()) seq->stalled_since = now;
+        continue;
+      }
+      seq->stalled_since = absl::InfiniteFuture();
       batch.push_back({seq->slot, static_cast<int32_t>(seq->history.size() - 1),
                        seq->history.back(), true});
       rows.push_back(seq.get());
@@ -332,6 +389,7 @@ bool Scheduler::Step() {
     seq->prefilled = end;
     break;
   }
+  if (batch.empty()) return false;  // every sequence waits for its reader
   if (metrics_) metrics_->ObserveBatchSize(static_cast<int64_t>(batch.size()));
   std::vector<float> logits;
   absl::Status status = engine_->Run(batch, logits);

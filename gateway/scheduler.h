@@ -71,13 +71,25 @@ class Stream {
   // Why, for the logs and metrics: CANCELLED or DEADLINE_EXCEEDED.
   absl::Status CancelReason(const char* where) const;
 
+  // Called (once, on the scheduler's thread) when the scheduler gives the stream up while its
+  // handler may be blocked writing to a reader that reads nothing: the handler sets it to
+  // cancel its call (ServerContext::TryCancel), which unblocks the write. Set before the
+  // first Wait.
+  void SetAbandonHook(std::function<void()> hook);
+
   // Scheduler side.
   void Push(Event event);
+  // Events pushed and not yet taken by Wait: what a reader that does not read lets pile up.
+  size_t pending() const;
+  // Runs the abandon hook (if any), once.
+  void Abandon();
 
  private:
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Event> events_;
+  std::function<void()> abandon_hook_;
+  bool abandoned_ = false;
   enum State : int { kLive, kCancelled, kDeadline };
   std::atomic<int> cancelled_{kLive};
 };
@@ -87,6 +99,13 @@ struct SchedulerOptions {
   int32_t max_queue = 64;     // requests waiting for a slot; beyond: RESOURCE_EXHAUSTED
   int32_t kv_slots = 4;       // slots for sequences (the engine has one more: the probe slot)
   int32_t prefill_chunk = 64; // prompt positions per step
+  // Backpressure: a sequence whose caller has this many messages not yet taken off its stream
+  // (a reader that does not read: HTTP/2 window 0) is left out of the steps, so that it
+  // generates nothing more and its buffer stays bounded; the other sequences go on.
+  int32_t max_pending_messages = 16;
+  // A sequence left out that long is ended (CANCELLED, its call cancelled, its slot freed).
+  // Zero: never (the caller's own deadline still applies).
+  absl::Duration stream_idle_timeout = absl::Seconds(60);
 };
 
 // Health as the scheduler sees it: called with false when a worker is down or recovering and

@@ -61,6 +61,9 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* context,
   }
   auto stream = scheduler->Submit(*std::move(job));
   if (!stream.ok()) return ToGrpc(stream.status());
+  // A reader that reads nothing keeps Write below blocked; when the scheduler gives the
+  // stream up (--stream-idle-timeout) cancelling the call is what ends that write.
+  (*stream)->SetAbandonHook([context] { context->TryCancel(); });
   std::vector<Stream::Event> events;
   while (true) {
     // Short waits so that a cancelled call or a passed deadline is seen promptly and the

@@ -26,6 +26,9 @@ PACKAGES=(
   # The Python client test (tests/e2e/python/): gRPC and protobuf for /usr/bin/python3; the
   # message classes come from protobuf-compiler above (3.21, as python3-protobuf).
   python3-grpcio python3-protobuf
+  # HTTP/2 by hand for the slow-reader test (tests/e2e/python/slow_reader_test.py): a client
+  # that announces a zero flow-control window, which no gRPC library lets a caller do.
+  python3-h2
   # nlohmann/json (header-only): chat templates' values (shared/chat/) and the tests reading the
   # reference data's JSON indexes (tests/unit/dequant_reference_test.cc). ICU: Unicode case
   # mapping in chat templates (and WordPiece, above). Python's Jinja2: the reference the

@@ -20,6 +20,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -682,6 +683,47 @@ TEST(SchedulerPolicy, DeadWorkerWhileIdleIsProbedOnTheProbeSlot) {
   }
   int status = 0;
   waitpid(child, &status, 0);
+}
+
+}  // namespace
+}  // namespace thermocline::gateway
+
+namespace thermocline::gateway {
+namespace {
+
+// Backpressure: a stream nobody reads stops being decoded once max_pending_messages wait on it
+// (its buffer stays bounded: before, it was generated to the end and buffered), while a stream
+// that is read runs to its end; after stream_idle_timeout the unread one ends CANCELLED, its
+// abandon hook runs (the handler cancels its call there) and its slot is free again.
+TEST(SchedulerBackpressure, AReaderThatDoesNotReadPausesOnlyItsSequenceThenIsCancelled) {
+  SchedulerOptions o;
+  o.max_batch = 2;
+  o.kv_slots = 2;
+  o.max_pending_messages = 4;
+  o.stream_idle_timeout = absl::Milliseconds(500);
+  Harness h(o);
+  std::atomic<bool> abandoned{false};
+  std::shared_ptr<Stream> unread = h.Submit(MakeJob(Bytes("a"), 200));
+  unread->SetAbandonHook([&] { abandoned.store(true); });
+  const Outcome read = Collect(*h.Submit(MakeJob(Bytes("b"), 100)));
+  EXPECT_EQ(read.tokens.size(), 100u) << "the reading stream was held up";
+  // Nothing read yet: the events waiting are bounded by max_pending_messages.
+  EXPECT_LE(unread->pending(), static_cast<size_t>(o.max_pending_messages) + 1);
+  // Still not reading: the scheduler gives it up once it has been paused for the timeout.
+  const auto give_up = std::chrono::steady_clock::now() + kSafety;
+  while (!abandoned.load() && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(abandoned.load()) << "the handler was never told to cancel its call";
+  const Outcome gone = Collect(*unread);
+  EXPECT_EQ(gone.error.code(), absl::StatusCode::kCancelled) << gone.error;
+  EXPECT_NE(std::string(gone.error.message()).find("--stream-idle-timeout"), std::string::npos)
+      << gone.error;
+  EXPECT_LE(gone.tokens.size(), static_cast<size_t>(o.max_pending_messages));
+  EXPECT_FALSE(gone.final.has_value());
+  // Its slot went back: two more requests run (they would wait forever on a leaked slot).
+  EXPECT_EQ(Collect(*h.Submit(MakeJob(Bytes("c"), 3))).tokens.size(), 3u);
+  EXPECT_EQ(Collect(*h.Submit(MakeJob(Bytes("d"), 3))).tokens.size(), 3u);
 }
 
 }  // namespace
