@@ -3,7 +3,8 @@
 // the test renders (shared/chat) and tokenizes itself; the errors (no template, a template
 // that fails or raises, bad JSON, bad roles) name what is wrong; Tokenize's parse_special and
 // GetModelInfo's tokenizer fields on models whose vocabularies have control tokens
-// (synth --tokenizer-from).
+// (synth --tokenizer-from); and `thermocline chat --server` over a pipe.
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -326,6 +327,38 @@ TEST(GatewayChat, StoriesModelInfoHasNoTemplate) {
   // stories260K's <s> is a control token: parsed only with parse_special.
   EXPECT_EQ(Ids(Tokenize(gw, "<s>", true)), std::vector<int32_t>{1});
   EXPECT_NE(Ids(Tokenize(gw, "<s>", false)), std::vector<int32_t>{1});
+}
+
+// `thermocline chat --server` over a pipe: each line is a turn, each reply the text of the Chat
+// call on the conversation so far.
+TEST(GatewayChat, ChatCommandOverTheServer) {
+  Gateway gw(Unique("command"));
+  const std::string dir = TempDir();
+  const std::string tmpl = dir + "/chat.jinja", input = dir + "/turns.txt";
+  for (const auto& [path, text] : {std::pair<std::string, std::string>{tmpl, kTemplate},
+                                   {input, "Once upon a time\nWhat did the dog do?\n/exit\nignored\n"}}) {
+    FILE* f = std::fopen(path.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    std::fwrite(text.data(), 1, text.size(), f);
+    std::fclose(f);
+  }
+  const CommandResult r = RunCommand(
+      {"/bin/sh", "-c",
+       absl::StrCat(BinDir(), "/thermocline chat --server ", gw.address(), " --template ", tmpl,
+                    " --system 'You tell stories.' -n 24 -t 0 < ", input)});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<Msg> convo = {{"system", "You tell stories."}, {"user", "Once upon a time"}};
+  std::string want;
+  for (const char* next : {"What did the dog do?", ""}) {
+    v1::ChatRequest req = ChatOf(convo, 24);
+    req.set_chat_template(kTemplate);
+    const Completion c = gw.Chat(req);
+    ASSERT_TRUE(c.status.ok()) << c.status.error_message();
+    want += c.text + "\n";
+    convo.push_back({"assistant", c.text});
+    convo.push_back({"user", next});
+  }
+  EXPECT_EQ(r.out, want);
 }
 
 }  // namespace
