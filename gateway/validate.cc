@@ -4,6 +4,7 @@
 #include <cmath>
 #include <random>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 
@@ -274,9 +275,10 @@ absl::StatusOr<Job> ValidateChat(const v1::ChatRequest& r, const RequestLimits& 
     const std::string at = absl::StrCat("messages[", i, "]");
     static constexpr const char* kRoles[] = {"system", "user", "assistant", "tool"};
     if (std::find(std::begin(kRoles), std::end(kRoles), m.role()) == std::end(kRoles)) {
-      // The role is not echoed: it may be anything, and it goes into the log line.
-      return Bad(absl::StrCat(at, ".role must be system, user, assistant or tool (got ",
-                              m.role().size(), " bytes of something else)"));
+      // Escaped and cut short: it may be anything, and it goes into the log line.
+      return Bad(absl::StrCat(at, ".role must be system, user, assistant or tool, got \"",
+                              absl::CHexEscape(m.role().substr(0, 32)),
+                              m.role().size() > 32 ? "...\"" : "\""));
     }
     Json msg = Json::object();
     msg["role"] = m.role();

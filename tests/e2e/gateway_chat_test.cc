@@ -163,7 +163,7 @@ TEST(GatewayChat, ErrorsNameTheProblem) {
       {"tool_calls not an array", [](auto& r) { r.mutable_messages(0)->set_tool_calls("{\"id\": 1}"); },
        StatusCode::INVALID_ARGUMENT, "messages[0].tool_calls must be a JSON array"},
       {"unknown role", [](auto& r) { r.mutable_messages(0)->set_role("wizard"); },
-       StatusCode::INVALID_ARGUMENT, "messages[0].role"},
+       StatusCode::INVALID_ARGUMENT, "messages[0].role must be system, user, assistant or tool, got \"wizard\""},
       {"no messages", [](auto& r) { r.clear_messages(); },
        StatusCode::INVALID_ARGUMENT, "messages must hold at least one"},
       {"too many messages", [](auto& r) { for (int i = 0; i < 1100; ++i) *r.add_messages() = r.messages(0); },
