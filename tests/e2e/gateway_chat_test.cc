@@ -150,6 +150,11 @@ TEST(GatewayChat, ErrorsNameTheProblem) {
        StatusCode::INVALID_ARGUMENT, "chat_template"},
       {"template renders nothing", [](auto& r) { r.set_chat_template("{# nothing #}"); },
        StatusCode::INVALID_ARGUMENT, "empty prompt"},
+      {"rendering past the gateway's 1 MiB output limit", [](auto& r) { r.set_chat_template("{{ 'x' * 1100000 }}"); },
+       StatusCode::INVALID_ARGUMENT, "template output is longer than 1048576"},
+      {"rendering past the step limit", [](auto& r) {
+         r.set_chat_template("{% for i in range(100000) %}{% for j in range(100) %}{% endfor %}{% endfor %}x");
+       }, StatusCode::INVALID_ARGUMENT, "steps"},
       {"kwargs not JSON", [](auto& r) { r.set_template_kwargs("{greeting: hi}"); },
        StatusCode::INVALID_ARGUMENT, "template_kwargs is not valid JSON"},
       {"kwargs not an object", [](auto& r) { r.set_template_kwargs("[1, 2]"); },
