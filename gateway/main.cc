@@ -29,8 +29,10 @@
 #include "gateway/service.h"
 #include "gateway/split_serving_engine.h"
 #include "shared/driver/split_engine.h"
+#include "shared/gguf/gguf.h"
 #include "shared/model/model.h"
 #include "shared/sparsity/sparsity_options.h"
+#include "shared/tokenizer/chat_prompt.h"
 #include "shared/util/version.h"
 
 namespace thermocline::gateway {
@@ -275,7 +277,16 @@ int Main(int argc, char** argv) {
   info.set_hot_fraction(so.hot_fraction.value_or(0));
   info.set_plan(so.plan_path);
   info.set_workers(workers);
-  GenerationService service(tokenizer, limits, info);
+  // Chat's template and the BOS/EOS texts it is rendered with, from the header as well.
+  auto header = GgufFile::OpenHeader(model_path);
+  if (!header.ok()) return Fail(absl::StrCat("--model: ", header.status().message()));
+  ModelChat model_chat = PrepareModelChat(info.model(), ReadModelChatTemplate(**header));
+  header->reset();
+  if (!model_chat.parse_error.ok()) {
+    Log(Level::kWarn, "chat_template_unusable",
+        {{"error", std::string(model_chat.parse_error.message())}});
+  }
+  GenerationService service(tokenizer, limits, info, std::move(model_chat));
   service.SetAuthToken(auth_token);
   service.SetMaxConcurrent(max_concurrent);
 

@@ -15,9 +15,43 @@ grpc::Status ToGrpc(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
+namespace {
+
+// ModelInfo's tokenizer fields, from the tokenizer itself.
+v1::ModelInfo WithTokenizerInfo(v1::ModelInfo info, const Tokenizer& tok, const ModelChat& chat,
+                                const RequestLimits& limits) {
+  switch (tok.kind()) {
+    case TokenizerKind::kSentencePiece: info.set_tokenizer_kind("spm"); break;
+    case TokenizerKind::kBpe: info.set_tokenizer_kind("bpe"); break;
+    case TokenizerKind::kWordPiece: info.set_tokenizer_kind("wpm"); break;
+  }
+  info.set_tokenizer_pre(tok.kind() == TokenizerKind::kBpe ? tok.pre() : "");
+  auto special = [&tok](int32_t id, v1::SpecialToken* out) {
+    out->set_id(id);
+    out->set_text(tok.piece(id));
+  };
+  auto valid = [&tok](int32_t id) { return id >= 0 && id < tok.vocab_size(); };
+  if (valid(tok.bos())) special(tok.bos(), info.mutable_bos_token());
+  if (valid(tok.eos())) special(tok.eos(), info.mutable_eos_token());
+  if (valid(tok.eot())) special(tok.eot(), info.mutable_eot_token());
+  if (valid(tok.eom())) special(tok.eom(), info.mutable_eom_token());
+  for (int32_t id : tok.eog_ids()) {
+    if (valid(id)) special(id, info.add_eog_tokens());
+  }
+  info.set_has_chat_template(chat.has_template);
+  info.set_max_chat_messages(limits.max_chat_messages);
+  info.set_max_chat_template_bytes(limits.max_chat_template_bytes);
+  return info;
+}
+
+}  // namespace
+
 GenerationService::GenerationService(const Tokenizer& tokenizer, RequestLimits limits,
-                                     v1::ModelInfo info)
-    : tokenizer_(tokenizer), limits_(limits), info_(std::move(info)) {}
+                                     v1::ModelInfo info, ModelChat model_chat)
+    : tokenizer_(tokenizer),
+      limits_(limits),
+      info_(WithTokenizerInfo(std::move(info), tokenizer, model_chat, limits)),
+      model_chat_(std::move(model_chat)) {}
 
 grpc::Status GenerationService::Authorize(const grpc::ServerContextBase* context) const {
   if (auth_token_.empty()) return grpc::Status::OK;
@@ -32,6 +66,20 @@ grpc::Status GenerationService::Authorize(const grpc::ServerContextBase* context
 grpc::Status GenerationService::Generate(grpc::ServerContext* context,
                                          const v1::GenerateRequest* request,
                                          grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  return Serve(context, request->request_id(),
+               [&] { return ValidateGenerate(*request, limits_, tokenizer_); }, writer);
+}
+
+grpc::Status GenerationService::Chat(grpc::ServerContext* context,
+                                     const v1::ChatRequest* request,
+                                     grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  return Serve(context, request->request_id(),
+               [&] { return ValidateChat(*request, limits_, tokenizer_, model_chat_); }, writer);
+}
+
+grpc::Status GenerationService::Serve(grpc::ServerContext* context, const std::string& request_id,
+                                      const std::function<absl::StatusOr<Job>()>& validate,
+                                      grpc::ServerWriter<v1::GenerateResponse>* writer) {
   const absl::Time arrival = absl::Now();
   if (grpc::Status a = Authorize(context); !a.ok()) return a;
   const int32_t in_flight = in_flight_.fetch_add(1) + 1;
@@ -41,12 +89,13 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* context,
   } leave{in_flight_};
   if (max_concurrent_ > 0 && in_flight > max_concurrent_) {
     return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                        absl::StrCat("too many Generate calls in flight: ", max_concurrent_,
+                        absl::StrCat("too many Generate and Chat calls in flight: ",
+                                     max_concurrent_,
                                      " (--max-concurrent) are being served; retry later"));
   }
-  auto job = ValidateGenerate(*request, limits_, tokenizer_);
+  auto job = validate();
   if (!job.ok()) {
-    Log(Level::kInfo, "request_refused", {{"request_id", request->request_id()},
+    Log(Level::kInfo, "request_refused", {{"request_id", request_id},
                                           {"error", std::string(job.status().message())}});
     return ToGrpc(job.status());
   }
@@ -131,7 +180,10 @@ grpc::Status GenerationService::DoTokenize(const v1::TokenizeRequest& request,
                                            v1::TokenizeResponse* response) {
   if (absl::Status s = ValidateTokenize(request, limits_); !s.ok()) return ToGrpc(s);
   const Tokenizer& tok = tokenizer_;
-  for (int32_t id : tok.Encode(request.text(), request.add_bos())) {
+  std::vector<int32_t> ids =
+      tok.Encode(request.text(), EncodeOptions{.parse_special = request.parse_special()});
+  if (request.add_bos() && tok.bos() >= 0) ids.insert(ids.begin(), tok.bos());
+  for (int32_t id : ids) {
     response->add_token_ids(id);
     response->add_pieces(tok.piece(id));
   }

@@ -4,11 +4,12 @@
 // The unary methods are registered raw (their request's bytes): gRPC's generated unary handlers
 // parse through protobuf::MessageLite, past proto/request_serialization.h, and would answer a
 // request with invalid UTF-8 in a string field INTERNAL with no details. Parsed here with
-// DeserializeRequest, it is INVALID_ARGUMENT naming the field. Generate (server streaming)
-// parses through the specialization in that header.
+// DeserializeRequest, it is INVALID_ARGUMENT naming the field. Generate and Chat (server
+// streaming) parse through the specializations in that header.
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -35,11 +36,18 @@ class GenerationService final
   grpc::Status DoDetokenize(const v1::DetokenizeRequest& request,
                             v1::DetokenizeResponse* response);
   grpc::Status DoGetModelInfo(const v1::GetModelInfoRequest& request, v1::ModelInfo* response);
+  // Generate and Chat after parsing: admission (--max-concurrent), `validate` (which builds the
+  // Job), the scheduler, and the stream back to the caller.
+  grpc::Status Serve(grpc::ServerContext* context, const std::string& request_id,
+                     const std::function<absl::StatusOr<Job>()>& validate,
+                     grpc::ServerWriter<v1::GenerateResponse>* writer);
 
  public:
-  // `model` (for the tokenizer and shapes) must outlive the service; `info` is what
-  // GetModelInfo answers.
-  GenerationService(const Tokenizer& tokenizer, RequestLimits limits, v1::ModelInfo info);
+  // `tokenizer` must outlive the service; `info` is what GetModelInfo answers, completed here
+  // with the tokenizer's kind and special tokens, whether `model_chat` has a template, and the
+  // chat limits. `model_chat`: the model's chat template (PrepareModelChat).
+  GenerationService(const Tokenizer& tokenizer, RequestLimits limits, v1::ModelInfo info,
+                    ModelChat model_chat);
 
   // Set once the model is loaded and the workers are ready; until then Generate answers
   // UNAVAILABLE ("loading"). The scheduler must outlive the server's handlers.
@@ -57,6 +65,8 @@ class GenerationService final
 
   grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
                         grpc::ServerWriter<v1::GenerateResponse>* writer) override;
+  grpc::Status Chat(grpc::ServerContext* context, const v1::ChatRequest* request,
+                    grpc::ServerWriter<v1::GenerateResponse>* writer) override;
   grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
                                      const grpc::ByteBuffer* request,
                                      grpc::ByteBuffer* response) override;
@@ -71,6 +81,7 @@ class GenerationService final
   const Tokenizer& tokenizer_;
   const RequestLimits limits_;
   const v1::ModelInfo info_;
+  const ModelChat model_chat_;
   std::string auth_token_;
   std::atomic<Scheduler*> scheduler_{nullptr};
   std::atomic<uint64_t> next_id_{1};

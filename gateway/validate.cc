@@ -1,9 +1,12 @@
 #include "gateway/validate.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
 
 namespace thermocline::gateway {
 namespace {
@@ -53,39 +56,12 @@ bool IsValidUtf8(std::string_view s) {
   return true;
 }
 
-absl::StatusOr<Job> ValidateGenerate(const v1::GenerateRequest& r, const RequestLimits& limits,
-                                     const Tokenizer& tokenizer) {
-  Job job;
-  switch (r.prompt_case()) {
-    case v1::GenerateRequest::kText:
-      if (r.text().empty()) return Bad("prompt text must not be empty");
-      if (r.text().size() > static_cast<size_t>(limits.max_prompt_bytes)) {
-        return Bad(absl::StrCat("prompt text must be at most ", limits.max_prompt_bytes,
-                                " bytes, got ", r.text().size()));
-      }
-      if (!IsValidUtf8(r.text())) return Bad("prompt text must be valid UTF-8");
-      // BOS (and EOS) as the vocabulary says, as llama.cpp does (gpt-2-style BPE adds none).
-      job.prompt = tokenizer.Encode(r.text(), EncodeOptions{.add_special = true});
-      break;
-    case v1::GenerateRequest::kTokenIds: {
-      const auto& ids = r.token_ids().ids();
-      if (ids.empty()) return Bad("prompt token_ids must not be empty");
-      if (ids.size() > limits.context) {
-        return Bad(absl::StrCat("prompt token_ids has ", ids.size(),
-                                " tokens, more than the context of ", limits.context));
-      }
-      for (int i = 0; i < ids.size(); ++i) {
-        if (ids[i] < 0 || ids[i] >= limits.vocab_size) {
-          return Bad(absl::StrCat("prompt token_ids[", i, "] must be in [0, ", limits.vocab_size,
-                                  "), got ", ids[i]));
-        }
-      }
-      job.prompt.assign(ids.begin(), ids.end());
-      break;
-    }
-    default:
-      return Bad("prompt is required: set text or token_ids");
-  }
+namespace {
+
+// Fields 3 to 17, which GenerateRequest and ChatRequest share (same numbers and meaning), into
+// `job`, whose prompt is already set.
+template <class Request>
+absl::Status CheckGenerationFields(const Request& r, const RequestLimits& limits, Job& job) {
   const int64_t n_prompt = static_cast<int64_t>(job.prompt.size());
   if (r.max_new_tokens() < 1) {
     return Bad(absl::StrCat("max_new_tokens must be >= 1, got ", r.max_new_tokens()));
@@ -192,6 +168,215 @@ absl::StatusOr<Job> ValidateGenerate(const v1::GenerateRequest& r, const Request
     }
   }
   job.request_id = r.request_id();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Job> ValidateGenerate(const v1::GenerateRequest& r, const RequestLimits& limits,
+                                     const Tokenizer& tokenizer) {
+  Job job;
+  switch (r.prompt_case()) {
+    case v1::GenerateRequest::kText:
+      if (r.text().empty()) return Bad("prompt text must not be empty");
+      if (r.text().size() > static_cast<size_t>(limits.max_prompt_bytes)) {
+        return Bad(absl::StrCat("prompt text must be at most ", limits.max_prompt_bytes,
+                                " bytes, got ", r.text().size()));
+      }
+      if (!IsValidUtf8(r.text())) return Bad("prompt text must be valid UTF-8");
+      // BOS (and EOS) as the vocabulary says, as llama.cpp does (gpt-2-style BPE adds none).
+      job.prompt = tokenizer.Encode(r.text(), EncodeOptions{.add_special = true});
+      break;
+    case v1::GenerateRequest::kTokenIds: {
+      const auto& ids = r.token_ids().ids();
+      if (ids.empty()) return Bad("prompt token_ids must not be empty");
+      if (ids.size() > limits.context) {
+        return Bad(absl::StrCat("prompt token_ids has ", ids.size(),
+                                " tokens, more than the context of ", limits.context));
+      }
+      for (int i = 0; i < ids.size(); ++i) {
+        if (ids[i] < 0 || ids[i] >= limits.vocab_size) {
+          return Bad(absl::StrCat("prompt token_ids[", i, "] must be in [0, ", limits.vocab_size,
+                                  "), got ", ids[i]));
+        }
+      }
+      job.prompt.assign(ids.begin(), ids.end());
+      break;
+    }
+    default:
+      return Bad("prompt is required: set text or token_ids");
+  }
+  TC_CHECK_OK(CheckGenerationFields(r, limits, job));
+  return job;
+}
+
+ModelChat PrepareModelChat(const std::string& model_name, const ModelChatTemplate& source) {
+  ModelChat mc;
+  mc.model = model_name;
+  mc.has_template = source.source.has_value();
+  mc.bos_token = source.bos_token;
+  mc.eos_token = source.eos_token;
+  if (mc.has_template) {
+    absl::StatusOr<chat::ChatTemplate> parsed = chat::ChatTemplate::Parse(*source.source);
+    if (parsed.ok()) {
+      mc.parsed = *std::move(parsed);
+    } else {
+      mc.parse_error = parsed.status();
+    }
+  }
+  return mc;
+}
+
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+// `text` as JSON: INVALID_ARGUMENT naming `field` when it does not parse or nests deeper than
+// the limit (the template's values are built recursively, so depth is bounded first).
+absl::StatusOr<Json> ParseJsonField(const std::string& field, const std::string& text,
+                                    const RequestLimits& limits) {
+  int deepest = 0;
+  const Json::parser_callback_t depth = [&](int d, Json::parse_event_t, Json&) {
+    deepest = std::max(deepest, d);
+    return d <= limits.max_json_depth;  // deeper values are dropped, then refused below
+  };
+  Json j;
+  try {
+    j = Json::parse(text, depth);
+  } catch (const Json::exception& e) {
+    return Bad(absl::StrCat(field, " is not valid JSON: ", e.what()));
+  }
+  if (deepest > limits.max_json_depth) {
+    return Bad(absl::StrCat(field, " nests deeper than ", limits.max_json_depth, " levels"));
+  }
+  return j;
+}
+
+// A string field of a chat message, checked and counted against the request's byte budget.
+absl::Status CheckChatString(const std::string& field, const std::string& s, size_t* total) {
+  if (!IsValidUtf8(s)) return Bad(absl::StrCat(field, " must be valid UTF-8"));
+  *total += s.size();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Job> ValidateChat(const v1::ChatRequest& r, const RequestLimits& limits,
+                                 const Tokenizer& tokenizer, const ModelChat& model_chat) {
+  if (r.messages_size() == 0) return Bad("messages must hold at least one message");
+  if (r.messages_size() > limits.max_chat_messages) {
+    return Bad(absl::StrCat("messages must hold at most ", limits.max_chat_messages,
+                            " messages, got ", r.messages_size()));
+  }
+  size_t total = 0;
+  chat::ChatTemplateInputs in;
+  for (int i = 0; i < r.messages_size(); ++i) {
+    const v1::ChatMessage& m = r.messages(i);
+    const std::string at = absl::StrCat("messages[", i, "]");
+    static constexpr const char* kRoles[] = {"system", "user", "assistant", "tool"};
+    if (std::find(std::begin(kRoles), std::end(kRoles), m.role()) == std::end(kRoles)) {
+      // Escaped and cut short: it may be anything, and it goes into the log line.
+      return Bad(absl::StrCat(at, ".role must be system, user, assistant or tool, got \"",
+                              absl::CHexEscape(m.role().substr(0, 32)),
+                              m.role().size() > 32 ? "...\"" : "\""));
+    }
+    Json msg = Json::object();
+    msg["role"] = m.role();
+    if (m.has_content()) {
+      TC_CHECK_OK(CheckChatString(at + ".content", m.content(), &total));
+      msg["content"] = m.content();
+    } else {
+      msg["content"] = nullptr;
+    }
+    if (m.has_name()) {
+      TC_CHECK_OK(CheckChatString(at + ".name", m.name(), &total));
+      msg["name"] = m.name();
+    }
+    if (m.has_tool_call_id()) {
+      TC_CHECK_OK(CheckChatString(at + ".tool_call_id", m.tool_call_id(), &total));
+      msg["tool_call_id"] = m.tool_call_id();
+    }
+    if (!m.tool_calls().empty()) {
+      TC_CHECK_OK(CheckChatString(at + ".tool_calls", m.tool_calls(), &total));
+      if (total > static_cast<size_t>(limits.max_prompt_bytes)) break;  // refused below
+      absl::StatusOr<Json> calls = ParseJsonField(at + ".tool_calls", m.tool_calls(), limits);
+      if (!calls.ok()) return calls.status();
+      if (!calls->is_array()) return Bad(at + ".tool_calls must be a JSON array");
+      msg["tool_calls"] = *std::move(calls);
+    }
+    in.messages.push_back(std::move(msg));
+  }
+  if (!r.tools().empty()) TC_CHECK_OK(CheckChatString("tools", r.tools(), &total));
+  if (!r.template_kwargs().empty()) {
+    TC_CHECK_OK(CheckChatString("template_kwargs", r.template_kwargs(), &total));
+  }
+  if (total > static_cast<size_t>(limits.max_prompt_bytes)) {
+    return Bad(absl::StrCat("the conversation (messages, tools and template_kwargs) must be at "
+                            "most ",
+                            limits.max_prompt_bytes, " bytes, got ", total, " or more"));
+  }
+  if (!r.tools().empty()) {
+    absl::StatusOr<Json> tools = ParseJsonField("tools", r.tools(), limits);
+    if (!tools.ok()) return tools.status();
+    if (!tools->is_array()) return Bad("tools must be a JSON array");
+    in.tools = *std::move(tools);
+  }
+  if (!r.template_kwargs().empty()) {
+    absl::StatusOr<Json> kwargs = ParseJsonField("template_kwargs", r.template_kwargs(), limits);
+    if (!kwargs.ok()) return kwargs.status();
+    if (!kwargs->is_object()) return Bad("template_kwargs must be a JSON object");
+    in.extra = *std::move(kwargs);
+  }
+  in.add_generation_prompt = !r.has_add_generation_prompt() || r.add_generation_prompt();
+  in.bos_token = model_chat.bos_token;
+  in.eos_token = model_chat.eos_token;
+
+  // The template: the request's, else the model's.
+  std::optional<chat::ChatTemplate> own;
+  const chat::ChatTemplate* tmpl = nullptr;
+  if (r.has_chat_template()) {
+    const std::string& source = r.chat_template();
+    if (source.size() > static_cast<size_t>(limits.max_chat_template_bytes)) {
+      return Bad(absl::StrCat("chat_template must be at most ", limits.max_chat_template_bytes,
+                              " bytes, got ", source.size()));
+    }
+    if (!IsValidUtf8(source)) return Bad("chat_template must be valid UTF-8");
+    absl::StatusOr<chat::ChatTemplate> parsed = chat::ChatTemplate::Parse(source);
+    if (!parsed.ok()) return Bad(absl::StrCat("chat_template: ", parsed.status().message()));
+    own = *std::move(parsed);
+    tmpl = &*own;
+  } else if (model_chat.parsed.has_value()) {
+    tmpl = &*model_chat.parsed;
+  } else if (model_chat.has_template) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the chat template of model ", model_chat.model,
+        " does not parse (pass chat_template in the request): ", model_chat.parse_error.message()));
+  } else {
+    return absl::FailedPreconditionError(
+        absl::StrCat("model ", model_chat.model,
+                     " has no chat template (tokenizer.chat_template); pass chat_template in "
+                     "the request"));
+  }
+  absl::StatusOr<std::string> prompt = tmpl->Render(in, limits.render);
+  if (!prompt.ok()) {
+    // The template's own raise_exception (FAILED_PRECONDITION from the renderer) is also the
+    // request's fault: its conversation is one the template refuses.
+    return Bad(std::string(prompt.status().message()));
+  }
+  if (prompt->empty()) return Bad("the chat template rendered an empty prompt");
+
+  Job job;
+  job.prompt = EncodeChatPrompt(tokenizer, *prompt);
+  if (job.prompt.empty()) return Bad("the rendered prompt has no tokens");
+  TC_CHECK_OK(CheckGenerationFields(r, limits, job));
+  if (!job.ignore_eos) {
+    for (int32_t id : tokenizer.eog_ids()) {
+      if (std::find(job.stop_token_ids.begin(), job.stop_token_ids.end(), id) ==
+          job.stop_token_ids.end()) {
+        job.stop_token_ids.push_back(id);
+      }
+    }
+  }
   return job;
 }
 

@@ -9,7 +9,8 @@
 // but refuse such a request with INVALID_ARGUMENT naming the field ("stop[1] must be valid
 // UTF-8 ..."), and a request that is not protobuf at all with INVALID_ARGUMENT naming the type.
 //
-// Only GenerateRequest is specialized: generated unary handlers parse through the base
+// Only the streaming calls' requests (GenerateRequest, ChatRequest) are specialized: generated
+// unary handlers parse through the base
 // protobuf::MessageLite, which cannot be specialized for one service without changing every
 // other (health, reflection) in the same binary, so the gateway registers its unary methods
 // raw and calls DeserializeRequest itself (gateway/service.h).
@@ -46,5 +47,9 @@ namespace grpc {
 template <>
 class SerializationTraits<thermocline::v1::GenerateRequest, void>
     : public thermocline::v1::RequestSerializationTraits<thermocline::v1::GenerateRequest> {};
+
+template <>
+class SerializationTraits<thermocline::v1::ChatRequest, void>
+    : public thermocline::v1::RequestSerializationTraits<thermocline::v1::ChatRequest> {};
 
 }  // namespace grpc

@@ -25,6 +25,7 @@
 #include "shared/tokenizer/tokenizer.h"
 #include "shared/util/cpu_features.h"
 #include "tools/command.h"
+#include "tools/generation_flags.h"
 #include "tools/grpc_client.h"
 
 namespace thermocline::tools {
@@ -116,18 +117,7 @@ int RunServer(const std::string& address, const std::string& prompt, int32_t max
   v1::GenerateRequest req;
   req.set_text(prompt);
   req.set_max_new_tokens(max_new_tokens);
-  // Every sampling field is sent, defaults included, so that the server's own defaults never
-  // make a --server run differ from a local one with the same flags.
-  req.set_temperature(sp.temperature);
-  req.set_top_k(sp.top_k);
-  req.set_top_p(sp.top_p);
-  req.set_min_p(sp.min_p);
-  req.set_repetition_penalty(sp.repetition_penalty);
-  req.set_presence_penalty(sp.presence_penalty);
-  req.set_frequency_penalty(sp.frequency_penalty);
-  // Unset unless --seed was given: the gateway then draws one and reports it in the Final, as
-  // the proto promises (a fixed default would make every unseeded request sample alike).
-  if (seed_given) req.set_seed(sp.seed);
+  SetSamplingFields(sp, seed_given, req);
   for (const std::string& stop : stops) req.add_stop(stop);
   req.set_ignore_eos(ignore_eos);
   if (logprobs.has_value()) {
@@ -226,16 +216,9 @@ int RunGenerate(const std::vector<std::string>& args) {
   opts.add_options()
       ("model,m", po::value(&model_path), "model file (GGUF); required unless --server")
       ("prompt,p", po::value(&prompt)->default_value(""), "prompt text (BOS first when the vocabulary says so)")
-      ("max-new-tokens,n", po::value(&max_new_tokens)->default_value(128), "tokens to generate at most")
-      ("temperature,t", po::value(&sp.temperature)->default_value(0.8f, "0.8"), "0 = greedy")
-      ("top-k", po::value(&sp.top_k)->default_value(40), "keep the k most likely tokens (0 = off)")
-      ("top-p", po::value(&sp.top_p)->default_value(0.95f, "0.95"), "nucleus sampling mass (1 = off)")
-      ("min-p", po::value(&sp.min_p)->default_value(0.05f, "0.05"), "drop tokens below min-p * p(top) (0 = off)")
-      ("repeat-penalty", po::value(&sp.repetition_penalty)->default_value(1.0f, "1.0"), "repetition penalty (1 = off)")
-      ("presence-penalty", po::value(&sp.presence_penalty)->default_value(0.0f, "0"), "presence penalty")
-      ("frequency-penalty", po::value(&sp.frequency_penalty)->default_value(0.0f, "0"), "frequency penalty")
-      ("penalty-window", po::value(&sp.penalty_window)->default_value(64), "tokens the penalties look back over")
-      ("seed", po::value(&sp.seed)->default_value(0), "random seed (same seed, same output)")
+      ("max-new-tokens,n", po::value(&max_new_tokens)->default_value(128), "tokens to generate at most");
+  AddSamplingOptions(opts, sp);
+  opts.add_options()
       ("threads", po::value(&threads)->default_value(0), "CPU threads (0 = all cores)")
       ("context", po::value(&context)->default_value(0), "KV cache positions (0 = prompt + max-new-tokens)")
       ("kv-type", po::value(&kv_type)->default_value("f32"), "KV cache element type: f32 or f16")
@@ -255,7 +238,7 @@ int RunGenerate(const std::vector<std::string>& args) {
       ("worker-log", po::value(&so.log_path), "append the workers' output here (default: stderr)");
   opts.add(split_opts);
   std::string server, request_id;
-  std::string tls_ca, tls_cert, tls_key, auth_token_file;
+  ClientSecurityFlags sec;
   std::vector<std::string> stops;
   int32_t logprobs = 0;
   double wait_ready_seconds = 0;
@@ -265,11 +248,8 @@ int RunGenerate(const std::vector<std::string>& args) {
       ("stop", po::value(&stops)->composing(), "stop string (repeatable); the text ends before it")
       ("logprobs", po::value(&logprobs), "print each token's log-probability and the N most likely alternatives to stderr")
       ("request-id", po::value(&request_id), "request id for the gateway's logs (default: one it makes)")
-      ("wait-ready", po::value(&wait_ready_seconds), "retry up to this many seconds while the gateway answers UNAVAILABLE (starting)")
-      ("tls-ca", po::value(&tls_ca), "connect over TLS, trusting this PEM CA (default with --tls-cert: the system's roots)")
-      ("tls-cert", po::value(&tls_cert), "mutual TLS: this PEM client certificate (with --tls-key)")
-      ("tls-key", po::value(&tls_key), "mutual TLS: the PEM private key of --tls-cert")
-      ("auth-token-file", po::value(&auth_token_file), "send 'authorization: Bearer <first line of this file>'");
+      ("wait-ready", po::value(&wait_ready_seconds), "retry up to this many seconds while the gateway answers UNAVAILABLE (starting)");
+  AddClientSecurityOptions(server_opts, sec);
   opts.add(server_opts);
   po::positional_options_description pos;
   po::variables_map vm;
@@ -299,7 +279,7 @@ int RunGenerate(const std::vector<std::string>& args) {
     }
     if (absl::Status s = ValidateSamplingParams(sp); !s.ok()) return fail(std::string(s.message()));
     absl::StatusOr<ClientSecurity> security =
-        LoadClientSecurity(tls_ca, tls_cert, tls_key, auth_token_file);
+        LoadClientSecurity(sec.tls_ca, sec.tls_cert, sec.tls_key, sec.auth_token_file);
     if (!security.ok()) return fail(std::string(security.status().message()));
     return RunServer(server, prompt, max_new_tokens, sp, ignore_eos, stops,
                      vm.count("logprobs") ? std::optional<int32_t>(logprobs) : std::nullopt,

@@ -12,6 +12,7 @@
 #include "nlohmann/json.hpp"
 #include "shared/chat/chat_template.h"
 #include "shared/gguf/gguf.h"
+#include "shared/tokenizer/chat_prompt.h"
 #include "tools/command.h"
 
 namespace thermocline::tools {
@@ -35,17 +36,6 @@ absl::StatusOr<nlohmann::ordered_json> ReadJson(const std::string& path, const s
     return absl::InvalidArgumentError(
         absl::StrCat(what, " ", path, ": not valid JSON: ", e.what()));
   }
-}
-
-// The text of token `key` (an id) in the vocabulary, or "" when the model names none.
-std::string SpecialTokenText(const GgufFile& file, const std::string& key) {
-  const absl::StatusOr<int64_t> id = file.GetInt(key);
-  const absl::StatusOr<const GgufArray*> tokens = file.GetArray("tokenizer.ggml.tokens");
-  if (!id.ok() || !tokens.ok() || *id < 0 || static_cast<size_t>(*id) >= (*tokens)->items.size()) {
-    return "";
-  }
-  const std::string* s = (*tokens)->items[static_cast<size_t>(*id)].AsString();
-  return s != nullptr ? *s : "";
 }
 
 int Fail(const absl::Status& s) {
@@ -81,14 +71,14 @@ int RunRenderTemplate(const std::vector<std::string>& args) {
     const std::string path = vm["model"].as<std::string>();
     absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(path);
     if (!file.ok()) return Fail(file.status());
-    const GgufValue* t = (*file)->FindValue("tokenizer.chat_template");
-    if (t == nullptr || t->AsString() == nullptr) {
+    ModelChatTemplate t = ReadModelChatTemplate(**file);
+    if (!t.source.has_value()) {
       return Fail(absl::FailedPreconditionError(absl::StrCat(
           "model ", path, " has no chat template (tokenizer.chat_template); pass --template")));
     }
-    source = *t->AsString();
-    in.bos_token = SpecialTokenText(**file, "tokenizer.ggml.bos_token_id");
-    in.eos_token = SpecialTokenText(**file, "tokenizer.ggml.eos_token_id");
+    source = *std::move(t.source);
+    in.bos_token = std::move(t.bos_token);
+    in.eos_token = std::move(t.eos_token);
   } else {
     absl::StatusOr<std::string> text = ReadFile(vm["template"].as<std::string>(), "template");
     if (!text.ok()) return Fail(text.status());

@@ -80,8 +80,16 @@ std::string FinishReasonName(v1::FinishReason reason) {
   return name.empty() ? "unspecified" : name;
 }
 
-absl::StatusOr<v1::Final> StreamGenerate(
-    const std::string& address, const v1::GenerateRequest& request,
+namespace {
+
+using Reader = grpc::ClientReader<v1::GenerateResponse>;
+
+// One server-streaming call of GenerateResponse messages; `start` begins it on the stub (the
+// only part that differs between Generate and Chat).
+absl::StatusOr<v1::Final> StreamCall(
+    const std::string& address,
+    const std::function<std::unique_ptr<Reader>(v1::Generation::Stub&, grpc::ClientContext*)>&
+        start,
     const std::function<void(const v1::TokenChunk&)>& on_chunk, const std::atomic<bool>* cancel,
     const ClientSecurity& security) {
   grpc::ChannelArguments args;
@@ -121,7 +129,7 @@ absl::StatusOr<v1::Final> StreamGenerate(
     });
   }
 
-  auto reader = stub->Generate(&context, request);
+  std::unique_ptr<Reader> reader = start(*stub, &context);
   v1::GenerateResponse response;
   v1::Final final;
   bool have_final = false;
@@ -152,6 +160,30 @@ absl::StatusOr<v1::Final> StreamGenerate(
         absl::StrCat("server ", address, ": the stream ended without its final message"));
   }
   return final;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::Final> StreamGenerate(
+    const std::string& address, const v1::GenerateRequest& request,
+    const std::function<void(const v1::TokenChunk&)>& on_chunk, const std::atomic<bool>* cancel,
+    const ClientSecurity& security) {
+  return StreamCall(
+      address,
+      [&](v1::Generation::Stub& stub, grpc::ClientContext* ctx) {
+        return stub.Generate(ctx, request);
+      },
+      on_chunk, cancel, security);
+}
+
+absl::StatusOr<v1::Final> StreamChat(const std::string& address, const v1::ChatRequest& request,
+                                     const std::function<void(const v1::TokenChunk&)>& on_chunk,
+                                     const std::atomic<bool>* cancel,
+                                     const ClientSecurity& security) {
+  return StreamCall(
+      address,
+      [&](v1::Generation::Stub& stub, grpc::ClientContext* ctx) { return stub.Chat(ctx, request); },
+      on_chunk, cancel, security);
 }
 
 }  // namespace thermocline::tools

@@ -1,5 +1,6 @@
-// The client side of `thermocline generate --server ADDR`: one streaming Generate call to a
-// thermocline-gateway over gRPC (plain text, TLS or mutual TLS, optionally with a bearer token), handing every chunk to a callback as it arrives.
+// The client side of `thermocline generate --server ADDR` and `thermocline chat --server ADDR`:
+// one streaming Generate or Chat call to a thermocline-gateway over gRPC (plain text, TLS or
+// mutual TLS, optionally with a bearer token), handing every chunk to a callback as it arrives.
 #pragma once
 
 #include <atomic>
@@ -36,6 +37,12 @@ absl::StatusOr<v1::Final> StreamGenerate(
     const std::string& address, const v1::GenerateRequest& request,
     const std::function<void(const v1::TokenChunk&)>& on_chunk,
     const std::atomic<bool>* cancel = nullptr, const ClientSecurity& security = {});
+
+// The same for one Chat call (the next assistant turn of a conversation).
+absl::StatusOr<v1::Final> StreamChat(const std::string& address, const v1::ChatRequest& request,
+                                     const std::function<void(const v1::TokenChunk&)>& on_chunk,
+                                     const std::atomic<bool>* cancel = nullptr,
+                                     const ClientSecurity& security = {});
 
 // "eos", "length", "stop_sequence", "cancelled" (or "unspecified").
 std::string FinishReasonName(v1::FinishReason reason);

@@ -51,14 +51,14 @@ struct Completion {
 
 class Gateway {
  public:
-  // Starts the gateway on stories260K with --hot-fraction 0.5 (none with `placement` false:
-  // the gateway's default) and `extra` flags; waits for the listening line and then for health
-  // SERVING.
+  // Starts the gateway on stories260K (or `model`) with --hot-fraction 0.5 (none with
+  // `placement` false: the gateway's default) and `extra` flags; waits for the listening line
+  // and then for health SERVING.
   explicit Gateway(const std::string& instance, std::vector<std::string> extra = {},
-                   bool placement = true) {
+                   bool placement = true, const std::string& model = "") {
     log_path_ = absl::StrCat(TempDir(), "/", instance, ".log");
     std::vector<std::string> argv = {absl::StrCat(BinDir(), "/thermocline-gateway"),
-                                     "--model", Stories260K(),
+                                     "--model", model.empty() ? Stories260K() : model,
                                      "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
                                      "--instance", instance};
     if (placement) argv.insert(argv.end(), {"--hot-fraction", "0.5"});
@@ -189,10 +189,21 @@ class Gateway {
   Completion Generate(const v1::GenerateRequest& req,
                       const std::function<void(grpc::ClientContext&)>& context_setup = {},
                       const std::function<void(grpc::ClientContext&, int)>& on_chunk = {}) {
-    Completion c;
     grpc::ClientContext ctx;
     if (context_setup) context_setup(ctx);
-    auto reader = stub_->Generate(&ctx, req);
+    return ReadAll(ctx, stub_->Generate(&ctx, req), on_chunk);
+  }
+  // The same for one Chat call.
+  Completion Chat(const v1::ChatRequest& req) {
+    grpc::ClientContext ctx;
+    return ReadAll(ctx, stub_->Chat(&ctx, req), {});
+  }
+
+ private:
+  static Completion ReadAll(grpc::ClientContext& ctx,
+                            std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader,
+                            const std::function<void(grpc::ClientContext&, int)>& on_chunk) {
+    Completion c;
     v1::GenerateResponse resp;
     while (reader->Read(&resp)) {
       if (resp.has_chunk()) {
@@ -209,7 +220,6 @@ class Gateway {
     return c;
   }
 
- private:
   pid_t pid_ = -1;
   bool exited_ = false;
   std::string log_path_;

@@ -96,6 +96,47 @@ TEST(GatewayWire, InvalidUtf8AndMalformedMessagesAreInvalidArgumentNamingTheFiel
     r.set_text("abc @@@");
     cases.push_back({"tokenize text", kTokenize, WithBytes(r, "@@@", kBad), "text"});
   }
+  // Chat: every string of a message, and the request's own strings.
+  const std::string kChat = "/thermocline.v1.Generation/Chat";
+  auto chat = [] {
+    v1::ChatRequest r;
+    r.set_chat_template("{% for m in messages %}{{ m.content }}{% endfor %}");
+    r.set_max_new_tokens(4);
+    r.add_messages()->set_role("system");
+    r.mutable_messages(0)->set_content("You tell stories.");
+    r.add_messages()->set_role("user");
+    r.mutable_messages(1)->set_content("Once upon a time");
+    return r;
+  };
+  {
+    v1::ChatRequest r = chat();
+    r.mutable_messages(1)->set_content("Once @@@ upon a time");
+    cases.push_back({"chat message content", kChat, WithBytes(r, "@@@", kBad),
+                     "messages[1].content"});
+  }
+  {
+    v1::ChatRequest r = chat();
+    r.mutable_messages(0)->set_name("n@@@");
+    cases.push_back({"chat message name", kChat, WithBytes(r, "@@@", kBad), "messages[0].name"});
+  }
+  {
+    v1::ChatRequest r = chat();
+    r.set_chat_template("{{ '@@@' }}");
+    cases.push_back({"chat template", kChat, WithBytes(r, "@@@", kBad), "chat_template"});
+  }
+  {
+    v1::ChatRequest r = chat();
+    r.set_template_kwargs("{\"a\": \"@@@\"}");
+    cases.push_back({"chat template kwargs", kChat, WithBytes(r, "@@@", kBad), "template_kwargs"});
+  }
+  {
+    v1::TokenizeRequest r;
+    r.set_text("abc @@@");
+    r.set_parse_special(true);
+    cases.push_back({"tokenize text, parse_special", kTokenize, WithBytes(r, "@@@", kBad), "text"});
+  }
+  cases.push_back({"truncated chat message", kChat, std::string("\xa2\x01\x7f" "abc", 6),
+                   "thermocline.v1.ChatRequest"});
   // Not protobuf at all: a length-delimited field 1 whose length runs past the end.
   cases.push_back({"truncated message", kGenerate, std::string("\x0a\x7f" "abc", 5),
                    "thermocline.v1.GenerateRequest"});
@@ -114,6 +155,13 @@ TEST(GatewayWire, InvalidUtf8AndMalformedMessagesAreInvalidArgumentNamingTheFiel
   ASSERT_TRUE(ok.ok()) << ok.error_message();
   ASSERT_FALSE(replies.empty());
   v1::GenerateResponse last;
+  ASSERT_TRUE(last.ParseFromString(replies.back()));
+  EXPECT_TRUE(last.has_final());
+  // And Chat with valid bytes streams too.
+  replies.clear();
+  const grpc::Status chat_ok = RawCall(gw.address(), kChat, chat().SerializeAsString(), &replies);
+  ASSERT_TRUE(chat_ok.ok()) << chat_ok.error_message();
+  ASSERT_FALSE(replies.empty());
   ASSERT_TRUE(last.ParseFromString(replies.back()));
   EXPECT_TRUE(last.has_final());
   EXPECT_EQ(gw.Health(), grpc::health::v1::HealthCheckResponse::SERVING);

@@ -1,7 +1,8 @@
-// libFuzzer target: the gateway's request validation on a GenerateRequest, TokenizeRequest and
-// DetokenizeRequest parsed from arbitrary bytes (what gRPC hands the service after its own
-// protobuf parse). Validation must end in OK or INVALID_ARGUMENT with a message, never crash;
-// an accepted Generate must respect every limit the scheduler relies on.
+// libFuzzer target: the gateway's request validation on a GenerateRequest, ChatRequest,
+// TokenizeRequest and DetokenizeRequest parsed from arbitrary bytes (what gRPC hands the service
+// after its own protobuf parse). Validation must end in OK or INVALID_ARGUMENT with a message
+// (a Chat without a template: FAILED_PRECONDITION), never crash; an accepted Generate or Chat
+// must respect every limit the scheduler relies on.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -18,19 +19,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   limits.context = 256;
   limits.vocab_size = tok.vocab_size();
 
-  v1::GenerateRequest req;
-  if (req.ParseFromArray(data, static_cast<int>(size))) {
-    auto job = gw::ValidateGenerate(req, limits, tok);
+  auto check = [&](const absl::StatusOr<gw::Job>& job, absl::StatusCode also) {
     if (job.ok()) {
       const int64_t prompt = static_cast<int64_t>(job->prompt.size());
       if (prompt < 1 || prompt + job->max_new_tokens > limits.context) std::abort();
       for (int32_t id : job->prompt) {
         if (id < 0 || id >= limits.vocab_size) std::abort();
       }
-    } else if (job.status().code() != absl::StatusCode::kInvalidArgument ||
+    } else if ((job.status().code() != absl::StatusCode::kInvalidArgument &&
+                job.status().code() != also) ||
                job.status().message().empty()) {
       std::abort();
     }
+  };
+  v1::GenerateRequest req;
+  if (req.ParseFromArray(data, static_cast<int>(size))) {
+    check(gw::ValidateGenerate(req, limits, tok), absl::StatusCode::kInvalidArgument);
+  }
+  v1::ChatRequest creq;
+  if (creq.ParseFromArray(data, static_cast<int>(size))) {
+    // A model without a template: only a request's own template renders.
+    static const gw::ModelChat model_chat = gw::PrepareModelChat("fuzz.gguf", {});
+    check(gw::ValidateChat(creq, limits, tok, model_chat), absl::StatusCode::kFailedPrecondition);
   }
   v1::TokenizeRequest treq;
   if (treq.ParseFromArray(data, static_cast<int>(size))) {

@@ -103,6 +103,10 @@ class PythonClientTest(unittest.TestCase):
             "/thermocline.v1.Generation/Generate",
             request_serializer=pb.GenerateRequest.SerializeToString,
             response_deserializer=pb.GenerateResponse.FromString)
+        cls.chat = cls.channel.unary_stream(
+            "/thermocline.v1.Generation/Chat",
+            request_serializer=pb.ChatRequest.SerializeToString,
+            response_deserializer=pb.GenerateResponse.FromString)
         cls.tokenize = cls.channel.unary_unary(
             "/thermocline.v1.Generation/Tokenize",
             request_serializer=pb.TokenizeRequest.SerializeToString,
@@ -163,10 +167,10 @@ class PythonClientTest(unittest.TestCase):
     def greedy(self, prompt, n):
         return self.pb.GenerateRequest(text=prompt, max_new_tokens=n, temperature=0)
 
-    def stream(self, request):
-        """Runs one Generate call to the end: (ids per chunk, text, final)."""
+    def stream(self, request, call=None):
+        """Runs one Generate (or `call`) call to the end: (ids per chunk, text, final)."""
         chunks, text, final = [], "", None
-        for resp in self.generate(request, timeout=120):
+        for resp in (call or self.generate)(request, timeout=120):
             kind = resp.WhichOneof("kind")
             if kind == "chunk":
                 self.assertIsNone(final, "a chunk after the final message")
@@ -229,6 +233,36 @@ class PythonClientTest(unittest.TestCase):
         _, text, final = self.stream(self.greedy(PROMPT, 4))
         self.assertIsNotNone(final)
         self.assertTrue(text)
+
+    def test_4_chat_equals_generate_on_jinja2s_rendering(self):
+        # Python's own Jinja2 (Debian python3-jinja2, set up as Hugging Face's
+        # apply_chat_template sets it up) renders the conversation; the server's tokenization
+        # of that text with special tokens parsed, generated from, is what Chat must stream.
+        try:
+            import jinja2.sandbox  # pylint: disable=import-outside-toplevel
+        except ImportError:
+            self.skipTest("no python3-jinja2")
+        template = ("{{ bos_token }}{% for m in messages %}{{ m.role }}: {{ m.content }}\n"
+                    "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
+        messages = [{"role": "system", "content": "You tell stories."},
+                    {"role": "user", "content": "Once upon a time"}]
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        text = env.from_string(template).render(messages=messages, add_generation_prompt=True,
+                                                bos_token="<s>", eos_token="</s>")
+        ids = list(self.tokenize(self.pb.TokenizeRequest(text=text, parse_special=True),
+                                 timeout=10).token_ids)
+        self.assertEqual(ids.count(1), 1)  # the template's <s> is the one BOS
+        request = self.pb.ChatRequest(chat_template=template, max_new_tokens=24, temperature=0)
+        for m in messages:
+            request.messages.add(role=m["role"], content=m["content"])
+        chat_chunks, chat_text, chat_final = self.stream(request, self.chat)
+        gen_chunks, gen_text, gen_final = self.stream(self.pb.GenerateRequest(
+            token_ids=self.pb.TokenIds(ids=ids), max_new_tokens=24, temperature=0))
+        self.assertTrue(chat_text)
+        self.assertEqual(chat_chunks, gen_chunks)
+        self.assertEqual(chat_text, gen_text)
+        self.assertEqual(chat_final.usage.prompt_tokens, len(ids))
+        self.assertEqual(chat_final.finish_reason, gen_final.finish_reason)
 
     def test_9_sigterm_removes_the_segments(self):
         # The segments exist while the gateway runs (so the check below is not vacuous)...

@@ -1,0 +1,84 @@
+// `thermocline chat --model` driven through a pipe: each line of standard input is a user turn,
+// and each reply is exactly what `thermocline generate` prints (greedy) for the prompt that
+// `thermocline render-template` gives for the conversation so far; /exit ends it; a model
+// without a template is refused naming it.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/test_support.h"
+
+namespace thermocline {
+namespace {
+
+using testing::BinDir;
+using testing::RunCommand;
+
+void Write(const std::string& path, const std::string& text) {
+  FILE* f = std::fopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr) << path;
+  std::fwrite(text.data(), 1, text.size(), f);
+  std::fclose(f);
+}
+
+// A template with no special-token text and no BOS of its own, so that `generate -p` (BOS as
+// the vocabulary says, no special-token parsing) tokenizes its output as chat does.
+constexpr char kTemplate[] =
+    "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}";
+
+TEST(ChatCommand, RepliesEqualGenerateOnTheRenderedConversation) {
+  THERMOCLINE_REQUIRE_SHARED_DATA();
+  const std::string model = testing::ModelPath("stories260K/stories260K.gguf");
+  const std::string dir = testing::TempDir();
+  Write(dir + "/chat.jinja", kTemplate);
+  Write(dir + "/turns.txt", "Once upon a time\n\nThe little dog\n/exit\nnever read\n");
+  const testing::CommandResult chat = RunCommand(
+      {"/bin/sh", "-c",
+       absl::StrCat(BinDir(), "/thermocline chat --model ", model, " --template ", dir,
+                    "/chat.jinja --system 'You tell stories.' -n 24 -t 0 --threads 1 < ", dir,
+                    "/turns.txt")});
+  ASSERT_EQ(chat.exit_code, 0) << chat.err;
+
+  nlohmann::ordered_json messages = {{{"role", "system"}, {"content", "You tell stories."}}};
+  std::string want;
+  for (const char* line : {"Once upon a time", "The little dog"}) {
+    messages.push_back({{"role", "user"}, {"content", line}});
+    Write(dir + "/messages.json", messages.dump());
+    const testing::CommandResult prompt =
+        RunCommand({BinDir() + "/thermocline", "render-template", "--template",
+                    dir + "/chat.jinja", "--messages", dir + "/messages.json",
+                    "--add-generation-prompt"});
+    ASSERT_EQ(prompt.exit_code, 0) << prompt.err;
+    const testing::CommandResult gen =
+        RunCommand({BinDir() + "/thermocline", "generate", "-m", model, "-p", prompt.out, "-n",
+                    "24", "-t", "0", "--threads", "1"});
+    ASSERT_EQ(gen.exit_code, 0) << gen.err;
+    // generate prints the prompt, the completion and a newline.
+    ASSERT_EQ(gen.out.rfind(prompt.out, 0), 0u) << gen.out;
+    const std::string reply = gen.out.substr(prompt.out.size(), gen.out.size() - prompt.out.size() - 1);
+    EXPECT_FALSE(reply.empty());
+    want += reply + "\n";
+    messages.push_back({{"role", "assistant"}, {"content", reply}});
+  }
+  EXPECT_EQ(chat.out, want);
+}
+
+TEST(ChatCommand, ModelWithoutTemplateIsRefusedNamingIt) {
+  THERMOCLINE_REQUIRE_SHARED_DATA();
+  const std::string model = testing::ModelPath("stories260K/stories260K.gguf");
+  const testing::CommandResult r = RunCommand(
+      {"/bin/sh", "-c", absl::StrCat(BinDir(), "/thermocline chat --model ", model, " < /dev/null")});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("stories260K.gguf has no chat template"), std::string::npos) << r.err;
+  const testing::CommandResult both =
+      RunCommand({BinDir() + "/thermocline", "chat", "--model", model, "--server", "x:1"});
+  EXPECT_NE(both.exit_code, 0);
+  EXPECT_NE(both.err.find("exactly one of --model and --server"), std::string::npos) << both.err;
+}
+
+}  // namespace
+}  // namespace thermocline
