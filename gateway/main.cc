@@ -90,6 +90,7 @@ int Main(int argc, char** argv) {
   int32_t max_concurrent = 0;
   double hang_timeout = 60;
   double stream_idle_timeout = 60;
+  double write_timeout = 30;
   po::options_description opts("thermocline-gateway options");
   // clang-format off
   opts.add_options()
@@ -109,6 +110,7 @@ int Main(int argc, char** argv) {
       ("context", po::value(&context)->default_value(0), "positions per slot (0 = the model's context)")
       ("prefill-chunk", po::value(&sched.prefill_chunk)->default_value(64), "prompt positions per step")
       ("max-pending-messages", po::value(&sched.max_pending_messages)->default_value(16), "messages a stream may have waiting for its reader; beyond, its sequence pauses (others go on) until the reader catches up")
+      ("write-timeout", po::value(&write_timeout)->default_value(30), "seconds one streamed message may wait to be written to its caller (a reader that reads nothing) before the call is cancelled; 0: no limit")
       ("stream-idle-timeout", po::value(&stream_idle_timeout)->default_value(60), "seconds a paused stream (its reader reads nothing) keeps its KV slot before it is cancelled; 0: until the caller's deadline")
       ("gpu-threads", po::value(&so.gpu_threads)->default_value(1), "threads of the gpu worker")
       ("cpu-threads", po::value(&so.cpu_threads)->default_value(1), "threads of the cpu worker")
@@ -178,6 +180,9 @@ int Main(int argc, char** argv) {
     return Fail("--stream-idle-timeout must be in [0, 86400] seconds");
   }
   sched.stream_idle_timeout = absl::Seconds(stream_idle_timeout);
+  if (!(write_timeout >= 0 && write_timeout <= 86400)) {
+    return Fail("--write-timeout must be in [0, 86400] seconds");
+  }
   if (context < 0) return Fail("--context must be >= 0");
   if (so.gpu_threads < 1 || so.cpu_threads < 1) return Fail("--gpu-threads and --cpu-threads must be >= 1");
   if (so.instance.empty()) return Fail("--instance must not be empty");
@@ -289,6 +294,7 @@ int Main(int argc, char** argv) {
   GenerationService service(tokenizer, limits, info, std::move(model_chat));
   service.SetAuthToken(auth_token);
   service.SetMaxConcurrent(max_concurrent);
+  service.SetWriteTimeout(absl::Seconds(write_timeout));
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

@@ -103,6 +103,7 @@ grpc::Status GenerationService::Serve(grpc::ServerContext* context, const std::s
   if (job->request_id.empty()) {
     job->request_id = absl::StrCat("gw-", getpid(), "-", next_id_.fetch_add(1));
   }
+  const std::string assigned_id = job->request_id;
   Scheduler* scheduler = scheduler_.load();
   if (scheduler == nullptr) {
     return grpc::Status(grpc::StatusCode::UNAVAILABLE,
@@ -120,8 +121,16 @@ grpc::Status GenerationService::Serve(grpc::ServerContext* context, const std::s
     (*stream)->Wait(absl::Milliseconds(20), &events);
     for (Stream::Event& ev : events) {
       if (!ev.error.ok()) return ToGrpc(ev.error);
+      WriteWatchdog::Guard guard(*write_watchdog_, context);
       if (!writer->Write(ev.message)) {
-        (*stream)->Cancel();  // the caller is gone
+        (*stream)->Cancel();  // the caller is gone, or read nothing for --write-timeout
+        if (guard.timed_out()) {
+          Log(Level::kWarn, "write_timed_out",
+              {{"request_id", assigned_id},
+               {"timeout_s", absl::ToDoubleSeconds(write_watchdog_->timeout())}});
+          return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                              "a streamed message could not be written within --write-timeout");
+        }
         return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
       }
       if (ev.last) return grpc::Status::OK;

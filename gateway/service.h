@@ -15,6 +15,7 @@
 
 #include "gateway/scheduler.h"
 #include "gateway/validate.h"
+#include "gateway/write_watchdog.h"
 #include "shared/tokenizer/tokenizer.h"
 #include "thermocline/v1/generation.grpc.pb.h"
 
@@ -62,6 +63,11 @@ class GenerationService final
   // whole life, so this bounds the threads and buffers that callers can pin. Set before the
   // server starts.
   void SetMaxConcurrent(int32_t n) { max_concurrent_ = n; }
+  // --write-timeout: a streamed message whose write stays blocked this long (a reader that
+  // reads nothing) cancels its call (WriteWatchdog). Set before the server starts.
+  void SetWriteTimeout(absl::Duration timeout) {
+    write_watchdog_ = std::make_unique<WriteWatchdog>(timeout);
+  }
 
   grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
                         grpc::ServerWriter<v1::GenerateResponse>* writer) override;
@@ -87,6 +93,8 @@ class GenerationService final
   std::atomic<uint64_t> next_id_{1};
   int32_t max_concurrent_ = 0;  // 0: no limit
   std::atomic<int32_t> in_flight_{0};
+  std::unique_ptr<WriteWatchdog> write_watchdog_ =
+      std::make_unique<WriteWatchdog>(absl::ZeroDuration());
 };
 
 // absl::Status -> grpc::Status with the same code and message.

@@ -42,6 +42,7 @@ except ImportError as e:  # pragma: no cover - only on machines setup.sh has not
 ARGS = None
 MAX_PENDING = 8       # --max-pending-messages
 IDLE_TIMEOUT_S = 2    # --stream-idle-timeout
+WRITE_TIMEOUT_S = 3   # --write-timeout
 STALLED_STREAMS = 3
 STALLED_TOKENS = 200  # each stalled stream asks for this many
 READ_TOKENS = 30
@@ -161,7 +162,8 @@ class SlowReaderTest(unittest.TestCase):
              "127.0.0.1:0", "--instance", f"py-slow-{os.getpid()}", "--context", "256",
              "--max-batch", "4", "--kv-slots", "4",
              "--max-pending-messages", str(MAX_PENDING),
-             "--stream-idle-timeout", str(IDLE_TIMEOUT_S)],
+             "--stream-idle-timeout", str(IDLE_TIMEOUT_S),
+             "--write-timeout", str(WRITE_TIMEOUT_S)],
             stdout=subprocess.PIPE, stderr=cls.log)
         line = cls.gateway.stdout.readline().decode()
         fields = dict(w.split("=", 1) for w in line.split() if "=" in w)
@@ -252,6 +254,19 @@ class SlowReaderTest(unittest.TestCase):
         # Their slots were freed: all four serve again.
         for _ in range(4):
             self.assertEqual(self.read_one(3)[0], "0")
+
+    def test_a_finished_stream_nobody_reads_is_cancelled_by_the_write_timeout(self):
+        # Short enough to finish before its buffer fills: the scheduler is done with it, so
+        # only the handler's write, blocked on the zero window, still holds the call.
+        stalled = Client(self.address, 0)
+        sid = stalled.start("Once upon a time", 3, self.address)
+        deadline = time.monotonic() + WRITE_TIMEOUT_S + 30
+        while not stalled.done(sid) and time.monotonic() < deadline:
+            stalled.pump(0.5)
+        self.assertTrue(sid in stalled.reset or sid in stalled.trailers,
+                        f"the stream never ended; log:\n{self.read_log()}")
+        stalled.close()
+        self.assertIn("write_timed_out", self.read_log())
 
 
 def main():
