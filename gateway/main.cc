@@ -97,6 +97,7 @@ int Main(int argc, char** argv) {
       ("help,h", "this help")
       ("version", "print the version and exit")
       ("model,m", po::value(&model_path), "model file (GGUF)")
+      ("check-tensors", po::value(&so.check_tensors)->default_value("auto"), "the workers scan the weights for NaN/infinity at load: auto (files up to 2 GiB), on or off (norms and biases are always checked)")
       ("hot-fraction", po::value(&hot_fraction), "share of each layer's FFN neurons on the gpu worker, in [0, 1] (default, without --plan, on the host backend: 1, the whole FFN)")
       ("plan", po::value(&so.plan_path), "or: placement from `thermocline plan`")
       ("listen", po::value(&listen)->default_value("127.0.0.1:50051"), "gRPC address host:port (port 0: a free one)")
@@ -191,6 +192,9 @@ int Main(int argc, char** argv) {
     so.numa_node = vm["numa-node"].as<int>();
   }
   if (so.restart.max_restarts < 0) return Fail("--max-restarts must be >= 0");
+  if (absl::StatusOr<TensorCheck> c = TensorCheckFromName(so.check_tensors); !c.ok()) {
+    return Fail(std::string(c.status().message()));
+  }
   if (!(hang_timeout >= 0 && hang_timeout <= 86400)) {
     return Fail("--hang-timeout must be in [0, 86400] seconds");
   }

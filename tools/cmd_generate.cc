@@ -222,6 +222,7 @@ int RunGenerate(const std::vector<std::string>& args) {
       ("threads", po::value(&threads)->default_value(0), "CPU threads (0 = all cores)")
       ("context", po::value(&context)->default_value(0), "KV cache positions (0 = prompt + max-new-tokens)")
       ("kv-type", po::value(&kv_type)->default_value("f32"), "KV cache element type: f32 or f16")
+      ("check-tensors", po::value(&so.check_tensors)->default_value("auto"), "scan the weights for NaN/infinity at load: auto (files up to 2 GiB), on or off")
       ("ignore-eos", po::bool_switch(&ignore_eos), "keep generating past the end-of-sequence token");
   AddSparsityOptions(opts, sf);
   po::options_description split_opts("split execution (docs/split.md)");
@@ -309,7 +310,11 @@ int RunGenerate(const std::vector<std::string>& args) {
     if (vm.count("numa-node")) so.numa_node = numa_node;
   }
 
-  auto model_or = Model::Load(model_path);
+  absl::StatusOr<TensorCheck> check = TensorCheckFromName(so.check_tensors);
+  if (!check.ok()) return fail(std::string(check.status().message()));
+  // With --split the workers load and check the weights; here only the description is needed
+  // then, but the local engine computes from this very mapping.
+  auto model_or = Model::Load(model_path, split ? TensorCheck::kOff : *check);
   if (!model_or.ok()) return fail(std::string(model_or.status().message()));
   const Model& model = **model_or;
   const Tokenizer& tok = model.tokenizer();

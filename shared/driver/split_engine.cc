@@ -45,6 +45,7 @@ ipc::WorkerFlags WorkerFlagsOf(const SplitEngineOptions& o, ipc::WorkerKind kind
   ipc::WorkerFlags f;
   f.instance = o.instance;
   f.model_path = o.model_path;
+  f.check_tensors = o.check_tensors;
   f.threads = kind == ipc::WorkerKind::kGpu ? o.gpu_threads : o.cpu_threads;
   f.plan_path = o.plan_path;
   if (o.plan_path.empty()) f.hot_fraction = o.hot_fraction;  // a plan wins, as in Create

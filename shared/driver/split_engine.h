@@ -62,6 +62,7 @@ struct SplitEngineOptions {
   // Logits rows per step at most (longer ones are split): sizes the gpu->gateway ring.
   int32_t max_logits_rows = 64;
   std::string kv_type = "f32";
+  std::string check_tensors = "auto";  // both workers' --check-tensors
   std::string gpu_backend = "host";  // gpu_worker --backend: host, or cuda (docs/cuda.md)
   std::string cpus;                // cpu_worker --cpus
   std::optional<int> numa_node;    // cpu_worker --numa-node

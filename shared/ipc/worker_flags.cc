@@ -80,7 +80,8 @@ absl::Status ValidateWorkerFlags(const WorkerFlags& f) {
 
 absl::StatusOr<WorkerModel> LoadWorkerModel(const WorkerFlags& flags) {
   WorkerModel w;
-  TC_ASSIGN_OR_RETURN(w.model, Model::Load(flags.model_path));
+  TC_ASSIGN_OR_RETURN(const TensorCheck check, TensorCheckFromName(flags.check_tensors));
+  TC_ASSIGN_OR_RETURN(w.model, Model::Load(flags.model_path, check));
   TC_ASSIGN_OR_RETURN(w.plan, SparsityPlanFromFlags(*w.model, flags.sparsity));
   TC_ASSIGN_OR_RETURN(w.placement, PlacementFromFlags(w.model->config(), flags.placement()));
   TC_ASSIGN_OR_RETURN(w.partition, Partition::FromPlacement(w.placement, w.model->config()));

@@ -47,6 +47,7 @@ struct WorkerFlags {
   // Both workers.
   std::string instance;
   std::string model_path;
+  std::string check_tensors = "auto";
   int threads = 1;
   std::string plan_path;
   std::optional<double> hot_fraction;
@@ -74,6 +75,9 @@ void VisitWorkerFields(V&& v, Flags&... f) {
   constexpr Presence kRequired = Presence::kRequired;
   v(WorkerField{"instance", "transport instance to attach to", kBoth, kRequired}, f.instance...);
   v(WorkerField{"model", "model file (GGUF)", kBoth, kRequired}, f.model_path...);
+  v(WorkerField{"check-tensors",
+                "scan the weights for NaN/infinity at load: auto (files up to 2 GiB), on or off"},
+    f.check_tensors...);
   v(WorkerField{"threads", "compute threads (>= 1)"}, f.threads...);
   v(WorkerField{"plan", "placement (.gpuidx) from `thermocline plan`"}, f.plan_path...);
   v(WorkerField{"hot-fraction",

@@ -1,6 +1,8 @@
 #include "shared/model/model.h"
 
+#include <cinttypes>
 #include <cmath>
+#include <cstdio>
 #include <set>
 
 #include "absl/strings/match.h"
@@ -412,9 +414,53 @@ absl::StatusOr<ModelDescription> ReadModelDescription(const std::string& path) {
   return d;
 }
 
-absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path) {
+absl::StatusOr<TensorCheck> TensorCheckFromName(std::string_view name) {
+  if (name == "auto") return TensorCheck::kAuto;
+  if (name == "on") return TensorCheck::kOn;
+  if (name == "off") return TensorCheck::kOff;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--check-tensors '", std::string(name), "': expected auto, on or off"));
+}
+
+namespace {
+
+// The first non-finite element of any matrix (ne[1] > 1) of `f`, as an error naming it.
+absl::Status CheckMatricesFinite(const GgufFile& f) {
+  std::vector<float> row;
+  for (const GgufTensorInfo& t : f.tensors()) {
+    if (t.ne.size() < 2 || !HasDequantizer(t.type) || t.ne[0] <= 0) continue;
+    const int64_t cols = t.ne[0];
+    const int64_t rows = t.n_elements / cols;
+    const int64_t row_bytes = RowBytes(t.type, cols);
+    row.resize(static_cast<size_t>(cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      DequantizeRow(t.type, t.data + r * row_bytes, row.data(), cols);
+      for (int64_t c = 0; c < cols; ++c) {
+        if (std::isfinite(row[c])) continue;
+        std::string layer;
+        if (int64_t l = -1; std::sscanf(t.name.c_str(), "blk.%" SCNd64 ".", &l) == 1) {
+          layer = absl::StrCat(" (layer ", l, ")");
+        }
+        return absl::InvalidArgumentError(absl::StrCat(
+            f.path(), ": tensor '", t.name, "'", layer, " holds ", std::isnan(row[c]) ? "NaN" : "infinity",
+            " at row ", r, ", column ", c,
+            ": the weights are corrupt (found by the load-time tensor check, --check-tensors)"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path, TensorCheck check) {
   TC_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(path));
-  return FromGguf(std::move(file));
+  const bool all = check == TensorCheck::kOn ||
+                   (check == TensorCheck::kAuto &&
+                    file->file_size() <= static_cast<uint64_t>(kTensorCheckAutoBytes));
+  TC_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, FromGguf(std::move(file)));
+  if (all) TC_RETURN_IF_ERROR(CheckMatricesFinite(model->file()));
+  return model;
 }
 
 absl::StatusOr<std::unique_ptr<Model>> Model::FromGguf(std::unique_ptr<GgufFile> file) {

@@ -112,9 +112,23 @@ struct ModelDescription {
 };
 absl::StatusOr<ModelDescription> ReadModelDescription(const std::string& path);
 
+// Whether Load scans the weight matrices for NaN and infinity (norms, biases and every other
+// vector are always checked as they are read). A non-finite weight poisons every token whose
+// activations touch it, so it is refused at load, naming the tensor, its layer and the element,
+// rather than served as garbage.
+enum class TensorCheck {
+  kAuto,  // every matrix when the file is at most kTensorCheckAutoBytes, else vectors only
+  kOn,    // every matrix, whatever the size (seconds per GiB)
+  kOff,   // vectors only
+};
+inline constexpr int64_t kTensorCheckAutoBytes = int64_t{2} << 30;
+// "auto", "on", "off"; InvalidArgument naming the allowed ones otherwise.
+absl::StatusOr<TensorCheck> TensorCheckFromName(std::string_view name);
+
 class Model {
  public:
-  static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& path);
+  static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& path,
+                                                     TensorCheck check = TensorCheck::kAuto);
   static absl::StatusOr<std::unique_ptr<Model>> FromGguf(std::unique_ptr<GgufFile> file);
 
   const ModelConfig& config() const { return config_; }

@@ -89,12 +89,30 @@ TEST(ModelConsistencyTest, HugeContextIsRefusedWithTheBytesNeeded) {
   EXPECT_TRUE(KvCache::Create((*model)->config(), 5, 64, GgmlType::kF32).ok());
 }
 
-// One NaN in one ffn_down: generation fails with an error naming non-finite logits (issue [5/7]
-// item 5), where it used to sample token 0 and report success.
+// One NaN in one ffn_down is refused at load by the tensor check, naming the tensor, its layer
+// and the element (the default for a file this small; it used to serve <unk> with status OK).
+TEST(ModelConsistencyTest, NanWeightIsRefusedAtLoadNamingTheTensorAndLayer) {
+  const std::string path =
+      Rewrite(testing::ModelPath("archs/qwen2.gguf"), {}, "", "blk.0.ffn_down.weight");
+  for (TensorCheck check : {TensorCheck::kAuto, TensorCheck::kOn}) {
+    auto model = Model::Load(path, check);
+    ASSERT_FALSE(model.ok());
+    EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
+    const std::string msg(model.status().message());
+    EXPECT_NE(msg.find("'blk.0.ffn_down.weight' (layer 0) holds NaN at row 0, column 0"),
+              std::string::npos)
+        << msg;
+  }
+  EXPECT_TRUE(TensorCheckFromName("on").ok());
+  EXPECT_FALSE(TensorCheckFromName("yes").ok());
+}
+
+// Without the matrix check, the same NaN fails generation with an error naming non-finite
+// logits (issue [5/7] item 5), where it used to sample token 0 and report success.
 TEST(ModelConsistencyTest, NanWeightFailsGenerationInsteadOfSamplingTokenZero) {
   const std::string path =
       Rewrite(testing::ModelPath("archs/qwen2.gguf"), {}, "", "blk.0.ffn_down.weight");
-  auto model = Model::Load(path);
+  auto model = Model::Load(path, TensorCheck::kOff);
   ASSERT_TRUE(model.ok()) << model.status();
   ThreadPool pool(1);
   auto kv = KvCache::Create((*model)->config(), 1, 32, GgmlType::kF32);
