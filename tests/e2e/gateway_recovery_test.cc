@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "shared/ipc/transport.h"
 #include "tests/e2e/gateway_harness.h"
+#include "tests/fault_injection.h"
 
 namespace thermocline::testing {
 namespace {
@@ -82,50 +83,6 @@ void KillWorkerMidStreams(const std::string& role) {
   const Completion after = gw.Generate(reqs[0]);
   EXPECT_EQ(after.ids, undisturbed[0].ids);
 }
-
-// The instance's transport segment mapped into the test process (as another process of the
-// same user could map it), for scribbling.
-class MappedTransport {
- public:
-  explicit MappedTransport(const std::string& instance) {
-    const std::string path = absl::StrCat("/dev/shm/thermocline-", instance, "-transport");
-    const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
-    EXPECT_GE(fd, 0) << path;
-    struct stat st {};
-    if (fd < 0 || fstat(fd, &st) != 0) return;
-    bytes_ = static_cast<size_t>(st.st_size);
-    void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    EXPECT_NE(p, MAP_FAILED);
-    if (p != MAP_FAILED) base_ = static_cast<std::byte*>(p);
-  }
-  ~MappedTransport() {
-    if (base_ != nullptr) munmap(base_, bytes_);
-  }
-  bool ok() const { return base_ != nullptr; }
-  ipc::RingControl& Ring(ipc::RingId id) const {
-    const auto* cb = reinterpret_cast<const ipc::ControlBlock*>(base_);
-    return *reinterpret_cast<ipc::RingControl*>(base_ + cb->rings[static_cast<int>(id)].offset);
-  }
-  // Publishes 48 bytes of garbage as the next record of `id`, as a stray write over a header
-  // would look to its consumer.
-  void PublishGarbageHeader(ipc::RingId id) const {
-    ipc::RingControl& ctl = Ring(id);
-    std::byte* data = reinterpret_cast<std::byte*>(&ctl) + sizeof(ipc::RingControl);
-    const uint64_t head = ctl.head.load(std::memory_order_acquire);
-    const uint64_t offset = head & (ctl.capacity - 1);
-    const uint64_t to_end = ctl.capacity - offset;
-    // A record never starts in the last 47 bytes: the consumer skips them to the start.
-    const uint64_t at = to_end < ipc::kHeaderBytes ? 0 : offset;
-    const uint64_t skip = to_end < ipc::kHeaderBytes ? to_end : 0;
-    std::memset(data + at, 0xEE, ipc::kHeaderBytes);
-    ctl.head.store(head + skip + ipc::kHeaderBytes, std::memory_order_release);
-  }
-
- private:
-  std::byte* base_ = nullptr;
-  size_t bytes_ = 0;
-};
 
 int64_t Restarts(const std::string& metrics, const std::string& role) {
   std::istringstream lines(metrics);

@@ -19,8 +19,6 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
-#include <sys/prctl.h>
-#include <sys/ptrace.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -42,6 +40,7 @@
 #include "shared/runtime/forward.h"
 #include "shared/runtime/generate.h"
 #include "shared/runtime/kv_cache.h"
+#include "tests/fault_injection.h"
 #include "tests/test_support.h"
 
 extern char** environ;
@@ -62,36 +61,6 @@ struct Output {
   std::vector<std::vector<float>> logits;
   absl::Status status;
 };
-
-// Freezes one thread (`tid`, here a worker's main thread, which runs its compute loop) with
-// ptrace and keeps it frozen, leaving the process's other threads (the heartbeat) running. The
-// tracer is a child process of its own: ptrace-stops of a tracee are reported to its tracer's
-// waitpid, and the supervisor's waitpid on the worker must see only the worker's exit. The
-// tracer reaps the tracee's exit notification (which the real parent gets only after that) and
-// exits; it dies with the test (PDEATHSIG), which detaches and resumes the thread.
-pid_t FreezeThread(pid_t tid) {
-  const pid_t tracer = fork();
-  if (tracer != 0) return tracer;
-  // Only async-signal-safe calls from here: the test process has threads.
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (ptrace(PTRACE_SEIZE, tid, nullptr, nullptr) != 0) _exit(2);
-  if (ptrace(PTRACE_INTERRUPT, tid, nullptr, nullptr) != 0) _exit(3);
-  for (;;) {
-    int status = 0;
-    const pid_t r = waitpid(tid, &status, __WALL);
-    if (r < 0 && errno != EINTR) _exit(4);
-    if (r == tid && (WIFEXITED(status) || WIFSIGNALED(status))) _exit(0);
-    // A stop (the interrupt, or a signal about to be delivered): stay stopped.
-  }
-}
-
-// The tracer's exit status: 0 once the frozen thread's process died while frozen.
-int ReapTracer(pid_t tracer) {
-  int status = 0;
-  while (waitpid(tracer, &status, 0) < 0 && errno == EINTR) {
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
 
 class SplitRecovery : public ::testing::Test {
  protected:
@@ -252,7 +221,7 @@ TEST_P(SplitHang, AFrozenComputeThreadIsFoundAndItsWorkerAloneReplaced) {
   o.on_step_sent = [&](uint64_t, int64_t done) {
     if (done == kKillAfterSteps && frozen == 0) {
       frozen = engine_->worker_pid(frozen_role);
-      tracer = FreezeThread(frozen);
+      tracer = testing::FreezeThread(frozen);
     }
   };
   WithEngine(o, [&](driver::SplitEngine& engine) {
@@ -260,7 +229,7 @@ TEST_P(SplitHang, AFrozenComputeThreadIsFoundAndItsWorkerAloneReplaced) {
                                                                           : Role::kGpuWorker);
     const Output got = Generate(engine);
     ASSERT_GT(tracer, 0);
-    EXPECT_EQ(ReapTracer(tracer), 0) << "the frozen worker was not killed while frozen";
+    EXPECT_EQ(testing::ReapTracer(tracer), 0) << "the frozen worker was not killed while frozen";
     ExpectSameOutput(got);
     const driver::SplitEngineStats& s = engine.stats();
     const bool gpu = frozen_role == Role::kGpuWorker;

@@ -1,7 +1,12 @@
 // Issue 7, item 4 (docs/operations.md, "Soak"): the real gateway on stories260K with
 // --hot-fraction 0.5 under 64 concurrent client streams for THERMOCLINE_SOAK_SECONDS (default
 // 45): greedy requests (checked token for token against a quiet run), sampled ones, random
-// cancellations, malformed requests, and kill -9 of a random worker every 2-4 s. Afterwards:
+// cancellations, malformed requests, and every 2-4 s one fault: kill -9 of a random worker,
+// its compute thread frozen with ptrace (its heartbeat thread beating on: found by the
+// --hang-timeout of 2 s), or the corrupt flag of a random ring set (the steps that meet it
+// fail DATA_LOSS naming the ring, the only failure allowed; then every ring is reset). Readers
+// that read nothing are python_slow_reader_test's (a gRPC client cannot be made to announce a
+// zero window). Afterwards:
 // the gateway is the same process and SERVING; every call ended with a complete stream or a
 // clear status; KV slots, segments and file descriptors are back where they were; VmRSS grew
 // by less than the stated margin. The figures are printed (and recorded in operations.md for
@@ -25,6 +30,7 @@
 #include "absl/strings/numbers.h"
 #include "shared/ipc/segment.h"
 #include "tests/e2e/gateway_harness.h"
+#include "tests/fault_injection.h"
 
 namespace thermocline::testing {
 namespace {
@@ -142,7 +148,8 @@ TEST(Soak, ChaosUnder64StreamsLosesNothingAndLeaksNothing) {
   const std::string instance = absl::StrCat("soak-", getpid());
   auto gw = std::make_unique<Gateway>(
       instance, std::vector<std::string>{"--kv-slots", "8", "--max-batch", "8", "--max-queue",
-                                         "128", "--max-restarts", "1000", "--worker-log",
+                                         "128", "--max-restarts", "1000", "--hang-timeout", "2",
+                                         "--worker-log",
                                          absl::StrCat(TempDir(), "/", instance, ".workers.log")});
   const std::vector<pid_t> gws = Pids(instance, "thermocline-gateway");
   ASSERT_EQ(gws.size(), 1u);
@@ -175,7 +182,7 @@ TEST(Soak, ChaosUnder64StreamsLosesNothingAndLeaksNothing) {
 
   std::atomic<bool> stop{false};
   std::atomic<int64_t> served{0}, greedy_ok{0}, sampled_ok{0}, cancelled{0}, refused{0},
-      bad_tried{0}, unavailable{0}, kills{0};
+      bad_tried{0}, unavailable{0}, kills{0}, freezes{0}, scribbles{0}, data_loss{0};
   std::mutex mu;
   std::vector<std::string> problems;
   auto problem = [&](std::string s) {
@@ -237,6 +244,9 @@ TEST(Soak, ChaosUnder64StreamsLosesNothingAndLeaksNothing) {
           ++cancelled;
         } else if (code == grpc::StatusCode::RESOURCE_EXHAUSTED) {
           ++refused;  // the queue was full: a clear status, not a loss
+        } else if (code == grpc::StatusCode::DATA_LOSS &&
+                   got.status.error_message().find("ring ") != std::string::npos) {
+          ++data_loss;  // a scribbled ring: its step's output could not be trusted
         } else {
           ++unavailable;
           problem(absl::StrCat("request ended with ", code, ": ", got.status.error_message()));
@@ -245,20 +255,40 @@ TEST(Soak, ChaosUnder64StreamsLosesNothingAndLeaksNothing) {
     });
   }
 
-  // Chaos: kill -9 of a random worker every 2-4 s; segments checked at every tick.
+  // Chaos: one fault every 2-4 s; segments checked at every tick.
   std::mt19937 rng(99);
+  std::vector<pid_t> tracers;
   const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
   while (std::chrono::steady_clock::now() < end) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2000 + rng() % 2000));
+    const int fault = static_cast<int>(rng() % 100);
     const char* exe = rng() % 2 ? "thermocline-gpu-worker" : "thermocline-cpu-worker";
-    for (pid_t p : Pids(instance, exe)) {
-      if (kill(p, SIGKILL) == 0) ++kills;
+    if (fault < 55) {
+      for (pid_t p : Pids(instance, exe)) {
+        if (kill(p, SIGKILL) == 0) ++kills;
+      }
+    } else if (fault < 85) {
+      for (pid_t p : Pids(instance, exe)) {
+        const pid_t tracer = FreezeThread(p);  // its main thread: the compute loop
+        if (tracer > 0) {
+          tracers.push_back(tracer);
+          ++freezes;
+        }
+      }
+    } else {
+      MappedTransport shm(instance);
+      if (shm.ok()) {
+        shm.Ring(static_cast<ipc::RingId>(rng() % ipc::kNumRings)).corrupt.store(1);
+        ++scribbles;
+      }
     }
     const std::vector<std::string> now = ipc::ListInstanceSegments(instance);
     EXPECT_EQ(std::set<std::string>(now.begin(), now.end()),
               std::set<std::string>(segs.begin(), segs.end()));
   }
   join_clients.Now();
+  // Every frozen worker was found hung and killed while frozen (its tracer then exits 0).
+  for (pid_t t : tracers) EXPECT_EQ(ReapTracer(t), 0) << "a frozen worker was never replaced";
 
   // Afterwards: same gateway, SERVING, nothing held.
   EXPECT_EQ(kill(gateway, 0), 0) << "the gateway died";
@@ -297,6 +327,8 @@ TEST(Soak, ChaosUnder64StreamsLosesNothingAndLeaksNothing) {
       " all equal to the quiet run, sampled ", sampled_ok.load(), "), cancelled ",
       cancelled.load(), ", queue-full refusals ", refused.load(), ", malformed tried ",
       bad_tried.load(), " (all INVALID_ARGUMENT), worker kills ", kills.load(),
+      ", compute threads frozen ", freezes.load(), ", rings scribbled ", scribbles.load(),
+      " (DATA_LOSS answers ", data_loss.load(), ")",
       ", restarts survived ", restarts, ", other failures ", unavailable.load(),
       "; gateway fds ", fds_before, " -> ", fds_after, ", VmRSS ", rss_before, " -> ", rss_after,
       " KiB; KV slots used after: ", slots);
