@@ -832,6 +832,28 @@ void DequantizeRowQ8_K(const uint8_t* x, float* y, int64_t n) {
 
 }  // namespace
 
+void QuantizeRowQ8_1(const float* x, uint8_t* y, int64_t n) {
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    const float* xb = x + i * kQK;
+    uint8_t* yb = y + i * kQ8_1BlockBytes;
+    float amax = 0.0f;
+    for (int j = 0; j < kQK; ++j) {
+      const float a = std::fabs(xb[j]);
+      amax = amax > a ? amax : a;  // ggml's MAX(), as in QuantizeRowQ8_0
+    }
+    const float d = amax / ((1 << 7) - 1);
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int sum = 0;
+    for (int j = 0; j < kQK; ++j) {
+      const int8_t q = SaturateToInt8(std::roundf(xb[j] * id));
+      yb[4 + j] = static_cast<uint8_t>(q);
+      sum += q;
+    }
+    StoreScale(yb, d);
+    StoreScale(yb + 2, static_cast<float>(sum) * d);
+  }
+}
+
 void QuantizeRowQ8_K(const float* x, uint8_t* y, int64_t n) {
   for (int64_t i = 0; i < n / kQK_K; ++i) {
     const float* xb = x + i * kQK_K;

@@ -1,10 +1,10 @@
 // Dense matrix-vector and matrix-matrix products over weights of any supported type.
 //
 // Weights are stored row-major as [rows][cols] (ggml: ne[0] = cols), one output per row.
-// For F32/F16/BF16 (and Q4_1/Q5_1) weights the activations stay f32; for the other quantized
-// types they are first quantized once per call, as llama.cpp does, to Q8_0 blocks (Q8_0, Q4_0,
-// Q5_0, IQ4_NL) or Q8_K blocks (the K-quants, IQ4_XS), with ggml's reference rounding bit for
-// bit, so the inner loop is an exact integer dot product per block (matmul_kernels.h).
+// For F32/F16/BF16 weights the activations stay f32; for quantized types they are first
+// quantized once per call, as llama.cpp does, to Q8_0 blocks (Q8_0, Q4_0, Q5_0, IQ4_NL), Q8_1
+// blocks (Q4_1, Q5_1) or Q8_K blocks (the K-quants, IQ4_XS), with ggml's reference rounding bit
+// for bit, so the inner loop is an exact integer dot product per block (matmul_kernels.h).
 // AVX2/FMA/F16C kernels are used when the CPU has them (see cpu_features.h; AVX-VNNI too for the
 // quantized types, with identical results), else portable C++.
 //

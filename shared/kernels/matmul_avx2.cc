@@ -197,10 +197,22 @@ constexpr int64_t kQsOffset = 2;  // both block types start with their fp16 scal
 constexpr int64_t kQ8Bytes = sizeof(BlockQ8_0);
 
 // Prepared activations, per token: for each block 32 quantized values, the int32 lane bias and
-// the per-lane activation scale (f32 of the fp16-rounded scale, see the loaders' kHighScale).
-constexpr int64_t kPreparedBlockBytes = 96;
+// the per-lane activation scale (f32 of the fp16-rounded scale, see the loaders' kHighScale);
+// for loaders with kHasMin (q4_1, q5_1) also 8 f32 lanes holding Q8_1's s = fp16(d * sum q) in
+// lane 0 and zeros, which one FMA with the weight's broadcast m adds into the accumulator.
 constexpr int64_t kBiasAt = 32;
 constexpr int64_t kScaleAt = 64;
+constexpr int64_t kSumAt = 96;
+template <class L>
+constexpr bool LoaderHasMin() {
+  if constexpr (requires { L::kHasMin; }) {
+    return L::kHasMin;
+  } else {
+    return false;
+  }
+}
+template <class L>
+constexpr int64_t kPreparedBytes = LoaderHasMin<L>() ? 128 : 96;
 
 inline __m256 BroadcastScale(const float* half_table, const uint8_t* block) {
   uint16_t h;
@@ -289,6 +301,24 @@ struct Q5_0Unsigned {
     return _mm256_or_si256(Q4Shifted::Load(b + 4), HighBits32(b + 2));
   }
 };
+// Q4_1 / Q5_1 (x = d * q + m), both engines: q unsigned as stored (0..15 / 0..31), no offset;
+// the m * s_x term of each block comes from the Q8_1-style prepared input (kHasMin).
+struct Q4_1Unsigned {
+  static constexpr int64_t kBytes = 20;
+  static constexpr int kOffset = 0;
+  static constexpr int kHighScale = 1;
+  static constexpr bool kHasMin = true;
+  static __m256i Load(const uint8_t* b) { return Q4Shifted::Load(b + 2); }
+};
+struct Q5_1Unsigned {
+  static constexpr int64_t kBytes = 24;
+  static constexpr int kOffset = 0;
+  static constexpr int kHighScale = 1;
+  static constexpr bool kHasMin = true;
+  static __m256i Load(const uint8_t* b) {
+    return _mm256_or_si256(Q4Shifted::Load(b + 6), HighBits32(b + 4));
+  }
+};
 // IQ4_NL: the table values (|v| <= 127), signed for the sign engine, + 128 for VNNI.
 struct Iq4nlSigned {
   static constexpr int64_t kBytes = 18;
@@ -353,11 +383,15 @@ struct QuantKernel {
     for (int64_t b = 0; b < cols / kQK; ++b) {
       __m256i xq[T], xbias[T];
       __m256 xd[T];
+      __m256 xs[T];
       for (int t = 0; t < T; ++t) {
-        const uint8_t* xt = xb + t * x_stride + b * kPreparedBlockBytes;
+        const uint8_t* xt = xb + t * x_stride + b * kPreparedBytes<L>;
         xq[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xt));
         xbias[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xt + kBiasAt));
         xd[t] = _mm256_loadu_ps(reinterpret_cast<const float*>(xt + kScaleAt));
+        if constexpr (LoaderHasMin<L>()) {
+          xs[t] = _mm256_loadu_ps(reinterpret_cast<const float*>(xt + kSumAt));
+        }
       }
       if (next != nullptr && b % kBlocksPerPrefetch == 0) {
         for (int r = 0; r < R; ++r) Prefetch(next[r] + b * L::kBytes);
@@ -369,6 +403,9 @@ struct QuantKernel {
         for (int t = 0; t < T; ++t) {
           const __m256 p = _mm256_cvtepi32_ps(E::Dot(wq, xq[t], xbias[t]));
           acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(wd, xd[t]), p, acc[r][t]);
+          if constexpr (LoaderHasMin<L>()) {
+            acc[r][t] = _mm256_fmadd_ps(BroadcastScale(half, wb + 2), xs[t], acc[r][t]);
+          }
         }
       }
     }
@@ -402,14 +439,12 @@ struct QuantKernel {
   }
 };
 
-// ---- Block types decoded to f32: the dot of q4_1/q5_1 (f32 activations, see TypeKernels in
-// matmul_kernels.h) and the axpy and dequantize of every block type. ----
+// ---- Block types decoded to f32: the axpy and dequantize of every block type but q8_0/q4_0. ----
 //
 // Each weight block is decoded to its exact f32 values (D::Decode, bit-identical to
-// DequantizeRow) into an L1-resident buffer, then multiplied with FloatKernel<F32Load>'s exact
-// operation sequence: one 8-lane accumulator per (row, token), FMAs in column order, the same
-// horizontal sum. A block type's product therefore equals the f32 kernel on the dequantized
-// matrix bit for bit, and batching tokens or splitting rows cannot change it.
+// DequantizeRow) into an L1-resident buffer, then added into y with FloatKernel<F32Load>'s
+// exact operation sequence, so AxpyRows equals the f32 kernel on the dequantized rows bit for
+// bit.
 
 // SIMD decoders: the quants are unpacked to one byte per element with integer SIMD, then each
 // group of 8 is widened, converted and scaled with exactly the float operations of the
@@ -641,42 +676,12 @@ struct Q3KDecode {
 
 template <class D>
 struct BlockKernel {
-  static constexpr int kGemvRows = 8;
-  static constexpr int kRows = 4;
-  static constexpr int kTokens = 3;
   static constexpr int kBlock = D::kBlock;
   static constexpr int64_t kBytes = D::kBytes;
 
   static void PrefetchBlock(const uint8_t* const* next, int R, int64_t b) {
     for (int r = 0; r < R; ++r) {
       for (int64_t at = 0; at < kBytes; at += 64) Prefetch(next[r] + b * kBytes + at);
-    }
-  }
-
-  template <int R, int T>
-  static void Tile(const uint8_t* const* rows, const uint8_t* const* next, int64_t cols,
-                   const uint8_t* xb, int64_t x_stride, float* y, int64_t y_stride) {
-    __m256 acc[R][T];
-    for (int r = 0; r < R; ++r) {
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
-    }
-    const float* x[T];
-    for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<const float*>(xb + t * x_stride);
-    alignas(32) float w[R][kBlock];
-    for (int64_t b = 0; b < cols / kBlock; ++b) {
-      if (next != nullptr) PrefetchBlock(next, R, b);
-      for (int r = 0; r < R; ++r) D::Decode(rows[r] + b * kBytes, w[r]);
-      for (int c = 0; c < kBlock; c += 8) {
-        __m256 xv[T];
-        for (int t = 0; t < T; ++t) xv[t] = _mm256_loadu_ps(x[t] + b * kBlock + c);
-        for (int r = 0; r < R; ++r) {
-          const __m256 wv = _mm256_load_ps(w[r] + c);
-          for (int t = 0; t < T; ++t) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
-        }
-      }
-    }
-    for (int t = 0; t < T; ++t) {
-      for (int r = 0; r < R; ++r) y[t * y_stride + r] = HorizontalSum(acc[r][t]);
     }
   }
 
@@ -1088,8 +1093,9 @@ inline __m256 RoundHalfAway(__m256 p) {
   return _mm256_add_ps(t, _mm256_and_ps(away, step));
 }
 
-// One block of ggml's quantize_row_q8_0_ref: the 32 values in order and the fp16 scale.
-inline __m256i QuantizeBlock(const float* x, uint16_t* d_half) {
+// One block of ggml's quantize_row_q8_0_ref: the 32 values in order and the fp16 scale (and the
+// f32 scale before its rounding, which Q8_1's s uses).
+inline __m256i QuantizeBlock(const float* x, uint16_t* d_half, float* d_f32 = nullptr) {
   const __m256 sign_mask = _mm256_set1_ps(-0.0f);
   __m256 v[4];
   __m256 amax = _mm256_setzero_ps();
@@ -1103,6 +1109,7 @@ inline __m256i QuantizeBlock(const float* x, uint16_t* d_half) {
   const float d = _mm_cvtss_f32(m) / 127;
   const float id = d != 0.0f ? 1.0f / d : 0.0f;
   *d_half = Fp32ToFp16(d);
+  if (d_f32 != nullptr) *d_f32 = d;
   const __m256 idv = _mm256_set1_ps(id);
   __m256i q[4];
   for (int k = 0; k < 4; ++k) q[k] = _mm256_cvttps_epi32(RoundHalfAway(_mm256_mul_ps(v[k], idv)));
@@ -1183,7 +1190,10 @@ void PrepareQ8K(const float* x, int64_t cols, uint8_t* out) {
 
 int64_t Q8KInputBytes(int64_t cols) { return cols / kQK_K * kQ8KBlockBytes; }
 
-int64_t InputBytes(int64_t cols) { return cols / kQK * kPreparedBlockBytes; }
+template <class L>
+int64_t InputBytes(int64_t cols) {
+  return cols / kQK * kPreparedBytes<L>;
+}
 
 template <class L>
 void PrepareFor(const float* x, int64_t cols, uint8_t* out) {
@@ -1195,9 +1205,10 @@ void PrepareFor(const float* x, int64_t cols, uint8_t* out) {
   const float inv_high = 1.0f / L::kHighScale;
   const __m256 d_factor = _mm256_setr_ps(1, 1, 1, 1, inv_high, inv_high, inv_high, inv_high);
   for (int64_t b = 0; b < cols / kQK; ++b) {
-    uint8_t* blk = out + b * kPreparedBlockBytes;
+    uint8_t* blk = out + b * kPreparedBytes<L>;
     uint16_t dh;
-    const __m256i q = QuantizeBlock(x + b * kQK, &dh);
+    float d32;
+    const __m256i q = QuantizeBlock(x + b * kQK, &dh, &d32);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(blk), q);
     const __m256i lane_sums =
         _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
@@ -1205,6 +1216,14 @@ void PrepareFor(const float* x, int64_t cols, uint8_t* out) {
                         _mm256_mullo_epi32(lane_sums, bias_factor));
     _mm256_storeu_ps(reinterpret_cast<float*>(blk + kScaleAt),
                      _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(dh)), d_factor));
+    if constexpr (LoaderHasMin<L>()) {
+      alignas(32) int32_t lanes[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), lane_sums);
+      int32_t sum = 0;
+      for (int32_t v : lanes) sum += v;
+      const float s = _cvtsh_ss(Fp32ToFp16(static_cast<float>(sum) * d32));
+      _mm256_storeu_ps(reinterpret_cast<float*>(blk + kSumAt), _mm256_setr_ps(s, 0, 0, 0, 0, 0, 0, 0));
+    }
   }
 }
 
@@ -1215,13 +1234,8 @@ constexpr TypeEntry Float() {
 template <GgmlType kType, class K>
 constexpr TypeEntry Q8Input() {
   return {kType,
-          {&DotRows<K>, &AxpyRows<K>, &ReferenceDequantize<kType>, &InputBytes,
-           &PrepareFor<typename K::Loader>}};
-}
-template <GgmlType kType, class D>
-constexpr TypeEntry Block() {
-  using K = BlockKernel<D>;
-  return {kType, {&DotRows<K>, &AxpyRows<K>, &K::Dequantize}};
+          {&DotRows<K>, &AxpyRows<K>, &ReferenceDequantize<kType>,
+           &InputBytes<typename K::Loader>, &PrepareFor<typename K::Loader>}};
 }
 // Dot through the integer kernel against Q8_K activations; axpy and dequantize through the
 // f32 decode (the sparse down_t path multiplies f32 coefficients into rows).
@@ -1236,7 +1250,7 @@ template <GgmlType kType, class K, class D>
 constexpr TypeEntry Q8InputDecoded() {
   using F = BlockKernel<D>;
   return {kType,
-          {&DotRows<K>, &AxpyRows<F>, &F::Dequantize, &InputBytes,
+          {&DotRows<K>, &AxpyRows<F>, &F::Dequantize, &InputBytes<typename K::Loader>,
            &PrepareFor<typename K::Loader>}};
 }
 template <bool kVnni>
@@ -1247,6 +1261,8 @@ constexpr KernelSet MakeKernelSet() {
   using Q4 = std::conditional_t<kVnni, QuantKernel<Q4Masked, VnniEngine>,
                                 QuantKernel<Q4Shifted, MaddubsEngine>>;
   using Q5_0 = QuantKernel<Q5_0Unsigned, std::conditional_t<kVnni, VnniEngine, MaddubsEngine>>;
+  using Q4_1 = QuantKernel<Q4_1Unsigned, std::conditional_t<kVnni, VnniEngine, MaddubsEngine>>;
+  using Q5_1 = QuantKernel<Q5_1Unsigned, std::conditional_t<kVnni, VnniEngine, MaddubsEngine>>;
   using Iq4nl = std::conditional_t<kVnni, QuantKernel<Iq4nlOffset, VnniEngine>,
                                    QuantKernel<Iq4nlSigned, SignEngine>>;
   constexpr TypeEntry kEntries[] = {
@@ -1255,9 +1271,9 @@ constexpr KernelSet MakeKernelSet() {
       Float<T::kBF16, FloatKernel<Bf16Load>>(),
       Q8Input<T::kQ8_0, Q8>(),
       Q8Input<T::kQ4_0, Q4>(),
-      Block<T::kQ4_1, LegacyDecode<true, false>>(),
+      Q8InputDecoded<T::kQ4_1, Q4_1, LegacyDecode<true, false>>(),
       Q8InputDecoded<T::kQ5_0, Q5_0, LegacyDecode<false, true>>(),
-      Block<T::kQ5_1, LegacyDecode<true, true>>(),
+      Q8InputDecoded<T::kQ5_1, Q5_1, LegacyDecode<true, true>>(),
       Q8InputDecoded<T::kIQ4_NL, Iq4nl, Iq4nlDecode>(),
       Q8KInput<T::kQ2_K, Q2KInt, Q2KDecode>(),
       Q8KInput<T::kQ3_K, Q3KInt, Q3KDecode>(),

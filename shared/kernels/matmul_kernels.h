@@ -32,11 +32,12 @@ struct RowSource {
 //     quantize_row_q8_K_ref); per super-block (d * xd) * I - (dmin * xd) * M with I the
 //     sub-block-scaled integer sum and M the mins times the activation's bsums (K-quants with
 //     mins), both exact int32.
-//   q4_1, q5_1 (no Q8_1 kernels yet), f32, f16, bf16: f32 activations; a q4_1/q5_1 block is
-//     decoded to the f32 values DequantizeRow gives and multiplied exactly as the f32 kernel of
-//     the same family multiplies an f32 row (bit for bit the f32 kernel on the dequantized
-//     matrix).
-// axpy (the sparse down_t path) always multiplies f32 coefficients into f32-decoded rows.
+//   q4_1, q5_1: Q8_1 activations (Q8_0's rounding plus s = fp16(d * sum q), QuantizeRowQ8_1);
+//     per block (d_w * d_x) * I + m_w * s_x.
+//   f32, f16, bf16: f32 activations.
+// axpy (the sparse down_t path) multiplies f32 coefficients into rows: every block type but
+// q8_0/q4_0 decodes its rows to the f32 values DequantizeRow gives and adds them exactly as the
+// f32 kernel of the same family adds an f32 row.
 struct TypeKernels {
   // y[t * y_stride + i] = dot(rows.row(i), x_t) for i < n_rows, t < n_tokens, where
   // x_t = x + t * x_stride bytes holds `cols` f32 values, or the prepared activations when the

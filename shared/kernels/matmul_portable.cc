@@ -91,6 +91,42 @@ struct Iq4nlBlock {
   }
 };
 
+// q4_1, q5_1 (x = d * q + m): the unsigned q, nibbles as Q4_0, q5_1's bit 4 from qh.
+template <bool kHigh>
+struct Q4_1Block {
+  static constexpr int64_t kBytes = kHigh ? 24 : 20;
+  static void Unpack(const uint8_t* b, int8_t* q) {
+    uint32_t qh = 0;
+    if (kHigh) std::memcpy(&qh, b + 4, sizeof qh);
+    const uint8_t* qs = b + (kHigh ? 8 : 4);
+    for (int j = 0; j < kQK / 2; ++j) {
+      q[j] = static_cast<int8_t>((qs[j] & 0x0F) | (((qh >> j) & 1) << 4));
+      q[j + kQK / 2] = static_cast<int8_t>((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
+    }
+  }
+};
+
+// As ggml's scalar vec_dot_q4_1_q8_1: (d_w * d_x) * sum q_w q_x + m_w * s_x per block, s_x the
+// Q8_1 block's fp16 d_x * sum q_x.
+template <class B>
+struct MinQuantType {
+  static float Dot(const uint8_t* w, const uint8_t* x, int64_t cols) {
+    const float* half = HalfToFloatTable();
+    float sum = 0.0f;
+    int8_t qw[kQK];
+    for (int64_t b = 0; b < cols / kQK; ++b) {
+      const uint8_t* wb = w + b * B::kBytes;
+      const uint8_t* xb = x + b * kQ8_1BlockBytes;
+      B::Unpack(wb, qw);
+      int32_t isum = 0;
+      for (int j = 0; j < kQK; ++j) isum += qw[j] * static_cast<int8_t>(xb[4 + j]);
+      sum += static_cast<float>(isum) * (half[LoadU16(wb)] * half[LoadU16(xb)]) +
+             half[LoadU16(wb + 2)] * half[LoadU16(xb + 2)];
+    }
+    return sum;
+  }
+};
+
 // As ggml's scalar vec_dot: an exact integer sum per block, scaled by d_w * d_x in f32.
 template <class B>
 float QuantDot(const uint8_t* w, const uint8_t* x, int64_t cols) {
@@ -285,25 +321,10 @@ struct KQuantType {
   }
 };
 
-// Block types with f32 activations (see TypeKernels): each block is dequantized by the
-// reference DequantizeRow and multiplied exactly as FloatDot<F32Elem> multiplies an f32 row
-// (block sizes are multiples of 8, so the eight partial sums see the same terms in the same
-// order), which makes the result equal to the f32 kernel on the dequantized matrix.
+// Block types decoded to f32 for AxpyRows (every block type but q8_0 / q4_0): each block is
+// dequantized by the reference DequantizeRow and added exactly as the f32 kernel adds an f32 row.
 template <GgmlType kType, int kBlock, int kBytes>
 struct BlockType {
-  static float Dot(const uint8_t* w, const uint8_t* xb, int64_t cols) {
-    const float* x = reinterpret_cast<const float*>(xb);
-    float acc[8] = {};
-    float buf[kBlock];
-    for (int64_t b = 0; b < cols / kBlock; ++b) {
-      DequantizeRow(kType, w + b * kBytes, buf, kBlock);
-      const float* xs = x + b * kBlock;
-      for (int c = 0; c < kBlock; c += 8) {
-        for (int j = 0; j < 8; ++j) acc[j] += buf[c + j] * xs[c + j];
-      }
-    }
-    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-  }
   static void Axpy(const uint8_t* w, float coeff, int64_t cols, float* y) {
     float buf[kBlock];
     for (int64_t b = 0; b < cols / kBlock; ++b) {
@@ -367,6 +388,17 @@ constexpr TypeEntry Q8InputDecoded() {
   return {kType,
           {&DotRows<QuantType<B>>, &AxpyRows<F>, &Dequantize<kType>, &InputBytes, &PrepareInput}};
 }
+int64_t Q8_1InputBytes(int64_t cols) { return cols / kQK * kQ8_1BlockBytes; }
+void PrepareQ8_1(const float* x, int64_t cols, uint8_t* out) { QuantizeRowQ8_1(x, out, cols); }
+
+// Dot against Q8_1 activations, axpy and dequantize through the f32 decode.
+template <GgmlType kType, class B>
+constexpr TypeEntry Q8_1Input() {
+  using F = BlockType<kType, kQK, static_cast<int>(B::kBytes)>;
+  return {kType,
+          {&DotRows<MinQuantType<B>>, &AxpyRows<F>, &Dequantize<kType>, &Q8_1InputBytes,
+           &PrepareQ8_1}};
+}
 // Dot through the integer kernel, axpy and dequantize through the f32 decode (the sparse
 // down_t path multiplies f32 coefficients into rows).
 template <GgmlType kType, class B, int kBlock>
@@ -376,11 +408,6 @@ constexpr TypeEntry Q8KInput() {
           {&DotRows<KQuantType<B>>, &AxpyRows<F>, &Dequantize<kType>, &Q8KInputBytes,
            &PrepareQ8K}};
 }
-template <GgmlType kType, int kBlock, int kBytes>
-constexpr TypeEntry Block() {
-  using K = BlockType<kType, kBlock, kBytes>;
-  return {kType, {&DotRows<K>, &AxpyRows<K>, &Dequantize<kType>}};
-}
 
 using T = GgmlType;
 constexpr TypeEntry kEntries[] = {
@@ -389,9 +416,9 @@ constexpr TypeEntry kEntries[] = {
     Float<T::kBF16, FloatType<Bf16Elem>>(),
     Q8Input<T::kQ8_0, QuantType<Q8Block>>(),
     Q8Input<T::kQ4_0, QuantType<Q4Block>>(),
-    Block<T::kQ4_1, kQK, 20>(),
+    Q8_1Input<T::kQ4_1, Q4_1Block<false>>(),
     Q8InputDecoded<T::kQ5_0, Q5_0Block>(),
-    Block<T::kQ5_1, kQK, 24>(),
+    Q8_1Input<T::kQ5_1, Q4_1Block<true>>(),
     Q8InputDecoded<T::kIQ4_NL, Iq4nlBlock>(),
     Q8KInput<T::kQ2_K, Q2KInts, kQK_K>(),
     Q8KInput<T::kQ3_K, Q3KInts, kQK_K>(),

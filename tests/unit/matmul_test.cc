@@ -55,6 +55,9 @@ GgmlType ActivationType(GgmlType t) {
     case GgmlType::kQ6_K:
     case GgmlType::kIQ4_XS:
       return GgmlType::kQ8_K;
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_1:
+      return GgmlType::kQ8_1;
     default:
       return GgmlType::kF32;
   }
@@ -121,24 +124,28 @@ struct TestMatrix {
   MatrixView view;
 };
 
-// parts of one row: dequantized once with every dmin zeroed and once with every d zeroed, which
-// isolates the two terms exactly (each is a product of exact small factors).
+// One row dequantized with the fp16 at HalfOffsets(type)[which] zeroed in every block: for the
+// types with mins, which = 1 leaves the d * sc * q term alone and which = 0 the min term, each
+// exactly (a product of exact small factors).
+void DequantizeWithout(GgmlType type, const uint8_t* row, int64_t cols, int which, float* out) {
+  const GgmlTypeTraits& t = TypeTraits(type);
+  std::vector<uint8_t> copy(row, row + RowBytes(type, cols));
+  for (int64_t b = 0; b < cols / t.block_size; ++b) {
+    std::memset(copy.data() + b * t.block_bytes + HalfOffsets(type)[which], 0, 2);
+  }
+  DequantizeRow(type, copy.data(), out, cols);
+}
+
 void AbsParts(GgmlType type, const uint8_t* row, int64_t cols, float* parts) {
   if (!HasMin(type)) {
     DequantizeRow(type, row, parts, cols);
     for (int64_t c = 0; c < cols; ++c) parts[c] = std::fabs(parts[c]);
     return;
   }
-  const GgmlTypeTraits& t = TypeTraits(type);
-  const std::vector<int> at = HalfOffsets(type);  // {d, dmin}
   std::vector<float> term(cols);
   std::fill(parts, parts + cols, 0.0f);
-  for (int keep = 0; keep < 2; ++keep) {
-    std::vector<uint8_t> copy(row, row + RowBytes(type, cols));
-    for (int64_t b = 0; b < cols / t.block_size; ++b) {
-      std::memset(copy.data() + b * t.block_bytes + at[1 - keep], 0, 2);
-    }
-    DequantizeRow(type, copy.data(), term.data(), cols);
+  for (int which = 0; which < 2; ++which) {
+    DequantizeWithout(type, row, cols, which, term.data());
     for (int64_t c = 0; c < cols; ++c) parts[c] += std::fabs(term[c]);
   }
 }
@@ -180,11 +187,27 @@ std::vector<float> RandomVector(int64_t n, std::mt19937& rng) {
   return v;
 }
 
-// What the kernels see of the activations: Q8_0- or Q8_K-rounded for quantized weights.
-std::vector<float> EffectiveInput(GgmlType type, const float* x, int64_t cols) {
+// What the kernels see of the activations: Q8_0-, Q8_K- or Q8_1-rounded for quantized weights;
+// for Q8_1 also each block's s (fp16 of d * sum q, as stored), into *sums.
+std::vector<float> EffectiveInput(GgmlType type, const float* x, int64_t cols,
+                                  std::vector<float>* sums = nullptr) {
   std::vector<float> out(x, x + cols);
   const GgmlType a = ActivationType(type);
-  if (a != GgmlType::kF32) {
+  if (a == GgmlType::kQ8_1) {
+    std::vector<uint8_t> q(cols / kQK * kQ8_1BlockBytes);
+    QuantizeRowQ8_1(x, q.data(), cols);
+    if (sums != nullptr) sums->resize(cols / kQK);
+    for (int64_t b = 0; b < cols / kQK; ++b) {
+      const uint8_t* blk = q.data() + b * kQ8_1BlockBytes;
+      uint16_t d, sh;
+      std::memcpy(&d, blk, 2);
+      std::memcpy(&sh, blk + 2, 2);
+      if (sums != nullptr) (*sums)[b] = Fp16ToFp32(sh);
+      for (int j = 0; j < kQK; ++j) {
+        out[b * kQK + j] = Fp16ToFp32(d) * static_cast<float>(static_cast<int8_t>(blk[4 + j]));
+      }
+    }
+  } else if (a != GgmlType::kF32) {
     std::vector<uint8_t> q(RowBytes(a, cols));
     if (a == GgmlType::kQ8_K) {
       QuantizeRowQ8_K(x, q.data(), cols);
@@ -226,6 +249,15 @@ double Tolerance(int64_t n, double sum_abs) {
 double Q8KTolerance(int64_t cols, double parts_abs) {
   return 2.0 * (static_cast<double>(cols / kQK_K) + 4.0) * FLT_EPSILON * parts_abs + 1e-30;
 }
+// Q8_1 (q4_1, q5_1): per block of 32, (d_w * d_x) * I + m_w * s_x with I exact (< 2^17) and s_x
+// the fp16 the activation block stores, which the reference uses as is (ggml's arithmetic: s_x
+// is not the sum of the dequantized activations). The reference's other operands are exact
+// (d_w * q: fp16 times 5 bits; d_x * q8: fp16 times 8 bits), so the whole difference is the
+// kernels' f32 rounding, counted as for Q8_K over nb = cols / 32 blocks with
+// P = sum |d_w q_c x_c| + sum_b |m_b s_b|.
+double Q8_1Tolerance(int64_t cols, double parts_abs) {
+  return 2.0 * (static_cast<double>(cols / kQK) + 4.0) * FLT_EPSILON * parts_abs + 1e-30;
+}
 
 class KernelTest : public ::testing::TestWithParam<Family> {
  protected:
@@ -263,9 +295,36 @@ TEST_P(KernelTest, MatMulMatchesDoubleReference) {
         const int64_t x_stride = cols + 3, y_stride = s.rows + 2;
         std::vector<float> x = RandomVector(n_tokens * x_stride, rng);
         std::vector<double> ref(n_tokens * s.rows), bound(n_tokens * s.rows);
-        for (int64_t t = 0; t < n_tokens; ++t) {
-          const std::vector<float> xe = EffectiveInput(type, x.data() + t * x_stride, cols);
+        const bool q8_1 = ActivationType(type) == GgmlType::kQ8_1;
+        std::vector<float> d_part;  // q8_1: the d_w * q term of each weight, without m
+        if (q8_1) {
+          d_part.resize(s.rows * cols);
           for (int64_t r = 0; r < s.rows; ++r) {
+            DequantizeWithout(type, m.view.row(r), cols, 1, d_part.data() + r * cols);
+          }
+        }
+        for (int64_t t = 0; t < n_tokens; ++t) {
+          std::vector<float> sums;
+          const std::vector<float> xe =
+              EffectiveInput(type, x.data() + t * x_stride, cols, &sums);
+          for (int64_t r = 0; r < s.rows && q8_1; ++r) {
+            double sum = 0, sum_abs = 0;
+            for (int64_t c = 0; c < cols; ++c) {
+              const double p = static_cast<double>(d_part[r * cols + c]) * xe[c];
+              sum += p;
+              sum_abs += std::fabs(p);
+            }
+            for (int64_t b = 0; b < cols / kQK; ++b) {
+              uint16_t mh;
+              std::memcpy(&mh, m.view.row(r) + b * TypeTraits(type).block_bytes + 2, 2);
+              const double p = static_cast<double>(Fp16ToFp32(mh)) * sums[b];
+              sum += p;
+              sum_abs += std::fabs(p);
+            }
+            ref[t * s.rows + r] = sum;
+            bound[t * s.rows + r] = Q8_1Tolerance(cols, sum_abs);
+          }
+          for (int64_t r = 0; r < s.rows && !q8_1; ++r) {
             double sum = 0, sum_abs = 0, parts_abs = 0;
             for (int64_t c = 0; c < cols; ++c) {
               const double p = static_cast<double>(m.deq[r * cols + c]) * xe[c];
@@ -428,28 +487,20 @@ TEST_P(KernelTest, DequantizeMatrixRowMatchesReference) {
   }
 }
 
-// Types with f32 activations (q4_1, q5_1) decode each block to its dequantized values and then
-// multiply exactly as the f32 kernel does (matmul_kernels.h): the same bits as the f32 kernel of
-// the same family over the dequantized matrix, for GEMV and GEMM. AxpyRows decodes every block
-// type but q8_0 / q4_0 so, for all of them the same bits as AxpyRows over that f32 matrix.
-TEST_P(KernelTest, BlockTypesEqualF32KernelOnDequantizedMatrix) {
+// AxpyRows decodes every block type but q8_0 / q4_0 to its dequantized values and adds them
+// exactly as the f32 kernel does (matmul_kernels.h): the same bits as AxpyRows of the same
+// family over the dequantized matrix.
+TEST_P(KernelTest, BlockTypeAxpyEqualsF32KernelOnDequantizedMatrix) {
   std::mt19937 rng(17);
   for (GgmlType type : kAllTypes) {
     if (BlockSize(type) == 1 || type == GgmlType::kQ8_0 || type == GgmlType::kQ4_0) continue;
     const int64_t rows = 29, cols = RoundUp(512, type), n_tokens = 5;
+    EXPECT_TRUE(IsQuant(type)) << TypeName(type) << " has 8-bit activations";
     TestMatrix m = MakeMatrix(type, rows, cols, rng);
     MatrixView f32{GgmlType::kF32, rows, cols, reinterpret_cast<const uint8_t*>(m.deq.data()),
                    cols * static_cast<int64_t>(sizeof(float))};
     std::vector<float> x = RandomVector(n_tokens * cols, rng);
     ThreadPool pool(1);
-    for (int64_t nt : {int64_t{1}, n_tokens}) {
-      if (IsQuant(type)) break;
-      std::vector<float> a(nt * rows), b(nt * rows);
-      MatMul(m.view, x.data(), nt, cols, a.data(), rows, pool);
-      MatMul(f32, x.data(), nt, cols, b.data(), rows, pool);
-      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
-          << TypeName(type) << " tokens=" << nt;
-    }
     std::vector<int32_t> ids = {3, 0, 28, 3, 17, 9, 11};
     std::vector<float> ya(cols, 0.5f), yb(cols, 0.5f);
     AxpyRows(m.view, ids.data(), x.data(), 7, ya.data(), pool);
@@ -470,7 +521,8 @@ TEST(VnniTest, SameBitsAsPlainAvx2) {
   std::mt19937 rng(21);
   const matmul_internal::KernelSet& plain = matmul_internal::Avx2Kernels(false);
   const matmul_internal::KernelSet& vnni = matmul_internal::Avx2Kernels(true);
-  for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ5_0, GgmlType::kIQ4_NL}) {
+  for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ5_0, GgmlType::kIQ4_NL,
+                        GgmlType::kQ4_1, GgmlType::kQ5_1}) {
     const int64_t rows = 37, cols = 640, n_tokens = 5;
     TestMatrix m = MakeMatrix(type, rows, cols, rng);
     std::vector<float> x = RandomVector(n_tokens * cols, rng);
@@ -585,6 +637,41 @@ TEST(ActivationQuantizeTest, Q8KMatchesGgmlDefinitionInEveryFamily) {
     }
   }
   EXPECT_GT(checked, 0);
+}
+
+// QuantizeRowQ8_1 against ggml's quantize_row_q8_1_ref restated: d and qs exactly those of the
+// Q8_0 reference, s = fp16(sum of qs * amax / 127); the portable family's prepare_input writes
+// it as is (the AVX2 families keep s in their own layout, checked through MatMul above).
+TEST(ActivationQuantizeTest, Q8_1MatchesGgmlDefinition) {
+  std::mt19937 rng(13);
+  const int64_t n = 32 * 64;
+  std::vector<float> x = RandomVector(n, rng);
+  for (int j = 0; j < 32; ++j) x[32 + j] = (j == 0) ? 127.0f : (j % 2 ? 1.0f : -1.0f) * (j + 0.5f);
+  std::fill(x.begin() + 64, x.begin() + 96, 0.0f);
+  for (int j = 128; j < 160; ++j) x[j] = 6.5e4f * (j % 3 - 1);
+  std::vector<uint8_t> q8_0(RowBytes(GgmlType::kQ8_0, n));
+  QuantizeRow(GgmlType::kQ8_0, x.data(), q8_0.data(), n);
+  std::vector<uint8_t> got(n / kQK * kQ8_1BlockBytes, 0xCD);
+  QuantizeRowQ8_1(x.data(), got.data(), n);
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    const uint8_t* g = got.data() + b * kQ8_1BlockBytes;
+    const uint8_t* w = q8_0.data() + b * sizeof(BlockQ8_0);
+    ASSERT_EQ(std::memcmp(g, w, 2), 0) << "d of block " << b;
+    ASSERT_EQ(std::memcmp(g + 4, w + 2, kQK), 0) << "qs of block " << b;
+    float amax = 0;
+    int sum = 0;
+    for (int j = 0; j < kQK; ++j) {
+      amax = std::max(amax, std::fabs(x[b * kQK + j]));
+      sum += static_cast<int8_t>(w[2 + j]);
+    }
+    const uint16_t s = Fp32ToFp16(static_cast<float>(sum) * (amax / 127));
+    ASSERT_EQ(std::memcmp(g + 2, &s, 2), 0) << "s of block " << b;
+  }
+  const matmul_internal::TypeKernels& tk = matmul_internal::PortableKernels().For(GgmlType::kQ4_1);
+  ASSERT_EQ(tk.input_bytes(n), static_cast<int64_t>(got.size()));
+  std::vector<uint8_t> prepared(got.size());
+  tk.prepare_input(x.data(), n, prepared.data());
+  EXPECT_EQ(prepared, got);
 }
 
 // The activation quantizer of every kernel family must reproduce ggml's reference rounding
