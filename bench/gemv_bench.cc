@@ -347,7 +347,8 @@ int Main(int argc, char** argv) {
           static_cast<long long>(w.view.cols), w.bytes / 1048576.0, o.threads[i],
           g.gemv_best_s * 1e3, g.gemv_median_s * 1e3, gb / g.gemv_best_s, gb / g.read_best_s,
           100.0 * g.read_best_s / g.gemv_best_s, 100.0 * g.read_median_s / g.gemv_median_s,
-          100.0 * g.paired_ratio, in_cache, 100.0 * o.threads[i] * in_cache * g.read_best_s / gb, gemm);
+          100.0 * g.paired_ratio, in_cache, 100.0 * o.threads[i] * in_cache * g.read_best_s / gb,
+          gemm);
       std::fflush(stdout);
     }
   }
@@ -355,9 +356,11 @@ int Main(int argc, char** argv) {
       "\nGEMV GB/s: weight bytes / best GEMV time. read GB/s: best plain read of the same copies, "
       "timed interleaved with the GEMVs. best ratio = best GEMV rate / best read rate; median "
       "ratio likewise with medians; paired ratio: median over (GEMV, next read) pairs of read "
-      "time / GEMV time. in L2: best one-thread GEMV over ~256 KiB of rows that stay in L2 (the kernel's "
+      "time / GEMV time. in L2: best one-thread GEMV over ~256 KiB of rows that stay in L2 (the "
+      "kernel's "
       "compute ceiling per thread); ceiling ratio = threads x in-L2 rate / best read rate, the "
-      "most the best ratio can reach. GEMM: %lld tokens, best of 3, 2 flops per weight per token.\n",
+      "most the best ratio can reach. GEMM: %lld tokens, best of 3, 2 flops per weight per "
+      "token.\n",
       static_cast<long long>(o.gemm_tokens));
   std::printf(
       "\nSparse FFN kernels, %.0f%% of the rows (random, sorted ids), one token; GB/s of rows "

@@ -728,7 +728,8 @@ constexpr int64_t kQ8KSums = 4 + kQK_K;
 // Int16 lane k of a register holding the same 8 int16 in both halves, in every lane.
 inline __m256i BroadcastPair(__m256i scales16, int k) {
   // scales16 holds 8 int16 in each 128-bit half (the same in both); pick lane k.
-  return _mm256_shuffle_epi8(scales16, _mm256_set1_epi16(static_cast<int16_t>(0x0100 + 0x0202 * k)));
+  return _mm256_shuffle_epi8(scales16,
+                             _mm256_set1_epi16(static_cast<int16_t>(0x0100 + 0x0202 * k)));
 }
 
 // Unpackers: Prepare reads the per-block scales (once per row and block, shared by the tile's
@@ -783,13 +784,16 @@ struct Q45KInt {
       if (kHigh) {
         // Bit 2g of qh[l] is bit 4 of sub-block 2g's element l, bit 2g + 1 that of 2g + 1.
         const __m256i bit = _mm256_set1_epi8(1);
-        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g), bit), 4));
-        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g + 1), bit), 4));
+        lo = _mm256_or_si256(
+            lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g), bit), 4));
+        hi = _mm256_or_si256(
+            hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g + 1), bit), 4));
       }
       const __m256i pl = _mm256_maddubs_epi16(lo, Load32(xq + 64 * g));
       const __m256i ph = _mm256_maddubs_epi16(hi, Load32(xq + 64 * g + 32));
-      sum = _mm256_add_epi32(sum, _mm256_add_epi32(_mm256_madd_epi16(pl, BroadcastPair(w.scales, 2 * g)),
-                                                   _mm256_madd_epi16(ph, BroadcastPair(w.scales, 2 * g + 1))));
+      sum = _mm256_add_epi32(
+          sum, _mm256_add_epi32(_mm256_madd_epi16(pl, BroadcastPair(w.scales, 2 * g)),
+                                _mm256_madd_epi16(ph, BroadcastPair(w.scales, 2 * g + 1))));
     }
     return sum;
   }
@@ -803,9 +807,8 @@ inline void SplitScales16(__m256i s16, __m256i* lo, __m256i* hi) {
   *hi = _mm256_permute4x64_epi64(s16, 0xEE);
 }
 inline __m256i ScalePair(__m256i dup, int k) {
-  const __m256i idx =
-      _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(0x0302 + 0x0404 * k)),
-                       _mm_set1_epi16(static_cast<int16_t>(0x0100 + 0x0404 * k)));
+  const __m256i idx = _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(0x0302 + 0x0404 * k)),
+                                       _mm_set1_epi16(static_cast<int16_t>(0x0100 + 0x0404 * k)));
   return _mm256_shuffle_epi8(dup, idx);
 }
 
@@ -840,7 +843,8 @@ struct Q6KInt {
                                 _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low)};
       const __m256i& dup = h == 0 ? w.scales : w.scales_hi;
       for (int k = 0; k < 4; ++k) {
-        const __m256i hb = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), three), 4);
+        const __m256i hb =
+            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), three), 4);
         const __m256i q = _mm256_or_si256(parts[k], hb);
         const __m256i p = _mm256_maddubs_epi16(q, Load32(xq + 128 * h + 32 * k));
         sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, ScalePair(dup, k)));
@@ -943,16 +947,19 @@ struct Iq4xsInt {
     w->dmin = 0.0f;
     uint32_t sl;
     std::memcpy(&sl, b + 4, 4);
-    const __m128i lows = _mm_unpacklo_epi8(_mm_cvtsi32_si128(static_cast<int>(sl & 0x0F0F0F0F)),
-                                           _mm_cvtsi32_si128(static_cast<int>((sl >> 4) & 0x0F0F0F0F)));
+    const __m128i lows =
+        _mm_unpacklo_epi8(_mm_cvtsi32_si128(static_cast<int>(sl & 0x0F0F0F0F)),
+                          _mm_cvtsi32_si128(static_cast<int>((sl >> 4) & 0x0F0F0F0F)));
     uint16_t sh;
     std::memcpy(&sh, b + 2, 2);
-    const __m256i highs =
-        _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(sh), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
-                         _mm256_set1_epi32(3));
-    const __m256i s32 = _mm256_sub_epi32(
-        _mm256_or_si256(_mm256_cvtepu8_epi32(lows), _mm256_slli_epi32(highs, 4)), _mm256_set1_epi32(32));
-    const __m128i s16 = _mm_packs_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+    const __m256i highs = _mm256_and_si256(
+        _mm256_srlv_epi32(_mm256_set1_epi32(sh), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+        _mm256_set1_epi32(3));
+    const __m256i s32 =
+        _mm256_sub_epi32(_mm256_or_si256(_mm256_cvtepu8_epi32(lows), _mm256_slli_epi32(highs, 4)),
+                         _mm256_set1_epi32(32));
+    const __m128i s16 =
+        _mm_packs_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
     w->scales = _mm256_broadcastsi128_si256(s16);
   }
   static __m256i Dot(const uint8_t* b, const W& w, const uint8_t* xq, __m256i) {
@@ -967,8 +974,9 @@ struct Iq4xsInt {
       const __m256i xa = Load32(xq + 64 * k), xb = Load32(xq + 64 * k + 32);
       const __m256i pa = _mm256_maddubs_epi16(_mm256_sign_epi8(qa, qa), _mm256_sign_epi8(xa, qa));
       const __m256i pb = _mm256_maddubs_epi16(_mm256_sign_epi8(qb, qb), _mm256_sign_epi8(xb, qb));
-      sum = _mm256_add_epi32(sum, _mm256_add_epi32(_mm256_madd_epi16(pa, BroadcastPair(w.scales, 2 * k)),
-                                                   _mm256_madd_epi16(pb, BroadcastPair(w.scales, 2 * k + 1))));
+      sum = _mm256_add_epi32(
+          sum, _mm256_add_epi32(_mm256_madd_epi16(pa, BroadcastPair(w.scales, 2 * k)),
+                                _mm256_madd_epi16(pb, BroadcastPair(w.scales, 2 * k + 1))));
     }
     return sum;
   }
@@ -1168,7 +1176,8 @@ void PrepareQ8K(const float* x, int64_t cols, uint8_t* out) {
     for (int g = 0; g < kQK_K / 32; ++g) {
       __m256i q[4];
       for (int k = 0; k < 4; ++k) {
-        const __m256 r = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(xb + 32 * g + 8 * k), iv), magic);
+        const __m256 r =
+            _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(xb + 32 * g + 8 * k), iv), magic);
         q[k] = _mm256_sub_epi32(_mm256_and_si256(_mm256_castps_si256(r), mantissa), bias);
       }
       const __m256i q8 = _mm256_permutevar8x32_epi32(
@@ -1176,9 +1185,10 @@ void PrepareQ8K(const float* x, int64_t cols, uint8_t* out) {
           _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(blk + kQ8KQs + 32 * g), q8);
       alignas(32) uint64_t sums[4];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(sums),
-                         _mm256_sad_epu8(_mm256_xor_si256(q8, _mm256_set1_epi8(static_cast<char>(0x80))),
-                                         _mm256_setzero_si256()));
+      _mm256_store_si256(
+          reinterpret_cast<__m256i*>(sums),
+          _mm256_sad_epu8(_mm256_xor_si256(q8, _mm256_set1_epi8(static_cast<char>(0x80))),
+                          _mm256_setzero_si256()));
       const int16_t pair[2] = {static_cast<int16_t>(sums[0] + sums[1] - 16 * 128),
                                static_cast<int16_t>(sums[2] + sums[3] - 16 * 128)};
       std::memcpy(blk + kQ8KSums + 4 * g, pair, sizeof pair);
@@ -1222,7 +1232,8 @@ void PrepareFor(const float* x, int64_t cols, uint8_t* out) {
       int32_t sum = 0;
       for (int32_t v : lanes) sum += v;
       const float s = _cvtsh_ss(Fp32ToFp16(static_cast<float>(sum) * d32));
-      _mm256_storeu_ps(reinterpret_cast<float*>(blk + kSumAt), _mm256_setr_ps(s, 0, 0, 0, 0, 0, 0, 0));
+      _mm256_storeu_ps(reinterpret_cast<float*>(blk + kSumAt),
+                       _mm256_setr_ps(s, 0, 0, 0, 0, 0, 0, 0));
     }
   }
 }

@@ -130,7 +130,8 @@ TEST_P(QuantModelTest, LogitsAndGreedyMatchLlamaCpp) {
     const float diff = MaxDiff(logits.data(), ref.data(), 32 * vocab);
     int tight_rows = 0;
     for (int64_t p = 0; p < 32; ++p) {
-      tight_rows += MaxDiff(logits.data() + p * vocab, ref.data() + p * vocab, vocab) <= kExactBound;
+      tight_rows +=
+          MaxDiff(logits.data() + p * vocab, ref.data() + p * vocab, vocab) <= kExactBound;
     }
     std::printf("%s threads=%d: prompt max|logit - llama.cpp| = %.3g, %d of 32 rows within %.0e\n",
                 c.file.c_str(), threads, diff, tight_rows, kExactBound);
