@@ -821,7 +821,7 @@ void DequantizeRowQ6_K(const uint8_t* x, float* y, int64_t n) {
 
 void DequantizeRowQ8_K(const uint8_t* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n / kQK_K; ++i) {
-    const uint8_t* b = x + i * 292;
+    const uint8_t* b = x + i * kQ8KBlockBytes;
     float d;
     std::memcpy(&d, b, sizeof d);
     for (int j = 0; j < kQK_K; ++j) {
@@ -829,6 +829,63 @@ void DequantizeRowQ8_K(const uint8_t* x, float* y, int64_t n) {
     }
   }
 }
+
+}  // namespace
+
+void QuantizeRowQ8_1(const float* x, uint8_t* y, int64_t n) {
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    const float* xb = x + i * kQK;
+    uint8_t* yb = y + i * kQ8_1BlockBytes;
+    float amax = 0.0f;
+    for (int j = 0; j < kQK; ++j) {
+      const float a = std::fabs(xb[j]);
+      amax = amax > a ? amax : a;  // ggml's MAX(), as in QuantizeRowQ8_0
+    }
+    const float d = amax / ((1 << 7) - 1);
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int sum = 0;
+    for (int j = 0; j < kQK; ++j) {
+      const int8_t q = SaturateToInt8(std::roundf(xb[j] * id));
+      yb[4 + j] = static_cast<uint8_t>(q);
+      sum += q;
+    }
+    StoreScale(yb, d);
+    StoreScale(yb + 2, static_cast<float>(sum) * d);
+  }
+}
+
+void QuantizeRowQ8_K(const float* x, uint8_t* y, int64_t n) {
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    const float* xb = x + i * kQK_K;
+    uint8_t* b = y + i * kQ8KBlockBytes;
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < kQK_K; ++j) {
+      const float a = std::fabs(xb[j]);
+      if (a > amax) {
+        amax = a;
+        max = xb[j];
+      }
+    }
+    int8_t q[kQK_K] = {};
+    float d = 0.0f;
+    if (amax != 0.0f) {
+      const float iscale = -127.0f / max;
+      for (int j = 0; j < kQK_K; ++j) {
+        q[j] = static_cast<int8_t>(std::min(127, NearestInt(iscale * xb[j])));
+      }
+      d = 1.0f / iscale;
+    }
+    std::memcpy(b, &d, sizeof d);
+    std::memcpy(b + 4, q, kQK_K);
+    for (int g = 0; g < kQK_K / 16; ++g) {
+      int16_t sum = 0;
+      for (int k = 0; k < 16; ++k) sum = static_cast<int16_t>(sum + q[16 * g + k]);
+      std::memcpy(b + 4 + kQK_K + 2 * g, &sum, sizeof sum);
+    }
+  }
+}
+
+namespace {
 
 void DequantizeRowIQ4_NL(const uint8_t* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n / kQK; ++i) {

@@ -1,9 +1,10 @@
 // Dense matrix-vector and matrix-matrix products over weights of any supported type.
 //
 // Weights are stored row-major as [rows][cols] (ggml: ne[0] = cols), one output per row.
-// For F32/F16/BF16 weights the activations stay f32; for Q8_0/Q4_0 weights they are first
-// quantized to Q8_0 blocks once per call (ggml's reference rounding, bit for bit), as llama.cpp
-// does, so the inner loop is an exact integer dot product per block.
+// For F32/F16/BF16 weights the activations stay f32; for quantized types they are first
+// quantized once per call, as llama.cpp does, to Q8_0 blocks (Q8_0, Q4_0, Q5_0, IQ4_NL), Q8_1
+// blocks (Q4_1, Q5_1) or Q8_K blocks (the K-quants, IQ4_XS), with ggml's reference rounding bit
+// for bit, so the inner loop is an exact integer dot product per block (matmul_kernels.h).
 // AVX2/FMA/F16C kernels are used when the CPU has them (see cpu_features.h; AVX-VNNI too for the
 // quantized types, with identical results), else portable C++.
 //
@@ -37,7 +38,7 @@ void DequantizeMatrixRow(const MatrixView& w, int64_t r, float* out);
 // Sparse forms for the FFN's active neurons; every id must be in [0, w.rows).
 //
 // y[i] = dot(W row row_ids[i], x) for i < n_ids, one token (x has w.cols values). Quantized
-// weights quantize x to Q8_0 once per call, as MatMul does.
+// weights quantize x once per call, as MatMul does.
 void GatherMatMul(const MatrixView& w, const int32_t* row_ids, int64_t n_ids, const float* x,
                   float* y, ThreadPool& pool);
 

@@ -154,6 +154,35 @@ struct FloatKernel {
   }
 };
 
+// ---- Byte-level helpers of the quantized loaders and decoders. ----
+
+inline void Store32(uint8_t* p, __m256i v) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), v); }
+inline __m256i Load32(const uint8_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+// Bytes 0..15 of the result: the low nibbles of the 16 bytes at p; bytes 16..31: the high ones.
+inline __m256i SplitNibbles16(const uint8_t* p) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i m = _mm_set1_epi8(0x0F);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+}
+// Byte j = 0x10 where bit j of the little-endian 32-bit word at p is set, else 0.
+inline __m256i HighBits32(const uint8_t* p) {
+  uint32_t qh;
+  std::memcpy(&qh, p, 4);
+  const __m256i spread =
+      _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)),
+                          _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2,
+                                           2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit),
+                          _mm256_set1_epi8(0x10));
+}
+inline __m256i Iq4Lookup(__m256i idx) {
+  const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues));
+  return _mm256_shuffle_epi8(_mm256_set_m128i(t, t), idx);
+}
+
 // ---- Quantized weights against Q8_0 activations: a step is one 32-element block. ----
 //
 // The byte products run unsigned (weights) x signed (activations), which is what maddubs and
@@ -168,10 +197,22 @@ constexpr int64_t kQsOffset = 2;  // both block types start with their fp16 scal
 constexpr int64_t kQ8Bytes = sizeof(BlockQ8_0);
 
 // Prepared activations, per token: for each block 32 quantized values, the int32 lane bias and
-// the per-lane activation scale (f32 of the fp16-rounded scale, see the loaders' kHighScale).
-constexpr int64_t kPreparedBlockBytes = 96;
+// the per-lane activation scale (f32 of the fp16-rounded scale, see the loaders' kHighScale);
+// for loaders with kHasMin (q4_1, q5_1) also 8 f32 lanes holding Q8_1's s = fp16(d * sum q) in
+// lane 0 and zeros, which one FMA with the weight's broadcast m adds into the accumulator.
 constexpr int64_t kBiasAt = 32;
 constexpr int64_t kScaleAt = 64;
+constexpr int64_t kSumAt = 96;
+template <class L>
+constexpr bool LoaderHasMin() {
+  if constexpr (requires { L::kHasMin; }) {
+    return L::kHasMin;
+  } else {
+    return false;
+  }
+}
+template <class L>
+constexpr int64_t kPreparedBytes = LoaderHasMin<L>() ? 128 : 96;
 
 inline __m256 BroadcastScale(const float* half_table, const uint8_t* block) {
   uint16_t h;
@@ -250,6 +291,50 @@ struct Q8Signed {
   static void Widen(const uint8_t* b, __m256i out[4]) { Q8Offset::Widen(b, out); }
 };
 
+// Q5_0, both engines: the five-bit value 0..31 as is (nibbles in element order as for Q4_0,
+// bit 4 from qh), offset 16.
+struct Q5_0Unsigned {
+  static constexpr int64_t kBytes = 22;
+  static constexpr int kOffset = 16;
+  static constexpr int kHighScale = 1;
+  static __m256i Load(const uint8_t* b) {
+    return _mm256_or_si256(Q4Shifted::Load(b + 4), HighBits32(b + 2));
+  }
+};
+// Q4_1 / Q5_1 (x = d * q + m), both engines: q unsigned as stored (0..15 / 0..31), no offset;
+// the m * s_x term of each block comes from the Q8_1-style prepared input (kHasMin).
+struct Q4_1Unsigned {
+  static constexpr int64_t kBytes = 20;
+  static constexpr int kOffset = 0;
+  static constexpr int kHighScale = 1;
+  static constexpr bool kHasMin = true;
+  static __m256i Load(const uint8_t* b) { return Q4Shifted::Load(b + 2); }
+};
+struct Q5_1Unsigned {
+  static constexpr int64_t kBytes = 24;
+  static constexpr int kOffset = 0;
+  static constexpr int kHighScale = 1;
+  static constexpr bool kHasMin = true;
+  static __m256i Load(const uint8_t* b) {
+    return _mm256_or_si256(Q4Shifted::Load(b + 6), HighBits32(b + 4));
+  }
+};
+// IQ4_NL: the table values (|v| <= 127), signed for the sign engine, + 128 for VNNI.
+struct Iq4nlSigned {
+  static constexpr int64_t kBytes = 18;
+  static constexpr int kOffset = 0;
+  static constexpr int kHighScale = 1;
+  static __m256i Load(const uint8_t* b) { return Iq4Lookup(SplitNibbles16(b + 2)); }
+};
+struct Iq4nlOffset {
+  static constexpr int64_t kBytes = 18;
+  static constexpr int kOffset = 128;
+  static constexpr int kHighScale = 1;
+  static __m256i Load(const uint8_t* b) {
+    return _mm256_xor_si256(Iq4nlSigned::Load(b), _mm256_set1_epi8(static_cast<char>(0x80)));
+  }
+};
+
 // Engines: the int32 lanes of one block's dot product, starting from the bias.
 // AVX-VNNI: one instruction. Inline asm rather than the intrinsic keeps this file buildable
 // with plain -mavx2; it is only reached after a run-time check for avxvnni.
@@ -298,11 +383,15 @@ struct QuantKernel {
     for (int64_t b = 0; b < cols / kQK; ++b) {
       __m256i xq[T], xbias[T];
       __m256 xd[T];
+      __m256 xs[T];
       for (int t = 0; t < T; ++t) {
-        const uint8_t* xt = xb + t * x_stride + b * kPreparedBlockBytes;
+        const uint8_t* xt = xb + t * x_stride + b * kPreparedBytes<L>;
         xq[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xt));
         xbias[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xt + kBiasAt));
         xd[t] = _mm256_loadu_ps(reinterpret_cast<const float*>(xt + kScaleAt));
+        if constexpr (LoaderHasMin<L>()) {
+          xs[t] = _mm256_loadu_ps(reinterpret_cast<const float*>(xt + kSumAt));
+        }
       }
       if (next != nullptr && b % kBlocksPerPrefetch == 0) {
         for (int r = 0; r < R; ++r) Prefetch(next[r] + b * L::kBytes);
@@ -314,6 +403,9 @@ struct QuantKernel {
         for (int t = 0; t < T; ++t) {
           const __m256 p = _mm256_cvtepi32_ps(E::Dot(wq, xq[t], xbias[t]));
           acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(wd, xd[t]), p, acc[r][t]);
+          if constexpr (LoaderHasMin<L>()) {
+            acc[r][t] = _mm256_fmadd_ps(BroadcastScale(half, wb + 2), xs[t], acc[r][t]);
+          }
         }
       }
     }
@@ -347,13 +439,12 @@ struct QuantKernel {
   }
 };
 
-// ---- Block types with f32 activations (see TypeKernels in matmul_kernels.h). ----
+// ---- Block types decoded to f32: the axpy and dequantize of every block type but q8_0/q4_0. ----
 //
 // Each weight block is decoded to its exact f32 values (D::Decode, bit-identical to
-// DequantizeRow) into an L1-resident buffer, then multiplied with FloatKernel<F32Load>'s exact
-// operation sequence: one 8-lane accumulator per (row, token), FMAs in column order, the same
-// horizontal sum. A block type's product therefore equals the f32 kernel on the dequantized
-// matrix bit for bit, and batching tokens or splitting rows cannot change it.
+// DequantizeRow) into an L1-resident buffer, then added into y with FloatKernel<F32Load>'s
+// exact operation sequence, so AxpyRows equals the f32 kernel on the dequantized rows bit for
+// bit.
 
 // SIMD decoders: the quants are unpacked to one byte per element with integer SIMD, then each
 // group of 8 is widened, converted and scaled with exactly the float operations of the
@@ -368,33 +459,6 @@ inline __m256 I8ToFloat(const int8_t* p) {
   return _mm256_cvtepi32_ps(
       _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
-inline void Store32(uint8_t* p, __m256i v) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), v); }
-inline __m256i Load32(const uint8_t* p) {
-  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-}
-// Bytes 0..15 of the result: the low nibbles of the 16 bytes at p; bytes 16..31: the high ones.
-inline __m256i SplitNibbles16(const uint8_t* p) {
-  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m128i m = _mm_set1_epi8(0x0F);
-  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
-}
-// Byte j = 0x10 where bit j of the little-endian 32-bit word at p is set, else 0.
-inline __m256i HighBits32(const uint8_t* p) {
-  uint32_t qh;
-  std::memcpy(&qh, p, 4);
-  const __m256i spread =
-      _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)),
-                          _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2,
-                                           2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
-  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201));
-  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit),
-                          _mm256_set1_epi8(0x10));
-}
-inline __m256i Iq4Lookup(__m256i idx) {
-  const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues));
-  return _mm256_shuffle_epi8(_mm256_set_m128i(t, t), idx);
-}
-
 // q4_1, q5_0, q5_1 (blocks of 32): x = d * q + m, or d * (q - 16) for q5_0.
 template <bool kHasMin, bool kHasHigh>
 struct LegacyDecode {
@@ -612,42 +676,12 @@ struct Q3KDecode {
 
 template <class D>
 struct BlockKernel {
-  static constexpr int kGemvRows = 8;
-  static constexpr int kRows = 4;
-  static constexpr int kTokens = 3;
   static constexpr int kBlock = D::kBlock;
   static constexpr int64_t kBytes = D::kBytes;
 
   static void PrefetchBlock(const uint8_t* const* next, int R, int64_t b) {
     for (int r = 0; r < R; ++r) {
       for (int64_t at = 0; at < kBytes; at += 64) Prefetch(next[r] + b * kBytes + at);
-    }
-  }
-
-  template <int R, int T>
-  static void Tile(const uint8_t* const* rows, const uint8_t* const* next, int64_t cols,
-                   const uint8_t* xb, int64_t x_stride, float* y, int64_t y_stride) {
-    __m256 acc[R][T];
-    for (int r = 0; r < R; ++r) {
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
-    }
-    const float* x[T];
-    for (int t = 0; t < T; ++t) x[t] = reinterpret_cast<const float*>(xb + t * x_stride);
-    alignas(32) float w[R][kBlock];
-    for (int64_t b = 0; b < cols / kBlock; ++b) {
-      if (next != nullptr) PrefetchBlock(next, R, b);
-      for (int r = 0; r < R; ++r) D::Decode(rows[r] + b * kBytes, w[r]);
-      for (int c = 0; c < kBlock; c += 8) {
-        __m256 xv[T];
-        for (int t = 0; t < T; ++t) xv[t] = _mm256_loadu_ps(x[t] + b * kBlock + c);
-        for (int r = 0; r < R; ++r) {
-          const __m256 wv = _mm256_load_ps(w[r] + c);
-          for (int t = 0; t < T; ++t) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
-        }
-      }
-    }
-    for (int t = 0; t < T; ++t) {
-      for (int r = 0; r < R; ++r) y[t * y_stride + r] = HorizontalSum(acc[r][t]);
     }
   }
 
@@ -674,6 +708,327 @@ struct BlockKernel {
     for (int64_t b = 0; b < cols / kBlock; ++b) {
       D::Decode(row + b * kBytes, w);
       std::memcpy(out + b * kBlock, w, sizeof w);
+    }
+  }
+};
+
+// ---- K-quant and IQ4_XS weights against Q8_K activations: a step is one 256-element block. ----
+//
+// As ggml's AVX2 vec_dot_<type>_q8_K: the weight quants are unpacked to bytes, maddubs forms
+// the byte products in int16 pairs (unsigned weight x signed activation; no pair can saturate
+// for these ranges), madd applies the int16 sub-block scales, and the block's int32 lanes are
+// summed exactly. Per (row, token) and block, one 8-lane f32 accumulator then takes
+// (d * xd) * I and, for types with mins, -(dmin * xd) * M, where M = sum of mins x bsums is
+// also exact; the lanes are reduced once at the end. Tiles only share loads, so every (row,
+// token) sees the same operations whatever the tile. Plain block_q8_K activations (PrepareQ8K).
+
+constexpr int64_t kQ8KQs = 4;
+constexpr int64_t kQ8KSums = 4 + kQK_K;
+
+// Int16 lane k of a register holding the same 8 int16 in both halves, in every lane.
+inline __m256i BroadcastPair(__m256i scales16, int k) {
+  // scales16 holds 8 int16 in each 128-bit half (the same in both); pick lane k.
+  return _mm256_shuffle_epi8(scales16,
+                             _mm256_set1_epi16(static_cast<int16_t>(0x0100 + 0x0202 * k)));
+}
+
+// Unpackers: Prepare reads the per-block scales (once per row and block, shared by the tile's
+// tokens), Dot returns the int32 lanes of I for one token. kHasMin types also give the 16
+// int16 mins that madd with the 16 int16 bsums into the lanes of M.
+struct KWeights {
+  __m256i scales;  // int16 sub-block scales (layout per type)
+  __m256i mins;    // int16 per 16 elements (kHasMin)
+  float d, dmin;
+};
+
+// q4_K: 8 sub-blocks of 32, 6-bit scales and mins (ggml's get_scale_min_k4 packing, undone on
+// 32-bit words: bytes 0..7 of `u` become the scales, 8..15 the mins).
+inline void Q4KScalesMins(const uint8_t* packed, __m256i* scales, __m256i* mins) {
+  uint32_t u[4];
+  std::memcpy(u, packed, 12);
+  constexpr uint32_t k6 = 0x3f3f3f3f, k4 = 0x0f0f0f0f, k2 = 0x03030303;
+  u[3] = ((u[2] >> 4) & k4) | (((u[1] >> 6) & k2) << 4);
+  const uint32_t mins_low = u[1] & k6;
+  u[1] = (u[2] & k4) | (((u[0] >> 6) & k2) << 4);
+  u[2] = mins_low;
+  u[0] &= k6;
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
+  *scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(bytes));
+  // Each min twice: it applies to both 16-element bsums of its sub-block.
+  *mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(bytes, bytes));
+}
+
+template <bool kHigh>
+struct Q45KInt {
+  static constexpr int64_t kBytes = kHigh ? 176 : 144;
+  static constexpr bool kHasMin = true;
+  using W = KWeights;
+  static void Prepare(const uint8_t* b, const float* half, W* w) {
+    uint16_t h;
+    std::memcpy(&h, b, 2);
+    w->d = half[h];
+    std::memcpy(&h, b + 2, 2);
+    w->dmin = half[h];
+    Q4KScalesMins(b + 4, &w->scales, &w->mins);
+  }
+  static __m256i Dot(const uint8_t* b, const W& w, const uint8_t* xq, __m256i) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    const uint8_t* qs = b + (kHigh ? 48 : 16);
+    __m256i qh = _mm256_setzero_si256();
+    if (kHigh) qh = Load32(b + 16);
+    __m256i sum = _mm256_setzero_si256();
+    for (int g = 0; g < 4; ++g) {
+      const __m256i v = Load32(qs + 32 * g);
+      __m256i lo = _mm256_and_si256(v, low);
+      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+      if (kHigh) {
+        // Bit 2g of qh[l] is bit 4 of sub-block 2g's element l, bit 2g + 1 that of 2g + 1.
+        const __m256i bit = _mm256_set1_epi8(1);
+        lo = _mm256_or_si256(
+            lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g), bit), 4));
+        hi = _mm256_or_si256(
+            hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g + 1), bit), 4));
+      }
+      const __m256i pl = _mm256_maddubs_epi16(lo, Load32(xq + 64 * g));
+      const __m256i ph = _mm256_maddubs_epi16(hi, Load32(xq + 64 * g + 32));
+      sum = _mm256_add_epi32(
+          sum, _mm256_add_epi32(_mm256_madd_epi16(pl, BroadcastPair(w.scales, 2 * g)),
+                                _mm256_madd_epi16(ph, BroadcastPair(w.scales, 2 * g + 1))));
+    }
+    return sum;
+  }
+};
+
+// Types with 16 sub-blocks of 16: a 32-element group k (sub-blocks 2k, 2k + 1) needs scale 2k
+// in its low 128 bits and 2k + 1 in its high ones. Prepare keeps sub-blocks 0..7 in both halves
+// of `scales` and 8..15 in both halves of `scales_hi`; group k of a half picks its pair.
+inline void SplitScales16(__m256i s16, __m256i* lo, __m256i* hi) {
+  *lo = _mm256_permute4x64_epi64(s16, 0x44);
+  *hi = _mm256_permute4x64_epi64(s16, 0xEE);
+}
+inline __m256i ScalePair(__m256i dup, int k) {
+  const __m256i idx = _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(0x0302 + 0x0404 * k)),
+                                       _mm_set1_epi16(static_cast<int16_t>(0x0100 + 0x0404 * k)));
+  return _mm256_shuffle_epi8(dup, idx);
+}
+
+struct KWeights16 {
+  __m256i scales, scales_hi;  // int16 scales of sub-blocks 0..7 / 8..15, in both halves
+  __m256i scales16;           // all 16 int16 scales in order (the offset correction)
+  __m256i mins;               // q2_K: the 16 int16 mins
+  float d, dmin;
+};
+
+// q6_K: q + 32 in 0..63 as stored; I takes 32 * sum_g sc_g bsum_g back out (exact int32).
+struct Q6KInt {
+  static constexpr int64_t kBytes = 210;
+  static constexpr bool kHasMin = false;
+  using W = KWeights16;
+  static void Prepare(const uint8_t* b, const float* half, W* w) {
+    uint16_t h;
+    std::memcpy(&h, b + 208, 2);
+    w->d = half[h];
+    w->dmin = 0.0f;
+    w->scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)));
+    SplitScales16(w->scales16, &w->scales, &w->scales_hi);
+  }
+  static __m256i Dot(const uint8_t* b, const W& w, const uint8_t* xq, __m256i bsums) {
+    const __m256i low = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3);
+    __m256i sum = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      const __m256i ql0 = Load32(b + 64 * h), ql1 = Load32(b + 64 * h + 32);
+      const __m256i qh = Load32(b + 128 + 32 * h);
+      const __m256i parts[4] = {_mm256_and_si256(ql0, low), _mm256_and_si256(ql1, low),
+                                _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low),
+                                _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low)};
+      const __m256i& dup = h == 0 ? w.scales : w.scales_hi;
+      for (int k = 0; k < 4; ++k) {
+        const __m256i hb =
+            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), three), 4);
+        const __m256i q = _mm256_or_si256(parts[k], hb);
+        const __m256i p = _mm256_maddubs_epi16(q, Load32(xq + 128 * h + 32 * k));
+        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, ScalePair(dup, k)));
+      }
+    }
+    return _mm256_sub_epi32(sum, _mm256_slli_epi32(_mm256_madd_epi16(w.scales16, bsums), 5));
+  }
+};
+
+// q2_K: 2-bit q, 4-bit scale and min per sub-block of 16.
+struct Q2KInt {
+  static constexpr int64_t kBytes = 84;
+  static constexpr bool kHasMin = true;
+  using W = KWeights16;
+  static void Prepare(const uint8_t* b, const float* half, W* w) {
+    uint16_t h;
+    std::memcpy(&h, b + 80, 2);
+    w->d = half[h];
+    std::memcpy(&h, b + 82, 2);
+    w->dmin = half[h];
+    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
+    const __m128i low = _mm_set1_epi8(0x0F);
+    w->scales16 = _mm256_cvtepu8_epi16(_mm_and_si128(sc, low));
+    w->mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), low));
+    SplitScales16(w->scales16, &w->scales, &w->scales_hi);
+  }
+  static __m256i Dot(const uint8_t* b, const W& w, const uint8_t* xq, __m256i) {
+    const __m256i three = _mm256_set1_epi8(3);
+    __m256i sum = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      const __m256i v = Load32(b + 16 + 32 * h);
+      const __m256i& dup = h == 0 ? w.scales : w.scales_hi;
+      for (int k = 0; k < 4; ++k) {
+        const __m256i q = _mm256_and_si256(_mm256_srli_epi16(v, 2 * k), three);
+        const __m256i p = _mm256_maddubs_epi16(q, Load32(xq + 128 * h + 32 * k));
+        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, ScalePair(dup, k)));
+      }
+    }
+    return sum;
+  }
+};
+
+// q3_K: q + 4 = two low bits | high bit << 2, in 0..7; I takes 4 * sum_g sc_g bsum_g back out.
+// The 16 signed 6-bit scales: low nibbles in bytes 0..7 (sub-blocks 0..7 low, 8..15 high
+// nibble), two high bits of sub-block 4k + i in bits 2k of byte 8 + i.
+struct Q3KInt {
+  static constexpr int64_t kBytes = 110;
+  static constexpr bool kHasMin = false;
+  using W = KWeights16;
+  static void Prepare(const uint8_t* b, const float* half, W* w) {
+    uint16_t h;
+    std::memcpy(&h, b + 108, 2);
+    w->d = half[h];
+    w->dmin = 0.0f;
+    const uint8_t* sc = b + 96;
+    const __m128i nib = _mm_set1_epi8(0x0F);
+    const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc));
+    const __m128i lows =
+        _mm_unpacklo_epi64(_mm_and_si128(v, nib), _mm_and_si128(_mm_srli_epi16(v, 4), nib));
+    uint32_t hb;
+    std::memcpy(&hb, sc + 8, 4);
+    const __m128i highs = _mm_and_si128(
+        _mm_srlv_epi32(_mm_set1_epi32(static_cast<int>(hb)), _mm_setr_epi32(0, 2, 4, 6)),
+        _mm_set1_epi8(3));
+    const __m128i s8 =
+        _mm_sub_epi8(_mm_or_si128(lows, _mm_slli_epi16(highs, 4)), _mm_set1_epi8(32));
+    w->scales16 = _mm256_cvtepi8_epi16(s8);
+    SplitScales16(w->scales16, &w->scales, &w->scales_hi);
+  }
+  static __m256i Dot(const uint8_t* b, const W& w, const uint8_t* xq, __m256i bsums) {
+    const __m256i three = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+    const __m256i hmask = Load32(b);
+    __m256i sum = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      const __m256i v = Load32(b + 32 + 32 * h);
+      const __m256i& dup = h == 0 ? w.scales : w.scales_hi;
+      for (int k = 0; k < 4; ++k) {
+        const __m256i hi =
+            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hmask, 4 * h + k), one), 2);
+        const __m256i q = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 2 * k), three), hi);
+        const __m256i p = _mm256_maddubs_epi16(q, Load32(xq + 128 * h + 32 * k));
+        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, ScalePair(dup, k)));
+      }
+    }
+    return _mm256_sub_epi32(sum, _mm256_slli_epi32(_mm256_madd_epi16(w.scales16, bsums), 2));
+  }
+};
+
+// iq4_xs: 8 sub-blocks of 32 whose 16 bytes hold elements 0..15 (low nibbles) and 16..31
+// (high); values from the signed IQ4_NL table. Signed x signed goes through maddubs as
+// |w| x (x with w's sign): |w|, |x| <= 127 keep the pairs from saturating.
+struct Iq4xsInt {
+  static constexpr int64_t kBytes = 136;
+  static constexpr bool kHasMin = false;
+  using W = KWeights;
+  static void Prepare(const uint8_t* b, const float* half, W* w) {
+    uint16_t h;
+    std::memcpy(&h, b, 2);
+    w->d = half[h];
+    w->dmin = 0.0f;
+    uint32_t sl;
+    std::memcpy(&sl, b + 4, 4);
+    const __m128i lows =
+        _mm_unpacklo_epi8(_mm_cvtsi32_si128(static_cast<int>(sl & 0x0F0F0F0F)),
+                          _mm_cvtsi32_si128(static_cast<int>((sl >> 4) & 0x0F0F0F0F)));
+    uint16_t sh;
+    std::memcpy(&sh, b + 2, 2);
+    const __m256i highs = _mm256_and_si256(
+        _mm256_srlv_epi32(_mm256_set1_epi32(sh), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+        _mm256_set1_epi32(3));
+    const __m256i s32 =
+        _mm256_sub_epi32(_mm256_or_si256(_mm256_cvtepu8_epi32(lows), _mm256_slli_epi32(highs, 4)),
+                         _mm256_set1_epi32(32));
+    const __m128i s16 =
+        _mm_packs_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+    w->scales = _mm256_broadcastsi128_si256(s16);
+  }
+  static __m256i Dot(const uint8_t* b, const W& w, const uint8_t* xq, __m256i) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    __m256i sum = _mm256_setzero_si256();
+    for (int k = 0; k < 4; ++k) {
+      const __m256i v = Load32(b + 8 + 32 * k);  // sub-blocks 2k, 2k + 1
+      const __m256i lo = Iq4Lookup(_mm256_and_si256(v, low));
+      const __m256i hi = Iq4Lookup(_mm256_and_si256(_mm256_srli_epi16(v, 4), low));
+      const __m256i qa = _mm256_permute2x128_si256(lo, hi, 0x20);
+      const __m256i qb = _mm256_permute2x128_si256(lo, hi, 0x31);
+      const __m256i xa = Load32(xq + 64 * k), xb = Load32(xq + 64 * k + 32);
+      const __m256i pa = _mm256_maddubs_epi16(_mm256_sign_epi8(qa, qa), _mm256_sign_epi8(xa, qa));
+      const __m256i pb = _mm256_maddubs_epi16(_mm256_sign_epi8(qb, qb), _mm256_sign_epi8(xb, qb));
+      sum = _mm256_add_epi32(
+          sum, _mm256_add_epi32(_mm256_madd_epi16(pa, BroadcastPair(w.scales, 2 * k)),
+                                _mm256_madd_epi16(pb, BroadcastPair(w.scales, 2 * k + 1))));
+    }
+    return sum;
+  }
+};
+
+template <class B>
+struct KQuantKernel {
+  static constexpr int kGemvRows = 4;
+  static constexpr int kRows = 4;
+  static constexpr int kTokens = 2;
+
+  template <int R, int T>
+  static void Tile(const uint8_t* const* rows, const uint8_t* const* next, int64_t cols,
+                   const uint8_t* xb, int64_t x_stride, float* y, int64_t y_stride) {
+    const float* half = HalfToFloatTable();
+    __m256 acc[R][T];
+    for (int r = 0; r < R; ++r) {
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+    }
+    for (int64_t b = 0; b < cols / kQK_K; ++b) {
+      if (next != nullptr) {
+        for (int r = 0; r < R; ++r) {
+          for (int64_t at = 0; at < B::kBytes; at += 64) Prefetch(next[r] + b * B::kBytes + at);
+        }
+      }
+      const uint8_t* xq[T];
+      __m256i bsums[T];
+      __m256 xd[T];
+      for (int t = 0; t < T; ++t) {
+        const uint8_t* xt = xb + t * x_stride + b * kQ8KBlockBytes;
+        xd[t] = _mm256_broadcast_ss(reinterpret_cast<const float*>(xt));
+        xq[t] = xt + kQ8KQs;
+        bsums[t] = Load32(xt + kQ8KSums);
+      }
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* wb = rows[r] + b * B::kBytes;
+        typename B::W w;
+        B::Prepare(wb, half, &w);
+        const __m256 d = _mm256_set1_ps(w.d);
+        for (int t = 0; t < T; ++t) {
+          const __m256i isum = B::Dot(wb, w, xq[t], bsums[t]);
+          acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(d, xd[t]), _mm256_cvtepi32_ps(isum), acc[r][t]);
+          if constexpr (B::kHasMin) {
+            const __m256i msum = _mm256_madd_epi16(w.mins, bsums[t]);
+            acc[r][t] = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_set1_ps(w.dmin), xd[t]),
+                                         _mm256_cvtepi32_ps(msum), acc[r][t]);
+          }
+        }
+      }
+    }
+    for (int t = 0; t < T; ++t) {
+      for (int r = 0; r < R; ++r) y[t * y_stride + r] = HorizontalSum(acc[r][t]);
     }
   }
 };
@@ -746,8 +1101,9 @@ inline __m256 RoundHalfAway(__m256 p) {
   return _mm256_add_ps(t, _mm256_and_ps(away, step));
 }
 
-// One block of ggml's quantize_row_q8_0_ref: the 32 values in order and the fp16 scale.
-inline __m256i QuantizeBlock(const float* x, uint16_t* d_half) {
+// One block of ggml's quantize_row_q8_0_ref: the 32 values in order and the fp16 scale (and the
+// f32 scale before its rounding, which Q8_1's s uses).
+inline __m256i QuantizeBlock(const float* x, uint16_t* d_half, float* d_f32 = nullptr) {
   const __m256 sign_mask = _mm256_set1_ps(-0.0f);
   __m256 v[4];
   __m256 amax = _mm256_setzero_ps();
@@ -761,6 +1117,7 @@ inline __m256i QuantizeBlock(const float* x, uint16_t* d_half) {
   const float d = _mm_cvtss_f32(m) / 127;
   const float id = d != 0.0f ? 1.0f / d : 0.0f;
   *d_half = Fp32ToFp16(d);
+  if (d_f32 != nullptr) *d_f32 = d;
   const __m256 idv = _mm256_set1_ps(id);
   __m256i q[4];
   for (int k = 0; k < 4; ++k) q[k] = _mm256_cvttps_epi32(RoundHalfAway(_mm256_mul_ps(v[k], idv)));
@@ -780,7 +1137,73 @@ void QuantizeQ8_0(const float* x, uint8_t* blocks, int64_t n) {
   }
 }
 
-int64_t InputBytes(int64_t cols) { return cols / kQK * kPreparedBlockBytes; }
+// ggml's quantize_row_q8_K_ref (QuantizeRowQ8_K) with the same float operations: the first
+// value of largest magnitude sets iscale = -127 / max, each x * iscale is rounded by the same
+// 1.5 * 2^23 addition as ggml's nearest_int, packs saturates the one possible 128 to 127 (its
+// MIN), and d = 1 / iscale. bsums from sums of bytes offset by 128 (psadbw).
+void PrepareQ8K(const float* x, int64_t cols, uint8_t* out) {
+  const __m256 sign_mask = _mm256_set1_ps(-0.0f);
+  for (int64_t b = 0; b < cols / kQK_K; ++b) {
+    const float* xb = x + b * kQK_K;
+    uint8_t* blk = out + b * kQ8KBlockBytes;
+    __m256 amax8 = _mm256_setzero_ps();
+    for (int k = 0; k < kQK_K / 8; ++k) {
+      amax8 = _mm256_max_ps(amax8, _mm256_andnot_ps(sign_mask, _mm256_loadu_ps(xb + 8 * k)));
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax8), _mm256_extractf128_ps(amax8, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float amax = _mm_cvtss_f32(m);
+    if (amax == 0.0f) {
+      std::memset(blk, 0, kQ8KBlockBytes);
+      continue;
+    }
+    const __m256 amaxv = _mm256_set1_ps(amax);
+    float max = 0.0f;
+    for (int k = 0; k < kQK_K / 8; ++k) {
+      const __m256 v = _mm256_loadu_ps(xb + 8 * k);
+      const int hit = _mm256_movemask_ps(
+          _mm256_cmp_ps(_mm256_andnot_ps(sign_mask, v), amaxv, _CMP_EQ_OQ));
+      if (hit != 0) {
+        max = xb[8 * k + __builtin_ctz(static_cast<unsigned>(hit))];
+        break;
+      }
+    }
+    const float iscale = -127.0f / max;
+    const __m256 iv = _mm256_set1_ps(iscale);
+    const __m256 magic = _mm256_set1_ps(12582912.0f);
+    const __m256i mantissa = _mm256_set1_epi32(0x007fffff), bias = _mm256_set1_epi32(0x00400000);
+    for (int g = 0; g < kQK_K / 32; ++g) {
+      __m256i q[4];
+      for (int k = 0; k < 4; ++k) {
+        const __m256 r =
+            _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(xb + 32 * g + 8 * k), iv), magic);
+        q[k] = _mm256_sub_epi32(_mm256_and_si256(_mm256_castps_si256(r), mantissa), bias);
+      }
+      const __m256i q8 = _mm256_permutevar8x32_epi32(
+          _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3])),
+          _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(blk + kQ8KQs + 32 * g), q8);
+      alignas(32) uint64_t sums[4];
+      _mm256_store_si256(
+          reinterpret_cast<__m256i*>(sums),
+          _mm256_sad_epu8(_mm256_xor_si256(q8, _mm256_set1_epi8(static_cast<char>(0x80))),
+                          _mm256_setzero_si256()));
+      const int16_t pair[2] = {static_cast<int16_t>(sums[0] + sums[1] - 16 * 128),
+                               static_cast<int16_t>(sums[2] + sums[3] - 16 * 128)};
+      std::memcpy(blk + kQ8KSums + 4 * g, pair, sizeof pair);
+    }
+    const float d = 1.0f / iscale;
+    std::memcpy(blk, &d, sizeof d);
+  }
+}
+
+int64_t Q8KInputBytes(int64_t cols) { return cols / kQK_K * kQ8KBlockBytes; }
+
+template <class L>
+int64_t InputBytes(int64_t cols) {
+  return cols / kQK * kPreparedBytes<L>;
+}
 
 template <class L>
 void PrepareFor(const float* x, int64_t cols, uint8_t* out) {
@@ -792,9 +1215,10 @@ void PrepareFor(const float* x, int64_t cols, uint8_t* out) {
   const float inv_high = 1.0f / L::kHighScale;
   const __m256 d_factor = _mm256_setr_ps(1, 1, 1, 1, inv_high, inv_high, inv_high, inv_high);
   for (int64_t b = 0; b < cols / kQK; ++b) {
-    uint8_t* blk = out + b * kPreparedBlockBytes;
+    uint8_t* blk = out + b * kPreparedBytes<L>;
     uint16_t dh;
-    const __m256i q = QuantizeBlock(x + b * kQK, &dh);
+    float d32;
+    const __m256i q = QuantizeBlock(x + b * kQK, &dh, &d32);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(blk), q);
     const __m256i lane_sums =
         _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
@@ -802,6 +1226,15 @@ void PrepareFor(const float* x, int64_t cols, uint8_t* out) {
                         _mm256_mullo_epi32(lane_sums, bias_factor));
     _mm256_storeu_ps(reinterpret_cast<float*>(blk + kScaleAt),
                      _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(dh)), d_factor));
+    if constexpr (LoaderHasMin<L>()) {
+      alignas(32) int32_t lanes[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), lane_sums);
+      int32_t sum = 0;
+      for (int32_t v : lanes) sum += v;
+      const float s = _cvtsh_ss(Fp32ToFp16(static_cast<float>(sum) * d32));
+      _mm256_storeu_ps(reinterpret_cast<float*>(blk + kSumAt),
+                       _mm256_setr_ps(s, 0, 0, 0, 0, 0, 0, 0));
+    }
   }
 }
 
@@ -812,13 +1245,24 @@ constexpr TypeEntry Float() {
 template <GgmlType kType, class K>
 constexpr TypeEntry Q8Input() {
   return {kType,
-          {&DotRows<K>, &AxpyRows<K>, &ReferenceDequantize<kType>, &InputBytes,
-           &PrepareFor<typename K::Loader>}};
+          {&DotRows<K>, &AxpyRows<K>, &ReferenceDequantize<kType>,
+           &InputBytes<typename K::Loader>, &PrepareFor<typename K::Loader>}};
 }
-template <GgmlType kType, class D>
-constexpr TypeEntry Block() {
-  using K = BlockKernel<D>;
-  return {kType, {&DotRows<K>, &AxpyRows<K>, &K::Dequantize}};
+// Dot through the integer kernel against Q8_K activations; axpy and dequantize through the
+// f32 decode (the sparse down_t path multiplies f32 coefficients into rows).
+template <GgmlType kType, class B, class D>
+constexpr TypeEntry Q8KInput() {
+  using F = BlockKernel<D>;
+  return {kType,
+          {&DotRows<KQuantKernel<B>>, &AxpyRows<F>, &F::Dequantize, &Q8KInputBytes, &PrepareQ8K}};
+}
+// Dot through the Q8_0 integer kernel, axpy and dequantize through the f32 decode.
+template <GgmlType kType, class K, class D>
+constexpr TypeEntry Q8InputDecoded() {
+  using F = BlockKernel<D>;
+  return {kType,
+          {&DotRows<K>, &AxpyRows<F>, &F::Dequantize, &InputBytes<typename K::Loader>,
+           &PrepareFor<typename K::Loader>}};
 }
 template <bool kVnni>
 constexpr KernelSet MakeKernelSet() {
@@ -827,22 +1271,27 @@ constexpr KernelSet MakeKernelSet() {
                                 QuantKernel<Q8Signed, SignEngine>>;
   using Q4 = std::conditional_t<kVnni, QuantKernel<Q4Masked, VnniEngine>,
                                 QuantKernel<Q4Shifted, MaddubsEngine>>;
+  using Q5_0 = QuantKernel<Q5_0Unsigned, std::conditional_t<kVnni, VnniEngine, MaddubsEngine>>;
+  using Q4_1 = QuantKernel<Q4_1Unsigned, std::conditional_t<kVnni, VnniEngine, MaddubsEngine>>;
+  using Q5_1 = QuantKernel<Q5_1Unsigned, std::conditional_t<kVnni, VnniEngine, MaddubsEngine>>;
+  using Iq4nl = std::conditional_t<kVnni, QuantKernel<Iq4nlOffset, VnniEngine>,
+                                   QuantKernel<Iq4nlSigned, SignEngine>>;
   constexpr TypeEntry kEntries[] = {
       Float<T::kF32, FloatKernel<F32Load>>(),
       Float<T::kF16, FloatKernel<F16Load>>(),
       Float<T::kBF16, FloatKernel<Bf16Load>>(),
       Q8Input<T::kQ8_0, Q8>(),
       Q8Input<T::kQ4_0, Q4>(),
-      Block<T::kQ4_1, LegacyDecode<true, false>>(),
-      Block<T::kQ5_0, LegacyDecode<false, true>>(),
-      Block<T::kQ5_1, LegacyDecode<true, true>>(),
-      Block<T::kIQ4_NL, Iq4nlDecode>(),
-      Block<T::kQ2_K, Q2KDecode>(),
-      Block<T::kQ3_K, Q3KDecode>(),
-      Block<T::kQ4_K, Q45KDecode<false>>(),
-      Block<T::kQ5_K, Q45KDecode<true>>(),
-      Block<T::kQ6_K, Q6KDecode>(),
-      Block<T::kIQ4_XS, Iq4xsDecode>(),
+      Q8InputDecoded<T::kQ4_1, Q4_1, LegacyDecode<true, false>>(),
+      Q8InputDecoded<T::kQ5_0, Q5_0, LegacyDecode<false, true>>(),
+      Q8InputDecoded<T::kQ5_1, Q5_1, LegacyDecode<true, true>>(),
+      Q8InputDecoded<T::kIQ4_NL, Iq4nl, Iq4nlDecode>(),
+      Q8KInput<T::kQ2_K, Q2KInt, Q2KDecode>(),
+      Q8KInput<T::kQ3_K, Q3KInt, Q3KDecode>(),
+      Q8KInput<T::kQ4_K, Q45KInt<false>, Q45KDecode<false>>(),
+      Q8KInput<T::kQ5_K, Q45KInt<true>, Q45KDecode<true>>(),
+      Q8KInput<T::kQ6_K, Q6KInt, Q6KDecode>(),
+      Q8KInput<T::kIQ4_XS, Iq4xsInt, Iq4xsDecode>(),
   };
   return {kVnni ? "avx2+vnni" : "avx2", MakeTypeTable(kEntries), &QuantizeQ8_0};
 }

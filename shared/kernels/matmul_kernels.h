@@ -24,15 +24,20 @@ struct RowSource {
 
 // Kernels for one weight type at one SIMD level.
 //
-// Activation arithmetic, per type: q8_0 and q4_0 weights meet activations quantized to Q8_0
-// (ggml's reference rounding), as in llama.cpp, so their inner loop is an exact integer dot
-// product per block. Every other quantized type (q4_1, q5_0, q5_1, q2_K..q6_K, iq4_nl, iq4_xs)
-// multiplies the f32 activations by its exactly dequantized weights: each block is decoded to
-// the f32 values DequantizeRow gives and then multiplied exactly as the f32 kernel of the same
-// family multiplies an f32 row, so such a product equals, bit for bit, the f32 kernel on the
-// dequantized matrix. That costs the decode per weight but keeps the result within f32
-// rounding of the dequantized model (llama.cpp instead rounds activations to 8 bits, Q8_K for
-// the K-quants, which moves these logits by ~2e-2; see ../shared/models/quants/README.md).
+// Activation arithmetic, per type, as llama.cpp's CPU backend: the activations are rounded to
+// 8 bits once per call and each block's product is an exact integer sum, scaled in f32 as
+// ggml's vec_dot_<type>_<vec_dot_type> scales it.
+//   q8_0, q4_0, q5_0, iq4_nl: Q8_0 activations (blocks of 32, ggml's reference rounding).
+//   q2_K..q6_K, iq4_xs: Q8_K activations (blocks of 256, QuantizeRowQ8_K: ggml's
+//     quantize_row_q8_K_ref); per super-block (d * xd) * I - (dmin * xd) * M with I the
+//     sub-block-scaled integer sum and M the mins times the activation's bsums (K-quants with
+//     mins), both exact int32.
+//   q4_1, q5_1: Q8_1 activations (Q8_0's rounding plus s = fp16(d * sum q), QuantizeRowQ8_1);
+//     per block (d_w * d_x) * I + m_w * s_x.
+//   f32, f16, bf16: f32 activations.
+// axpy (the sparse down_t path) multiplies f32 coefficients into rows: every block type but
+// q8_0/q4_0 decodes its rows to the f32 values DequantizeRow gives and adds them exactly as the
+// f32 kernel of the same family adds an f32 row.
 struct TypeKernels {
   // y[t * y_stride + i] = dot(rows.row(i), x_t) for i < n_rows, t < n_tokens, where
   // x_t = x + t * x_stride bytes holds `cols` f32 values, or the prepared activations when the
@@ -58,7 +63,8 @@ struct KernelSet {
   const char* name;
   std::array<TypeKernels, kTypeSlots> by_type;  // indexed by ggml type id
   // The Q8_0 activation quantization written as plain BlockQ8_0 (lets tests compare it with
-  // QuantizeRow); bit-identical to QuantizeRow(kQ8_0) for finite input.
+  // QuantizeRow); bit-identical to QuantizeRow(kQ8_0) for finite input. (The Q8_K types'
+  // prepare_input writes plain block_q8_K in every set, bit-identical to QuantizeRowQ8_K.)
   void (*quantize_q8_0)(const float* x, uint8_t* blocks, int64_t n);
 
   bool Has(GgmlType type) const {

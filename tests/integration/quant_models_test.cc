@@ -2,30 +2,29 @@
 // llama-quantize to each type and mix) through the dense CPU engine, against llama.cpp's own
 // logits for the fixed 32-token prompt and its 16 greedy steps (README there).
 //
-// Which reference: the q8_0 / q4_0 kernels quantize activations to Q8_0 as llama.cpp does,
-// every other type multiplies f32 activations by its exactly dequantized weights
-// (shared/kernels/matmul_kernels.h). Files whose matrices are all of the latter kind are
-// compared with X.deqf32.logits.f32: llama.cpp run on the dequantized weights stored as F32,
-// i.e. the same real-number computation on identical f32 operands (F32 KV cache in both).
+// The reference is X.logits.f32 for every file: each quantized matrix type rounds its activations
+// as llama.cpp does before the product (Q8_0 for q8_0/q4_0/q5_0/iq4_nl, Q8_K for the K-quants
+// and iq4_xs, shared/kernels/matmul_kernels.h) and then sums exact integer products per block,
+// so both engines compute the same real numbers from the same operands up to f32 rounding.
 //
-// The bound for those: both sides round every operation to f32 but sum in different orders.
-// A dot product of n terms summed in any order is off by at most ~n * u * sum|terms|
-// (u = 2^-24; n <= 768 here: 4.6e-5 relative to sum|terms|), and RMSNorm, softmax and the
-// residual stream pass such relative errors on without amplifying them by more than the ratio
-// sum|terms| / |result|, which for these random-weight logits (|logit| <= ~3) keeps the
-// worst case per logit below 1e-4 absolute; rounding errors are not aligned in practice and
-// the measured difference (printed) is ~1e-6, as the reference's own f32 cross-check
-// (numpy vs llama.cpp: 7.5e-7) predicts. Greedy tokens must agree at every step up to the
-// first whose llama.cpp top-2 gap is within 2 x the bound (one step where the argmax is not
-// decided by the bound: the continuation may then legitimately differ).
+// The bound. Without a rounding decision that differs, the two runs differ only by f32
+// summation order: a dot product of n terms in any order is off by at most ~n * u * sum|terms|
+// (u = 2^-24, n <= 768 here), which RMSNorm, softmax and the residual stream pass on without
+// amplifying beyond sum|terms| / |result|: below 1e-4 per logit for these random-weight logits
+// (|logit| <= ~3); measured ~1e-6 (kExactBound). But each activation is rounded to an int8 step
+// (<= 1/254 of its block's largest magnitude), and an f32 difference of ~1e-7 relative in the
+// activation moves a value lying that close to a .5 boundary onto the other integer: a few of the
+// ~10^6 rounding decisions of a prompt land differently, and one flipped step moves these logits by
+// 1e-3..1e-2 (up to 4.5e-2 measured for a faithful float64 emulation against llama.cpp, README
+// item 4). With llama.cpp's q4_0 repacked to q4_0_8x8 (its own summation) the same holds. So the
+// logits are bounded by kQ8ActivationBound = 6e-2, and the first prompt row, whose inputs come
+// from the embedding alone and whose attention sees one position, must still reproduce llama.cpp
+// to kExactBound: a kernel error would show there at once (measured: every file <= 1.2e-6 on it,
+// and every row of Q8_0, Q4_K_M, Q5_K_M, Q6_K, pure-Q2_K and pure-Q4_K).
 //
-// Files with q4_0 matrices (Q4_0 mix, pure-Q4_0) follow llama.cpp's activation rounding only
-// approximately (llama.cpp repacks q4_0 to q4_0_8x8 on this CPU, with its own summation, and
-// the Q4_0 mix's q6_K output is f32 here vs Q8_K there): one int8 step flipped moves these
-// logits by 1e-3..1e-2 and the README measured up to 4.5e-2 for a faithful emulation, so they
-// are checked against X.logits.f32 within 6e-2 only, and greedy tokens are not compared. The
-// all-q8_0 file reproduces llama.cpp's quantized path (measured: bit for bit), so it gets the
-// f32 bound against X.logits.f32.
+// Greedy decode runs teacher-forced on llama.cpp's picks (X.greedy.txt), so its per-step logits
+// (X.greedy_steps.f32) are comparable at every step, within the same bound; our pick must be
+// llama.cpp's wherever its top-2 gap exceeds twice the bound.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -35,6 +34,8 @@
 
 #include "gtest/gtest.h"
 #include "shared/model/model.h"
+#include "shared/kernels/matmul.h"
+#include "shared/runtime/ffn.h"
 #include "shared/runtime/forward.h"
 #include "shared/sparsity/sparse_ffn.h"
 #include "shared/sparsity/sparsity_mode.h"
@@ -80,8 +81,6 @@ Greedy ReadGreedy(const std::string& path) {
 
 struct Case {
   std::string file;  // under models/quants/, without .gguf
-  bool exact;        // every matrix multiplies f32 activations (see above)
-  float bound = kExactBound;
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.file; }
@@ -94,13 +93,19 @@ int32_t ArgMax(const float* v, int64_t n) {
   return best;
 }
 
+float MaxDiff(const float* a, const float* b, int64_t n) {
+  float d = 0;
+  for (int64_t i = 0; i < n; ++i) d = std::max(d, std::fabs(a[i] - b[i]));
+  return d;
+}
+
 TEST_P(QuantModelTest, LogitsAndGreedyMatchLlamaCpp) {
   const Case& c = GetParam();
   const std::string base = ModelPath("quants/" + c.file);
   const std::vector<int32_t> ids = ParseInts(testing::ReadFileOrDie(ModelPath("quants/ids32.txt")));
   ASSERT_EQ(ids.size(), 32u);
-  const std::vector<float> ref =
-      testing::ReadF32File(base + (c.exact ? ".deqf32.logits.f32" : ".logits.f32"));
+  const std::vector<float> ref = testing::ReadF32File(base + ".logits.f32");
+  const std::vector<float> steps = testing::ReadF32File(base + ".greedy_steps.f32");
   const Greedy greedy = ReadGreedy(base + ".greedy.txt");
   ASSERT_EQ(greedy.ids.size(), 16u);
   ASSERT_EQ(greedy.gaps.size(), 16u);
@@ -109,6 +114,7 @@ TEST_P(QuantModelTest, LogitsAndGreedyMatchLlamaCpp) {
   ASSERT_TRUE(model.ok()) << model.status();
   const int64_t vocab = (*model)->config().vocab_size;
   ASSERT_EQ(ref.size(), 32u * vocab);
+  ASSERT_EQ(steps.size(), 16u * vocab);
   for (int threads : {1, 2}) {
     auto kv = KvCache::Create((*model)->config(), 1, 64, GgmlType::kF32);
     ASSERT_TRUE(kv.ok()) << kv.status();
@@ -121,62 +127,44 @@ TEST_P(QuantModelTest, LogitsAndGreedyMatchLlamaCpp) {
     std::vector<float> logits;
     ASSERT_TRUE(pass.Run(batch, logits).ok());
     ASSERT_EQ(logits.size(), ref.size());
-    float diff = 0, max_ref = 0;
-    for (size_t i = 0; i < ref.size(); ++i) {
-      diff = std::max(diff, std::fabs(logits[i] - ref[i]));
-      max_ref = std::max(max_ref, std::fabs(ref[i]));
-    }
-    std::printf("%s threads=%d: prompt max|logit - llama.cpp %s| = %.3g (max|logit| %.3g)\n",
-                c.file.c_str(), threads, c.exact ? "deqf32" : "quantized", diff, max_ref);
-    EXPECT_LE(diff, c.bound) << c.file;
-    if (!c.exact) continue;
-    // Each prompt row's argmax wherever the reference's own top-2 gap exceeds twice the bound.
-    int decided_rows = 0;
+    const float diff = MaxDiff(logits.data(), ref.data(), 32 * vocab);
+    int tight_rows = 0;
     for (int64_t p = 0; p < 32; ++p) {
-      const float* r = ref.data() + p * vocab;
-      const int32_t best = ArgMax(r, vocab);
-      float second = -INFINITY;
-      for (int64_t i = 0; i < vocab; ++i) {
-        if (i != best) second = std::max(second, r[i]);
-      }
-      if (r[best] - second <= 2 * c.bound) continue;
-      EXPECT_EQ(ArgMax(logits.data() + p * vocab, vocab), best) << c.file << " row " << p;
-      ++decided_rows;
+      tight_rows +=
+          MaxDiff(logits.data() + p * vocab, ref.data() + p * vocab, vocab) <= kExactBound;
     }
-    EXPECT_GE(decided_rows, 28) << c.file;
+    std::printf("%s threads=%d: prompt max|logit - llama.cpp| = %.3g, %d of 32 rows within %.0e\n",
+                c.file.c_str(), threads, diff, tight_rows, kExactBound);
+    EXPECT_LE(diff, kQ8ActivationBound) << c.file;
+    EXPECT_LE(MaxDiff(logits.data(), ref.data(), vocab), kExactBound) << c.file << " row 0";
 
-    // Greedy decode through the KV cache. The reference picks were made on llama.cpp's
-    // quantized run (X.greedy.txt); its per-step logits (X.greedy_steps.f32) belong to that
-    // run, so here only the picks are compared, and only while llama.cpp's top-2 gap exceeds
-    // twice the difference our arithmetic may have from it: the quantized run itself is up to
-    // ~2e-2 away from the dequantized one (README), so a step is decided when its gap exceeds
-    // 2 * (2.5e-2 + kExactBound).
-    const float decided = 2 * (2.5e-2f + kExactBound);
     std::vector<float> last(logits.end() - vocab, logits.end());
-    int compared = 0;
+    float step_diff = 0;
+    int decided = 0;
     for (int s = 0; s < 16; ++s) {
-      const int32_t pick = ArgMax(last.data(), vocab);
-      if (greedy.gaps[s] <= decided) break;
-      ASSERT_EQ(pick, greedy.ids[s]) << c.file << " step " << s << " gap " << greedy.gaps[s];
-      ++compared;
-      BatchEntry e{0, static_cast<int32_t>(32 + s), pick, true};
+      step_diff = std::max(step_diff, MaxDiff(last.data(), steps.data() + s * vocab, vocab));
+      if (greedy.gaps[s] > 2 * kQ8ActivationBound) {
+        EXPECT_EQ(ArgMax(last.data(), vocab), greedy.ids[s])
+            << c.file << " step " << s << " gap " << greedy.gaps[s];
+        ++decided;
+      }
+      BatchEntry e{0, static_cast<int32_t>(32 + s), greedy.ids[s], true};
       ASSERT_TRUE(pass.Run(std::span<const BatchEntry>(&e, 1), logits).ok());
       last = logits;
     }
-    std::printf("%s threads=%d: %d greedy steps compared\n", c.file.c_str(), threads, compared);
+    std::printf("%s threads=%d: 16 decode steps max|logit - llama.cpp| = %.3g, %d picks decided\n",
+                c.file.c_str(), threads, step_diff, decided);
+    EXPECT_LE(step_diff, kQ8ActivationBound) << c.file;
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Files, QuantModelTest,
-    ::testing::Values(Case{"Q2_K", true}, Case{"Q3_K_S", true}, Case{"Q3_K_M", true},
-                      Case{"Q4_K_S", true}, Case{"Q4_K_M", true}, Case{"Q5_K_S", true},
-                      Case{"Q5_K_M", true}, Case{"Q6_K", true}, Case{"IQ4_NL", true},
-                      Case{"IQ4_XS", true}, Case{"pure-Q2_K", true}, Case{"pure-Q3_K", true},
-                      Case{"pure-Q4_K", true}, Case{"pure-Q5_K", true}, Case{"pure-IQ4_NL", true},
-                      Case{"pure-IQ4_XS", true}, Case{"Q8_0", false},
-                      Case{"Q4_0", false, kQ8ActivationBound},
-                      Case{"pure-Q4_0", false, kQ8ActivationBound}),
+    ::testing::Values(Case{"Q2_K"}, Case{"Q3_K_S"}, Case{"Q3_K_M"}, Case{"Q4_K_S"},
+                      Case{"Q4_K_M"}, Case{"Q5_K_S"}, Case{"Q5_K_M"}, Case{"Q6_K"}, Case{"IQ4_NL"},
+                      Case{"IQ4_XS"}, Case{"pure-Q2_K"}, Case{"pure-Q3_K"}, Case{"pure-Q4_K"},
+                      Case{"pure-Q5_K"}, Case{"pure-IQ4_NL"}, Case{"pure-IQ4_XS"}, Case{"Q8_0"},
+                      Case{"Q4_0"}, Case{"pure-Q4_0"}),
     [](const ::testing::TestParamInfo<Case>& info) {
       std::string n = info.param.file;
       std::replace(n.begin(), n.end(), '-', '_');
@@ -202,22 +190,71 @@ std::vector<float> PromptLogits(const Model& model, ThreadPool& pool, FfnExecuto
   return logits;
 }
 
+// The dense FFN except that the down projection multiplies the f32 SwiGLU output by an f32 copy
+// of the down weights the sparse FFN uses (its down_t, transposed back and dequantized): the
+// sparse FFN's down arithmetic (AxpyRows of f32 coefficients into rows) as one dot product per
+// output. The model's own dense down product rounds its input to Q8_0/Q8_K first (as llama.cpp
+// does), which the sparse path does not; apart from that and the order of the down sums, the
+// two compute the same numbers bit for bit (the gate, up and activation are shared kernels).
+class F32DownFfn final : public FfnExecutor {
+ public:
+  F32DownFfn(const Model& model, const SparseFfn& sparse, ThreadPool& pool)
+      : model_(model), pool_(pool) {
+    const ModelConfig& c = model.config();
+    down_.resize(c.n_layers);
+    std::vector<float> row(c.dim);
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      const MatrixView& t = sparse.weights(l).down_t;  // [ffn_dim][dim]
+      down_[l].resize(c.dim * c.ffn_dim);
+      for (int64_t i = 0; i < c.ffn_dim; ++i) {
+        DequantizeMatrixRow(t, i, row.data());
+        for (int64_t r = 0; r < c.dim; ++r) down_[l][r * c.ffn_dim + i] = row[r];
+      }
+    }
+  }
+  using FfnExecutor::Compute;
+  void Compute(int64_t layer, const float* h, const float*, int64_t n, float* out) override {
+    const ModelConfig& c = model_.config();
+    const LayerWeights& w = model_.layer(layer);
+    const int64_t nf = c.ffn_dim;
+    gate_.resize(n * nf);
+    up_.resize(n * nf);
+    MatMul(w.gate, h, n, c.dim, gate_.data(), nf, pool_);
+    MatMul(w.up, h, n, c.dim, up_.data(), nf, pool_);
+    for (int64_t t = 0; t < n; ++t) {
+      GatedActivate(c.activation, gate_.data() + t * nf, up_.data() + t * nf, nf);
+    }
+    const MatrixView down{GgmlType::kF32, c.dim, nf,
+                          reinterpret_cast<const uint8_t*>(down_[layer].data()),
+                          nf * static_cast<int64_t>(sizeof(float))};
+    MatMul(down, gate_.data(), n, nf, out, c.dim, pool_);
+  }
+
+ private:
+  const Model& model_;
+  ThreadPool& pool_;
+  std::vector<std::vector<float>> down_;
+  std::vector<float> gate_, up_;
+};
+
 // The sparse FFN on K-quant and IQ4 files: `threshold` with a coefficient cut of 1e-30 (every
-// neuron of these SwiGLU models passes it, so it must give dense's logits; `exact` is for ReLU
-// models only) runs the gate MatMul, GatherMatMul over up rows and AxpyRows over the
-// transposed down copy that DownRows builds for these types. Kept as f32, that copy holds the
-// dequantized values exactly, so only the order of the down sums differs from dense: a few
-// f32 roundings per layer, 1e-5 as for the f32 ReLU model (sparsity_accuracy_test). The default
-// copy is Q8_0 (DownRows): each down weight rounded once more by at most half a Q8_0 step,
-// amax/254 of its block of 32, i.e. <= 0.4% of the block's largest weight; through the
-// four layers these random-weight logits (|logit| <= 3) move by well under 2e-2.
+// neuron of these SwiGLU models passes it; `exact` is for ReLU models only) runs the gate
+// MatMul, GatherMatMul over up rows and AxpyRows over the transposed down copy that DownRows
+// builds for these types, kept as f32 (the dequantized values exactly) or, the default, as Q8_0.
+// Against F32DownFfn over the same down values only the order of the down sums differs: a few
+// f32 roundings per layer, 1e-5 as for the f32 ReLU model (sparsity_accuracy_test). That holds
+// until a difference of ~1e-7 relative in an FFN output moves one of the next layer's activations
+// across a rounding boundary of its Q8_0/Q8_K quantization, after which the logits differ by the
+// flipped steps: kQ8ActivationBound, as against llama.cpp (see the top of this file). So the first
+// prompt row is held to 1e-5 wherever it is (measured <= 6e-7 on every file and copy), every
+// logit to kQ8ActivationBound.
 TEST(QuantSparsityTest, SparseFfnEqualsDenseOnEveryNewType) {
   for (const char* name : {"Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_S", "Q6_K", "IQ4_NL", "IQ4_XS"}) {
     auto model = Model::Load(ModelPath(std::string("quants/") + name + ".gguf"));
     ASSERT_TRUE(model.ok()) << model.status();
+    const int64_t vocab = (*model)->config().vocab_size;
     for (int threads : {1, 2}) {
       ThreadPool pool(threads);
-      const std::vector<float> dense = PromptLogits(**model, pool, nullptr);
       for (bool f32_copy : {true, false}) {
         SparseFfnOptions o;
         if (f32_copy) o.quantized_down_t_type = GgmlType::kF32;
@@ -227,13 +264,22 @@ TEST(QuantSparsityTest, SparseFfnEqualsDenseOnEveryNewType) {
         auto sparse = SparseFfn::Create(**model, plan, pool, o);
         ASSERT_TRUE(sparse.ok()) << sparse.status();
         EXPECT_EQ((*sparse)->weights(0).down_t.type, f32_copy ? GgmlType::kF32 : GgmlType::kQ8_0);
+        F32DownFfn same_down(**model, **sparse, pool);
+        const std::vector<float> dense = PromptLogits(**model, pool, &same_down);
         const std::vector<float> got = PromptLogits(**model, pool, sparse->get());
         ASSERT_EQ(got.size(), dense.size());
-        float diff = 0;
-        for (size_t i = 0; i < got.size(); ++i) diff = std::max(diff, std::fabs(got[i] - dense[i]));
-        std::printf("%s threads=%d down_t %s: max |sparse - dense| = %.3g, active %.3f\n", name,
-                    threads, f32_copy ? "f32" : "q8_0", diff, (*sparse)->ActiveRatio());
-        EXPECT_LE(diff, f32_copy ? 1e-5f : 2e-2f) << name;
+        const float diff = MaxDiff(got.data(), dense.data(), static_cast<int64_t>(got.size()));
+        const float row0 = MaxDiff(got.data(), dense.data(), vocab);
+        int tight_rows = 0;
+        for (size_t p = 0; p < got.size() / vocab; ++p) {
+          tight_rows += MaxDiff(got.data() + p * vocab, dense.data() + p * vocab, vocab) <= 1e-5f;
+        }
+        std::printf("%s threads=%d down_t %s: max |sparse - dense with its down| = %.3g, row 0 "
+                    "%.3g, %d of %d rows within 1e-5, active %.3f\n",
+                    name, threads, f32_copy ? "f32" : "q8_0", diff, row0, tight_rows,
+                    static_cast<int>(got.size() / vocab), (*sparse)->ActiveRatio());
+        EXPECT_LE(row0, 1e-5f) << name;
+        EXPECT_LE(diff, kQ8ActivationBound) << name;
       }
     }
   }

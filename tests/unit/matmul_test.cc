@@ -39,8 +39,35 @@ constexpr GgmlType kAllTypes[] = {
     GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ2_K,   GgmlType::kQ3_K,
     GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS};
 
-// The types whose kernels quantize the activations to Q8_0 (the others take f32 activations).
-bool IsQuant(GgmlType t) { return t == GgmlType::kQ8_0 || t == GgmlType::kQ4_0; }
+// What each weight type's kernels do to the activations (matmul_kernels.h): round them to
+// Q8_0 or Q8_K as llama.cpp does, or keep them f32.
+GgmlType ActivationType(GgmlType t) {
+  switch (t) {
+    case GgmlType::kQ8_0:
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ5_0:
+    case GgmlType::kIQ4_NL:
+      return GgmlType::kQ8_0;
+    case GgmlType::kQ2_K:
+    case GgmlType::kQ3_K:
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
+    case GgmlType::kQ6_K:
+    case GgmlType::kIQ4_XS:
+      return GgmlType::kQ8_K;
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_1:
+      return GgmlType::kQ8_1;
+    default:
+      return GgmlType::kF32;
+  }
+}
+bool IsQuant(GgmlType t) { return ActivationType(t) != GgmlType::kF32; }
+
+// Types whose weights are d * sc * q - dmin * m: the offset of dmin's fp16 after d's.
+bool HasMin(GgmlType t) {
+  return t == GgmlType::kQ4_K || t == GgmlType::kQ5_K || t == GgmlType::kQ2_K;
+}
 
 int64_t BlockSize(GgmlType t) { return TypeTraits(t).block_size; }
 int64_t RoundUp(int64_t n, GgmlType t) {
@@ -91,8 +118,37 @@ void RandomBlocks(GgmlType type, int64_t cols, float magnitude, std::mt19937& rn
 struct TestMatrix {
   std::vector<uint8_t> bytes;
   std::vector<float> deq;  // rows x cols
+  // |d * sc * q| + |dmin * m| per element (|deq| for types without mins): the magnitudes the
+  // integer kernels' two f32 terms per block carry, which cancel in deq.
+  std::vector<float> parts;
   MatrixView view;
 };
+
+// One row dequantized with the fp16 at HalfOffsets(type)[which] zeroed in every block: for the
+// types with mins, which = 1 leaves the d * sc * q term alone and which = 0 the min term, each
+// exactly (a product of exact small factors).
+void DequantizeWithout(GgmlType type, const uint8_t* row, int64_t cols, int which, float* out) {
+  const GgmlTypeTraits& t = TypeTraits(type);
+  std::vector<uint8_t> copy(row, row + RowBytes(type, cols));
+  for (int64_t b = 0; b < cols / t.block_size; ++b) {
+    std::memset(copy.data() + b * t.block_bytes + HalfOffsets(type)[which], 0, 2);
+  }
+  DequantizeRow(type, copy.data(), out, cols);
+}
+
+void AbsParts(GgmlType type, const uint8_t* row, int64_t cols, float* parts) {
+  if (!HasMin(type)) {
+    DequantizeRow(type, row, parts, cols);
+    for (int64_t c = 0; c < cols; ++c) parts[c] = std::fabs(parts[c]);
+    return;
+  }
+  std::vector<float> term(cols);
+  std::fill(parts, parts + cols, 0.0f);
+  for (int which = 0; which < 2; ++which) {
+    DequantizeWithout(type, row, cols, which, term.data());
+    for (int64_t c = 0; c < cols; ++c) parts[c] += std::fabs(term[c]);
+  }
+}
 
 TestMatrix MakeMatrix(GgmlType type, int64_t rows, int64_t cols, std::mt19937& rng) {
   TestMatrix m;
@@ -100,6 +156,7 @@ TestMatrix MakeMatrix(GgmlType type, int64_t rows, int64_t cols, std::mt19937& r
   // One spare byte in front puts every row at an odd address, as in a GGUF file with alignment 1.
   m.bytes.assign(rows * rb + 1, 0);
   m.deq.resize(rows * cols);
+  m.parts.resize(rows * cols);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::uniform_real_distribution<float> scale(-3.0f, 3.0f);
   std::vector<float> src(cols);
@@ -117,6 +174,7 @@ TestMatrix MakeMatrix(GgmlType type, int64_t rows, int64_t cols, std::mt19937& r
       if (zero_block) std::fill(row, row + TypeTraits(type).block_bytes, 0);
     }
     DequantizeRow(type, m.bytes.data() + 1 + r * rb, m.deq.data() + r * cols, cols);
+    AbsParts(type, m.bytes.data() + 1 + r * rb, cols, m.parts.data() + r * cols);
   }
   m.view = MatrixView{type, rows, cols, m.bytes.data() + 1, rb};
   return m;
@@ -129,13 +187,34 @@ std::vector<float> RandomVector(int64_t n, std::mt19937& rng) {
   return v;
 }
 
-// What the kernels see of the activations: Q8_0-rounded for quantized weights.
-std::vector<float> EffectiveInput(GgmlType type, const float* x, int64_t cols) {
+// What the kernels see of the activations: Q8_0-, Q8_K- or Q8_1-rounded for quantized weights;
+// for Q8_1 also each block's s (fp16 of d * sum q, as stored), into *sums.
+std::vector<float> EffectiveInput(GgmlType type, const float* x, int64_t cols,
+                                  std::vector<float>* sums = nullptr) {
   std::vector<float> out(x, x + cols);
-  if (IsQuant(type)) {
-    std::vector<uint8_t> q(RowBytes(GgmlType::kQ8_0, cols));
-    QuantizeRow(GgmlType::kQ8_0, x, q.data(), cols);
-    DequantizeRow(GgmlType::kQ8_0, q.data(), out.data(), cols);
+  const GgmlType a = ActivationType(type);
+  if (a == GgmlType::kQ8_1) {
+    std::vector<uint8_t> q(cols / kQK * kQ8_1BlockBytes);
+    QuantizeRowQ8_1(x, q.data(), cols);
+    if (sums != nullptr) sums->resize(cols / kQK);
+    for (int64_t b = 0; b < cols / kQK; ++b) {
+      const uint8_t* blk = q.data() + b * kQ8_1BlockBytes;
+      uint16_t d, sh;
+      std::memcpy(&d, blk, 2);
+      std::memcpy(&sh, blk + 2, 2);
+      if (sums != nullptr) (*sums)[b] = Fp16ToFp32(sh);
+      for (int j = 0; j < kQK; ++j) {
+        out[b * kQK + j] = Fp16ToFp32(d) * static_cast<float>(static_cast<int8_t>(blk[4 + j]));
+      }
+    }
+  } else if (a != GgmlType::kF32) {
+    std::vector<uint8_t> q(RowBytes(a, cols));
+    if (a == GgmlType::kQ8_K) {
+      QuantizeRowQ8_K(x, q.data(), cols);
+    } else {
+      QuantizeRow(a, x, q.data(), cols);
+    }
+    DequantizeRow(a, q.data(), out.data(), cols);
   }
   return out;
 }
@@ -152,6 +231,32 @@ std::vector<float> EffectiveInput(GgmlType type, const float* x, int64_t cols) {
 // element is caught.
 double Tolerance(int64_t n, double sum_abs) {
   return (static_cast<double>(n) + 4.0) * FLT_EPSILON * sum_abs + 1e-30;
+}
+
+// Tolerance for Q8_K activations. Each super-block b contributes (d * xd) * I_b and, with mins,
+// -(dmin * xd) * M_b, I_b and M_b exact integers; the exact value of their sum over b is the
+// sum of w_c x_c over the exact weights w = d*sc*q - dmin*m and activations x = xd * q8. The
+// reference's operands are f32 roundings of those (deq: at most one rounding of d*sc*q - dmin*m,
+// u relative to |d*sc*q| + |dmin*m|; the activation d * q8: u), 2u * P in all, where
+// P = sum_c (|d*sc*q_c| + |dmin*m_c|) |x_c| (TestMatrix::parts times |x|). The kernels, per term:
+// int32 -> f32 (u), d * xd (u), the product or FMA into the running sum (u); the running sum
+// over at most 2 * nb terms per lane (nb blocks; AVX2 gives each of its 8 lanes one term per
+// block) and a final reduction of 8 lanes: (2 nb + 3) u * P. The terms are bounded by P (each
+// |I_b| and |M_b| term by the parts of its block), so in all (2 nb + 8) u P, i.e.
+// (nb + 4) * FLT_EPSILON * P; twice that leaves room for second-order terms. For cols <= 2048
+// (nb <= 8) that is 24 * 1.2e-7 * P, far below one element's share of P: a dropped, doubled or
+// misplaced element is caught.
+double Q8KTolerance(int64_t cols, double parts_abs) {
+  return 2.0 * (static_cast<double>(cols / kQK_K) + 4.0) * FLT_EPSILON * parts_abs + 1e-30;
+}
+// Q8_1 (q4_1, q5_1): per block of 32, (d_w * d_x) * I + m_w * s_x with I exact (< 2^17) and s_x
+// the fp16 the activation block stores, which the reference uses as is (ggml's arithmetic: s_x
+// is not the sum of the dequantized activations). The reference's other operands are exact
+// (d_w * q: fp16 times 5 bits; d_x * q8: fp16 times 8 bits), so the whole difference is the
+// kernels' f32 rounding, counted as for Q8_K over nb = cols / 32 blocks with
+// P = sum |d_w q_c x_c| + sum_b |m_b s_b|.
+double Q8_1Tolerance(int64_t cols, double parts_abs) {
+  return 2.0 * (static_cast<double>(cols / kQK) + 4.0) * FLT_EPSILON * parts_abs + 1e-30;
 }
 
 class KernelTest : public ::testing::TestWithParam<Family> {
@@ -190,17 +295,47 @@ TEST_P(KernelTest, MatMulMatchesDoubleReference) {
         const int64_t x_stride = cols + 3, y_stride = s.rows + 2;
         std::vector<float> x = RandomVector(n_tokens * x_stride, rng);
         std::vector<double> ref(n_tokens * s.rows), bound(n_tokens * s.rows);
-        for (int64_t t = 0; t < n_tokens; ++t) {
-          const std::vector<float> xe = EffectiveInput(type, x.data() + t * x_stride, cols);
+        const bool q8_1 = ActivationType(type) == GgmlType::kQ8_1;
+        std::vector<float> d_part;  // q8_1: the d_w * q term of each weight, without m
+        if (q8_1) {
+          d_part.resize(s.rows * cols);
           for (int64_t r = 0; r < s.rows; ++r) {
+            DequantizeWithout(type, m.view.row(r), cols, 1, d_part.data() + r * cols);
+          }
+        }
+        for (int64_t t = 0; t < n_tokens; ++t) {
+          std::vector<float> sums;
+          const std::vector<float> xe =
+              EffectiveInput(type, x.data() + t * x_stride, cols, &sums);
+          for (int64_t r = 0; r < s.rows && q8_1; ++r) {
             double sum = 0, sum_abs = 0;
             for (int64_t c = 0; c < cols; ++c) {
-              const double p = static_cast<double>(m.deq[r * cols + c]) * xe[c];
+              const double p = static_cast<double>(d_part[r * cols + c]) * xe[c];
+              sum += p;
+              sum_abs += std::fabs(p);
+            }
+            for (int64_t b = 0; b < cols / kQK; ++b) {
+              uint16_t mh;
+              std::memcpy(&mh, m.view.row(r) + b * TypeTraits(type).block_bytes + 2, 2);
+              const double p = static_cast<double>(Fp16ToFp32(mh)) * sums[b];
               sum += p;
               sum_abs += std::fabs(p);
             }
             ref[t * s.rows + r] = sum;
-            bound[t * s.rows + r] = Tolerance(cols, sum_abs);
+            bound[t * s.rows + r] = Q8_1Tolerance(cols, sum_abs);
+          }
+          for (int64_t r = 0; r < s.rows && !q8_1; ++r) {
+            double sum = 0, sum_abs = 0, parts_abs = 0;
+            for (int64_t c = 0; c < cols; ++c) {
+              const double p = static_cast<double>(m.deq[r * cols + c]) * xe[c];
+              sum += p;
+              sum_abs += std::fabs(p);
+              parts_abs += static_cast<double>(m.parts[r * cols + c]) * std::fabs(xe[c]);
+            }
+            ref[t * s.rows + r] = sum;
+            bound[t * s.rows + r] = ActivationType(type) == GgmlType::kQ8_K
+                                        ? Q8KTolerance(cols, parts_abs)
+                                        : Tolerance(cols, sum_abs);
           }
         }
         for (int threads : {1, 2, 3}) {
@@ -352,26 +487,20 @@ TEST_P(KernelTest, DequantizeMatrixRowMatchesReference) {
   }
 }
 
-// Types with f32 activations decode each block to its dequantized values and then multiply
-// exactly as the f32 kernel does (matmul_kernels.h): the same bits as the f32 kernel of the
-// same family over the dequantized matrix, for GEMV, GEMM and AxpyRows.
-TEST_P(KernelTest, BlockTypesEqualF32KernelOnDequantizedMatrix) {
+// AxpyRows decodes every block type but q8_0 / q4_0 to its dequantized values and adds them
+// exactly as the f32 kernel does (matmul_kernels.h): the same bits as AxpyRows of the same
+// family over the dequantized matrix.
+TEST_P(KernelTest, BlockTypeAxpyEqualsF32KernelOnDequantizedMatrix) {
   std::mt19937 rng(17);
   for (GgmlType type : kAllTypes) {
-    if (IsQuant(type) || BlockSize(type) == 1) continue;
+    if (BlockSize(type) == 1 || type == GgmlType::kQ8_0 || type == GgmlType::kQ4_0) continue;
     const int64_t rows = 29, cols = RoundUp(512, type), n_tokens = 5;
+    EXPECT_TRUE(IsQuant(type)) << TypeName(type) << " has 8-bit activations";
     TestMatrix m = MakeMatrix(type, rows, cols, rng);
     MatrixView f32{GgmlType::kF32, rows, cols, reinterpret_cast<const uint8_t*>(m.deq.data()),
                    cols * static_cast<int64_t>(sizeof(float))};
     std::vector<float> x = RandomVector(n_tokens * cols, rng);
     ThreadPool pool(1);
-    for (int64_t nt : {int64_t{1}, n_tokens}) {
-      std::vector<float> a(nt * rows), b(nt * rows);
-      MatMul(m.view, x.data(), nt, cols, a.data(), rows, pool);
-      MatMul(f32, x.data(), nt, cols, b.data(), rows, pool);
-      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
-          << TypeName(type) << " tokens=" << nt;
-    }
     std::vector<int32_t> ids = {3, 0, 28, 3, 17, 9, 11};
     std::vector<float> ya(cols, 0.5f), yb(cols, 0.5f);
     AxpyRows(m.view, ids.data(), x.data(), 7, ya.data(), pool);
@@ -392,7 +521,8 @@ TEST(VnniTest, SameBitsAsPlainAvx2) {
   std::mt19937 rng(21);
   const matmul_internal::KernelSet& plain = matmul_internal::Avx2Kernels(false);
   const matmul_internal::KernelSet& vnni = matmul_internal::Avx2Kernels(true);
-  for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0}) {
+  for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ5_0, GgmlType::kIQ4_NL,
+                        GgmlType::kQ4_1, GgmlType::kQ5_1}) {
     const int64_t rows = 37, cols = 640, n_tokens = 5;
     TestMatrix m = MakeMatrix(type, rows, cols, rng);
     std::vector<float> x = RandomVector(n_tokens * cols, rng);
@@ -412,8 +542,8 @@ TEST(VnniTest, SameBitsAsPlainAvx2) {
   }
 }
 
-// The kernel table of every family covers exactly the weight types, and only q8_0 / q4_0
-// prepare (quantize) their activations.
+// The kernel table of every family covers exactly the weight types, and exactly the types with
+// 8-bit activations prepare (quantize) them.
 TEST(KernelTableTest, EveryFamilyCoversExactlyTheWeightTypes) {
   std::vector<const matmul_internal::KernelSet*> sets = {&matmul_internal::PortableKernels()};
   if (matmul_internal::CpuHasAvx2()) {
@@ -436,6 +566,112 @@ TEST(KernelTableTest, EveryFamilyCoversExactlyTheWeightTypes) {
   int n = 0;
   for (GgmlType t : kAllTypes) n += IsWeightType(t);
   EXPECT_EQ(n, static_cast<int>(std::size(kAllTypes)));
+}
+
+// QuantizeRowQ8_K against ggml's definition computed independently here: d = max / -127 for
+// the first value of largest magnitude, q = round-half-even(x * (-127 / max)) capped at 127
+// (std::nearbyint in the default rounding mode), bsums of 16; and every family's Q8_K
+// prepare_input bytes equal to it, for every type that uses Q8_K activations.
+TEST(ActivationQuantizeTest, Q8KMatchesGgmlDefinitionInEveryFamily) {
+  std::mt19937 rng(12);
+  const int64_t n = kQK_K * 8;
+  std::vector<float> x = RandomVector(n, rng);
+  // Block 1: max -127, so iscale = 1 and the other values are exact .5 ties of both signs.
+  for (int j = 0; j < kQK_K; ++j) {
+    x[kQK_K + j] = j == 0 ? -127.0f : (j % 2 ? 1.0f : -1.0f) * static_cast<float>(j % 120 + 0.5);
+  }
+  std::fill(x.begin() + 2 * kQK_K, x.begin() + 3 * kQK_K, 0.0f);  // d = 0
+  x[3 * kQK_K + 17] = 1e-30f;                                     // tiny scale
+  x[4 * kQK_K + 5] = 3.0f;                                        // +amax and -amax: first wins
+  x[4 * kQK_K + 9] = -3.0f;
+  for (int j = 0; j < kQK_K; ++j) x[5 * kQK_K + j] = 6.5e4f * static_cast<float>(j % 3 - 1);
+  std::vector<uint8_t> want(n / kQK_K * kQ8KBlockBytes);
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    const float* xb = x.data() + b * kQK_K;
+    uint8_t* blk = want.data() + b * kQ8KBlockBytes;
+    float amax = 0, max = 0;
+    for (int j = 0; j < kQK_K; ++j) {
+      if (std::fabs(xb[j]) > amax) {
+        amax = std::fabs(xb[j]);
+        max = xb[j];
+      }
+    }
+    const float iscale = amax != 0 ? -127.0f / max : 0.0f;
+    const float d = amax != 0 ? 1.0f / iscale : 0.0f;
+    std::memcpy(blk, &d, 4);
+    int8_t q[kQK_K];
+    for (int j = 0; j < kQK_K; ++j) {
+      q[j] = static_cast<int8_t>(std::min(127.0f, std::nearbyint(xb[j] * iscale)));
+    }
+    std::memcpy(blk + 4, q, kQK_K);
+    for (int g = 0; g < 16; ++g) {
+      int16_t sum = 0;
+      for (int k = 0; k < 16; ++k) sum = static_cast<int16_t>(sum + q[16 * g + k]);
+      std::memcpy(blk + 4 + kQK_K + 2 * g, &sum, 2);
+    }
+  }
+  std::vector<uint8_t> got(want.size(), 0xCD);
+  QuantizeRowQ8_K(x.data(), got.data(), n);
+  for (size_t b = 0; b < want.size(); b += kQ8KBlockBytes) {
+    ASSERT_EQ(std::memcmp(got.data() + b, want.data() + b, kQ8KBlockBytes), 0)
+        << "QuantizeRowQ8_K block " << b / kQ8KBlockBytes;
+  }
+  std::vector<const matmul_internal::KernelSet*> sets = {&matmul_internal::PortableKernels()};
+  if (matmul_internal::CpuHasAvx2()) {
+    sets.push_back(&matmul_internal::Avx2Kernels(false));
+    sets.push_back(&matmul_internal::Avx2Kernels(true));
+  }
+  int checked = 0;
+  for (const matmul_internal::KernelSet* k : sets) {
+    for (GgmlType type : kAllTypes) {
+      if (ActivationType(type) != GgmlType::kQ8_K) continue;
+      const matmul_internal::TypeKernels& tk = k->For(type);
+      ASSERT_EQ(tk.input_bytes(n), static_cast<int64_t>(want.size())) << k->name;
+      std::vector<uint8_t> prepared(want.size(), 0xCD);
+      tk.prepare_input(x.data(), n, prepared.data());
+      for (size_t b = 0; b < want.size(); b += kQ8KBlockBytes) {
+        ASSERT_EQ(std::memcmp(prepared.data() + b, want.data() + b, kQ8KBlockBytes), 0)
+            << k->name << " " << TypeName(type) << " block " << b / kQ8KBlockBytes;
+      }
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
+// QuantizeRowQ8_1 against ggml's quantize_row_q8_1_ref restated: d and qs exactly those of the
+// Q8_0 reference, s = fp16(sum of qs * amax / 127); the portable family's prepare_input writes
+// it as is (the AVX2 families keep s in their own layout, checked through MatMul above).
+TEST(ActivationQuantizeTest, Q8_1MatchesGgmlDefinition) {
+  std::mt19937 rng(13);
+  const int64_t n = 32 * 64;
+  std::vector<float> x = RandomVector(n, rng);
+  for (int j = 0; j < 32; ++j) x[32 + j] = (j == 0) ? 127.0f : (j % 2 ? 1.0f : -1.0f) * (j + 0.5f);
+  std::fill(x.begin() + 64, x.begin() + 96, 0.0f);
+  for (int j = 128; j < 160; ++j) x[j] = 6.5e4f * (j % 3 - 1);
+  std::vector<uint8_t> q8_0(RowBytes(GgmlType::kQ8_0, n));
+  QuantizeRow(GgmlType::kQ8_0, x.data(), q8_0.data(), n);
+  std::vector<uint8_t> got(n / kQK * kQ8_1BlockBytes, 0xCD);
+  QuantizeRowQ8_1(x.data(), got.data(), n);
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    const uint8_t* g = got.data() + b * kQ8_1BlockBytes;
+    const uint8_t* w = q8_0.data() + b * sizeof(BlockQ8_0);
+    ASSERT_EQ(std::memcmp(g, w, 2), 0) << "d of block " << b;
+    ASSERT_EQ(std::memcmp(g + 4, w + 2, kQK), 0) << "qs of block " << b;
+    float amax = 0;
+    int sum = 0;
+    for (int j = 0; j < kQK; ++j) {
+      amax = std::max(amax, std::fabs(x[b * kQK + j]));
+      sum += static_cast<int8_t>(w[2 + j]);
+    }
+    const uint16_t s = Fp32ToFp16(static_cast<float>(sum) * (amax / 127));
+    ASSERT_EQ(std::memcmp(g + 2, &s, 2), 0) << "s of block " << b;
+  }
+  const matmul_internal::TypeKernels& tk = matmul_internal::PortableKernels().For(GgmlType::kQ4_1);
+  ASSERT_EQ(tk.input_bytes(n), static_cast<int64_t>(got.size()));
+  std::vector<uint8_t> prepared(got.size());
+  tk.prepare_input(x.data(), n, prepared.data());
+  EXPECT_EQ(prepared, got);
 }
 
 // The activation quantizer of every kernel family must reproduce ggml's reference rounding
