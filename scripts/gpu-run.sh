@@ -267,7 +267,7 @@ for tool in memcheck racecheck; do
   else
     # The sanitizer's first findings (one line each) to the terminal.
     grep -E '^========= ' "$OUT/$tool.log" | grep -vE 'COMPUTE-SANITIZER|SUMMARY|^========= +$|^=========     (at|by|Host Frame|Device Frame)' |
-      head -n 6 | cut -c1-200 | sed 's/^/  /'
+      head -n 6 | cut -c1-200 | sed 's/^========= /  /'
     row "$tool" FAIL "$took" "exit $rc; ${summary:-no summary line}"
   fi
 done
