@@ -12,6 +12,7 @@
 #include <cstring>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -28,6 +29,7 @@
 #include "gateway/security.h"
 #include "gateway/service.h"
 #include "gateway/split_serving_engine.h"
+#include "shared/driver/gpu_backend_flags.h"
 #include "shared/driver/split_engine.h"
 #include "shared/gguf/gguf.h"
 #include "shared/model/model.h"
@@ -78,7 +80,7 @@ std::string HostOf(const std::string& addr) {
 }
 
 int Main(int argc, char** argv) {
-  std::string model_path, listen, metrics_listen, workers;
+  std::string model_path, listen, metrics_listen, workers, backend;
   double hot_fraction = 0;
   SchedulerOptions sched;
   SparsityFlags sf;
@@ -113,6 +115,8 @@ int Main(int argc, char** argv) {
       ("max-pending-messages", po::value(&sched.max_pending_messages)->default_value(16), "messages a stream may have waiting for its reader; beyond, its sequence pauses (others go on) until the reader catches up")
       ("write-timeout", po::value(&write_timeout)->default_value(30), "seconds one streamed message may wait to be written to its caller (a reader that reads nothing) before the call is cancelled; 0: no limit")
       ("stream-idle-timeout", po::value(&stream_idle_timeout)->default_value(60), "seconds a paused stream (its reader reads nothing) keeps its KV slot before it is cancelled; 0: until the caller's deadline")
+      ("backend", po::value(&backend)->default_value("host"), "the gpu worker's compute backend: host (this machine's CPU) or cuda (one CUDA device, docs/cuda.md; needs --plan or --hot-fraction); spawn mode")
+      ("vram-budget", po::value<std::string>(), "with --backend cuda: device memory the gpu worker may use, e.g. 20G or 1.5GiB (0: the device's free memory, the default); spawn mode")
       ("gpu-threads", po::value(&so.gpu_threads)->default_value(1), "threads of the gpu worker")
       ("cpu-threads", po::value(&so.cpu_threads)->default_value(1), "threads of the cpu worker")
       ("kv-type", po::value(&so.kv_type)->default_value("f32"), "KV cache element type: f32 or f16")
@@ -145,6 +149,21 @@ int Main(int argc, char** argv) {
     return 0;
   }
   if (model_path.empty()) return Fail("--model is required");
+  // The backend is the spawned gpu worker's flag; in attach mode the worker is started by
+  // systemd with its own flags (THERMOCLINE_GPU_WORKER_ARGS), which this process cannot change.
+  if (workers == "attach" && (!vm["backend"].defaulted() || vm.count("vram-budget"))) {
+    return Fail("--backend and --vram-budget choose the backend of the gpu worker the gateway "
+                "spawns; with --workers attach give them to thermocline-gpu-worker "
+                "(THERMOCLINE_GPU_WORKER_ARGS in deploy/thermocline.env.example)");
+  }
+  if (absl::Status s = driver::ApplyGpuBackendFlags(
+          backend,
+          vm.count("vram-budget") ? std::optional(vm["vram-budget"].as<std::string>())
+                                  : std::nullopt,
+          so);
+      !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
   if (vm.count("hot-fraction") && vm.count("plan")) {
     return Fail("give one of --hot-fraction F and --plan PLAN, not both");
   }
@@ -353,7 +372,7 @@ int Main(int argc, char** argv) {
   so.max_logits_rows = sched.max_batch;
   so.attach = workers == "attach";
   Log(Level::kInfo, "loading", {{"model", model_path}, {"instance", so.instance},
-                                {"workers", workers}});
+                                {"workers", workers}, {"backend", so.gpu_backend}});
   auto engine = driver::SplitEngine::Create(so);
   int rc = 0;
   std::unique_ptr<Scheduler> scheduler;

@@ -1,7 +1,6 @@
 // thermocline-gpu-worker: the dense half of a split model (docs/workers.md). Attaches to an
 // instance's transport, loads the model with its placement and sparsity plan, and serves Steps
 // from the gateway, exchanging every layer's cold neurons with the CPU worker.
-#include <cctype>
 #include <cstdio>
 #include <string>
 
@@ -13,40 +12,10 @@
 #include "gpu_worker/worker_loop.h"
 #include "shared/ipc/worker_flags.h"
 #include "shared/ipc/worker_session.h"
+#include "shared/sparsity/planner.h"
 #include "shared/util/version.h"
 
 using namespace thermocline;
-
-namespace {
-
-// Bytes from "0", "123", "512M", "24G" or "1.5GiB" (K/M/G/T are powers of 1024); -1 if malformed.
-int64_t ParseBytes(const std::string& text) {
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (...) {
-    return -1;
-  }
-  std::string unit = text.substr(used);
-  if (unit.size() > 1 && (unit.back() == 'B' || unit.back() == 'b')) unit.pop_back();
-  if (unit.size() > 1 && (unit.back() == 'i')) unit.pop_back();
-  double scale = 1;
-  const std::string units = "KMGT";
-  const size_t power =
-      unit.size() == 1 ? units.find(static_cast<char>(std::toupper(static_cast<unsigned char>(unit[0]))))
-                       : std::string::npos;
-  if (power != std::string::npos) {
-    for (size_t i = 0; i <= power; ++i) scale *= 1024.0;
-  } else if (!unit.empty() && unit != "B" && unit != "b") {
-    return -1;
-  }
-  // Also refuses nan, inf and sizes past int64 (stod accepts them).
-  if (!(v >= 0) || !(v * scale < 9.0e18)) return -1;
-  return static_cast<int64_t>(v * scale);
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   if (argc == 2 && std::string(argv[1]) == "--version") {
@@ -85,10 +54,11 @@ int main(int argc, char** argv) {
     }
   }
 #endif
-  const int64_t budget_bytes = ParseBytes(vram_budget);
-  if (budget_bytes < 0) {
-    return usage_error("--vram-budget '" + vram_budget +
-                       "' is not a byte count such as 0, 512M or 24G");
+  // The syntax of `thermocline plan --vram-budget`, which the gateway and `generate --split`
+  // check with the same function before they start this worker.
+  const absl::StatusOr<int64_t> budget_bytes = ParseByteSize(vram_budget);
+  if (!budget_bytes.ok()) {
+    return usage_error("--vram-budget: " + std::string(budget_bytes.status().message()));
   }
   if (kv_type != "f32" && kv_type != "f16") return usage_error("--kv-type must be f32 or f16");
   if (options.context < 0) return usage_error("--context must be >= 0");
@@ -124,7 +94,7 @@ int main(int argc, char** argv) {
     cuda.context = options.context;
     cuda.max_batch = options.max_batch;
     cuda.kv_type = options.kv_type;
-    cuda.vram_budget = budget_bytes;
+    cuda.vram_budget = *budget_bytes;
     cuda.log = [&s](const std::string& line) { s.Log(line); };
     backend = gpu_worker::CreateCudaBackend(*loaded->model, std::move(loaded->plan),
                                             std::move(loaded->partition), cuda);

@@ -40,7 +40,12 @@ std::string MissingSharedData() {
   return "";
 }
 
-std::string BinDir() { return THERMOCLINE_BIN_DIR; }
+// THERMOCLINE_BIN_DIR in the environment wins: test binaries copied away from their build tree
+// (the GPU device bundle, scripts/gpu-bundle.sh) find the executables beside them.
+std::string BinDir() {
+  const char* env = std::getenv("THERMOCLINE_BIN_DIR");
+  return env != nullptr && *env != '\0' ? env : THERMOCLINE_BIN_DIR;
+}
 
 namespace {
 struct TempRoot {

@@ -28,7 +28,8 @@ std::string MissingSharedData();
   } while (0)
 // SharedDataDir() + "/models/" + rel.
 std::string ModelPath(const std::string& rel);
-// Directory holding the built executables (thermocline, workers).
+// Directory holding the built executables (thermocline, workers): THERMOCLINE_BIN_DIR from the
+// environment, else the build tree's bin/.
 std::string BinDir();
 // A fresh directory under $TMPDIR, removed when the test binary exits.
 std::string TempDir();

@@ -16,6 +16,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/time/clock.h"
 #include "absl/strings/str_format.h"
+#include "shared/driver/gpu_backend_flags.h"
 #include "shared/driver/split_engine.h"
 #include "shared/model/model.h"
 #include "shared/runtime/generate.h"
@@ -103,10 +104,10 @@ int RunSplit(const Model& model, const GenerationRequest& req, const std::string
 }
 
 // Options of the local paths that a gateway decides for itself (its own flags).
-constexpr const char* kLocalOnly[] = {"model",     "threads",      "context",  "kv-type",
-                                      "split",     "hot-fraction", "plan",     "gpu-threads",
-                                      "cpu-threads", "instance",   "cpus",     "numa-node",
-                                      "bindir",    "worker-log"};
+constexpr const char* kLocalOnly[] = {"model",       "threads",  "context", "kv-type",
+                                      "split",       "hot-fraction", "plan", "backend",
+                                      "vram-budget", "gpu-threads", "cpu-threads", "instance",
+                                      "cpus",        "numa-node", "bindir", "worker-log"};
 
 // --server: one streaming Generate call; text to stdout as it arrives (after the prompt, as
 // the local paths print it), the final stats to stderr.
@@ -212,6 +213,7 @@ int RunGenerate(const std::vector<std::string>& args) {
   driver::SplitEngineOptions so;
   double hot_fraction = 0;
   int numa_node = -1;
+  std::string backend, vram_budget;
   po::options_description opts("options");
   opts.add_options()
       ("model,m", po::value(&model_path), "model file (GGUF); required unless --server")
@@ -230,6 +232,8 @@ int RunGenerate(const std::vector<std::string>& args) {
       ("split", po::bool_switch(&split), "run the model in a gpu worker and a cpu worker process")
       ("hot-fraction", po::value(&hot_fraction), "share of each layer's FFN neurons on the gpu worker, in [0, 1]")
       ("plan", po::value(&so.plan_path), "or: placement from `thermocline plan`")
+      ("backend", po::value(&backend)->default_value("host"), "the gpu worker's compute backend: host (this machine's CPU) or cuda (one CUDA device, docs/cuda.md; needs --plan or --hot-fraction)")
+      ("vram-budget", po::value(&vram_budget), "with --backend cuda: device memory the gpu worker may use, e.g. 20G or 1.5GiB (0: the device's free memory, the default)")
       ("gpu-threads", po::value(&so.gpu_threads)->default_value(1), "threads of the gpu worker")
       ("cpu-threads", po::value(&so.cpu_threads)->default_value(1), "threads of the cpu worker")
       ("instance", po::value(&so.instance), "transport instance name (default gen-<pid>-0)")
@@ -292,16 +296,29 @@ int RunGenerate(const std::vector<std::string>& args) {
   if (kv_type != "f32" && kv_type != "f16") return fail("--kv-type must be f32 or f16");
   if (absl::Status s = ValidateSamplingParams(sp); !s.ok()) return fail(std::string(s.message()));
   if (!split) {
-    for (const char* flag : {"hot-fraction", "plan", "instance", "cpus", "numa-node", "bindir",
-                             "worker-log"}) {
-      if (vm.count(flag)) return fail(std::string("--") + flag + " needs --split");
+    for (const char* flag : {"hot-fraction", "plan", "backend", "vram-budget", "instance", "cpus",
+                             "numa-node", "bindir", "worker-log"}) {
+      if (vm.count(flag) && !vm[flag].defaulted()) {
+        return fail(std::string("--") + flag + " needs --split");
+      }
     }
   } else {
     if (vm.count("hot-fraction") && vm.count("plan")) {
       return fail("--split takes one of --hot-fraction F and --plan PLAN.gguf, not both");
     }
+    if (absl::Status s = driver::ApplyGpuBackendFlags(
+            backend,
+            vm.count("vram-budget") ? std::optional<std::string>(vram_budget) : std::nullopt, so);
+        !s.ok()) {
+      return fail(std::string(s.message()));
+    }
     if (vm.count("hot-fraction")) so.hot_fraction = hot_fraction;
     if (!vm.count("hot-fraction") && !vm.count("plan")) {
+      // A device's share of the FFN depends on its memory: the caller says it (as the gateway).
+      if (so.gpu_backend != "host") {
+        return fail("--backend " + so.gpu_backend + " needs a placement: give --plan PLAN "
+                    "(`thermocline plan`) or --hot-fraction F");
+      }
       // As the gateway: with the host backend every FFN neuron is "hot" by default.
       so.hot_fraction = 1.0;
       std::cerr << "thermocline generate: no --hot-fraction or --plan; placing the whole FFN on "
