@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "shared/gguf/gguf.h"
 #include "shared/runtime/corpus.h"
+#include "shared/sparsity/partition.h"
 #include "shared/sparsity/planner.h"
 #include "shared/sparsity/profiler.h"
 #include "tests/test_support.h"
@@ -236,6 +237,72 @@ TEST(PlacementTest, ReadRejectsInconsistentFiles) {
   p.layers[0].gpu_bucket = {0, 2};
   p.expected_gpu_share = 1.5;
   ExpectError(WritePlacement(p, path), "expected_gpu_share 1.5 is not in [0, 1]");
+}
+
+// Layer 1 of 2 is an MoE layer of 3 experts x 4 neurons: ids e * 4 + i.
+ModelConfig MoeConfig() {
+  ModelConfig c = Config(2, 4);
+  c.n_experts = 3;
+  c.n_experts_used = 2;
+  c.layers.resize(2);
+  c.layers[1].moe = true;
+  return c;
+}
+
+TEST(PlacementTest, MoeLayersPlaceEveryExpertsNeurons) {
+  const ModelConfig c = MoeConfig();
+  EXPECT_EQ(LayerNeurons(c, 0), 4);
+  EXPECT_EQ(LayerNeurons(c, 1), 12);
+  // Each expert gets the fraction of its own neurons, lowest ids first.
+  Placement p = Placement::Uniform(c, 0.5, nullptr);
+  EXPECT_EQ(p.layers[0].gpu_bucket, (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(p.layers[1].gpu_bucket, (std::vector<int32_t>{0, 1, 4, 5, 8, 9}));
+  // Hottest first within each expert when statistics are given.
+  ActivationStats s;
+  s.dim = 16;
+  s.ffn_dim = 4;
+  s.layers.resize(2);
+  s.layers[0].frequency = {0.1f, 0.2f, 0.3f, 0.4f};
+  s.layers[1].frequency = {0.9f, 0, 0, 0.8f, 0, 0.1f, 0.2f, 0, 0, 0, 0.5f, 0.6f};
+  p = Placement::Uniform(c, 0.5, &s);
+  EXPECT_EQ(p.layers[0].gpu_bucket, (std::vector<int32_t>{2, 3}));
+  EXPECT_EQ(p.layers[1].gpu_bucket, (std::vector<int32_t>{0, 3, 5, 6, 10, 11}));
+
+  // A plan's per-expert lists round-trip and split into partitions per expert.
+  p.layers[1] = MakeLayer(12, {1, 2, 3, 11});  // expert 0: 1..3, expert 1: none, expert 2: 3
+  const std::string path = testing::TempDir() + "/moe_plan.gguf";
+  ASSERT_TRUE(WritePlacement(p, path).ok());
+  auto back = ReadPlacement(path, c);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->layers[1].gpu_bucket, (std::vector<int32_t>{1, 2, 3, 11}));
+  auto part = Partition::FromPlacement(*back, c);
+  ASSERT_TRUE(part.ok()) << part.status();
+  const LayerPartition& lp = part->layers[1];
+  EXPECT_EQ(std::vector<int32_t>(ExpertSlice(lp.hot, 0, 4).begin(), ExpertSlice(lp.hot, 0, 4).end()),
+            (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_TRUE(ExpertSlice(lp.hot, 1, 4).empty());
+  EXPECT_EQ(std::vector<int32_t>(ExpertSlice(lp.cold, 1, 4).begin(), ExpertSlice(lp.cold, 1, 4).end()),
+            (std::vector<int32_t>{4, 5, 6, 7}));
+  EXPECT_EQ(std::vector<int32_t>(ExpertSlice(lp.cold, 2, 4).begin(), ExpertSlice(lp.cold, 2, 4).end()),
+            (std::vector<int32_t>{8, 9, 10}));
+
+  // Bad plans are refused naming the layer and the expert.
+  const std::vector<std::vector<int32_t>> idx = {{1, 0, 0, 0}, std::vector<int32_t>(12, 0)};
+  auto error = [&](std::vector<std::vector<int32_t>> i, std::vector<std::vector<int32_t>> b) {
+    return ReadPlacement(WriteBytes(PowerInferGpuIdx(i, b, 0), "bad_moe.gpuidx"), c).status();
+  };
+  EXPECT_TRUE(error(idx, {{0}, {}}).ok());
+  std::vector<std::vector<int32_t>> two = idx;
+  two[1][9] = 2;
+  ExpectError(error(two, {{0}, {9}}), "layer 1: gpu_idx[9] (expert 2, neuron 1) = 2 is not 0 or 1");
+  ExpectError(error(idx, {{0}, {6}}),
+              "layer 1: gpu_bucket[0] = 6 (expert 1, neuron 2) but gpu_idx[6] is 0");
+  // A dense-sized layer where the model has experts: the shape names what is expected.
+  ExpectError(error({{1, 0, 0, 0}, {0, 0, 0, 0}}, {{0}, {}}),
+              "tensor 'blk.1.gpu_idx' has shape (4), expected (12)");
+  Placement dense_sized = Placement::Uniform(Config(2, 4), 0.5, nullptr);
+  ExpectError(Partition::FromPlacement(dense_sized, c).status(),
+              "placement layer 1 has 4 neurons, the model 12 (3 experts x 4)");
 }
 
 TEST(PlacementTest, Uniform) {
