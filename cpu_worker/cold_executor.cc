@@ -99,18 +99,20 @@ absl::Status ColdExecutor::Compute(const ipc::ActivationView& a, std::span<float
   return absl::OkStatus();
 }
 
-void ColdExecutor::ComputeRoutedRow(const ipc::ActivationView& a, int64_t r, NeuronFilter filter,
-                                    Lane& lane, ThreadPool& pool, float* out) {
+void ColdExecutor::ComputeRoutedRow(const ipc::ActivationView& a, int64_t r, Lane& lane,
+                                    ThreadPool& pool, float* out) {
   const std::vector<NeuronWeights>& experts = rows_.experts(a.layer);
   const int64_t dim = a.dim;
   const float* h = a.h.data() + r * dim;
   // Pick order and arithmetic as the GPU side's: out += y_j * w_j for j < picks.
   for (uint32_t j = 0; j < a.picks; ++j) {
-    const NeuronWeights& w = experts[a.experts[r * a.picks + j]];
+    const int32_t e = a.experts[r * a.picks + j];
+    const NeuronWeights& w = experts[e];
     const int64_t n = w.ffn_dim();
     if (n == 0) continue;
     std::fill(lane.expert_y.begin(), lane.expert_y.begin() + dim, 0.0f);
-    lane.active += lane.neurons.Compute(w, h, std::span<const int32_t>(all_).first(n), filter,
+    lane.active += lane.neurons.Compute(w, h, std::span<const int32_t>(all_).first(n),
+                                        plan_.FilterFor(a.layer, activation_, e),
                                         lane.expert_y.data(), pool);
     lane.candidates += n;
     const float wj = a.expert_weights[r * a.picks + j];
@@ -137,17 +139,16 @@ absl::Status ColdExecutor::ComputeRouted(const ipc::ActivationView& a, std::span
     }
   }
   std::fill(y.begin(), y.end(), 0.0f);
-  const NeuronFilter filter = plan_.FilterFor(a.layer, activation_);
   for (Lane& lane : lanes_) lane.active = lane.candidates = 0;
   const int64_t n_rows = a.rows;
   if (n_rows == 1 || pool_.size() == 1) {
     for (int64_t r = 0; r < n_rows; ++r) {
-      ComputeRoutedRow(a, r, filter, lanes_[0], pool_, y.data() + r * a.dim);
+      ComputeRoutedRow(a, r, lanes_[0], pool_, y.data() + r * a.dim);
     }
   } else {
     pool_.Run([&](int tid, int nth) {
       for (int64_t r = tid; r < n_rows; r += nth) {
-        ComputeRoutedRow(a, r, filter, lanes_[tid], *lanes_[tid].solo, y.data() + r * a.dim);
+        ComputeRoutedRow(a, r, lanes_[tid], *lanes_[tid].solo, y.data() + r * a.dim);
       }
     });
   }

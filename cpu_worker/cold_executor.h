@@ -52,8 +52,8 @@ class ColdExecutor {
     std::vector<float> expert_y;  // one expert's cold output, before its router weight
   };
   // Row r of an MoE layer's Activation into out[0..dim): the cold part of each chosen expert.
-  void ComputeRoutedRow(const ipc::ActivationView& a, int64_t r, NeuronFilter filter, Lane& lane,
-                        ThreadPool& pool, float* out);
+  void ComputeRoutedRow(const ipc::ActivationView& a, int64_t r, Lane& lane, ThreadPool& pool,
+                        float* out);
   absl::Status ComputeRouted(const ipc::ActivationView& a, std::span<float> y);
 
   const ColdRows& rows_;

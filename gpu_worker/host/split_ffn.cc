@@ -229,7 +229,7 @@ void SplitFfn::ComputeMoe(int64_t layer, const float* h, int64_t n_tokens, float
     if (!SendCold(request)) return;
     sent = true;
   }
-  const NeuronFilter filter = plan_.FilterFor(layer, c.activation);
+  const NeuronFilter shared_filter = plan_.SharedExpertFilter(layer, c.activation);
   uint64_t ran = 0, candidates = 0;
   expert_y_.resize(dim);
   for (int64_t t = 0; t < n_tokens; ++t) {
@@ -240,7 +240,8 @@ void SplitFfn::ComputeMoe(int64_t layer, const float* h, int64_t n_tokens, float
       const int32_t e = picks_[t * k + j];
       if (m.hot[e].empty()) continue;
       std::fill(expert_y_.begin(), expert_y_.end(), 0.0f);
-      ran += neurons_.Compute(m.experts[e], ht, m.hot[e], filter, expert_y_.data(), pool_);
+      ran += neurons_.Compute(m.experts[e], ht, m.hot[e], plan_.FilterFor(layer, c.activation, e),
+                              expert_y_.data(), pool_);
       candidates += m.hot[e].size();
       const float wj = pick_w_[t * k + j];
       for (int64_t i = 0; i < dim; ++i) o[i] += expert_y_[i] * wj;
@@ -248,7 +249,7 @@ void SplitFfn::ComputeMoe(int64_t layer, const float* h, int64_t n_tokens, float
     // The shared expert is not in the partition (always here), nor in the neuron counts.
     if (!w.shared.up.empty()) {
       std::fill(expert_y_.begin(), expert_y_.end(), 0.0f);
-      neurons_.Compute(m.shared, ht, shared_ids_, filter, expert_y_.data(), pool_);
+      neurons_.Compute(m.shared, ht, shared_ids_, shared_filter, expert_y_.data(), pool_);
       const float g = SharedExpertGate(w, ht);
       for (int64_t i = 0; i < dim; ++i) o[i] += expert_y_[i] * g;
     }

@@ -1,7 +1,8 @@
 // Mixture-of-experts layers split per expert over the two worker processes (SplitEngine with
 // real thermocline-gpu-worker and thermocline-cpu-worker) against the single-process engine, on
 // synthetic ReLU MoE models made by `thermocline synth --experts 4`: llama-MoE (Mixtral-style)
-// and qwen2moe (with its shared expert, which stays whole on the gpu worker).
+// and qwen2moe (with its shared expert, which stays whole on the gpu worker); modes dense,
+// exact and threshold (each expert's cuts profiled here).
 //
 // The gpu worker routes once and sends the picks and their weights with h; each side computes
 // its neurons of every chosen expert and weights them by the router. Bound (as in
@@ -24,11 +25,13 @@
 #include "shared/ipc/segment.h"
 #include "shared/ipc/worker_metrics.h"
 #include "shared/model/model.h"
+#include "shared/runtime/corpus.h"
 #include "shared/runtime/ffn.h"
 #include "shared/runtime/forward.h"
 #include "shared/runtime/kv_cache.h"
 #include "shared/sparsity/partition.h"
 #include "shared/sparsity/placement.h"
+#include "shared/sparsity/profiler.h"
 #include "shared/sparsity/sparse_ffn.h"
 #include "tests/test_support.h"
 
@@ -134,11 +137,30 @@ TEST_P(MoeSplitTest, SplitPerExpertEqualsOneProcess) {
   const ModelConfig& c = (*model)->config();
   ASSERT_TRUE(c.moe());
   const SparsityMode mode = *ParseSparsityMode(sc.mode);
-
-  // The reference: one process, the same mode, with the routing it took.
   ThreadPool pool(1);
+  SparsityFlags flags;
+  flags.mode = sc.mode;
+  if (mode == SparsityMode::kThreshold) {
+    // Each expert's cuts, profiled here over a corpus; the workers read the same file.
+    auto tokens = TokenizeCorpusFile(testing::SharedDataDir() + "/corpus/tinystories_valid_sample.txt",
+                                     (*model)->tokenizer(), 1000);
+    ASSERT_TRUE(tokens.ok()) << tokens.status();
+    ProfileOptions po;
+    po.window = 64;
+    po.batch = 64;
+    auto profile = ProfileActivations(**model, *tokens, po, pool);
+    ASSERT_TRUE(profile.ok()) << profile.status();
+    flags.stats_path = testing::TempDir() + "/moe_split_stats_" + sc.arch + ".gguf";
+    ASSERT_TRUE(WriteActivationStats(profile->stats, flags.stats_path).ok());
+    flags.target_sparsity = 0.8f;
+    flags.gate_sparsity = 0.7f;
+  }
+
+  // The reference: one process, the same plan, with the routing it took.
+  auto plan = SparsityPlanFromFlags(**model, flags);
+  ASSERT_TRUE(plan.ok()) << plan.status();
   DenseFfn dense(**model, pool);
-  auto sparse = SparseFfn::Create(**model, SparsityPlan::Uniform(mode, c.n_layers), pool);
+  auto sparse = SparseFfn::Create(**model, *plan, pool);
   ASSERT_TRUE(sparse.ok()) << sparse.status();
   FfnExecutor& inner = mode == SparsityMode::kDense ? static_cast<FfnExecutor&>(dense) : **sparse;
   RoutingRecorder recorder(**model, inner, pool);
@@ -182,7 +204,7 @@ TEST_P(MoeSplitTest, SplitPerExpertEqualsOneProcess) {
     } else {
       o.plan_path = plan_path;
     }
-    o.sparsity.mode = sc.mode;
+    o.sparsity = flags;
     o.kv_slots = 1;
     o.context = 64;
     o.bindir = testing::BinDir();
@@ -209,7 +231,7 @@ TEST_P(MoeSplitTest, SplitPerExpertEqualsOneProcess) {
       if (mode == SparsityMode::kDense || hot == 1.0) {
         EXPECT_EQ(cpu->active_neurons, expected_candidates);
       } else {
-        // ReLU within each expert: about half the cold candidates fire.
+        // ReLU (or the cuts) within each expert: a part of the cold candidates runs.
         EXPECT_LT(cpu->active_neurons, expected_candidates);
         EXPECT_GT(cpu->active_neurons, expected_candidates / 10);
       }
@@ -221,8 +243,10 @@ TEST_P(MoeSplitTest, SplitPerExpertEqualsOneProcess) {
 
 INSTANTIATE_TEST_SUITE_P(Archs, MoeSplitTest,
                          ::testing::Values(SplitCase{"llama", "dense"}, SplitCase{"llama", "exact"},
+                                           SplitCase{"llama", "threshold"},
                                            SplitCase{"qwen2moe", "dense"},
-                                           SplitCase{"qwen2moe", "exact"}),
+                                           SplitCase{"qwen2moe", "exact"},
+                                           SplitCase{"qwen2moe", "threshold"}),
                          [](const ::testing::TestParamInfo<SplitCase>& info) {
                            return std::string(info.param.arch) + "_" + info.param.mode;
                          });
