@@ -146,7 +146,7 @@ absl::StatusOr<Plan> PlanPlacement(const Model& model, const ActivationStats& st
     // Placing neurons under a budget needs per-expert activation frequencies, which the
     // profiler does not collect (its observer sees dense FFN layers only).
     return absl::UnimplementedError(
-        "plan: this is a mixture-of-experts model; planning per-expert placements is not built: "
+        "this is a mixture-of-experts model; planning per-expert placements is not built: "
         "split it with --hot-fraction F (each expert gets that share of its neurons on the GPU)");
   }
   if (stats.dim != c.dim || stats.ffn_dim != c.ffn_dim ||

@@ -257,6 +257,11 @@ absl::StatusOr<SparsityPlan> SparsityPlanFromFlags(const Model& model,
                                                    const SparsityFlags& flags) {
   TC_ASSIGN_OR_RETURN(SparsityMode mode, ParseSparsityModeOrError(flags.mode));
   const ModelConfig& c = model.config();
+  if (mode == SparsityMode::kPredicted && c.moe()) {
+    // Refused whatever the other flags say: name the MoE layer and why, before asking for
+    // predictors that cannot exist.
+    TC_RETURN_IF_ERROR(SparsityPlan::Uniform(mode, c.n_layers).Validate(c));
+  }
   const bool uses_cuts = mode == SparsityMode::kThreshold ||
                          (mode == SparsityMode::kPredicted && !IsReluFamily(c.activation));
   if (flags.stats_path.empty() != !flags.target_sparsity.has_value()) {

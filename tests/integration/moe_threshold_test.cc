@@ -153,6 +153,14 @@ TEST_P(MoeThresholdTest, ZeroCutsEqualExact) {
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("needs one predictor per expert"), std::string::npos)
       << refused.status();
+  // The command-line path says so before asking for a predictor file.
+  SparsityFlags flags;
+  flags.mode = "predicted";
+  auto from_flags = SparsityPlanFromFlags(*model, flags);
+  ASSERT_FALSE(from_flags.ok());
+  EXPECT_NE(from_flags.status().message().find("layer 0 is a mixture-of-experts layer"),
+            std::string::npos)
+      << from_flags.status();
 }
 
 TEST_P(MoeThresholdTest, CalibratedPerExpertAndSelectsTheReferenceSet) {
