@@ -95,6 +95,17 @@ absl::Status Validate(const ActivationStats& s, const std::string& where) {
                                            " is not in [0, 1]"));
       }
     }
+    if (static_cast<int64_t>(layer.expert_share.size()) != layer.experts) {
+      return Invalid(where, absl::StrCat(lw, ": ", layer.expert_share.size(),
+                                         " expert shares for ", layer.experts, " experts"));
+    }
+    for (size_t e = 0; e < layer.expert_share.size(); ++e) {
+      const float x = layer.expert_share[e];
+      if (!(x >= 0.0f && x <= 1.0f)) {
+        return Invalid(where, absl::StrCat(group_name(static_cast<int64_t>(e)), ": share ", x,
+                                           " of the tokens is not in [0, 1]"));
+      }
+    }
     const size_t n_targets = s.targets.size();
     auto check_cuts = [&](const std::vector<float>& cuts, const char* what) -> absl::Status {
       if (cuts.size() != static_cast<size_t>(groups) * n_targets) {
@@ -272,6 +283,11 @@ absl::Status WriteActivationStats(const ActivationStats& stats, const std::strin
                                             Bytes(layer.coeff_cuts)));
       }
     }
+    if (!layer.expert_share.empty()) {
+      TC_RETURN_IF_ERROR(w.AddTensorBytes(p + "expert_share", GgmlType::kF32,
+                                          {static_cast<int64_t>(layer.expert_share.size())},
+                                          Bytes(layer.expert_share)));
+    }
     if (has_hist) {
       TC_RETURN_IF_ERROR(w.AddTensorBytes(p + "act_hist", GgmlType::kF32,
                                           {static_cast<int64_t>(layer.histogram.size())},
@@ -356,6 +372,10 @@ absl::StatusOr<ActivationStats> ReadActivationStats(const std::string& path,
     const int64_t groups = moe_layer ? s.n_experts : 1;
     TC_ASSIGN_OR_RETURN(layer.frequency,
                         ReadF32Vector(f, where, p + "act_freq", groups * s.ffn_dim));
+    if (moe_layer) {
+      TC_ASSIGN_OR_RETURN(layer.expert_share,
+                          ReadF32Vector(f, where, p + "expert_share", s.n_experts));
+    }
     const int64_t n_cuts = groups * static_cast<int64_t>(s.targets.size());
     if (!s.targets.empty()) {
       TC_ASSIGN_OR_RETURN(layer.cuts, ReadF32Vector(f, where, p + "act_cuts", n_cuts));

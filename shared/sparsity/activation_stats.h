@@ -25,7 +25,8 @@
 // to it: act_freq is [n_experts * ffn_dim] (flat ids e * ffn_dim + i, as placements number
 // them; a frequency is the share of the expert's tokens), act_cuts and coef_cuts are
 // [n_experts * targets], expert-major (expert e's cuts at [e * targets, (e + 1) * targets)),
-// and act_hist is the layer's, over every expert.
+// act_hist is the layer's, over every expert, and blk.N.expert_share F32 [n_experts] is the
+// share of the layer's tokens the router sent to each expert (they sum to n_experts_used).
 #pragma once
 
 #include <cstdint>
@@ -43,6 +44,7 @@ struct LayerActivationStats {
   std::vector<float> cuts;       // [targets.size()], or [experts * targets.size()]
   std::vector<float> coeff_cuts;  // as cuts, or empty (profiles from before them)
   std::vector<float> histogram;  // optional
+  std::vector<float> expert_share;  // MoE layers: [experts], share of tokens routed to each
 };
 
 struct ActivationStats {

@@ -319,6 +319,10 @@ absl::StatusOr<ProfileResult> ProfileActivations(const Model& model,
     const auto& groups = observer.groups(l);
     LayerActivationStats& L = s.layers[l];
     L.experts = groups.size() > 1 ? static_cast<int64_t>(groups.size()) : 0;
+    for (size_t g = 0; L.experts > 0 && g < groups.size(); ++g) {
+      const double n = static_cast<double>(std::max<int64_t>(1, observer.tokens(l)));
+      L.expert_share.push_back(static_cast<float>(static_cast<double>(groups[g].observed) / n));
+    }
     for (const auto& g : groups) {
       for (float t : s.targets) {
         // A cut of 0 would keep every neuron, exact zeros included; the smallest positive float

@@ -224,6 +224,8 @@ TEST_P(MoeThresholdTest, CalibratedPerExpertAndSelectsTheReferenceSet) {
     for (int64_t e = 0; e < E; ++e) {
       SCOPED_TRACE(::testing::Message() << "layer " << l << " expert " << e);
       ASSERT_GT(rows[l][e], 100);  // every expert is routed enough rows to calibrate
+      EXPECT_EQ(L.expert_share[e], static_cast<float>(static_cast<double>(rows[l][e]) /
+                                                      static_cast<double>(stats.tokens)));
       for (int64_t i = 0; i < F; ++i) {
         ASSERT_EQ(L.frequency[e * F + i],
                   static_cast<float>(static_cast<double>(positive[l][e * F + i]) /

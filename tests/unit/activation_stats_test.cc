@@ -145,6 +145,7 @@ TEST(ActivationStatsTest, PerExpertStatsRoundTripAndAreChecked) {
   moe.frequency.assign(24, 0.25f);
   moe.cuts = {0.1f, 0.2f, 0.3f, 1.0f, 2.0f, 3.0f, 0.5f, 0.5f, 0.6f};
   moe.coeff_cuts = {0.01f, 0.02f, 0.03f, 0.1f, 0.2f, 0.3f, 0.05f, 0.05f, 0.06f};
+  moe.expert_share = {0.5f, 1.0f, 0.5f};
   const std::string path = testing::TempDir() + "/moe_stats.gguf";
   ASSERT_TRUE(WriteActivationStats(s, path).ok());
   ModelConfig c;
@@ -161,6 +162,7 @@ TEST(ActivationStatsTest, PerExpertStatsRoundTripAndAreChecked) {
   EXPECT_EQ(back->layers[0].experts, 0);
   EXPECT_EQ(back->layers[1].experts, 3);
   EXPECT_EQ(back->layers[1].frequency, moe.frequency);
+  EXPECT_EQ(back->layers[1].expert_share, moe.expert_share);
   EXPECT_EQ(*back->CutFor(1, 0.5f, 1), 2.0f);
   EXPECT_EQ(*back->CoeffCutFor(1, 0.9f, 2), 0.06f);
   EXPECT_EQ(*back->CutFor(0, 0.5f), 0.2f);
@@ -189,6 +191,11 @@ TEST(ActivationStatsTest, PerExpertStatsRoundTripAndAreChecked) {
   bad = s;
   bad.layers[1].frequency[17] = 2.0f;
   ExpectError(WriteActivationStats(bad, path), "layer 1 expert 2: frequency of neuron 1 = 2");
+  bad = s;
+  bad.layers[1].expert_share = {0.5f, 1.5f, 0.0f};
+  ExpectError(WriteActivationStats(bad, path), "layer 1 expert 1: share 1.5 of the tokens");
+  bad.layers[1].expert_share = {0.5f};
+  ExpectError(WriteActivationStats(bad, path), "layer 1: 1 expert shares for 3 experts");
   bad = s;
   bad.layers[1].coeff_cuts.pop_back();
   ExpectError(WriteActivationStats(bad, path), "8 coefficient cuts for 3 targets x 3 experts");

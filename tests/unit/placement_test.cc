@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "shared/gguf/gguf.h"
 #include "shared/runtime/corpus.h"
+#include "shared/model/synth.h"
 #include "shared/sparsity/partition.h"
 #include "shared/sparsity/planner.h"
 #include "shared/sparsity/profiler.h"
@@ -516,6 +517,83 @@ TEST_F(PlannerTest, MinSliceAndPredictors) {
   ASSERT_TRUE(bytes.ok()) << bytes.status();
   EXPECT_EQ(*bytes, 5 * (64 * 8 + 8 * 172) * 4);
   EXPECT_EQ(*PredictorBytes(model_->file(), model_->config()), 0);
+}
+
+// The planner on a synthetic ReLU llama-MoE (4 experts, 2 used) with its per-expert profile:
+// routers charged with the dense part, each layer's GPU neurons the most valuable by
+// frequency x the expert's share of the tokens, and a plan the split's partition accepts.
+TEST(MoePlannerTest, PlacesExpertNeuronsByExpectedActivations) {
+  SynthOptions so;
+  so.dim = 64;
+  so.ffn = 96;
+  so.layers = 2;
+  so.heads = 4;
+  so.kv_heads = 2;
+  so.vocab = 300;
+  so.context = 64;
+  so.experts = 4;
+  so.ffn_kind = SynthFfnKind::kReluGated;
+  so.active_fraction = 0;
+  so.seed = 31;
+  const std::string path = testing::TempDir() + "/planner_moe.gguf";
+  ASSERT_TRUE(WriteSynthModel(so, path).ok());
+  auto model = Model::Load(path);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const ModelConfig& c = (*model)->config();
+  auto tokens = TokenizeCorpusFile(testing::SharedDataDir() + "/corpus/tinystories_valid_sample.txt",
+                                   (*model)->tokenizer(), 1500);
+  ASSERT_TRUE(tokens.ok());
+  ThreadPool pool(2);
+  ProfileOptions po;
+  po.window = 64;
+  po.batch = 64;
+  auto profile = ProfileActivations(**model, *tokens, po, pool);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  const ActivationStats& stats = profile->stats;
+
+  PlannerOptions o;
+  o.context = 64;
+  o.scratch_bytes = 0;
+  o.vram_budget = 1;
+  const DenseCharges dense = ChargeDense(**model, o);
+  int64_t routers = 0;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    routers += (*model)->layer(l).router.rows * (*model)->layer(l).router.row_bytes;
+  }
+  EXPECT_EQ(dense.moe_dense, routers);
+  const int64_t neuron = (*model)->layer(0).experts[0].gate.row_bytes * 3;  // f32 gate, up, down
+  const int64_t all = c.n_layers * c.n_experts * c.ffn_dim;
+  o.vram_budget = dense.total() + all * 4 / 10 * neuron;
+  auto plan = PlanPlacement(**model, stats, o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_LE(plan->gpu_ffn_bytes, o.vram_budget - dense.total());
+  EXPECT_GT(plan->gpu_ffn_bytes, (o.vram_budget - dense.total()) * 9 / 10);
+  auto part = Partition::FromPlacement(plan->placement, c);
+  ASSERT_TRUE(part.ok()) << part.status();
+  double placed = 0, total = 0;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const LayerActivationStats& L = stats.layers[l];
+    const LayerPlacement& lp = plan->placement.layers[l];
+    ASSERT_EQ(lp.on_gpu.size(), static_cast<size_t>(c.n_experts * c.ffn_dim));
+    double min_in = 1e30, max_out = -1;
+    for (int64_t id = 0; id < c.n_experts * c.ffn_dim; ++id) {
+      const double v = static_cast<double>(L.frequency[id]) * L.expert_share[id / c.ffn_dim];
+      total += v;
+      if (lp.on_gpu[id]) {
+        placed += v;
+        min_in = std::min(min_in, v);
+      } else {
+        max_out = std::max(max_out, v);
+      }
+    }
+    EXPECT_GE(min_in, max_out) << "layer " << l;
+    EXPECT_GT(lp.gpu_bucket.size(), 0u);
+    EXPECT_LT(lp.gpu_bucket.size(), lp.on_gpu.size());
+  }
+  EXPECT_NEAR(plan->placement.expected_gpu_share, placed / total, 1e-9);
+  // The frequencies alone would order differently: some expert's share differs from 1/2.
+  EXPECT_NE(stats.layers[0].expert_share[0], stats.layers[0].expert_share[1]);
+  EXPECT_NE(FormatPlan(*plan, c).find("routers and shared experts"), std::string::npos);
 }
 
 }  // namespace
