@@ -12,12 +12,15 @@ ColdExecutor::ColdExecutor(const ColdRows& rows, const Partition& partition,
     : rows_(rows), partition_(partition), plan_(plan), activation_(activation), pool_(pool) {
   int64_t max_cold = 0;
   for (const LayerPartition& l : partition.layers) max_cold = std::max(max_cold, l.n_cold());
+  int64_t dim = 0;
+  for (int64_t l = 0; l < rows.n_layers(); ++l) dim = std::max(dim, rows.layer(l).dim());
   all_.resize(max_cold);
   std::iota(all_.begin(), all_.end(), 0);
   lanes_.resize(pool.size());
   for (Lane& lane : lanes_) {
     lane.solo = std::make_unique<ThreadPool>(1);
     lane.neurons = NeuronFfn(max_cold);
+    lane.expert_y.resize(dim);
   }
 }
 
@@ -32,6 +35,14 @@ absl::Status ColdExecutor::Compute(const ipc::ActivationView& a, std::span<float
   if (static_cast<int64_t>(y.size()) != n_rows * dim) {
     return absl::InternalError("cold executor: output size does not match the activation");
   }
+  const bool moe = !rows_.experts(layer).empty();
+  if (moe != (a.picks > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Activation step ", a.step_id, " layer ", layer,
+        moe ? ": a mixture-of-experts layer needs the router's picks, the message has none"
+            : ": the message carries expert picks, but the layer has no experts"));
+  }
+  if (moe) return ComputeRouted(a, y);
   // Translate and check every row before computing any.
   compact_.clear();
   row_end_.clear();
@@ -83,6 +94,69 @@ absl::Status ColdExecutor::Compute(const ipc::ActivationView& a, std::span<float
   }
   last_active_ = 0;
   for (const Lane& lane : lanes_) last_active_ += lane.active;
+  last_candidates_ = a.all_candidates ? part.n_cold() * n_rows
+                                      : static_cast<int64_t>(a.active.size());
+  return absl::OkStatus();
+}
+
+void ColdExecutor::ComputeRoutedRow(const ipc::ActivationView& a, int64_t r, Lane& lane,
+                                    ThreadPool& pool, float* out) {
+  const std::vector<NeuronWeights>& experts = rows_.experts(a.layer);
+  const int64_t dim = a.dim;
+  const float* h = a.h.data() + r * dim;
+  // Pick order and arithmetic as the GPU side's: out += y_j * w_j for j < picks.
+  for (uint32_t j = 0; j < a.picks; ++j) {
+    const int32_t e = a.experts[r * a.picks + j];
+    const NeuronWeights& w = experts[e];
+    const int64_t n = w.ffn_dim();
+    if (n == 0) continue;
+    std::fill(lane.expert_y.begin(), lane.expert_y.begin() + dim, 0.0f);
+    lane.active += lane.neurons.Compute(w, h, std::span<const int32_t>(all_).first(n),
+                                        plan_.FilterFor(a.layer, activation_, e),
+                                        lane.expert_y.data(), pool);
+    lane.candidates += n;
+    const float wj = a.expert_weights[r * a.picks + j];
+    for (int64_t i = 0; i < dim; ++i) out[i] += lane.expert_y[i] * wj;
+  }
+}
+
+absl::Status ColdExecutor::ComputeRouted(const ipc::ActivationView& a, std::span<float> y) {
+  if (!a.all_candidates) {
+    // The GPU worker sends per-row lists only in predicted layers, which MoE layers refuse.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Activation step ", a.step_id, " layer ", a.layer,
+        ": candidate lists within experts are not supported; expected all cold neurons"));
+  }
+  if (a.experts.size() != static_cast<size_t>(a.rows) * a.picks) {
+    return absl::InternalError("cold executor: routing does not match the rows");
+  }
+  const size_t n_experts = rows_.experts(a.layer).size();
+  for (int32_t e : a.experts) {
+    if (e < 0 || static_cast<size_t>(e) >= n_experts) {
+      return absl::InvalidArgumentError(absl::StrCat("Activation step ", a.step_id, " layer ",
+                                                     a.layer, ": expert ", e, " outside [0, ",
+                                                     n_experts, ")"));
+    }
+  }
+  std::fill(y.begin(), y.end(), 0.0f);
+  for (Lane& lane : lanes_) lane.active = lane.candidates = 0;
+  const int64_t n_rows = a.rows;
+  if (n_rows == 1 || pool_.size() == 1) {
+    for (int64_t r = 0; r < n_rows; ++r) {
+      ComputeRoutedRow(a, r, lanes_[0], pool_, y.data() + r * a.dim);
+    }
+  } else {
+    pool_.Run([&](int tid, int nth) {
+      for (int64_t r = tid; r < n_rows; r += nth) {
+        ComputeRoutedRow(a, r, lanes_[tid], *lanes_[tid].solo, y.data() + r * a.dim);
+      }
+    });
+  }
+  last_active_ = last_candidates_ = 0;
+  for (const Lane& lane : lanes_) {
+    last_active_ += lane.active;
+    last_candidates_ += lane.candidates;
+  }
   return absl::OkStatus();
 }
 

@@ -3,6 +3,10 @@
 // the compacted cold rows. Candidate ids arrive as global neuron ids from another process:
 // they are checked to be cold (a hot id is an InvalidArgument, never an out-of-bounds read)
 // and translated to compact row indices.
+//
+// Mixture-of-experts layers arrive with the router's picks (the GPU worker routes once): each
+// row computes the cold neurons of its chosen experts and sums them weighted by the router's
+// weights, in pick order, so the GPU worker's hot sum plus this one is the layer's output.
 #pragma once
 
 #include <cstdint>
@@ -31,8 +35,10 @@ class ColdExecutor {
   // here, before anything is computed).
   absl::Status Compute(const ipc::ActivationView& a, std::span<float> y);
 
-  // Neurons that ran in the last Compute, summed over rows.
+  // Neurons that ran in the last Compute, and the candidates it considered, summed over rows
+  // (and over the chosen experts in MoE layers).
   int64_t last_active() const { return last_active_; }
+  int64_t last_candidates() const { return last_candidates_; }
   // Cold neurons of `layer` (0 for a layer out of range), the denominator of the cold
   // active-neuron ratio.
   int64_t ColdNeurons(int64_t layer) const;
@@ -42,7 +48,13 @@ class ColdExecutor {
     std::unique_ptr<ThreadPool> solo;  // runs this lane's kernels on its own thread
     NeuronFfn neurons;
     int64_t active = 0;
+    int64_t candidates = 0;
+    std::vector<float> expert_y;  // one expert's cold output, before its router weight
   };
+  // Row r of an MoE layer's Activation into out[0..dim): the cold part of each chosen expert.
+  void ComputeRoutedRow(const ipc::ActivationView& a, int64_t r, Lane& lane, ThreadPool& pool,
+                        float* out);
+  absl::Status ComputeRouted(const ipc::ActivationView& a, std::span<float> y);
 
   const ColdRows& rows_;
   const Partition& partition_;
@@ -54,6 +66,7 @@ class ColdExecutor {
   std::vector<int32_t> compact_;   // translated ids of every row
   std::vector<uint32_t> row_end_;  // into compact_
   int64_t last_active_ = 0;
+  int64_t last_candidates_ = 0;
 };
 
 }  // namespace thermocline::cpu_worker

@@ -29,53 +29,89 @@ absl::StatusOr<ColdRows> ColdRows::Build(const Model& model, const Partition& pa
   // down_t row bytes per layer: the model's ffn_down_t, or DownRows' type for the transpose
   // (the model's own type, so the same as the gate's row bytes for every supported type).
   int64_t total = 0;
-  // MoE layers run whole on the gpu worker (split_ffn.h): no cold rows here.
-  auto n_cold = [&](int64_t l) { return c.layers[l].moe ? 0 : partition.layers[l].n_cold(); };
+  auto bytes = [](const FfnWeights& f, int64_t n, int64_t down_row) {
+    return AlignUp(n * f.gate.row_bytes) + AlignUp(n * f.up.row_bytes) + AlignUp(n * down_row);
+  };
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = model.layer(l);
-    const int64_t n = n_cold(l);
+    const std::vector<int32_t>& cold = partition.layers[l].cold;
+    if (c.layers[l].moe) {
+      for (size_t e = 0; e < w.experts.size(); ++e) {
+        const int64_t n = static_cast<int64_t>(
+            ExpertSlice(cold, static_cast<int64_t>(e), c.ffn_dim).size());
+        total += bytes(w.experts[e], n, w.experts[e].up.row_bytes);
+      }
+      continue;
+    }
     const int64_t down_row = w.has_down_t ? w.down_t.row_bytes : w.up.row_bytes;
-    total += AlignUp(n * w.gate.row_bytes) + AlignUp(n * w.up.row_bytes) + AlignUp(n * down_row);
+    total += bytes(FfnWeights{w.gate, w.up, {}}, partition.layers[l].n_cold(), down_row);
   }
   ColdRows rows;
   TC_ASSIGN_OR_RETURN(rows.memory_, NodeMemory::Allocate(static_cast<size_t>(total), node));
   rows.layers_.resize(c.n_layers);
+  rows.experts_.resize(c.n_layers);
   rows.up_b_.resize(c.n_layers);
   uint8_t* p = rows.memory_.data();
-  const std::vector<int32_t> none;
-  for (int64_t l = 0; l < c.n_layers; ++l) {
-    const LayerWeights& w = model.layer(l);
-    const std::vector<int32_t>& cold = c.layers[l].moe ? none : partition.layers[l].cold;
-    NeuronWeights& nw = rows.layers_[l];
+  // The cold rows `ids` of one FFN (gate may be empty) into compact NeuronWeights at p.
+  auto gather_ffn = [&](const MatrixView& gate, const MatrixView& up,
+                        const std::vector<int32_t>& ids, NeuronWeights& nw) {
     nw.activation = c.activation;
-    if (!w.gate.empty()) {
-      nw.gate = Gather(w.gate, cold, p);
+    if (!gate.empty()) {
+      nw.gate = Gather(gate, ids, p);
       p += AlignUp(nw.gate.rows * nw.gate.row_bytes);
     }
+    nw.up = Gather(up, ids, p);
+    p += AlignUp(nw.up.rows * nw.up.row_bytes);
+  };
+  // The down rows `ids` of `down` ([dim][ffn_dim]) via one transposed copy, dropped after.
+  auto gather_down = [&](const MatrixView& down, const MatrixView& up,
+                         const std::vector<int32_t>& ids, NeuronWeights& nw) -> absl::Status {
+    if (ids.empty()) {
+      nw.down_t = MatrixView{up.type, 0, c.dim, p, up.row_bytes};
+      return absl::OkStatus();
+    }
+    TC_ASSIGN_OR_RETURN(DownRows t, DownRows::ForMatrix(down, std::nullopt, pool));
+    if (t.view().row_bytes != up.row_bytes) {
+      return absl::InternalError("cold rows: transposed down rows differ from the gate rows");
+    }
+    nw.down_t = Gather(t.view(), ids, p);
+    p += AlignUp(nw.down_t.rows * nw.down_t.row_bytes);
+    return ValidateNeuronWeights(nw);
+  };
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& w = model.layer(l);
+    const std::vector<int32_t>& cold = partition.layers[l].cold;
+    NeuronWeights& nw = rows.layers_[l];
+    nw.activation = c.activation;
     if (c.layers[l].moe) {
       nw.up = MatrixView{GgmlType::kF32, 0, c.dim, p, RowBytes(GgmlType::kF32, c.dim)};
       nw.down_t = nw.up;
+      std::vector<int32_t> local;
+      for (size_t e = 0; e < w.experts.size(); ++e) {
+        const int64_t base = static_cast<int64_t>(e) * c.ffn_dim;
+        local.clear();
+        for (int32_t id : ExpertSlice(cold, static_cast<int64_t>(e), c.ffn_dim)) {
+          local.push_back(static_cast<int32_t>(id - base));
+        }
+        NeuronWeights x;
+        gather_ffn(w.experts[e].gate, w.experts[e].up, local, x);
+        TC_RETURN_IF_ERROR(gather_down(w.experts[e].down, w.experts[e].up, local, x));
+        rows.experts_[l].push_back(x);
+      }
       continue;
     }
-    nw.up = Gather(w.up, cold, p);
-    p += AlignUp(nw.up.rows * nw.up.row_bytes);
+    gather_ffn(w.gate, w.up, cold, nw);
     if (!w.up_b.empty()) {
       for (int32_t id : cold) rows.up_b_[l].push_back(w.up_b[id]);
       nw.up_b = rows.up_b_[l];
     }
     if (w.has_down_t) {
       nw.down_t = Gather(w.down_t, cold, p);
-    } else if (cold.empty()) {
-      nw.down_t = MatrixView{w.up.type, 0, c.dim, p, w.up.row_bytes};
+      p += AlignUp(nw.down_t.rows * nw.down_t.row_bytes);
+      if (!cold.empty()) TC_RETURN_IF_ERROR(ValidateNeuronWeights(nw));
     } else {
-      TC_ASSIGN_OR_RETURN(DownRows down, DownRows::ForLayer(model, l, std::nullopt, pool));
-      if (down.view().row_bytes != w.up.row_bytes) {
-        return absl::InternalError("cold rows: transposed down rows differ from the gate rows");
-      }
-      nw.down_t = Gather(down.view(), cold, p);
+      TC_RETURN_IF_ERROR(gather_down(w.down, w.up, cold, nw));
     }
-    p += AlignUp(nw.down_t.rows * nw.down_t.row_bytes);
-    if (!cold.empty()) TC_RETURN_IF_ERROR(ValidateNeuronWeights(nw));
   }
   return rows;
 }

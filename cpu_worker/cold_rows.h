@@ -2,7 +2,8 @@
 // cold neurons only, as [n_cold][dim] matrices in the model's row formats, in one block of
 // memory on the CPU worker's NUMA node. Compact row k belongs to global neuron
 // partition.layers[l].cold[k]. The hot rows are never copied (the model file is mapped, and
-// only the cold pages of it are read).
+// only the cold pages of it are read). In mixture-of-experts layers each expert has its own
+// compact rows: expert e's compact row k is its neuron ExpertSlice(cold, e)[k] - e * ffn_dim.
 #pragma once
 
 #include <cstdint>
@@ -26,8 +27,11 @@ class ColdRows {
   static absl::StatusOr<ColdRows> Build(const Model& model, const Partition& partition,
                                         std::optional<int> node, ThreadPool& pool);
 
-  // Layer l's cold neurons as NeuronWeights over compact rows (0 rows when it has none).
+  // Layer l's cold neurons as NeuronWeights over compact rows (0 rows when it has none, and
+  // in MoE layers).
   const NeuronWeights& layer(int64_t l) const { return layers_[l]; }
+  // MoE layer l's experts (empty for other layers): expert e's cold neurons, compact.
+  const std::vector<NeuronWeights>& experts(int64_t l) const { return experts_[l]; }
   int64_t n_layers() const { return static_cast<int64_t>(layers_.size()); }
   int64_t bytes() const { return static_cast<int64_t>(memory_.size()); }
   NodeMemory& memory() { return memory_; }
@@ -35,6 +39,7 @@ class ColdRows {
  private:
   NodeMemory memory_;
   std::vector<NeuronWeights> layers_;
+  std::vector<std::vector<NeuronWeights>> experts_;  // [n_layers][n_experts in MoE layers]
   std::vector<std::vector<float>> up_b_;  // per layer, the cold neurons' up biases (or none)
 };
 

@@ -61,10 +61,11 @@ int main(int argc, char** argv) {
   if (lock) {
     if (absl::Status l = rows->memory().Lock(); !l.ok()) s.Fail(l);
   }
-  int64_t cold = 0;
+  int64_t cold = 0, neurons = 0;
   for (const LayerPartition& l : loaded->partition.layers) cold += l.n_cold();
-  s.Log(absl::StrCat("loaded ", flags.model_path, ": ", cold, " of ",
-                     config.n_layers * config.ffn_dim, " FFN neurons cold, ", rows->bytes(),
+  for (int64_t l = 0; l < config.n_layers; ++l) neurons += LayerNeurons(config, l);
+  s.Log(absl::StrCat("loaded ", flags.model_path, ": ", cold, " of ", neurons,
+                     " FFN neurons cold, ", rows->bytes(),
                      " bytes of cold rows", lock ? " (locked)" : "", ", sparsity ",
                      flags.sparsity.mode, ", ", flags.threads, " threads"));
   cpu_worker::ColdExecutor executor(*rows, loaded->partition, loaded->plan, config.activation,

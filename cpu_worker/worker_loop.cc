@@ -8,6 +8,7 @@
 #include "shared/ipc/futex.h"
 #include "shared/ipc/messages.h"
 #include "shared/ipc/worker_metrics.h"
+#include "shared/sparsity/placement.h"
 #include "shared/util/status_macros.h"
 
 namespace thermocline::cpu_worker {
@@ -49,10 +50,15 @@ absl::Status RunCpuWorker(ipc::WorkerSession& session, ColdExecutor& executor,
   TC_ASSIGN_OR_RETURN(ipc::RingProducer to_gpu, t.Producer(ipc::RingId::kCpuToGpu));
   // The GPU worker's batch limit is not known here; the ring bounds what can arrive.
   const uint64_t row_bytes = static_cast<uint64_t>(config.dim) * sizeof(float);
+  int64_t max_neurons = 0;
+  for (int64_t l = 0; l < config.n_layers; ++l) {
+    max_neurons = std::max(max_neurons, LayerNeurons(config, l));
+  }
   const ipc::ActivationLimits limits{
       static_cast<uint32_t>(config.dim),
       static_cast<uint32_t>(std::min<uint64_t>(from_gpu.capacity() / 2 / row_bytes, UINT32_MAX)),
-      static_cast<uint32_t>(config.n_layers), static_cast<int32_t>(config.ffn_dim)};
+      static_cast<uint32_t>(config.n_layers), static_cast<int32_t>(max_neurons),
+      static_cast<uint32_t>(config.n_experts), static_cast<uint32_t>(config.n_experts_used)};
   std::vector<float> y;
   // Metrics are optional: without the gateway's segment the writer drops everything.
   ipc::WorkerMetricsWriter metrics(t.instance(), ipc::Role::kCpuWorker, config.n_layers,
@@ -107,7 +113,7 @@ absl::Status RunCpuWorker(ipc::WorkerSession& session, ColdExecutor& executor,
             static_cast<uint64_t>(executor.ColdNeurons(static_cast<int64_t>(a->layer)));
         const uint64_t capacity = n_cold * a->rows;
         metrics.AddNeurons(static_cast<uint64_t>(executor.last_active()),
-                           a->all_candidates ? capacity : a->active.size(), capacity);
+                           static_cast<uint64_t>(executor.last_candidates()), capacity);
       }
     }
     TC_RETURN_IF_ERROR(from_gpu.Release());

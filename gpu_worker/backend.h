@@ -32,6 +32,12 @@ struct ColdRequest {
   bool all_cold = false;
   std::span<const uint32_t> row_end;
   std::span<const int32_t> ids;
+  // Mixture-of-experts layers: the router's picks, computed once on this side. Row r uses
+  // experts[r * picks + j] weighted by expert_weights[r * picks + j]; the CPU worker returns the
+  // weighted sum of those experts' cold neurons. picks = 0 in other layers.
+  int64_t picks = 0;
+  std::span<const int32_t> experts;
+  std::span<const float> expert_weights;
 };
 
 class ColdLink {

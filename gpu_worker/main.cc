@@ -76,10 +76,11 @@ int main(int argc, char** argv) {
   auto loaded = ipc::LoadWorkerModel(flags);
   if (!loaded.ok()) s.Fail(loaded.status());
   const ModelConfig& config = loaded->model->config();
-  int64_t hot = 0;
+  int64_t hot = 0, neurons = 0;
   for (const LayerPartition& l : loaded->partition.layers) hot += static_cast<int64_t>(l.hot.size());
+  for (int64_t l = 0; l < config.n_layers; ++l) neurons += LayerNeurons(config, l);
   s.Log(absl::StrCat("loaded ", flags.model_path, ": ", config.n_layers, " layers, ", hot, " of ",
-                     config.n_layers * config.ffn_dim, " FFN neurons hot, sparsity ",
+                     neurons, " FFN neurons hot, sparsity ",
                      flags.sparsity.mode, ", ", flags.threads, " threads"));
   absl::StatusOr<std::unique_ptr<gpu_worker::Backend>> backend;
   if (backend_name == "host") {

@@ -66,11 +66,15 @@ absl::Status RingColdLink::SendCold(const ColdRequest& r) {
                        absl::Span<const uint32_t>(r.row_end.data(), r.row_end.size()),
                        absl::Span<const int32_t>(r.ids.data(), r.ids.size()));
   const absl::Span<const float> h(r.h.data(), r.h.size());
+  const ipc::ActivationRouting routing{
+      static_cast<uint32_t>(r.picks),
+      absl::Span<const int32_t>(r.experts.data(), r.experts.size()),
+      absl::Span<const float>(r.expert_weights.data(), r.expert_weights.size())};
   while (true) {
     absl::Status s = ipc::SendActivation(to_cpu_, step_id_, static_cast<uint32_t>(r.layer),
                                          static_cast<uint32_t>(r.rows),
                                          static_cast<uint32_t>(r.dim), h, candidates,
-                                         timing_.slice);
+                                         timing_.slice, routing);
     if (s.ok()) break;
     // A full ring means the CPU worker is behind, or gone: find out which before waiting on.
     if (!absl::IsDeadlineExceeded(s)) return s;

@@ -1,6 +1,7 @@
 #include "gpu_worker/host/split_ffn.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "shared/ipc/futex.h"
 #include "shared/kernels/matmul.h"
@@ -29,23 +30,49 @@ absl::StatusOr<std::unique_ptr<SplitFfn>> SplitFfn::Create(const Model& model,
   std::unique_ptr<SplitFfn> ffn(new SplitFfn(model, std::move(plan), std::move(partition), pool));
   ffn->down_rows_.resize(c.n_layers);
   ffn->weights_.resize(c.n_layers);
+  ffn->moe_.resize(c.n_layers);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerPartition& part = ffn->partition_.layers[l];
+    if (c.layers[l].moe) {
+      if (ffn->plan_.mode(l) == SparsityMode::kDense && part.cold.empty()) continue;  // DenseFfn
+      const LayerWeights& w = model.layer(l);
+      MoeLayer& m = ffn->moe_[l];
+      m.experts.resize(w.experts.size());
+      m.downs.resize(w.experts.size());
+      m.hot.resize(w.experts.size());
+      for (size_t e = 0; e < w.experts.size(); ++e) {
+        for (int32_t id : ExpertSlice(part.hot, static_cast<int64_t>(e), c.ffn_dim)) {
+          m.hot[e].push_back(static_cast<int32_t>(id - static_cast<int64_t>(e) * c.ffn_dim));
+        }
+        NeuronWeights& x = m.experts[e];
+        x = NeuronWeights{w.experts[e].gate, w.experts[e].up, MatrixView{}, c.activation};
+        if (m.hot[e].empty()) continue;
+        TC_ASSIGN_OR_RETURN(m.downs[e], DownRows::ForMatrix(w.experts[e].down, std::nullopt, pool));
+        x.down_t = m.downs[e].view();
+        TC_RETURN_IF_ERROR(ValidateNeuronWeights(x));
+      }
+      if (!w.shared.up.empty()) {
+        TC_ASSIGN_OR_RETURN(m.shared_down, DownRows::ForMatrix(w.shared.down, std::nullopt, pool));
+        m.shared = NeuronWeights{w.shared.gate, w.shared.up, m.shared_down.view(), c.activation};
+        TC_RETURN_IF_ERROR(ValidateNeuronWeights(m.shared));
+      }
+      continue;
+    }
     NeuronWeights& nw = ffn->weights_[l];
     nw.gate = model.layer(l).gate;
     nw.up = model.layer(l).up;
     nw.up_b = model.layer(l).up_b;
     nw.activation = c.activation;
     // Dense, wholly hot layers run DenseFfn; layers without hot neurons compute nothing here.
-    // MoE layers run whole on this side (placing experts' neurons is not built yet).
-    const bool dense_all_hot = (ffn->plan_.mode(l) == SparsityMode::kDense && part.cold.empty()) ||
-                               c.layers[l].moe;
+    const bool dense_all_hot = ffn->plan_.mode(l) == SparsityMode::kDense && part.cold.empty();
     if (dense_all_hot || part.hot.empty()) continue;
     TC_ASSIGN_OR_RETURN(ffn->down_rows_[l], DownRows::ForLayer(model, l, std::nullopt, pool));
     nw.down_t = ffn->down_rows_[l].view();
     TC_RETURN_IF_ERROR(ValidateNeuronWeights(nw));
   }
-  ffn->neurons_ = NeuronFfn(c.ffn_dim);
+  ffn->neurons_ = NeuronFfn(std::max(c.ffn_dim, c.shared_expert_ffn_dim));
+  ffn->shared_ids_.resize(c.shared_expert_ffn_dim);
+  std::iota(ffn->shared_ids_.begin(), ffn->shared_ids_.end(), 0);
   return ffn;
 }
 
@@ -127,12 +154,16 @@ void SplitFfn::ComputeLayer(int64_t layer, const float* h, const float* predicto
   const SparsityMode mode = plan_.mode(layer);
   std::fill(out, out + n_tokens * dim, 0.0f);
   if (!status_.ok()) return;  // the step is already lost; spend nothing more on it
-  if ((mode == SparsityMode::kDense && part.cold.empty()) || c.layers[layer].moe) {
+  if (mode == SparsityMode::kDense && part.cold.empty()) {
     dense_.Compute(layer, h, predictor_input, n_tokens, out);
     if (metrics_ != nullptr) {
       const uint64_t all = static_cast<uint64_t>(n_tokens) * part.hot.size();
       metrics_->AddNeurons(all, all, all);
     }
+    return;
+  }
+  if (c.layers[layer].moe) {
+    ComputeMoe(layer, h, n_tokens, out);
     return;
   }
   const bool predicted = mode == SparsityMode::kPredicted;
@@ -141,10 +172,6 @@ void SplitFfn::ComputeLayer(int64_t layer, const float* h, const float* predicto
   // Cold first, so the CPU worker runs while the hot neurons are computed here.
   bool sent = false;
   if (predicted ? !cold_ids_.empty() : !part.cold.empty()) {
-    if (link_ == nullptr) {
-      status_ = absl::FailedPreconditionError("split FFN: cold neurons but no cold link");
-      return;
-    }
     ColdRequest request;
     request.layer = layer;
     request.rows = n_tokens;
@@ -155,10 +182,8 @@ void SplitFfn::ComputeLayer(int64_t layer, const float* h, const float* predicto
       request.row_end = cold_end_;
       request.ids = cold_ids_;
     }
-    status_ = link_->SendCold(request);
-    if (!status_.ok()) return;
+    if (!SendCold(request)) return;
     sent = true;
-    if (metrics_ != nullptr) metrics_->AddActivation();
   }
 
   const NeuronWeights& w = weights_[layer];
@@ -180,7 +205,74 @@ void SplitFfn::ComputeLayer(int64_t layer, const float* h, const float* predicto
       for (int64_t t = 0; t < n_tokens; ++t) SampleRecall(layer, h, t, filter);
     }
   }
+  MergeCold(layer, n_tokens, sent, out);
+}
 
+void SplitFfn::ComputeMoe(int64_t layer, const float* h, int64_t n_tokens, float* out) {
+  const ModelConfig& c = model_.config();
+  const LayerWeights& w = model_.layer(layer);
+  const LayerPartition& part = partition_.layers[layer];
+  const MoeLayer& m = moe_[layer];
+  const int64_t k = c.n_experts_used, dim = c.dim;
+  RouteExperts(c, w, h, n_tokens, pool_, probs_, picks_, pick_w_);
+  bool sent = false;
+  if (!part.cold.empty()) {
+    ColdRequest request;
+    request.layer = layer;
+    request.rows = n_tokens;
+    request.dim = dim;
+    request.h = std::span<const float>(h, n_tokens * dim);
+    request.all_cold = true;
+    request.picks = k;
+    request.experts = picks_;
+    request.expert_weights = pick_w_;
+    if (!SendCold(request)) return;
+    sent = true;
+  }
+  const NeuronFilter shared_filter = plan_.SharedExpertFilter(layer, c.activation);
+  uint64_t ran = 0, candidates = 0;
+  expert_y_.resize(dim);
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const float* ht = h + t * dim;
+    float* o = out + t * dim;
+    // Pick order and arithmetic as SparseFfn's and DenseFfn's: o += y_j * w_j for j < k.
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t e = picks_[t * k + j];
+      if (m.hot[e].empty()) continue;
+      std::fill(expert_y_.begin(), expert_y_.end(), 0.0f);
+      ran += neurons_.Compute(m.experts[e], ht, m.hot[e], plan_.FilterFor(layer, c.activation, e),
+                              expert_y_.data(), pool_);
+      candidates += m.hot[e].size();
+      const float wj = pick_w_[t * k + j];
+      for (int64_t i = 0; i < dim; ++i) o[i] += expert_y_[i] * wj;
+    }
+    // The shared expert is not in the partition (always here), nor in the neuron counts.
+    if (!w.shared.up.empty()) {
+      std::fill(expert_y_.begin(), expert_y_.end(), 0.0f);
+      neurons_.Compute(m.shared, ht, shared_ids_, shared_filter, expert_y_.data(), pool_);
+      const float g = SharedExpertGate(w, ht);
+      for (int64_t i = 0; i < dim; ++i) o[i] += expert_y_[i] * g;
+    }
+  }
+  if (metrics_ != nullptr) {
+    metrics_->AddNeurons(ran, candidates, static_cast<uint64_t>(n_tokens) * part.hot.size());
+  }
+  MergeCold(layer, n_tokens, sent, out);
+}
+
+bool SplitFfn::SendCold(const ColdRequest& request) {
+  if (link_ == nullptr) {
+    status_ = absl::FailedPreconditionError("split FFN: cold neurons but no cold link");
+    return false;
+  }
+  status_ = link_->SendCold(request);
+  if (!status_.ok()) return false;
+  if (metrics_ != nullptr) metrics_->AddActivation();
+  return true;
+}
+
+void SplitFfn::MergeCold(int64_t layer, int64_t n_tokens, bool sent, float* out) {
+  const int64_t dim = model_.config().dim;
   if (!sent) {
     AddRowBias(model_.layer(layer).down_b, n_tokens, out);
     return;

@@ -7,6 +7,12 @@
 // each neuron's product is bit-identical to the dense pass (neuron_ffn.h), and only the order
 // of the down sum differs (y_hot + y_cold instead of one running sum). Layers that are dense
 // and wholly hot run DenseFfn, bit-identical to the single-process engine.
+//
+// Mixture-of-experts layers: the router runs here, once (this side owns h); the picks and
+// their weights travel with h to the CPU worker. Each side computes its part of every chosen
+// expert and sums the parts weighted by the router's weights, so y_hot + y_cold is the dense
+// sum reassociated. The shared expert (qwen2moe) stays whole here: every token uses it, so by
+// PowerInfer's criterion all of its neurons are hot.
 #pragma once
 
 #include <cstdint>
@@ -58,6 +64,12 @@ class SplitFfn final : public FfnExecutor {
   // neurons that are truly active: act(gate . h) > 0 on ReLU models, or passing the layer's
   // magnitude cut. Rows of layers with neither definition are not sampled.
   void SampleRecall(int64_t layer, const float* h, int64_t t, NeuronFilter filter);
+  // The hot part of an MoE layer, with its cold request sent first.
+  void ComputeMoe(int64_t layer, const float* h, int64_t n_tokens, float* out);
+  // Sends the layer's cold request; false (with status_ set) when it could not.
+  bool SendCold(const ColdRequest& request);
+  // Adds the cold partial of `layer` (when `sent`) and the down bias to out.
+  void MergeCold(int64_t layer, int64_t n_tokens, bool sent, float* out);
 
   const Model& model_;
   SparsityPlan plan_;
@@ -67,6 +79,18 @@ class SplitFfn final : public FfnExecutor {
   std::vector<DownRows> down_rows_;     // [n_layers]; built for layers with hot neuron work
   std::vector<NeuronWeights> weights_;  // [n_layers]
   NeuronFfn neurons_;
+  // MoE layers that split: every expert's neuron-major weights (down rows built for the experts
+  // with hot neurons), each expert's hot neurons as expert-local ids, and the shared expert.
+  struct MoeLayer {
+    std::vector<NeuronWeights> experts;
+    std::vector<DownRows> downs;
+    std::vector<std::vector<int32_t>> hot;  // [expert]
+    NeuronWeights shared;
+    DownRows shared_down;
+  };
+  std::vector<MoeLayer> moe_;  // [n_layers]; empty entries for the other layers
+  std::vector<float> probs_, pick_w_, expert_y_;
+  std::vector<int32_t> picks_, shared_ids_;
   ColdLink* link_ = nullptr;
   absl::Status status_;
   std::vector<int32_t> predicted_, hot_tmp_, cold_tmp_;

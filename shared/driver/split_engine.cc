@@ -135,8 +135,12 @@ absl::StatusOr<std::unique_ptr<SplitEngine>> SplitEngine::Create(SplitEngineOpti
                             8 + ipc::kMaxErrorMessageBytes),
                         cap[1]);
   // An activation: h rows x dim, plus at most every neuron of every row as a candidate (with
-  // a per-row end offset); a partial: rows x dim.
-  cap[2] = RingCapacity(16 + 4 * (rows * dim + rows + rows * ffn), cap[2]);
+  // a per-row end offset), or in MoE layers (all cold neurons) the router's picks; a partial:
+  // rows x dim.
+  cap[2] = RingCapacity(
+      std::max(ipc::ActivationBytes(rows, dim, rows * ffn, false),
+               ipc::ActivationBytes(rows, dim, 0, true, static_cast<uint64_t>(c.n_experts_used))),
+      cap[2]);
   cap[3] = RingCapacity(ipc::MatrixBytes(rows, dim), cap[3]);
   TC_ASSIGN_OR_RETURN(std::unique_ptr<ipc::Transport> transport,
                       ipc::Transport::Create(o.instance, topt));

@@ -1,6 +1,7 @@
 #include "shared/ipc/messages.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -212,14 +213,17 @@ absl::StatusOr<StepMsg> DecodeStep(const MessageView& m, const StepLimits& limit
 
 // --- Activation ------------------------------------------------------------------------------
 
-uint64_t ActivationBytes(uint64_t rows, uint64_t dim, uint64_t n_active, bool all_candidates) {
+uint64_t ActivationBytes(uint64_t rows, uint64_t dim, uint64_t n_active, bool all_candidates,
+                         uint64_t picks) {
   const uint64_t lists = all_candidates ? 0 : (rows + n_active) * sizeof(uint32_t);
-  return 16 + rows * dim * sizeof(float) + lists;
+  const uint64_t routing = picks == 0 ? 0 : sizeof(uint32_t) + rows * picks * 8;
+  return 16 + rows * dim * sizeof(float) + lists + routing;
 }
 
 absl::Status SendActivation(RingProducer& ring, uint64_t step_id, uint32_t layer, uint32_t rows,
                             uint32_t dim, absl::Span<const float> h,
-                            const ActivationCandidates& candidates, absl::Duration timeout) {
+                            const ActivationCandidates& candidates, absl::Duration timeout,
+                            const ActivationRouting& routing) {
   if (static_cast<uint64_t>(rows) * dim != h.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("Activation: ", h.size(), " values for ", rows, " x ", dim));
@@ -245,10 +249,18 @@ absl::Status SendActivation(RingProducer& ring, uint64_t step_id, uint32_t layer
                                                      candidates.active.size()));
     }
   }
+  const uint64_t n_picks = uint64_t{rows} * routing.picks;
+  if (routing.experts.size() != n_picks || routing.weights.size() != n_picks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Activation: ", routing.experts.size(), " experts and ", routing.weights.size(),
+        " weights for ", rows, " rows of ", routing.picks, " picks"));
+  }
   const uint32_t n_active = static_cast<uint32_t>(candidates.active.size());
-  const uint64_t bytes = ActivationBytes(rows, dim, n_active, candidates.all);
+  const uint64_t bytes = ActivationBytes(rows, dim, n_active, candidates.all, routing.picks);
   TC_ASSIGN_OR_RETURN(absl::Span<std::byte> out, ring.Reserve(bytes, timeout));
-  PutU32s(out.data(), {rows, dim, n_active, candidates.all ? kActivationAllCandidates : 0u});
+  const uint32_t flags = (candidates.all ? kActivationAllCandidates : 0u) |
+                         (routing.picks > 0 ? kActivationRouted : 0u);
+  PutU32s(out.data(), {rows, dim, n_active, flags});
   std::byte* p = out.data() + 16;
   if (!h.empty()) std::memcpy(p, h.data(), h.size() * sizeof(float));
   p += h.size() * sizeof(float);
@@ -256,6 +268,14 @@ absl::Status SendActivation(RingProducer& ring, uint64_t step_id, uint32_t layer
     std::memcpy(p, candidates.row_end.data(), rows * sizeof(uint32_t));
     p += rows * sizeof(uint32_t);
     if (n_active > 0) std::memcpy(p, candidates.active.data(), n_active * sizeof(int32_t));
+    p += n_active * sizeof(int32_t);
+  }
+  if (routing.picks > 0) {
+    std::memcpy(p, &routing.picks, sizeof(uint32_t));
+    p += sizeof(uint32_t);
+    std::memcpy(p, routing.experts.data(), n_picks * sizeof(int32_t));
+    p += n_picks * sizeof(int32_t);
+    std::memcpy(p, routing.weights.data(), n_picks * sizeof(float));
   }
   absl::Status s = ring.Commit(MessageInfo{MessageKind::kActivation, step_id, layer});
   if (!s.ok()) ring.Abort();
@@ -281,10 +301,11 @@ absl::StatusOr<ActivationView> DecodeActivation(const MessageView& m,
   if (v.rows == 0 || v.rows > limits.max_rows) {
     return Invalid(m, absl::StrCat("rows ", v.rows, " outside [1, ", limits.max_rows, "]"));
   }
-  if ((flags & ~kActivationAllCandidates) != 0) {
+  if ((flags & ~(kActivationAllCandidates | kActivationRouted)) != 0) {
     return Invalid(m, absl::StrCat("unknown flags 0x", absl::Hex(flags)));
   }
   v.all_candidates = (flags & kActivationAllCandidates) != 0;
+  const bool routed = (flags & kActivationRouted) != 0;
   if (v.all_candidates && n_active != 0) {
     return Invalid(m, absl::StrCat("all-candidates flag with ", n_active, " listed ids"));
   }
@@ -294,12 +315,49 @@ absl::StatusOr<ActivationView> DecodeActivation(const MessageView& m,
     return Invalid(m, absl::StrCat(n_active, " active ids for ", v.rows, " rows of ",
                                    limits.n_neurons, " neurons"));
   }
-  if (m.payload.size() != ActivationBytes(v.rows, v.dim, n_active, v.all_candidates)) {
+  const uint64_t unrouted = ActivationBytes(v.rows, v.dim, n_active, v.all_candidates);
+  if (routed) {
+    if (limits.max_picks == 0) return Invalid(m, "routed (MoE) activation, but no layer has experts");
+    if (m.payload.size() < unrouted + sizeof(uint32_t)) {
+      return Invalid(m, absl::StrCat(m.payload.size(), " bytes: too short for its routing"));
+    }
+    v.picks = U32At(m.payload, unrouted / 4);
+    if (v.picks == 0 || v.picks > limits.max_picks) {
+      return Invalid(m, absl::StrCat(v.picks, " experts per row outside [1, ", limits.max_picks,
+                                     "]"));
+    }
+  }
+  if (m.payload.size() != ActivationBytes(v.rows, v.dim, n_active, v.all_candidates, v.picks)) {
     return Invalid(m, absl::StrCat(m.payload.size(), " bytes for ", v.rows, " x ", v.dim, " and ",
-                                   n_active, " ids"));
+                                   n_active, " ids", routed ? absl::StrCat(" and ", v.picks, " picks") : ""));
   }
   const uint64_t h_count = uint64_t{v.rows} * v.dim;
   TC_ASSIGN_OR_RETURN(v.h, FloatsAt(m, 16, h_count));
+  if (routed) {
+    const uint64_t n = uint64_t{v.rows} * v.picks;
+    const std::byte* r = m.payload.data() + unrouted + sizeof(uint32_t);
+    v.experts.resize(n);
+    v.expert_weights.resize(n);
+    std::memcpy(v.experts.data(), r, n * sizeof(int32_t));
+    std::memcpy(v.expert_weights.data(), r + n * sizeof(int32_t), n * sizeof(float));
+    for (uint64_t i = 0; i < n; ++i) {
+      const uint64_t row = i / v.picks;
+      const int32_t e = v.experts[i];
+      if (e < 0 || static_cast<uint32_t>(e) >= limits.n_experts) {
+        return Invalid(m, absl::StrCat("row ", row, ": expert ", e, " outside [0, ",
+                                       limits.n_experts, ")"));
+      }
+      for (uint64_t j = row * v.picks; j < i; ++j) {
+        if (v.experts[j] == e) {
+          return Invalid(m, absl::StrCat("row ", row, ": expert ", e, " picked twice"));
+        }
+      }
+      if (!std::isfinite(v.expert_weights[i])) {
+        return Invalid(m, absl::StrCat("row ", row, ": weight of expert ", e, " is ",
+                                       v.expert_weights[i]));
+      }
+    }
+  }
   if (v.all_candidates) return v;
   // Copied before checking: the ids index the receiver's memory.
   const std::byte* lists = m.payload.data() + 16 + h_count * sizeof(float);

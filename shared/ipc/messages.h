@@ -39,7 +39,8 @@
 namespace thermocline::ipc {
 
 // 2: Activation carries one candidate list per row (row_end) and flags.
-inline constexpr uint32_t kProtocolVersion = 2;
+// 3: Activation carries the router's picks of MoE layers (kActivationRouted).
+inline constexpr uint32_t kProtocolVersion = 3;
 
 // A view of a message copied out with RingConsumer::Receive, for the decoders below.
 inline MessageView ViewOf(const MessageHeader& header, const std::vector<std::byte>& payload) {
@@ -103,10 +104,13 @@ struct ActivationLimits {
   uint32_t max_rows = 0;  // rows in [1, max_rows]
   uint32_t n_layers = 0;  // layer in [0, n_layers)
   int32_t n_neurons = 0;  // every active id in [0, n_neurons)
+  uint32_t n_experts = 0;  // routed: every expert id in [0, n_experts)
+  uint32_t max_picks = 0;  // routed: picks per row in [1, max_picks] (0: no routing accepted)
 };
 
 // Activation flags.
 inline constexpr uint32_t kActivationAllCandidates = 1;  // every cold neuron, for every row
+inline constexpr uint32_t kActivationRouted = 2;         // MoE: each row's experts and weights
 
 // The candidate lists of an Activation, as the sender gives them: either all cold neurons for
 // every row, or row r's ids active[row_end[r-1] .. row_end[r]).
@@ -122,6 +126,14 @@ struct ActivationCandidates {
   }
 };
 
+// The router's choice for every row of an MoE layer: row r uses experts[r * picks + j] with
+// weight weights[r * picks + j], j < picks. picks = 0: not an MoE layer.
+struct ActivationRouting {
+  uint32_t picks = 0;
+  absl::Span<const int32_t> experts;
+  absl::Span<const float> weights;
+};
+
 struct ActivationView {
   uint64_t step_id = 0;
   uint32_t layer = 0;
@@ -131,6 +143,9 @@ struct ActivationView {
   absl::Span<const float> h;      // rows x dim, row-major, in the message
   std::vector<uint32_t> row_end;  // validated copy, [rows] (empty when all_candidates)
   std::vector<int32_t> active;    // validated copy
+  uint32_t picks = 0;                   // kActivationRouted: experts per row (else 0)
+  std::vector<int32_t> experts;         // validated copy, [rows * picks]
+  std::vector<float> expert_weights;    // validated copy, [rows * picks]
 
   // Row r's candidate ids (strictly ascending); only when !all_candidates.
   absl::Span<const int32_t> row(uint32_t r) const {
@@ -139,14 +154,17 @@ struct ActivationView {
   }
 };
 
-// Payload bytes: with all_candidates there are no row_end words (and n_active must be 0).
-uint64_t ActivationBytes(uint64_t rows, uint64_t dim, uint64_t n_active, bool all_candidates);
+// Payload bytes: with all_candidates there are no row_end words (and n_active must be 0);
+// picks > 0 adds the routing.
+uint64_t ActivationBytes(uint64_t rows, uint64_t dim, uint64_t n_active, bool all_candidates,
+                         uint64_t picks = 0);
 // The sender's lists are checked for shape (row_end: rows entries, non-decreasing, ending at
 // active.size()), not for order or range: the receiver checks those.
 absl::Status SendActivation(RingProducer& ring, uint64_t step_id, uint32_t layer, uint32_t rows,
                             uint32_t dim, absl::Span<const float> h,
                             const ActivationCandidates& candidates,
-                            absl::Duration timeout = absl::InfiniteDuration());
+                            absl::Duration timeout = absl::InfiniteDuration(),
+                            const ActivationRouting& routing = {});
 absl::StatusOr<ActivationView> DecodeActivation(const MessageView& m,
                                                 const ActivationLimits& limits);
 

@@ -57,18 +57,21 @@ void GatedActivate(FfnActivation activation, float* gate, const float* up, int64
 }
 
 void DenseFfn::RunFfn(const FfnWeights& w, const std::vector<float>& up_b, int64_t nf,
-                      const float* h, int64_t n, float* out) {
+                      const float* h, int64_t n, float* out, int64_t layer, int64_t expert) {
   const ModelConfig& c = model_.config();
+  const bool observe = observer_ != nullptr && expert >= 0;
   gate_.resize(n * nf);
   if (w.gate.empty()) {
     MatMul(w.up, h, n, c.dim, gate_.data(), nf, pool_);
     AddRowBias(up_b, n, gate_.data());
+    if (observe) observer_->OnExpertFfn(layer, expert, gate_.data(), nullptr, n);
     Activate(c.activation, gate_.data(), n * nf);
   } else {
     up_.resize(n * nf);
     MatMul(w.gate, h, n, c.dim, gate_.data(), nf, pool_);
     MatMul(w.up, h, n, c.dim, up_.data(), nf, pool_);
     AddRowBias(up_b, n, up_.data());
+    if (observe) observer_->OnExpertFfn(layer, expert, gate_.data(), up_.data(), n);
     for (int64_t t = 0; t < n; ++t) {
       GatedActivate(c.activation, gate_.data() + t * nf, up_.data() + t * nf, nf);
     }
@@ -169,7 +172,7 @@ void DenseFfn::ComputeMoe(int64_t layer, const float* h, int64_t n_tokens, float
       const float* src = h + (moe_rows_[r] / k) * dim;
       std::copy(src, src + dim, moe_h_.begin() + r * dim);
     }
-    RunFfn(w.experts[e], {}, c.ffn_dim, moe_h_.data(), m, moe_y_.data());
+    RunFfn(w.experts[e], {}, c.ffn_dim, moe_h_.data(), m, moe_y_.data(), layer, e);
     for (int64_t r = 0; r < m; ++r) {
       std::copy(moe_y_.begin() + r * dim, moe_y_.begin() + (r + 1) * dim,
                 picks_y_.begin() + moe_rows_[r] * dim);

@@ -35,6 +35,11 @@ class FfnObserver {
   // thread that runs the forward pass; not called for MoE layers.
   virtual void OnFfn(int64_t layer, const float* h, const float* gate, const float* up,
                      int64_t n_tokens) = 0;
+  // MoE layers: one call per expert that some token picked, over the n_rows (token, pick) rows
+  // the router sent to it, in token order: gate and up are [n_rows][ffn_dim] as in OnFfn (up is
+  // null for experts without a gate). The shared expert is not reported.
+  virtual void OnExpertFfn(int64_t /*layer*/, int64_t /*expert*/, const float* /*gate*/,
+                           const float* /*up*/, int64_t /*n_rows*/) {}
   // Called just before OnFfn with the same layer's predictor input (see FfnExecutor::Compute).
   virtual void OnPredictorInput(int64_t /*layer*/, const float* /*x*/, int64_t /*n_tokens*/) {}
 };
@@ -50,9 +55,10 @@ class DenseFfn final : public FfnExecutor {
   void set_observer(FfnObserver* observer) { observer_ = observer; }
 
  private:
-  // One FFN (dense or one expert) over n rows of h into out ([n][dim]).
+  // One FFN (dense or one expert) over n rows of h into out ([n][dim]); expert >= 0 reports
+  // the expert's gate and up to the observer.
   void RunFfn(const FfnWeights& w, const std::vector<float>& up_b, int64_t nf, const float* h,
-              int64_t n, float* out);
+              int64_t n, float* out, int64_t layer = -1, int64_t expert = -1);
   void ComputeMoe(int64_t layer, const float* h, int64_t n_tokens, float* out);
 
   const Model& model_;

@@ -1,5 +1,6 @@
 #include "shared/sparsity/partition.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -19,14 +20,17 @@ absl::StatusOr<Partition> Partition::FromPlacement(const Placement& placement,
   p.layers.resize(config.n_layers);
   for (int64_t l = 0; l < config.n_layers; ++l) {
     const LayerPlacement& lp = placement.layers[l];
-    if (static_cast<int64_t>(lp.on_gpu.size()) != config.ffn_dim) {
-      return absl::InvalidArgumentError(absl::StrCat("placement layer ", l, " has ",
-                                                     lp.on_gpu.size(), " neurons, the model ",
-                                                     config.ffn_dim));
+    const int64_t n = LayerNeurons(config, l);
+    if (static_cast<int64_t>(lp.on_gpu.size()) != n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "placement layer ", l, " has ", lp.on_gpu.size(), " neurons, the model ", n,
+          n != config.ffn_dim
+              ? absl::StrCat(" (", config.n_experts, " experts x ", config.ffn_dim, ")")
+              : ""));
     }
     LayerPartition& out = p.layers[l];
-    out.cold_index.assign(config.ffn_dim, -1);
-    for (int32_t i = 0; i < config.ffn_dim; ++i) {
+    out.cold_index.assign(n, -1);
+    for (int32_t i = 0; i < n; ++i) {
       if (lp.on_gpu[i] != 0) {
         out.hot.push_back(i);
       } else {
@@ -36,6 +40,13 @@ absl::StatusOr<Partition> Partition::FromPlacement(const Placement& placement,
     }
   }
   return p;
+}
+
+std::span<const int32_t> ExpertSlice(std::span<const int32_t> ids, int64_t expert,
+                                     int64_t per_expert) {
+  const auto begin = std::lower_bound(ids.begin(), ids.end(), expert * per_expert);
+  const auto end = std::lower_bound(begin, ids.end(), (expert + 1) * per_expert);
+  return ids.subspan(static_cast<size_t>(begin - ids.begin()), static_cast<size_t>(end - begin));
 }
 
 void SplitIds(const LayerPartition& layer, std::span<const int32_t> ids, std::vector<int32_t>* hot,

@@ -16,10 +16,12 @@
 
 namespace thermocline {
 
+// In MoE layers the ids are the flat expert-neuron ids of placement.h (e * ffn_dim + i), so one
+// expert's hot or cold neurons are one contiguous run of each list (ExpertSlice).
 struct LayerPartition {
   std::vector<int32_t> hot;         // ascending global neuron ids on the GPU side
   std::vector<int32_t> cold;        // ascending global ids on the CPU side
-  std::vector<int32_t> cold_index;  // [ffn_dim]: position in `cold`, or -1 for a hot neuron
+  std::vector<int32_t> cold_index;  // [LayerNeurons]: position in `cold`, or -1 for a hot neuron
 
   int64_t n_cold() const { return static_cast<int64_t>(cold.size()); }
 };
@@ -31,6 +33,11 @@ struct Partition {
   static absl::StatusOr<Partition> FromPlacement(const Placement& placement,
                                                  const ModelConfig& config);
 };
+
+// The run of an ascending flat id list that belongs to `expert` (ids in [expert * per_expert,
+// (expert + 1) * per_expert)).
+std::span<const int32_t> ExpertSlice(std::span<const int32_t> ids, int64_t expert,
+                                     int64_t per_expert);
 
 // Splits ascending global ids into the hot ones and the cold ones (both stay ascending).
 void SplitIds(const LayerPartition& layer, std::span<const int32_t> ids, std::vector<int32_t>* hot,

@@ -24,13 +24,22 @@ absl::Status Invalid(const std::string& where, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(where, ": ", what));
 }
 
+// " (expert e, neuron j)" for flat id i of an MoE layer with `per_expert` neurons per expert
+// (0: not an MoE layer, or not known without a model).
+std::string ExpertOf(int64_t i, int64_t per_expert) {
+  if (per_expert <= 0) return "";
+  return absl::StrCat(" (expert ", i / per_expert, ", neuron ", i % per_expert, ")");
+}
+
 // Checks one layer: on_gpu holds 0/1, bucket is ascending, in range and equal to the 1s.
-absl::Status ValidateLayer(const LayerPlacement& p, const std::string& where) {
+absl::Status ValidateLayer(const LayerPlacement& p, const std::string& where,
+                           int64_t per_expert = 0) {
   const int64_t n = static_cast<int64_t>(p.on_gpu.size());
   int64_t ones = 0;
   for (int64_t i = 0; i < n; ++i) {
     if (p.on_gpu[i] > 1) {
-      return Invalid(where, absl::StrCat("gpu_idx[", i, "] = ", p.on_gpu[i], " is not 0 or 1"));
+      return Invalid(where, absl::StrCat("gpu_idx[", i, "]", ExpertOf(i, per_expert), " = ",
+                                         p.on_gpu[i], " is not 0 or 1"));
     }
     ones += p.on_gpu[i];
   }
@@ -42,11 +51,12 @@ absl::Status ValidateLayer(const LayerPlacement& p, const std::string& where) {
     }
     if (k > 0 && id <= p.gpu_bucket[k - 1]) {
       return Invalid(where, absl::StrCat("gpu_bucket is not strictly ascending at [", k,
-                                         "]: ", p.gpu_bucket[k - 1], " then ", id));
+                                         "]: ", p.gpu_bucket[k - 1], " then ", id,
+                                         ExpertOf(id, per_expert)));
     }
     if (p.on_gpu[id] != 1) {
-      return Invalid(where,
-                     absl::StrCat("gpu_bucket[", k, "] = ", id, " but gpu_idx[", id, "] is 0"));
+      return Invalid(where, absl::StrCat("gpu_bucket[", k, "] = ", id, ExpertOf(id, per_expert),
+                                         " but gpu_idx[", id, "] is 0"));
     }
   }
   if (static_cast<int64_t>(p.gpu_bucket.size()) != ones) {
@@ -120,9 +130,10 @@ absl::StatusOr<Placement> Read(const std::string& path, const ModelConfig* confi
   p.layers.resize(*n_layers);
   for (int64_t l = 0; l < *n_layers; ++l) {
     const std::string prefix = absl::StrCat("blk.", l, ".");
+    const bool moe = config != nullptr && LayerNeurons(*config, l) != config->ffn_dim;
     TC_ASSIGN_OR_RETURN(
         std::vector<int32_t> idx,
-        ReadI32Vector(f, where, prefix + "gpu_idx", config != nullptr ? config->ffn_dim : -1));
+        ReadI32Vector(f, where, prefix + "gpu_idx", config != nullptr ? LayerNeurons(*config, l) : -1));
     if (idx.empty()) return Invalid(where, absl::StrCat("tensor '", prefix, "gpu_idx' is empty"));
     TC_ASSIGN_OR_RETURN(std::vector<int32_t> bucket,
                         ReadI32Vector(f, where, prefix + "gpu_bucket", -1));
@@ -130,13 +141,15 @@ absl::StatusOr<Placement> Read(const std::string& path, const ModelConfig* confi
     lp.on_gpu.resize(idx.size());
     for (size_t i = 0; i < idx.size(); ++i) {
       if (idx[i] != 0 && idx[i] != 1) {
-        return Invalid(
-            where, absl::StrCat("layer ", l, ": gpu_idx[", i, "] = ", idx[i], " is not 0 or 1"));
+        return Invalid(where, absl::StrCat("layer ", l, ": gpu_idx[", i, "]",
+                                           ExpertOf(i, moe ? config->ffn_dim : 0), " = ", idx[i],
+                                           " is not 0 or 1"));
       }
       lp.on_gpu[i] = static_cast<uint8_t>(idx[i]);
     }
     lp.gpu_bucket = std::move(bucket);
-    TC_RETURN_IF_ERROR(ValidateLayer(lp, absl::StrCat(where, ": layer ", l)));
+    TC_RETURN_IF_ERROR(
+        ValidateLayer(lp, absl::StrCat(where, ": layer ", l), moe ? config->ffn_dim : 0));
   }
   return p;
 }
@@ -149,31 +162,43 @@ int64_t Placement::n_gpu_neurons() const {
   return n;
 }
 
+int64_t LayerNeurons(const ModelConfig& config, int64_t layer) {
+  const bool moe = layer < static_cast<int64_t>(config.layers.size()) && config.layers[layer].moe;
+  return moe ? config.n_experts * config.ffn_dim : config.ffn_dim;
+}
+
 Placement Placement::Uniform(const ModelConfig& config, double hot_fraction,
                              const ActivationStats* stats) {
   const double fraction = std::clamp(std::isfinite(hot_fraction) ? hot_fraction : 0.0, 0.0, 1.0);
+  // The fraction applies to each group of ffn_dim neurons: the FFN, or one expert.
   const int64_t nf = config.ffn_dim;
   const int64_t n_hot = std::llround(fraction * static_cast<double>(nf));
-  const bool use_stats = stats != nullptr && stats->ffn_dim == nf &&
-                         static_cast<int64_t>(stats->layers.size()) == config.n_layers;
+  bool use_stats = stats != nullptr && stats->ffn_dim == nf &&
+                   static_cast<int64_t>(stats->layers.size()) == config.n_layers;
+  for (int64_t l = 0; use_stats && l < config.n_layers; ++l) {
+    use_stats = static_cast<int64_t>(stats->layers[l].frequency.size()) == LayerNeurons(config, l);
+  }
   Placement p;
   p.layers.resize(config.n_layers);
   double placed = 0, total = 0;
   std::vector<int32_t> order(nf);
   for (int64_t l = 0; l < config.n_layers; ++l) {
-    std::iota(order.begin(), order.end(), 0);
-    if (use_stats) {
-      const std::vector<float>& freq = stats->layers[l].frequency;
-      std::stable_sort(order.begin(), order.end(),
-                       [&](int32_t a, int32_t b) { return freq[a] > freq[b]; });
-      for (int64_t i = 0; i < nf; ++i) {
-        total += freq[i];
-        if (i < n_hot) placed += freq[order[i]];
-      }
-    }
+    const int64_t n = LayerNeurons(config, l);
     LayerPlacement& lp = p.layers[l];
-    lp.on_gpu.assign(nf, 0);
-    lp.gpu_bucket.assign(order.begin(), order.begin() + n_hot);
+    lp.on_gpu.assign(n, 0);
+    for (int64_t base = 0; base < n; base += nf) {
+      std::iota(order.begin(), order.end(), static_cast<int32_t>(base));
+      if (use_stats) {
+        const std::vector<float>& freq = stats->layers[l].frequency;
+        std::stable_sort(order.begin(), order.end(),
+                         [&](int32_t a, int32_t b) { return freq[a] > freq[b]; });
+        for (int64_t i = 0; i < nf; ++i) {
+          total += freq[base + i];
+          if (i < n_hot) placed += freq[order[i]];
+        }
+      }
+      lp.gpu_bucket.insert(lp.gpu_bucket.end(), order.begin(), order.begin() + n_hot);
+    }
     std::sort(lp.gpu_bucket.begin(), lp.gpu_bucket.end());
     for (int32_t id : lp.gpu_bucket) lp.on_gpu[id] = 1;
   }

@@ -6,6 +6,9 @@
 //   writes for that architecture; llama.block_count is accepted on read),
 //   blk.N.gpu_idx    I32 [ffn_dim]   1 if neuron i is on the GPU, else 0
 //   blk.N.gpu_bucket I32 [n_gpu]     the GPU neurons' ids, ascending
+// In mixture-of-experts layers (no PowerInfer equivalent) the layer's neurons are every expert's,
+// numbered e * ffn_dim + i for neuron i of expert e (LayerNeurons), so gpu_idx has
+// n_experts * ffn_dim entries and the bucket lists those ids; each expert is split on its own.
 // plus our own keys (thermocline.plan.*) for the expected GPU share of activations. PowerInfer's
 // ggml numbers I32 as 18 (today's 26); the PWRI magic makes the GGUF reader and writer use its
 // numbering (see ggml_type.h), so PowerInfer reads our files and we read its.
@@ -21,9 +24,12 @@
 
 namespace thermocline {
 
+// Neurons a layer places: ffn_dim, or n_experts * ffn_dim in an MoE layer (ids e * ffn_dim + i).
+int64_t LayerNeurons(const ModelConfig& config, int64_t layer);
+
 struct LayerPlacement {
   std::vector<int32_t> gpu_bucket;  // ascending neuron ids placed on the GPU
-  std::vector<uint8_t> on_gpu;      // [ffn_dim] 0/1
+  std::vector<uint8_t> on_gpu;      // [LayerNeurons] 0/1
 };
 
 struct Placement {
@@ -35,7 +41,8 @@ struct Placement {
   int64_t n_gpu_neurons() const;
 
   // Every layer's neurons split by a fixed fraction, hottest first when stats are given, else
-  // the lowest ids (for tests: --hot-fraction).
+  // the lowest ids (for tests: --hot-fraction). In MoE layers each expert gets the fraction of
+  // its own neurons.
   static Placement Uniform(const ModelConfig& config, double hot_fraction,
                            const ActivationStats* stats = nullptr);
 };
@@ -43,7 +50,8 @@ struct Placement {
 // Checks what a file must satisfy (bucket ascending, in range and equal to the on_gpu set).
 absl::Status ValidatePlacement(const Placement& placement);
 absl::Status WritePlacement(const Placement& placement, const std::string& path);
-// Validates the file and its shapes against `config` (layers, ffn_dim).
+// Validates the file and its shapes against `config` (layers, LayerNeurons); errors in MoE
+// layers name the expert and its neuron.
 absl::StatusOr<Placement> ReadPlacement(const std::string& path, const ModelConfig& config);
 // The same without a model: shapes come from the file (for `thermocline plan --show`).
 absl::StatusOr<Placement> ReadPlacement(const std::string& path);

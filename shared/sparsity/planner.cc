@@ -25,6 +25,11 @@ int64_t ElementBytes(GgmlType type, int64_t n) {
 }
 
 int64_t NeuronBytes(const LayerWeights& w, int64_t dim) {
+  if (!w.experts.empty()) {
+    // Every expert has the same shapes and types (the file stores them as one tensor each).
+    const FfnWeights& e = w.experts[0];
+    return e.gate.row_bytes + e.up.row_bytes + ElementBytes(e.down.type, dim);
+  }
   const int64_t down = w.has_down_t ? w.down_t.row_bytes : ElementBytes(w.down.type, dim);
   return w.gate.row_bytes + w.up.row_bytes + down;
 }
@@ -131,6 +136,11 @@ DenseCharges ChargeDense(const Model& model, const PlannerOptions& options) {
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = model.layer(l);
     d.attention += MatrixBytes(w.wq) + MatrixBytes(w.wk) + MatrixBytes(w.wv) + MatrixBytes(w.wo);
+    if (!w.experts.empty()) {
+      d.moe_dense += MatrixBytes(w.router) + MatrixBytes(w.shared.gate) + MatrixBytes(w.shared.up) +
+                     MatrixBytes(w.shared.down) +
+                     static_cast<int64_t>(w.shared_gate.size() * sizeof(float));
+    }
   }
   d.predictors = options.predictor_bytes;
   const int64_t context = options.context > 0 ? options.context : c.context_length;
@@ -142,16 +152,22 @@ DenseCharges ChargeDense(const Model& model, const PlannerOptions& options) {
 absl::StatusOr<Plan> PlanPlacement(const Model& model, const ActivationStats& stats,
                                    const PlannerOptions& options) {
   const ModelConfig& c = model.config();
-  if (stats.dim != c.dim || stats.ffn_dim != c.ffn_dim ||
+  if (stats.dim != c.dim || stats.ffn_dim != c.ffn_dim || stats.n_experts != c.n_experts ||
       static_cast<int64_t>(stats.layers.size()) != c.n_layers) {
     return absl::InvalidArgumentError(
         absl::StrCat("the activation stats are of a model with dim ", stats.dim, ", ffn ",
-                     stats.ffn_dim, ", ", stats.layers.size(), " layers; this model has dim ",
-                     c.dim, ", ffn ", c.ffn_dim, ", ", c.n_layers, " layers"));
+                     stats.ffn_dim, ", ", stats.layers.size(), " layers, ", stats.n_experts,
+                     " experts; this model has dim ", c.dim, ", ffn ", c.ffn_dim, ", ",
+                     c.n_layers, " layers, ", c.n_experts, " experts"));
   }
-  for (const LayerActivationStats& l : stats.layers) {
-    if (static_cast<int64_t>(l.frequency.size()) != c.ffn_dim) {
-      return absl::InvalidArgumentError("the activation stats have a layer of the wrong size");
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const LayerActivationStats& s = stats.layers[l];
+    if (static_cast<int64_t>(s.frequency.size()) != LayerNeurons(c, l) ||
+        static_cast<int64_t>(s.expert_share.size()) != (c.layers[l].moe ? c.n_experts : 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the activation stats' layer ", l, " has ", s.frequency.size(),
+                       " neurons and ", s.expert_share.size(), " expert shares; the model's has ",
+                       LayerNeurons(c, l), " and ", c.layers[l].moe ? c.n_experts : 0));
     }
   }
   if (options.vram_budget <= 0) {
@@ -180,26 +196,39 @@ absl::StatusOr<Plan> PlanPlacement(const Model& model, const ActivationStats& st
     return absl::ResourceExhaustedError(absl::StrFormat(
         "VRAM budget %d bytes (%s) cannot hold the dense part, %d bytes (%s): token embeddings "
         "%s, output head %s, norms %s, attention %s, predictors %s, KV cache %s (%d positions, "
-        "f16), scratch %s; %d bytes (%s) are missing",
+        "f16), scratch %s%s; %d bytes (%s) are missing",
         options.vram_budget, FormatBytes(options.vram_budget), dense, FormatBytes(dense),
         FormatBytes(d.token_embd), FormatBytes(d.output), FormatBytes(d.norms),
         FormatBytes(d.attention), FormatBytes(d.predictors), FormatBytes(d.kv_cache), plan.context,
-        FormatBytes(d.scratch), missing, FormatBytes(missing)));
+        FormatBytes(d.scratch),
+        d.moe_dense > 0 ? absl::StrCat(", routers and shared experts ", FormatBytes(d.moe_dense))
+                        : "",
+        missing, FormatBytes(missing)));
   }
   int64_t remaining = options.vram_budget - dense;
 
-  const int64_t nf = c.ffn_dim;
-  const int64_t first_step =
-      std::min(nf, (options.min_slice + kSliceAlign - 1) / kSliceAlign * kSliceAlign);
+  // A neuron's worth: its expected activations per token (frequency, times the expert's share of
+  // the tokens in MoE layers).
+  std::vector<std::vector<double>> value(c.n_layers);
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const LayerActivationStats& s = stats.layers[l];
+    value[l].resize(s.frequency.size());
+    for (size_t i = 0; i < s.frequency.size(); ++i) {
+      const double share = s.expert_share.empty() ? 1.0 : s.expert_share[i / c.ffn_dim];
+      value[l][i] = static_cast<double>(s.frequency[i]) * share;
+    }
+  }
   struct LayerState {
-    std::vector<int32_t> order;  // neuron ids, most frequently active first
+    std::vector<int32_t> order;  // neuron ids, most valuable first
     int64_t taken = 0;
+    int64_t n = 0;  // the layer's neurons
   };
   std::vector<LayerState> state(c.n_layers);
   plan.layers.resize(c.n_layers);
   // The next step of a layer: neurons [taken, end) of its order.
   auto step_end = [&](const LayerState& s) {
-    return s.taken == 0 ? first_step : std::min(nf, s.taken + kSliceAlign);
+    const int64_t first = (options.min_slice + kSliceAlign - 1) / kSliceAlign * kSliceAlign;
+    return std::min(s.n, s.taken == 0 ? first : s.taken + kSliceAlign);
   };
   struct Step {
     double density;
@@ -212,25 +241,25 @@ absl::StatusOr<Plan> PlanPlacement(const Model& model, const ActivationStats& st
   std::priority_queue<Step> heap;
   auto push_next = [&](int64_t l) {
     const LayerState& s = state[l];
-    if (s.taken >= nf) return;
-    const std::vector<float>& freq = stats.layers[l].frequency;
-    double value = 0;
+    if (s.taken >= s.n) return;
+    double v = 0;
     const int64_t end = step_end(s);
-    for (int64_t i = s.taken; i < end; ++i) value += freq[s.order[i]];
+    for (int64_t i = s.taken; i < end; ++i) v += value[l][s.order[i]];
     const double bytes = static_cast<double>((end - s.taken) * plan.layers[l].neuron_bytes);
-    heap.push({value / std::max(1.0, bytes), l});
+    heap.push({v / std::max(1.0, bytes), l});
   };
   for (int64_t l = 0; l < c.n_layers; ++l) {
     LayerState& s = state[l];
-    const std::vector<float>& freq = stats.layers[l].frequency;
-    s.order.resize(nf);
+    const std::vector<double>& v = value[l];
+    s.n = static_cast<int64_t>(v.size());
+    s.order.resize(s.n);
     std::iota(s.order.begin(), s.order.end(), 0);
     std::stable_sort(s.order.begin(), s.order.end(),
-                     [&](int32_t a, int32_t b) { return freq[a] > freq[b]; });
+                     [&](int32_t a, int32_t b) { return v[a] > v[b]; });
     LayerPlan& lp = plan.layers[l];
     lp.neuron_bytes = NeuronBytes(model.layer(l), c.dim);
-    lp.activations = std::accumulate(freq.begin(), freq.end(), 0.0);
-    plan.ffn_bytes += lp.neuron_bytes * nf;
+    lp.activations = std::accumulate(v.begin(), v.end(), 0.0);
+    plan.ffn_bytes += lp.neuron_bytes * s.n;
     push_next(l);
   }
   while (!heap.empty()) {
@@ -252,20 +281,19 @@ absl::StatusOr<Plan> PlanPlacement(const Model& model, const ActivationStats& st
   double placed = 0, total = 0;
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerState& s = state[l];
-    const std::vector<float>& freq = stats.layers[l].frequency;
     LayerPlan& lp = plan.layers[l];
     LayerPlacement& out = p.layers[l];
-    out.on_gpu.assign(nf, 0);
+    out.on_gpu.assign(s.n, 0);
     out.gpu_bucket.assign(s.order.begin(), s.order.begin() + s.taken);
     std::sort(out.gpu_bucket.begin(), out.gpu_bucket.end());
     double layer_placed = 0;
     for (int32_t id : out.gpu_bucket) {
       out.on_gpu[id] = 1;
-      layer_placed += freq[id];
+      layer_placed += value[l][id];
     }
     lp.n_gpu = s.taken;
     lp.bytes = s.taken * lp.neuron_bytes;
-    lp.gpu_share = lp.activations > 0 ? layer_placed / lp.activations : (s.taken == nf ? 1 : 0);
+    lp.gpu_share = lp.activations > 0 ? layer_placed / lp.activations : (s.taken == s.n ? 1 : 0);
     plan.gpu_ffn_bytes += lp.bytes;
     placed += layer_placed;
     total += lp.activations;
@@ -290,10 +318,12 @@ std::string FormatPlan(const Plan& plan, const ModelConfig& c) {
   row(d.predictors > 0 ? "predictors" : "predictors (none given)", d.predictors);
   row(absl::StrFormat("KV cache (f16, %d positions)", plan.context), d.kv_cache);
   row("scratch reserve", d.scratch);
+  if (d.moe_dense > 0) row("routers and shared experts", d.moe_dense);
   const int64_t available = plan.budget - d.total();
   int64_t n_gpu = 0;
   for (const LayerPlan& l : plan.layers) n_gpu += l.n_gpu;
-  const int64_t n_all = c.ffn_dim * c.n_layers;
+  int64_t n_all = 0;
+  for (int64_t l = 0; l < c.n_layers; ++l) n_all += LayerNeurons(c, l);
   out += absl::StrFormat(
       "FFN neurons: %s available, %s for all %d; placed %d (%.1f%%) in %s, %s unused\n",
       FormatBytes(available), FormatBytes(plan.ffn_bytes), n_all, n_gpu,
@@ -304,7 +334,8 @@ std::string FormatPlan(const Plan& plan, const ModelConfig& c) {
   for (size_t l = 0; l < plan.layers.size(); ++l) {
     const LayerPlan& lp = plan.layers[l];
     out += absl::StrFormat("%-5d %13s %10s %12.2f %9.4f\n", l,
-                           absl::StrFormat("%d/%d", lp.n_gpu, c.ffn_dim), FormatBytes(lp.bytes),
+                           absl::StrFormat("%d/%d", lp.n_gpu, LayerNeurons(c, static_cast<int64_t>(l))),
+                           FormatBytes(lp.bytes),
                            lp.activations, lp.gpu_share);
   }
   out += absl::StrFormat("expected share of activations served by the GPU: %.4f\n",

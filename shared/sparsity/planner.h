@@ -16,6 +16,11 @@
 // a greedy pass repeatedly takes the step with the most expected activations per byte that still
 // fits, and drops a layer once its next step does not fit (the classic greedy for a knapsack of
 // ordered items, exact whenever the budget ends on a step boundary).
+//
+// Mixture-of-experts layers: the router and the shared expert are dense (charged first, as
+// "experts' dense part"); the routed experts' neurons are the layer's neurons (flat ids
+// e * ffn_dim + i, placement.h), each worth its frequency times its expert's share of the
+// tokens (the expected activations per token), so hot neurons of often-chosen experts go first.
 #pragma once
 
 #include <cstdint>
@@ -60,8 +65,9 @@ struct DenseCharges {
   int64_t predictors = 0;
   int64_t kv_cache = 0;
   int64_t scratch = 0;
+  int64_t moe_dense = 0;  // MoE layers: routers, shared experts and their gates
   int64_t total() const {
-    return token_embd + output + norms + attention + predictors + kv_cache + scratch;
+    return token_embd + output + norms + attention + predictors + kv_cache + scratch + moe_dense;
   }
 };
 
@@ -70,7 +76,8 @@ struct LayerPlan {
   int64_t bytes = 0;         // of the GPU neurons
   int64_t neuron_bytes = 0;  // gate + up + down row of one neuron
   double gpu_share = 0;      // of this layer's expected activations
-  double activations = 0;    // this layer's expected activations per token (sum of frequencies)
+  double activations = 0;    // this layer's expected activations per token (sum of frequencies;
+                             // in MoE layers weighted by each expert's share of the tokens)
 };
 
 struct Plan {

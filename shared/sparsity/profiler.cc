@@ -34,36 +34,60 @@ constexpr int64_t kMinParallelValues = 1 << 15;
 
 // Counts what the profile needs from every layer's gate pre-activations. Pass 1 fills the
 // magnitude histograms and the gate > 0 counts; pass 2 (SiLU only) counts, per neuron, the
-// magnitudes at or above the layer's frequency cut.
+// magnitudes at or above the group's frequency cut. A group is a layer's FFN, or in MoE layers
+// one expert (over the rows the router sent to it): each gets its own histograms and cuts.
 class ProfileObserver final : public FfnObserver {
  public:
   ProfileObserver(const ModelConfig& config, ThreadPool& pool)
       : config_(config), pool_(pool), layers_(config.n_layers), scratch_(pool.size()) {
-    for (Layer& l : layers_) {
-      l.positive.assign(config.ffn_dim, 0);
-      l.above_cut.assign(config.ffn_dim, 0);
+    for (int64_t l = 0; l < config.n_layers; ++l) {
+      const bool moe = l < static_cast<int64_t>(config.layers.size()) && config.layers[l].moe;
+      layers_[l].resize(moe ? config.n_experts : 1);
+      for (Group& g : layers_[l]) {
+        g.positive.assign(config.ffn_dim, 0);
+        g.above_cut.assign(config.ffn_dim, 0);
+      }
     }
   }
 
-  struct Layer {
+  struct Group {
     MagnitudeHistogram hist;
     MagnitudeHistogram coeff_hist;  // |act(gate) * up|: the weight of the neuron's down row
-    std::vector<int64_t> positive;   // tokens with gate > 0, per neuron
-    std::vector<int64_t> above_cut;  // pass 2: tokens with magnitude >= cut, per neuron
-    int64_t observed = 0;            // tokens seen in the current pass
+    std::vector<int64_t> positive;   // rows with gate > 0, per neuron
+    std::vector<int64_t> above_cut;  // pass 2: rows with magnitude >= cut, per neuron
+    int64_t observed = 0;            // rows seen in the current pass
     int64_t non_finite = 0;
   };
 
-  void StartSecondPass(std::vector<float> cuts) {
+  // cuts[layer][group]: the frequency cut of each group.
+  void StartSecondPass(std::vector<std::vector<float>> cuts) {
     second_pass_ = true;
     cuts_ = std::move(cuts);
-    for (Layer& l : layers_) l.observed = 0;
+    for (auto& groups : layers_) {
+      for (Group& g : groups) g.observed = 0;
+    }
   }
-  const Layer& layer(int64_t l) const { return layers_[l]; }
+  const std::vector<Group>& groups(int64_t l) const { return layers_[l]; }
+  // Tokens seen by `layer` in the current pass (an MoE layer sees n_experts_used rows each).
+  int64_t tokens(int64_t layer) const {
+    int64_t rows = 0;
+    for (const Group& g : layers_[layer]) rows += g.observed;
+    return layers_[layer].size() > 1 ? rows / std::max<int64_t>(1, config_.n_experts_used) : rows;
+  }
 
   void OnFfn(int64_t layer, const float* /*h*/, const float* gate, const float* up,
              int64_t n_tokens) override {
-    Layer& L = layers_[layer];
+    Observe(layer, 0, gate, up, n_tokens);
+  }
+  void OnExpertFfn(int64_t layer, int64_t expert, const float* gate, const float* up,
+                   int64_t n_rows) override {
+    Observe(layer, expert, gate, up, n_rows);
+  }
+
+ private:
+  void Observe(int64_t layer, int64_t group, const float* gate, const float* up,
+               int64_t n_tokens) {
+    Group& L = layers_[layer][group];
     L.observed += n_tokens;
     const int64_t nf = config_.ffn_dim;
     std::vector<int64_t> bad(pool_.size(), 0);
@@ -71,7 +95,7 @@ class ProfileObserver final : public FfnObserver {
       const int64_t begin = nf * tid / nt, end = nf * (tid + 1) / nt;
       if (begin == end) return;
       if (second_pass_) {
-        const float cut = cuts_[layer];
+        const float cut = cuts_[layer][group];
         for (int64_t t = 0; t < n_tokens; ++t) {
           const float* g = gate + t * nf;
           for (int64_t i = begin; i < end; ++i) {
@@ -88,11 +112,11 @@ class ProfileObserver final : public FfnObserver {
       }
       for (int64_t t = 0; t < n_tokens; ++t) {
         const float* g = gate + t * nf;
-        const float* u = up + t * nf;
+        const float* u = up != nullptr ? up + t * nf : nullptr;
         for (int64_t i = begin; i < end; ++i) {
           const float x = g[i];
           const float a = ActivationMagnitude(config_.activation, x);
-          const float coeff = a * std::fabs(u[i]);
+          const float coeff = up != nullptr ? a * std::fabs(u[i]) : a;
           if (!std::isfinite(x) || !std::isfinite(coeff)) {
             ++bad[tid];
             continue;
@@ -133,7 +157,6 @@ class ProfileObserver final : public FfnObserver {
     }
   }
 
- private:
   struct Scratch {
     std::vector<uint32_t> counts, coeff_counts;
     int min_key = MagnitudeHistogram::kBins, min_ckey = MagnitudeHistogram::kBins;
@@ -141,10 +164,10 @@ class ProfileObserver final : public FfnObserver {
   };
   const ModelConfig& config_;
   ThreadPool& pool_;
-  std::vector<Layer> layers_;
+  std::vector<std::vector<Group>> layers_;  // [layer][group]
   std::vector<Scratch> scratch_;
   bool second_pass_ = false;
-  std::vector<float> cuts_;
+  std::vector<std::vector<float>> cuts_;
 };
 
 // Share of the total carried by the top `fraction` of the values.
@@ -266,9 +289,11 @@ absl::StatusOr<ProfileResult> ProfileActivations(const Model& model,
   TC_ASSIGN_OR_RETURN(result.windows, RunCorpusWindows(pass, tokens, wo, ignore));
 
   for (int64_t l = 0; l < c.n_layers; ++l) {
-    if (observer.layer(l).non_finite > 0) {
+    int64_t non_finite = 0;
+    for (const auto& g : observer.groups(l)) non_finite += g.non_finite;
+    if (non_finite > 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat("layer ", l, ": ", observer.layer(l).non_finite,
+          absl::StrCat("layer ", l, ": ", non_finite,
                        " gate pre-activations or coefficients were not finite (the model's weights or the forward "
                        "pass are broken)"));
     }
@@ -280,7 +305,8 @@ absl::StatusOr<ProfileResult> ProfileActivations(const Model& model,
   s.frequency_target = options.frequency_target;
   s.dim = c.dim;
   s.ffn_dim = c.ffn_dim;
-  s.tokens = observer.layer(0).observed;
+  s.n_experts = c.n_experts;
+  s.tokens = observer.tokens(0);
   s.hist_log2_min = static_cast<float>(kHistLog2Min);
   s.hist_bins_per_octave = 1;
   s.layers.resize(c.n_layers);
@@ -288,19 +314,37 @@ absl::StatusOr<ProfileResult> ProfileActivations(const Model& model,
   for (size_t i = 0; i < s.targets.size(); ++i) {
     if (std::fabs(s.targets[i] - s.frequency_target) <= 1e-4f) freq_index = i;
   }
-  std::vector<float> frequency_cuts(c.n_layers);
+  std::vector<std::vector<float>> frequency_cuts(c.n_layers);
   for (int64_t l = 0; l < c.n_layers; ++l) {
-    const MagnitudeHistogram& h = observer.layer(l).hist;
+    const auto& groups = observer.groups(l);
     LayerActivationStats& L = s.layers[l];
-    for (float t : s.targets) {
-      // A cut of 0 would keep every neuron, exact zeros included; the smallest positive float
-      // keeps exactly the nonzero ones, which is what a sparse executor can skip anyway.
-      L.cuts.push_back(std::max(h.Quantile(t), std::numeric_limits<float>::denorm_min()));
-      L.coeff_cuts.push_back(std::max(observer.layer(l).coeff_hist.Quantile(t),
-                                      std::numeric_limits<float>::denorm_min()));
+    L.experts = groups.size() > 1 ? static_cast<int64_t>(groups.size()) : 0;
+    for (size_t g = 0; L.experts > 0 && g < groups.size(); ++g) {
+      const double n = static_cast<double>(std::max<int64_t>(1, observer.tokens(l)));
+      L.expert_share.push_back(static_cast<float>(static_cast<double>(groups[g].observed) / n));
     }
-    frequency_cuts[l] = L.cuts[freq_index];
-    L.histogram = h.OctaveShares(kHistLog2Min, kHistOctaves);
+    for (const auto& g : groups) {
+      for (float t : s.targets) {
+        // A cut of 0 would keep every neuron, exact zeros included; the smallest positive float
+        // keeps exactly the nonzero ones, which is what a sparse executor can skip anyway.
+        L.cuts.push_back(std::max(g.hist.Quantile(t), std::numeric_limits<float>::denorm_min()));
+        L.coeff_cuts.push_back(
+            std::max(g.coeff_hist.Quantile(t), std::numeric_limits<float>::denorm_min()));
+      }
+      frequency_cuts[l].push_back(L.cuts[L.cuts.size() - s.targets.size() + freq_index]);
+    }
+    if (groups.size() == 1) {
+      L.histogram = groups[0].hist.OctaveShares(kHistLog2Min, kHistOctaves);
+    } else {
+      // The layer's histogram for reports: every expert's magnitudes together.
+      MagnitudeHistogram all;
+      for (const auto& g : groups) {
+        for (int k = 0; k < MagnitudeHistogram::kBins; ++k) {
+          if (g.hist.count(k) != 0) all.AddCount(k, g.hist.count(k));
+        }
+      }
+      L.histogram = all.OctaveShares(kHistLog2Min, kHistOctaves);
+    }
   }
 
   if (!relu) {
@@ -309,23 +353,28 @@ absl::StatusOr<ProfileResult> ProfileActivations(const Model& model,
     TC_RETURN_IF_ERROR(RunCorpusWindows(pass, tokens, wo, ignore).status());
   }
 
-  const double n = static_cast<double>(s.tokens);
   result.layers.resize(c.n_layers);
   for (int64_t l = 0; l < c.n_layers; ++l) {
-    const auto& O = observer.layer(l);
+    const auto& groups = observer.groups(l);
     LayerActivationStats& L = s.layers[l];
-    const std::vector<int64_t>& counts = relu ? O.positive : O.above_cut;
-    L.frequency.resize(c.ffn_dim);
+    L.frequency.resize(groups.size() * c.ffn_dim);
     LayerProfileReport& r = result.layers[l];
-    double positive = 0, freq_sum = 0;
-    for (int64_t i = 0; i < c.ffn_dim; ++i) {
-      L.frequency[i] = static_cast<float>(static_cast<double>(counts[i]) / n);
-      positive += static_cast<double>(O.positive[i]);
-      freq_sum += static_cast<double>(counts[i]) / n;
-      if (counts[i] == 0) ++r.never_active;
+    double positive = 0, rows = 0;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const auto& O = groups[g];
+      const std::vector<int64_t>& counts = relu ? O.positive : O.above_cut;
+      // Per expert, the share of the rows the router sent to it (0 for an expert never picked).
+      const double n = static_cast<double>(std::max<int64_t>(1, O.observed));
+      for (int64_t i = 0; i < c.ffn_dim; ++i) {
+        L.frequency[g * c.ffn_dim + i] = static_cast<float>(static_cast<double>(counts[i]) / n);
+        positive += static_cast<double>(O.positive[i]);
+        if (counts[i] == 0) ++r.never_active;
+      }
+      rows += static_cast<double>(O.observed);
     }
-    r.gate_nonpositive = 1.0 - positive / (n * static_cast<double>(c.ffn_dim));
-    r.measured_sparsity = 1.0 - freq_sum / static_cast<double>(c.ffn_dim);
+    const double freq_sum = std::accumulate(L.frequency.begin(), L.frequency.end(), 0.0);
+    r.gate_nonpositive = 1.0 - positive / (std::max(1.0, rows) * static_cast<double>(c.ffn_dim));
+    r.measured_sparsity = 1.0 - freq_sum / static_cast<double>(L.frequency.size());
     r.top10_share = TopShare(L.frequency, 0.1);
     r.top20_share = TopShare(L.frequency, 0.2);
   }
@@ -350,7 +399,14 @@ std::string FormatProfileReport(const ProfileResult& result) {
   for (size_t l = 0; l < s.layers.size(); ++l) {
     const LayerProfileReport& r = result.layers[l];
     out += absl::StrFormat("%-5d %8.4f", l, r.gate_nonpositive);
-    for (float cut : s.layers[l].cuts) out += absl::StrFormat(" %9.3g", cut);
+    const LayerActivationStats& L = s.layers[l];
+    const size_t n_t = s.targets.size();
+    const int64_t groups = std::max<int64_t>(1, L.experts);
+    for (size_t t = 0; t < n_t; ++t) {
+      double cut = 0;  // MoE layers: the mean of the experts' cuts
+      for (int64_t g = 0; g < groups; ++g) cut += L.cuts[g * n_t + t];
+      out += absl::StrFormat(" %9.3g", cut / static_cast<double>(groups));
+    }
     out += absl::StrFormat(" %9.4f %7.4f %7.4f %6d\n", r.measured_sparsity, r.top10_share,
                            r.top20_share, r.never_active);
   }
@@ -359,6 +415,12 @@ std::string FormatProfileReport(const ProfileResult& result) {
       "model); sparsity: 1 - mean frequency;\ntop10%/top20%: share of all activations carried "
       "by the 10%/20% most frequently active neurons of the layer; never: neurons never "
       "active\n";
+  if (s.n_experts > 0) {
+    out += absl::StrFormat(
+        "MoE layers: cuts and frequencies per expert over the tokens routed to it (the cut "
+        "columns show the mean over the %d experts); the shared expert is not profiled\n",
+        s.n_experts);
+  }
   return out;
 }
 

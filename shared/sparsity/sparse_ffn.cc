@@ -145,7 +145,7 @@ void SparseFfn::ComputeMoe(int64_t layer, const float* h, int64_t n_tokens, floa
   const MoeLayer& m = moe_[layer];
   const int64_t k = c.n_experts_used, dim = c.dim;
   RouteExperts(c, w, h, n_tokens, pool_, moe_probs_, moe_picks_, moe_weights_);
-  const NeuronFilter filter = plan_.FilterFor(layer, c.activation);
+  const NeuronFilter shared_filter = plan_.SharedExpertFilter(layer, c.activation);
   const std::span<const int32_t> expert_ids(all_ids_.data(), c.ffn_dim);
   const std::span<const int32_t> shared_ids(all_ids_.data(), c.shared_expert_ffn_dim);
   LayerActivity& act = activity_[layer];
@@ -158,8 +158,10 @@ void SparseFfn::ComputeMoe(int64_t layer, const float* h, int64_t n_tokens, floa
     // Pick order and arithmetic as DenseFfn's: o += y_j * w_j for j = 0..k-1.
     for (int64_t j = 0; j < k; ++j) {
       std::fill(moe_y_.begin(), moe_y_.end(), 0.0f);
-      const int64_t ran = neurons.Compute(m.experts[moe_picks_[t * k + j]], ht, expert_ids, filter,
-                                          moe_y_.data(), pool_);
+      const int32_t e = moe_picks_[t * k + j];
+      const int64_t ran = neurons.Compute(m.experts[e], ht, expert_ids,
+                                          plan_.FilterFor(layer, c.activation, e), moe_y_.data(),
+                                          pool_);
       act.candidates += c.ffn_dim;
       act.active += ran;
       act.down += neurons.down_rows();
@@ -168,7 +170,7 @@ void SparseFfn::ComputeMoe(int64_t layer, const float* h, int64_t n_tokens, floa
     }
     if (!w.shared.up.empty()) {
       std::fill(moe_y_.begin(), moe_y_.end(), 0.0f);
-      neurons.Compute(m.shared, ht, shared_ids, filter, moe_y_.data(), pool_);
+      neurons.Compute(m.shared, ht, shared_ids, shared_filter, moe_y_.data(), pool_);
       const float g = SharedExpertGate(w, ht);
       for (int64_t i = 0; i < dim; ++i) o[i] += moe_y_[i] * g;
     }

@@ -85,8 +85,9 @@ class SparseFfn final : public FfnExecutor {
                 const float* predictor_input, const float* gate, float* out);
 
   std::vector<Worker> workers_;
-  // MoE layers (exact mode): every expert, and the shared expert, as neuron-major weights;
-  // routing as the dense pass (RouteExperts), then NeuronFfn inside each chosen expert.
+  // MoE layers (exact, threshold): every expert, and the shared expert, as neuron-major
+  // weights; routing as the dense pass (RouteExperts), then NeuronFfn inside each chosen expert
+  // with that expert's filter (its own cuts under threshold).
   struct MoeLayer {
     std::vector<NeuronWeights> experts;
     std::vector<DownRows> downs;

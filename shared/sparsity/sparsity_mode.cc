@@ -45,17 +45,22 @@ SparsityPlan SparsityPlan::Uniform(SparsityMode mode, int64_t n_layers) {
   return plan;
 }
 
-NeuronFilter SparsityPlan::FilterFor(int64_t layer, FfnActivation activation) const {
+NeuronFilter SparsityPlan::FilterFor(int64_t layer, FfnActivation activation,
+                                     int64_t expert) const {
   switch (mode(layer)) {
     case SparsityMode::kExact:
       return NeuronFilter::Positive();
-    case SparsityMode::kThreshold:
+    case SparsityMode::kThreshold: {
+      const bool per_expert = expert >= 0 && layer < static_cast<int64_t>(expert_cuts.size()) &&
+                              expert < static_cast<int64_t>(expert_cuts[layer].size());
+      const float cut = per_expert ? expert_cuts[layer][expert] : cuts[layer];
+      const float coeff_cut = per_expert ? expert_coeff_cuts[layer][expert] : coeff_cuts[layer];
       // On a ReLU model a zero activation is never worth its up row, whatever the gate cut.
       return NeuronFilter::Magnitude(
-          IsReluFamily(activation)
-              ? std::max(cuts[layer], std::numeric_limits<float>::denorm_min())
-              : cuts[layer],
-          coeff_cuts[layer]);
+          IsReluFamily(activation) ? std::max(cut, std::numeric_limits<float>::denorm_min())
+                                   : cut,
+          coeff_cut);
+    }
     case SparsityMode::kPredicted:
       // A predicted neuron whose ReLU activation is 0 contributes nothing: skipping its up and
       // down rows loses nothing and saves the reads of the predictor's false positives.
@@ -65,6 +70,11 @@ NeuronFilter SparsityPlan::FilterFor(int64_t layer, FfnActivation activation) co
       break;
   }
   return NeuronFilter::None();
+}
+
+NeuronFilter SparsityPlan::SharedExpertFilter(int64_t layer, FfnActivation activation) const {
+  return mode(layer) == SparsityMode::kThreshold ? NeuronFilter::None()
+                                                 : FilterFor(layer, activation);
 }
 
 bool SparsityPlan::AllDense() const {
@@ -94,8 +104,26 @@ absl::StatusOr<SparsityPlan> SparsityPlan::ForModel(
                        config.dim, ", ffn_dim ", config.ffn_dim, ", ", config.n_layers, " layers"));
     }
     for (int64_t l = 0; l < config.n_layers; ++l) {
+      const bool moe = l < static_cast<int64_t>(config.layers.size()) && config.layers[l].moe;
+      // Predicted MoE layers are refused by Validate, with the reason.
+      if (mode != SparsityMode::kThreshold && moe) continue;
       if (mode != SparsityMode::kThreshold) {
         TC_ASSIGN_OR_RETURN(plan.cuts[l], stats->CutFor(l, *target_sparsity));
+        continue;
+      }
+      if (moe) {
+        // Each expert's cuts, calibrated over the tokens routed to it.
+        plan.expert_cuts.resize(config.n_layers);
+        plan.expert_coeff_cuts.resize(config.n_layers);
+        plan.expert_cuts[l].assign(config.n_experts, 0.0f);
+        plan.expert_coeff_cuts[l].assign(config.n_experts, 0.0f);
+        for (int64_t e = 0; e < config.n_experts; ++e) {
+          TC_ASSIGN_OR_RETURN(plan.expert_coeff_cuts[l][e],
+                              stats->CoeffCutFor(l, *target_sparsity, e));
+          if (gate_sparsity && *gate_sparsity > 0) {
+            TC_ASSIGN_OR_RETURN(plan.expert_cuts[l][e], stats->CutFor(l, *gate_sparsity, e));
+          }
+        }
         continue;
       }
       TC_ASSIGN_OR_RETURN(plan.coeff_cuts[l], stats->CoeffCutFor(l, *target_sparsity));
@@ -138,14 +166,51 @@ absl::Status SparsityPlan::Validate(const ModelConfig& config) const {
       }
     }
     const bool moe_layer = l < static_cast<int64_t>(config.layers.size()) && config.layers[l].moe;
-    // Within the chosen experts, `exact` runs as for any FFN; `threshold` and `predicted` need
-    // per-expert cuts and predictors, which profile and train-predictor do not make yet.
-    if (moe_layer && modes[l] != SparsityMode::kDense && modes[l] != SparsityMode::kExact) {
+    // Predictors pick neurons of one FFN; an MoE layer would need one per expert, which neither
+    // PowerInfer's format nor train-predictor has.
+    if (moe_layer && modes[l] == SparsityMode::kPredicted) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "sparsity plan: layer ", l, " is a mixture-of-experts layer: mode '",
-          std::string(SparsityModeName(modes[l])),
-          "' within the chosen experts is not built yet (per-expert cuts and predictors); use "
-          "--sparsity exact (ReLU models) or dense"));
+          "sparsity plan: layer ", l,
+          " is a mixture-of-experts layer: mode 'predicted' needs one predictor per expert, "
+          "which neither PowerInfer's predictor format nor `thermocline train-predictor` "
+          "provides; use --sparsity threshold (per-expert cuts from `thermocline profile`), "
+          "exact (ReLU models) or dense"));
+    }
+    const bool has_expert_cuts = l < static_cast<int64_t>(expert_cuts.size()) &&
+                                 !expert_cuts[l].empty();
+    if (has_expert_cuts != (moe_layer && modes[l] == SparsityMode::kThreshold)) {
+      return absl::InvalidArgumentError(
+          moe_layer && modes[l] == SparsityMode::kThreshold
+              ? absl::StrCat("sparsity plan: layer ", l,
+                             " is a mixture-of-experts layer: mode 'threshold' needs each "
+                             "expert's cuts (activation statistics of this model from "
+                             "`thermocline profile`)")
+              : absl::StrCat("sparsity plan: layer ", l,
+                             ": per-expert cuts belong to threshold layers with experts only"));
+    }
+    if (has_expert_cuts) {
+      if (static_cast<int64_t>(expert_cuts[l].size()) != config.n_experts ||
+          l >= static_cast<int64_t>(expert_coeff_cuts.size()) ||
+          expert_coeff_cuts[l].size() != expert_cuts[l].size()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "sparsity plan: layer ", l, " has cuts for ", expert_cuts[l].size(), " experts and ",
+            l < static_cast<int64_t>(expert_coeff_cuts.size()) ? expert_coeff_cuts[l].size() : 0,
+            " coefficient cuts; the model has ", config.n_experts, " experts"));
+      }
+      for (int64_t e = 0; e < config.n_experts; ++e) {
+        for (float c : {expert_cuts[l][e], expert_coeff_cuts[l][e]}) {
+          if (!std::isfinite(c) || c < 0) {
+            return absl::InvalidArgumentError(absl::StrCat("sparsity plan: layer ", l, " expert ",
+                                                           e, ": cut ", c,
+                                                           " is not a finite value >= 0"));
+          }
+        }
+      }
+      if (cuts[l] != 0 || coeff_cuts[l] != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "sparsity plan: layer ", l,
+            " is a mixture-of-experts layer: its cuts are per expert, not per layer"));
+      }
     }
     if (modes[l] != SparsityMode::kThreshold && coeff_cuts[l] != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -192,6 +257,11 @@ absl::StatusOr<SparsityPlan> SparsityPlanFromFlags(const Model& model,
                                                    const SparsityFlags& flags) {
   TC_ASSIGN_OR_RETURN(SparsityMode mode, ParseSparsityModeOrError(flags.mode));
   const ModelConfig& c = model.config();
+  if (mode == SparsityMode::kPredicted && c.moe()) {
+    // Refused whatever the other flags say: name the MoE layer and why, before asking for
+    // predictors that cannot exist.
+    TC_RETURN_IF_ERROR(SparsityPlan::Uniform(mode, c.n_layers).Validate(c));
+  }
   const bool uses_cuts = mode == SparsityMode::kThreshold ||
                          (mode == SparsityMode::kPredicted && !IsReluFamily(c.activation));
   if (flags.stats_path.empty() != !flags.target_sparsity.has_value()) {

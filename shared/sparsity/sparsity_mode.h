@@ -42,6 +42,10 @@ struct SparsityPlan {
   std::vector<SparsityMode> modes;  // [n_layers]
   std::vector<float> cuts;          // [n_layers]; |act(gate)| cut, 0 = no cut
   std::vector<float> coeff_cuts;    // [n_layers]; |act(gate) * up| cut, 0 = no cut
+  // Threshold in mixture-of-experts layers: each expert's own cuts, [n_layers][n_experts]
+  // (empty for the other layers; both vectors empty when the model has no MoE threshold layer).
+  // The layer-level cuts of such a layer stay 0, and its shared expert runs every neuron.
+  std::vector<std::vector<float>> expert_cuts, expert_coeff_cuts;
   std::shared_ptr<const PredictorSet> predictors;
 
   // The same mode for every layer, no cuts, no predictors.
@@ -61,12 +65,17 @@ struct SparsityPlan {
   // Which of a layer's candidates run (NeuronFfn's filter), for every executor of the plan:
   // the single-process SparseFfn and both halves of a split (hot and cold neurons are filtered
   // alike, so the split computes the same neurons as one process). None for dense layers.
-  NeuronFilter FilterFor(int64_t layer, FfnActivation activation) const;
+  // In MoE layers, `expert` names the routed expert (its own cuts under threshold).
+  NeuronFilter FilterFor(int64_t layer, FfnActivation activation, int64_t expert = -1) const;
+  // The filter of an MoE layer's shared expert: exact as FilterFor; threshold keeps every neuron
+  // (the profile calibrates the routed experts only).
+  NeuronFilter SharedExpertFilter(int64_t layer, FfnActivation activation) const;
   bool AllDense() const;
 
   // Checks the plan against the model: one entry per layer, exact only on ReLU models, a
-  // positive finite cut for every threshold layer, predictors for every predicted layer (with
-  // the model's shapes). Errors name the layer and what is missing.
+  // positive finite cut for every threshold layer (every expert's in MoE layers), predictors for
+  // every predicted layer (with the model's shapes; not in MoE layers). Errors name the layer
+  // (and expert) and what is missing.
   absl::Status Validate(const ModelConfig& config) const;
 };
 

@@ -15,6 +15,12 @@
 // starcoder2 1.3e-4, gemma2 5.2e-4). Greedy picks must be llama.cpp's exactly: the smallest
 // top-2 gap in these files (0.0001, llama-rope-linear) is above both bounds' absolute size at
 // that model's logit scale.
+//
+// In the MoE models (llama-moe, qwen2moe) the split puts each expert's neurons hot or cold; the
+// cpu worker's metrics must show it computed the cold share of every chosen expert of every
+// MoE layer for every row (and nothing at hot 1).
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -25,6 +31,7 @@
 #include "gtest/gtest.h"
 #include "shared/driver/split_engine.h"
 #include "shared/ipc/segment.h"
+#include "shared/ipc/worker_metrics.h"
 #include "shared/model/model.h"
 #include "shared/runtime/forward.h"
 #include "tests/test_support.h"
@@ -153,27 +160,52 @@ TEST_P(ArchReferenceTest, SplitMatchesLlamaCpp) {
   const std::vector<float> ref = testing::ReadF32File(ArchPath(std::string(c.name) + ".logits.f32"));
   const std::vector<float> ref_steps =
       testing::ReadF32File(ArchPath(std::string(c.name) + ".greedy_steps.f32"));
+  const ModelConfig& config = (*model)->config();
+  static int counter = 0;
   for (double hot : {0.0, 0.5, 1.0}) {
     SCOPED_TRACE(hot);
     driver::SplitEngineOptions o;
+    o.instance = "archref-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
     o.model_path = path;
-    o.config = (*model)->config();
+    o.config = config;
     o.hot_fraction = hot;
     o.kv_slots = 1;
     o.context = 64;
     o.bindir = testing::BinDir();
-    std::string instance;
     {
+      // Created before the workers start, so they report from their first activation.
+      auto metrics = ipc::WorkerMetricsRegion::Create(o.instance);
+      ASSERT_TRUE(metrics.ok()) << metrics.status();
       auto engine = driver::SplitEngine::Create(o);
       ASSERT_TRUE(engine.ok()) << engine.status();
-      instance = (*engine)->instance();
       const RunOutput out = RunGreedy(**engine, ids);
       ExpectClose(c, out.prompt, ref, 32, "split prompt logits");
       ExpectClose(c, out.steps, ref_steps, kGreedy, "split greedy-step logits");
       EXPECT_EQ(out.greedy, ReferenceGreedy(c.name));
       EXPECT_EQ((*engine)->stats().restarts, 0);
+      if (config.moe()) {
+        // Dense mode: every cold candidate runs. Each row sends one Activation per layer with
+        // cold neurons and computes the cold share of each of its n_experts_used experts.
+        const int64_t cold_per_expert = config.ffn_dim - std::llround(hot * config.ffn_dim);
+        const int64_t rows = static_cast<int64_t>(ids.size()) + kGreedy - 1;
+        const int64_t steps = kGreedy;
+        int64_t moe_layers = 0;
+        for (const LayerConfig& l : config.layers) moe_layers += l.moe ? 1 : 0;
+        ASSERT_EQ(moe_layers, config.n_layers);  // both reference models are MoE throughout
+        auto cpu = (*metrics)->Read(ipc::Role::kCpuWorker);
+        ASSERT_TRUE(cpu.ok()) << cpu.status();
+        const uint64_t expected_active =
+            static_cast<uint64_t>(rows * moe_layers * config.n_experts_used * cold_per_expert);
+        EXPECT_EQ(cpu->activations, static_cast<uint64_t>(cold_per_expert > 0 ? steps * moe_layers : 0));
+        EXPECT_EQ(cpu->active_neurons, expected_active);
+        EXPECT_EQ(cpu->candidate_neurons, expected_active);
+        EXPECT_EQ(cpu->capacity_neurons,
+                  static_cast<uint64_t>(cold_per_expert > 0 ? rows * moe_layers * config.n_experts *
+                                                                  cold_per_expert
+                                                            : 0));
+      }
     }
-    EXPECT_TRUE(ipc::ListInstanceSegments(instance).empty());
+    EXPECT_TRUE(ipc::ListInstanceSegments(o.instance).empty());
   }
 }
 

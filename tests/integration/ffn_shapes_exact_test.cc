@@ -4,8 +4,8 @@
 // neurons whose activation is exactly 0, so the only difference from dense is the order of the
 // down projection's sum: fp32 reassociation over ffn_dim terms, bounded by 1e-5 of
 // max(1, max|logit|) for these small fp32 models (the same argument as sparse_ffn_test's
-// ExactSparsityTest). MoE layers run exact inside each chosen expert; threshold and predicted,
-// which need per-expert cuts and predictors, are refused by name.
+// ExactSparsityTest). MoE layers run exact inside each chosen expert; threshold there needs each
+// expert's cuts (moe_threshold_test) and a plan with per-layer cuts only is refused by name.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -138,7 +138,7 @@ TEST(FfnShapesExactTest, MoeExactEqualsDenseInsideTheChosenExperts) {
     EXPECT_LE(worst, 1e-5 * max_ref);
     EXPECT_GT(active, candidates / 20);
     EXPECT_LT(active, candidates * 9 / 10);
-    // Modes that need per-expert cuts or predictors are refused by name.
+    // Threshold with per-layer cuts only (no per-expert ones) is refused by name.
     SparsityPlan threshold = SparsityPlan::Uniform(SparsityMode::kThreshold, model->config().n_layers);
     std::fill(threshold.coeff_cuts.begin(), threshold.coeff_cuts.end(), 0.1f);
     auto refused = SparseFfn::Create(*model, threshold, pool);

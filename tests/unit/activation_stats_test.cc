@@ -136,6 +136,71 @@ TEST(ActivationStatsTest, CutFor) {
   ExpectError(s.CoeffCutFor(0, 0.6f).status(), "targets: 0.3, 0.5, 0.9");
 }
 
+// MoE layers: per-expert frequencies and cuts (expert-major), checked against the model.
+TEST(ActivationStatsTest, PerExpertStatsRoundTripAndAreChecked) {
+  ActivationStats s = MakeStats(2, 8);
+  s.n_experts = 3;
+  LayerActivationStats& moe = s.layers[1];
+  moe.experts = 3;
+  moe.frequency.assign(24, 0.25f);
+  moe.cuts = {0.1f, 0.2f, 0.3f, 1.0f, 2.0f, 3.0f, 0.5f, 0.5f, 0.6f};
+  moe.coeff_cuts = {0.01f, 0.02f, 0.03f, 0.1f, 0.2f, 0.3f, 0.05f, 0.05f, 0.06f};
+  moe.expert_share = {0.5f, 1.0f, 0.5f};
+  const std::string path = testing::TempDir() + "/moe_stats.gguf";
+  ASSERT_TRUE(WriteActivationStats(s, path).ok());
+  ModelConfig c;
+  c.dim = 16;
+  c.ffn_dim = 8;
+  c.n_layers = 2;
+  c.n_experts = 3;
+  c.n_experts_used = 2;
+  c.layers.resize(2);
+  c.layers[1].moe = true;
+  auto back = ReadActivationStats(path, &c);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->n_experts, 3);
+  EXPECT_EQ(back->layers[0].experts, 0);
+  EXPECT_EQ(back->layers[1].experts, 3);
+  EXPECT_EQ(back->layers[1].frequency, moe.frequency);
+  EXPECT_EQ(back->layers[1].expert_share, moe.expert_share);
+  EXPECT_EQ(*back->CutFor(1, 0.5f, 1), 2.0f);
+  EXPECT_EQ(*back->CoeffCutFor(1, 0.9f, 2), 0.06f);
+  EXPECT_EQ(*back->CutFor(0, 0.5f), 0.2f);
+  ExpectError(back->CutFor(1, 0.5f).status(), "layer 1 has cuts for 3 experts, not for expert -1");
+  ExpectError(back->CutFor(1, 0.5f, 3).status(), "not for expert 3");
+  ExpectError(back->CutFor(0, 0.5f, 0).status(), "layer 0 has no experts");
+
+  // The model decides which layers have experts, and how many.
+  ModelConfig dense_layers = c;
+  dense_layers.layers[1].moe = false;
+  dense_layers.n_experts = 3;
+  ExpectError(ReadActivationStats(path, &dense_layers).status(),
+              "layer 1 has per-expert statistics, but the model's layer 1 has no experts");
+  ModelConfig four = c;
+  four.n_experts = 4;
+  ExpectError(ReadActivationStats(path, &four).status(),
+              "profiled a model of 3 experts per MoE layer; this model has 4");
+  ActivationStats old = MakeStats(2, 8);
+  ASSERT_TRUE(WriteActivationStats(old, path).ok());
+  ExpectError(ReadActivationStats(path, &c).status(), "the statistics of its experts are missing");
+
+  // Each expert's cuts must ascend on their own, and the errors name the expert.
+  ActivationStats bad = s;
+  bad.layers[1].cuts[4] = 0.5f;  // expert 1: 1.0, 0.5, 3.0
+  ExpectError(WriteActivationStats(bad, path), "layer 1 expert 1: cuts are not ascending");
+  bad = s;
+  bad.layers[1].frequency[17] = 2.0f;
+  ExpectError(WriteActivationStats(bad, path), "layer 1 expert 2: frequency of neuron 1 = 2");
+  bad = s;
+  bad.layers[1].expert_share = {0.5f, 1.5f, 0.0f};
+  ExpectError(WriteActivationStats(bad, path), "layer 1 expert 1: share 1.5 of the tokens");
+  bad.layers[1].expert_share = {0.5f};
+  ExpectError(WriteActivationStats(bad, path), "layer 1: 1 expert shares for 3 experts");
+  bad = s;
+  bad.layers[1].coeff_cuts.pop_back();
+  ExpectError(WriteActivationStats(bad, path), "8 coefficient cuts for 3 targets x 3 experts");
+}
+
 TEST(ActivationStatsTest, WriteRejectsInvalidStats) {
   const std::string path = testing::TempDir() + "/bad.gguf";
   ActivationStats s = MakeStats();

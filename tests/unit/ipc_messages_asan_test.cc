@@ -2,6 +2,7 @@
 // every inconsistency (kind, counts vs bytes, dims, ranges) without reading past the payload.
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <new>
 #include <random>
@@ -235,7 +236,8 @@ TEST(IpcMessages, Activation) {
   bad(edit(good, 2, 3), 0, "ids larger than the bytes");
   bad(edit(good, 2, 1), 0, "ids smaller than the bytes");
   bad(edit(good, 2, 101), 0, "more ids than rows x neurons");
-  bad(edit(good, 3, 2), 0, "unknown flag");
+  bad(edit(good, 3, 4), 0, "unknown flag");
+  bad(edit(good, 3, kActivationRouted), 0, "routing where no layer has experts");
   bad(edit(good, 3, kActivationAllCandidates), 0, "all-candidates with listed ids");
   bad(edit(all_words, 3, 0), 0, "lists missing without the flag");
   bad(edit(good, 12, 1), 0, "row_end short of n_active");
@@ -247,6 +249,68 @@ TEST(IpcMessages, Activation) {
   bad(edit(two, 20, 3), 0, "first row ends beyond the ids");
   bad(edit(edit(two, 20, 2), 21, 1), 0, "row ends decrease");
   bad({1, dim, 0}, 0, "shorter than the prefix");
+}
+
+// MoE layers: the router's picks and weights travel after the candidates.
+TEST(IpcMessages, ActivationWithRouting) {
+  Loop loop;
+  const uint32_t rows = 2, dim = 4;
+  std::vector<float> h = {1, 2, 3, 4, 5, 6, 7, 8};
+  const std::vector<int32_t> experts = {3, 0, 1, 2};
+  const std::vector<float> weights = {0.75f, 0.25f, 0.5f, 0.125f};
+  ASSERT_TRUE(SendActivation(loop.out(), 7, 1, rows, dim, h, ActivationCandidates::All(),
+                             absl::InfiniteDuration(), ActivationRouting{2, experts, weights})
+                  .ok());
+  const ActivationLimits limits{dim, 4, 2, 64, 4, 2};
+  MessageView m = loop.Next();
+  EXPECT_EQ(m.header.bytes, ActivationBytes(rows, dim, 0, true, 2));
+  EXPECT_EQ(m.header.bytes, 16 + 8 * 4 + 4 + 4 * 8);
+  auto a = DecodeActivation(m, limits);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE(a->all_candidates);
+  EXPECT_EQ(a->picks, 2u);
+  EXPECT_EQ(a->experts, experts);
+  EXPECT_EQ(a->expert_weights, weights);
+  EXPECT_EQ(std::vector<float>(a->h.begin(), a->h.end()), h);
+  // With per-row lists too: the routing follows them.
+  const uint32_t row_end[] = {1, 2};
+  const int32_t ids[] = {5, 9};
+  ASSERT_TRUE(SendActivation(loop.out(), 8, 0, rows, dim, h, ActivationCandidates::PerRow(row_end, ids),
+                             absl::InfiniteDuration(), ActivationRouting{2, experts, weights})
+                  .ok());
+  auto listed = DecodeActivation(loop.Next(), limits);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(listed->active, (std::vector<int32_t>{5, 9}));
+  EXPECT_EQ(listed->experts, experts);
+  // The sender refuses routing of the wrong size.
+  EXPECT_EQ(SendActivation(loop.out(), 9, 0, rows, dim, h, ActivationCandidates::All(),
+                           absl::InfiniteDuration(),
+                           ActivationRouting{2, absl::MakeConstSpan(experts).first(3), weights})
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+
+  // One row of 4 values, all candidates, 2 picks: experts {1, 3}, weights {0.5, 0.5}.
+  const uint32_t half = F32Bits(0.5f), one = F32Bits(1.0f);
+  const std::vector<uint32_t> good = {1, dim, 0, kActivationAllCandidates | kActivationRouted,
+                                      one, one, one, one, 2, 1, 3, half, half};
+  EXPECT_TRUE(DecodeActivation(Forge(MessageKind::kActivation, good).view(), limits).ok());
+  auto edit = [](std::vector<uint32_t> w, size_t i, uint32_t v) {
+    w[i] = v;
+    return w;
+  };
+  auto bad = [&](std::vector<uint32_t> words, const char* expect) {
+    auto r = DecodeActivation(Forge(MessageKind::kActivation, words).view(), limits);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << expect;
+    EXPECT_NE(r.status().message().find(expect), std::string::npos) << r.status();
+  };
+  bad(edit(good, 8, 0), "0 experts per row outside [1, 2]");
+  bad(edit(good, 8, 3), "3 experts per row outside [1, 2]");
+  bad(edit(good, 10, 4), "row 0: expert 4 outside [0, 4)");
+  bad(edit(good, 9, 0xffffffffu), "row 0: expert -1 outside [0, 4)");
+  bad(edit(good, 10, 1), "row 0: expert 1 picked twice");
+  bad(edit(good, 12, F32Bits(std::numeric_limits<float>::quiet_NaN())), "weight of expert 3 is nan");
+  bad(std::vector<uint32_t>(good.begin(), good.end() - 1), "bytes for 1 x 4 and 0 ids and 2 picks");
+  bad(std::vector<uint32_t>(good.begin(), good.begin() + 8), "too short for its routing");
 }
 
 TEST(IpcMessages, PartialAndLogits) {
@@ -311,9 +375,11 @@ TEST(IpcMessages, RandomPayloadsNeverEscape) {
     absl::Status sender;
     (void)DecodeError(v, &sender);
     (void)DecodeStep(v, StepLimits{8, 4, 64, 100});
-    auto a = DecodeActivation(v, ActivationLimits{4, 4, 4, 16});
+    auto a = DecodeActivation(v, ActivationLimits{4, 4, 4, 16, 4, 2});
     if (a.ok()) {
       for (int32_t id : a->active) ASSERT_TRUE(id >= 0 && id < 16);
+      ASSERT_EQ(a->experts.size(), size_t{a->rows} * a->picks);
+      for (int32_t e : a->experts) ASSERT_TRUE(e >= 0 && e < 4);
       if (!a->all_candidates) {
         for (uint32_t r = 0; r < a->rows; ++r) ASSERT_LE(a->row(r).size(), a->active.size());
       }

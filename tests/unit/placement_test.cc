@@ -13,6 +13,8 @@
 #include "gtest/gtest.h"
 #include "shared/gguf/gguf.h"
 #include "shared/runtime/corpus.h"
+#include "shared/model/synth.h"
+#include "shared/sparsity/partition.h"
 #include "shared/sparsity/planner.h"
 #include "shared/sparsity/profiler.h"
 #include "tests/test_support.h"
@@ -238,6 +240,72 @@ TEST(PlacementTest, ReadRejectsInconsistentFiles) {
   ExpectError(WritePlacement(p, path), "expected_gpu_share 1.5 is not in [0, 1]");
 }
 
+// Layer 1 of 2 is an MoE layer of 3 experts x 4 neurons: ids e * 4 + i.
+ModelConfig MoeConfig() {
+  ModelConfig c = Config(2, 4);
+  c.n_experts = 3;
+  c.n_experts_used = 2;
+  c.layers.resize(2);
+  c.layers[1].moe = true;
+  return c;
+}
+
+TEST(PlacementTest, MoeLayersPlaceEveryExpertsNeurons) {
+  const ModelConfig c = MoeConfig();
+  EXPECT_EQ(LayerNeurons(c, 0), 4);
+  EXPECT_EQ(LayerNeurons(c, 1), 12);
+  // Each expert gets the fraction of its own neurons, lowest ids first.
+  Placement p = Placement::Uniform(c, 0.5, nullptr);
+  EXPECT_EQ(p.layers[0].gpu_bucket, (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(p.layers[1].gpu_bucket, (std::vector<int32_t>{0, 1, 4, 5, 8, 9}));
+  // Hottest first within each expert when statistics are given.
+  ActivationStats s;
+  s.dim = 16;
+  s.ffn_dim = 4;
+  s.layers.resize(2);
+  s.layers[0].frequency = {0.1f, 0.2f, 0.3f, 0.4f};
+  s.layers[1].frequency = {0.9f, 0, 0, 0.8f, 0, 0.1f, 0.2f, 0, 0, 0, 0.5f, 0.6f};
+  p = Placement::Uniform(c, 0.5, &s);
+  EXPECT_EQ(p.layers[0].gpu_bucket, (std::vector<int32_t>{2, 3}));
+  EXPECT_EQ(p.layers[1].gpu_bucket, (std::vector<int32_t>{0, 3, 5, 6, 10, 11}));
+
+  // A plan's per-expert lists round-trip and split into partitions per expert.
+  p.layers[1] = MakeLayer(12, {1, 2, 3, 11});  // expert 0: 1..3, expert 1: none, expert 2: 3
+  const std::string path = testing::TempDir() + "/moe_plan.gguf";
+  ASSERT_TRUE(WritePlacement(p, path).ok());
+  auto back = ReadPlacement(path, c);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->layers[1].gpu_bucket, (std::vector<int32_t>{1, 2, 3, 11}));
+  auto part = Partition::FromPlacement(*back, c);
+  ASSERT_TRUE(part.ok()) << part.status();
+  const LayerPartition& lp = part->layers[1];
+  EXPECT_EQ(std::vector<int32_t>(ExpertSlice(lp.hot, 0, 4).begin(), ExpertSlice(lp.hot, 0, 4).end()),
+            (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_TRUE(ExpertSlice(lp.hot, 1, 4).empty());
+  EXPECT_EQ(std::vector<int32_t>(ExpertSlice(lp.cold, 1, 4).begin(), ExpertSlice(lp.cold, 1, 4).end()),
+            (std::vector<int32_t>{4, 5, 6, 7}));
+  EXPECT_EQ(std::vector<int32_t>(ExpertSlice(lp.cold, 2, 4).begin(), ExpertSlice(lp.cold, 2, 4).end()),
+            (std::vector<int32_t>{8, 9, 10}));
+
+  // Bad plans are refused naming the layer and the expert.
+  const std::vector<std::vector<int32_t>> idx = {{1, 0, 0, 0}, std::vector<int32_t>(12, 0)};
+  auto error = [&](std::vector<std::vector<int32_t>> i, std::vector<std::vector<int32_t>> b) {
+    return ReadPlacement(WriteBytes(PowerInferGpuIdx(i, b, 0), "bad_moe.gpuidx"), c).status();
+  };
+  EXPECT_TRUE(error(idx, {{0}, {}}).ok());
+  std::vector<std::vector<int32_t>> two = idx;
+  two[1][9] = 2;
+  ExpectError(error(two, {{0}, {9}}), "layer 1: gpu_idx[9] (expert 2, neuron 1) = 2 is not 0 or 1");
+  ExpectError(error(idx, {{0}, {6}}),
+              "layer 1: gpu_bucket[0] = 6 (expert 1, neuron 2) but gpu_idx[6] is 0");
+  // A dense-sized layer where the model has experts: the shape names what is expected.
+  ExpectError(error({{1, 0, 0, 0}, {0, 0, 0, 0}}, {{0}, {}}),
+              "tensor 'blk.1.gpu_idx' has shape (4), expected (12)");
+  Placement dense_sized = Placement::Uniform(Config(2, 4), 0.5, nullptr);
+  ExpectError(Partition::FromPlacement(dense_sized, c).status(),
+              "placement layer 1 has 4 neurons, the model 12 (3 experts x 4)");
+}
+
 TEST(PlacementTest, Uniform) {
   const ModelConfig c = Config(2, 10);
   Placement p = Placement::Uniform(c, 0.3, nullptr);
@@ -449,6 +517,83 @@ TEST_F(PlannerTest, MinSliceAndPredictors) {
   ASSERT_TRUE(bytes.ok()) << bytes.status();
   EXPECT_EQ(*bytes, 5 * (64 * 8 + 8 * 172) * 4);
   EXPECT_EQ(*PredictorBytes(model_->file(), model_->config()), 0);
+}
+
+// The planner on a synthetic ReLU llama-MoE (4 experts, 2 used) with its per-expert profile:
+// routers charged with the dense part, each layer's GPU neurons the most valuable by
+// frequency x the expert's share of the tokens, and a plan the split's partition accepts.
+TEST(MoePlannerTest, PlacesExpertNeuronsByExpectedActivations) {
+  SynthOptions so;
+  so.dim = 64;
+  so.ffn = 96;
+  so.layers = 2;
+  so.heads = 4;
+  so.kv_heads = 2;
+  so.vocab = 300;
+  so.context = 64;
+  so.experts = 4;
+  so.ffn_kind = SynthFfnKind::kReluGated;
+  so.active_fraction = 0;
+  so.seed = 31;
+  const std::string path = testing::TempDir() + "/planner_moe.gguf";
+  ASSERT_TRUE(WriteSynthModel(so, path).ok());
+  auto model = Model::Load(path);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const ModelConfig& c = (*model)->config();
+  auto tokens = TokenizeCorpusFile(testing::SharedDataDir() + "/corpus/tinystories_valid_sample.txt",
+                                   (*model)->tokenizer(), 1500);
+  ASSERT_TRUE(tokens.ok());
+  ThreadPool pool(2);
+  ProfileOptions po;
+  po.window = 64;
+  po.batch = 64;
+  auto profile = ProfileActivations(**model, *tokens, po, pool);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  const ActivationStats& stats = profile->stats;
+
+  PlannerOptions o;
+  o.context = 64;
+  o.scratch_bytes = 0;
+  o.vram_budget = 1;
+  const DenseCharges dense = ChargeDense(**model, o);
+  int64_t routers = 0;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    routers += (*model)->layer(l).router.rows * (*model)->layer(l).router.row_bytes;
+  }
+  EXPECT_EQ(dense.moe_dense, routers);
+  const int64_t neuron = (*model)->layer(0).experts[0].gate.row_bytes * 3;  // f32 gate, up, down
+  const int64_t all = c.n_layers * c.n_experts * c.ffn_dim;
+  o.vram_budget = dense.total() + all * 4 / 10 * neuron;
+  auto plan = PlanPlacement(**model, stats, o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_LE(plan->gpu_ffn_bytes, o.vram_budget - dense.total());
+  EXPECT_GT(plan->gpu_ffn_bytes, (o.vram_budget - dense.total()) * 9 / 10);
+  auto part = Partition::FromPlacement(plan->placement, c);
+  ASSERT_TRUE(part.ok()) << part.status();
+  double placed = 0, total = 0;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const LayerActivationStats& L = stats.layers[l];
+    const LayerPlacement& lp = plan->placement.layers[l];
+    ASSERT_EQ(lp.on_gpu.size(), static_cast<size_t>(c.n_experts * c.ffn_dim));
+    double min_in = 1e30, max_out = -1;
+    for (int64_t id = 0; id < c.n_experts * c.ffn_dim; ++id) {
+      const double v = static_cast<double>(L.frequency[id]) * L.expert_share[id / c.ffn_dim];
+      total += v;
+      if (lp.on_gpu[id]) {
+        placed += v;
+        min_in = std::min(min_in, v);
+      } else {
+        max_out = std::max(max_out, v);
+      }
+    }
+    EXPECT_GE(min_in, max_out) << "layer " << l;
+    EXPECT_GT(lp.gpu_bucket.size(), 0u);
+    EXPECT_LT(lp.gpu_bucket.size(), lp.on_gpu.size());
+  }
+  EXPECT_NEAR(plan->placement.expected_gpu_share, placed / total, 1e-9);
+  // The frequencies alone would order differently: some expert's share differs from 1/2.
+  EXPECT_NE(stats.layers[0].expert_share[0], stats.layers[0].expert_share[1]);
+  EXPECT_NE(FormatPlan(*plan, c).find("routers and shared experts"), std::string::npos);
 }
 
 }  // namespace

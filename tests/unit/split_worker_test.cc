@@ -1,7 +1,7 @@
 // The pieces of the two workers in-process: the hot/cold partition, the compacted cold rows,
 // the cold executor against NeuronFfn over the full weights, the CPU list parser, and the GPU
 // side's split FFN (with the cold executor behind an in-process ColdLink) against the
-// single-process SparseFfn / DenseFfn.
+// single-process SparseFfn / DenseFfn; the same for MoE layers split per expert.
 #include <algorithm>
 #include <cstring>
 #include <numeric>
@@ -14,6 +14,7 @@
 #include "gpu_worker/host/split_ffn.h"
 #include "gtest/gtest.h"
 #include "shared/model/model.h"
+#include "shared/model/synth.h"
 #include "shared/sparsity/partition.h"
 #include "shared/sparsity/sparse_ffn.h"
 #include "tests/test_support.h"
@@ -27,14 +28,40 @@ std::unique_ptr<Model> Stories() {
   return std::move(*m);
 }
 
-// A placement with a random half of every layer's neurons hot.
+// A small ReLU MoE model: 4 experts, 2 used per token (qwen2moe adds its shared expert).
+std::unique_ptr<Model> SynthMoe(const std::string& arch) {
+  SynthOptions o;
+  o.arch = arch;
+  o.dim = 64;
+  o.ffn = 96;
+  o.layers = 2;
+  o.heads = 4;
+  o.kv_heads = 2;
+  o.vocab = 300;
+  o.context = 32;
+  o.experts = 4;
+  o.ffn_kind = SynthFfnKind::kReluGated;
+  o.active_fraction = 0;  // i.i.d. weights: about half the neurons fire
+  o.seed = 13;
+  const std::string path = testing::TempDir() + "/split_worker_moe_" + arch + ".gguf";
+  const absl::Status written = WriteSynthModel(o, path);
+  EXPECT_TRUE(written.ok()) << written;
+  auto m = Model::Load(path);
+  EXPECT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(m.ok() && (*m)->config().moe());
+  return m.ok() ? std::move(*m) : nullptr;
+}
+
+// A placement with a random half of every layer's neurons hot (every expert's, in MoE layers).
 Placement RandomPlacement(const ModelConfig& c, uint32_t seed) {
   std::mt19937 rng(seed);
   Placement p;
   p.layers.resize(c.n_layers);
-  for (LayerPlacement& l : p.layers) {
-    l.on_gpu.assign(c.ffn_dim, 0);
-    for (int32_t i = 0; i < c.ffn_dim; ++i) {
+  for (int64_t layer = 0; layer < c.n_layers; ++layer) {
+    LayerPlacement& l = p.layers[layer];
+    const int32_t n = static_cast<int32_t>(LayerNeurons(c, layer));
+    l.on_gpu.assign(n, 0);
+    for (int32_t i = 0; i < n; ++i) {
       if (rng() % 2) {
         l.on_gpu[i] = 1;
         l.gpu_bucket.push_back(i);
@@ -184,6 +211,9 @@ class LoopbackLink final : public gpu_worker::ColdLink {
     view_.all_candidates = r.all_cold;
     view_.row_end.assign(r.row_end.begin(), r.row_end.end());
     view_.active.assign(r.ids.begin(), r.ids.end());
+    view_.picks = static_cast<uint32_t>(r.picks);
+    view_.experts.assign(r.experts.begin(), r.experts.end());
+    view_.expert_weights.assign(r.expert_weights.begin(), r.expert_weights.end());
     ++sent_;
     return absl::OkStatus();
   }
@@ -230,6 +260,150 @@ TEST(SplitWorkerTest, SplitFfnMatchesSingleProcessFfn) {
     }
     EXPECT_EQ(link.sent_, f == 1.0 ? 0 : c.n_layers);  // nothing crosses when all is hot
   }
+}
+
+// MoE layers split per expert: the router runs on the GPU side, the picks travel with h, each
+// side computes its neurons of each chosen expert. Against the single-process FFNs: dense
+// (DenseFfn's experts) and exact (SparseFfn within the chosen experts), bit for bit where the
+// arithmetic is the same (all hot), else within the reassociation of the down sums.
+TEST(SplitWorkerTest, MoeSplitFfnMatchesSingleProcessFfn) {
+  for (const char* arch : {"llama", "qwen2moe"}) {
+    SCOPED_TRACE(arch);
+    auto model = SynthMoe(arch);
+    ASSERT_NE(model, nullptr);
+    const ModelConfig& c = model->config();
+    ThreadPool pool(2);
+    std::mt19937 rng(5);
+    std::normal_distribution<float> normal;
+    const int64_t n = 5;
+    std::vector<float> h(n * c.dim);
+    for (float& x : h) x = normal(rng);
+    for (SparsityMode mode : {SparsityMode::kDense, SparsityMode::kExact}) {
+      SCOPED_TRACE(SparsityModeName(mode));
+      const SparsityPlan plan = SparsityPlan::Uniform(mode, c.n_layers);
+      std::unique_ptr<FfnExecutor> single;
+      if (mode == SparsityMode::kDense) {
+        single = std::make_unique<DenseFfn>(*model, pool);
+      } else {
+        auto sparse = SparseFfn::Create(*model, plan, pool);
+        ASSERT_TRUE(sparse.ok()) << sparse.status();
+        single = std::move(*sparse);
+      }
+      // -1: a random half of every expert's neurons.
+      for (double f : {0.0, 0.5, 1.0, -1.0}) {
+        SCOPED_TRACE(f);
+        const Placement placement = f < 0 ? RandomPlacement(c, 21) : Placement::Uniform(c, f);
+        auto part = Partition::FromPlacement(placement, c);
+        ASSERT_TRUE(part.ok()) << part.status();
+        auto rows = cpu_worker::ColdRows::Build(*model, *part, std::nullopt, pool);
+        ASSERT_TRUE(rows.ok()) << rows.status();
+        cpu_worker::ColdExecutor exec(*rows, *part, plan, c.activation, pool);
+        auto split = gpu_worker::SplitFfn::Create(*model, plan, *part, pool);
+        ASSERT_TRUE(split.ok()) << split.status();
+        LoopbackLink link(exec);
+        int64_t cold_candidates = 0;
+        for (int64_t l = 0; l < c.n_layers; ++l) {
+          ASSERT_TRUE(c.layers[l].moe);
+          for (int64_t tok = 0; tok < n; ++tok) {
+            std::vector<float> got(c.dim), want(c.dim);
+            (*split)->BeginStep(&link);
+            (*split)->Compute(l, h.data() + tok * c.dim, 1, got.data());
+            ASSERT_TRUE((*split)->EndStep().ok());
+            single->Compute(l, h.data() + tok * c.dim, 1, want.data());
+            cold_candidates += f == 1.0 ? 0 : exec.last_candidates();
+            for (int64_t i = 0; i < c.dim; ++i) {
+              if (f == 1.0) {
+                ASSERT_EQ(got[i], want[i]) << "layer " << l << " token " << tok;
+              } else {
+                ASSERT_NEAR(got[i], want[i], 1e-5f * (1 + std::fabs(want[i])))
+                    << "layer " << l << " token " << tok;
+              }
+            }
+          }
+          // The batch path (rows spread over the pool on both sides) gives the same rows.
+          std::vector<float> batch(n * c.dim), one(c.dim);
+          (*split)->BeginStep(&link);
+          (*split)->Compute(l, h.data(), n, batch.data());
+          ASSERT_TRUE((*split)->EndStep().ok());
+          for (int64_t tok = 0; tok < n; ++tok) {
+            (*split)->BeginStep(&link);
+            (*split)->Compute(l, h.data() + tok * c.dim, 1, one.data());
+            ASSERT_TRUE((*split)->EndStep().ok());
+            for (int64_t i = 0; i < c.dim; ++i) {
+              ASSERT_NEAR(batch[tok * c.dim + i], one[i], 1e-5f * (1 + std::fabs(one[i])));
+            }
+          }
+        }
+        // Cold work crosses exactly when some neuron is cold: one message per layer and call.
+        EXPECT_EQ(link.sent_, f == 1.0 ? 0 : c.n_layers * (2 * n + 1));
+        if (f == 0.0) {
+          // All cold: each token's picks bring every neuron of their experts.
+          EXPECT_EQ(cold_candidates, c.n_layers * n * c.n_experts_used * c.ffn_dim);
+        } else if (f != 1.0) {
+          EXPECT_GT(cold_candidates, 0);
+        }
+      }
+    }
+  }
+}
+
+TEST(SplitWorkerTest, ColdExecutorRefusesRoutingThatDoesNotFitTheLayer) {
+  auto model = SynthMoe("llama");
+  ASSERT_NE(model, nullptr);
+  const ModelConfig& c = model->config();
+  ThreadPool pool(1);
+  auto part = Partition::FromPlacement(Placement::Uniform(c, 0.5), c);
+  ASSERT_TRUE(part.ok());
+  auto rows = cpu_worker::ColdRows::Build(*model, *part, std::nullopt, pool);
+  ASSERT_TRUE(rows.ok());
+  const SparsityPlan plan = SparsityPlan::Uniform(SparsityMode::kDense, c.n_layers);
+  cpu_worker::ColdExecutor exec(*rows, *part, plan, c.activation, pool);
+  std::vector<float> h(c.dim, 0.5f), y(c.dim);
+  ipc::ActivationView a;
+  a.layer = 1;
+  a.rows = 1;
+  a.dim = static_cast<uint32_t>(c.dim);
+  a.h = absl::MakeConstSpan(h);
+  a.all_candidates = true;
+  absl::Status s = exec.Compute(a, y);  // no picks on an MoE layer
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("needs the router's picks"), std::string::npos) << s;
+  a.picks = 2;
+  a.experts = {0, 4};  // expert 4 of 4
+  a.expert_weights = {0.5f, 0.5f};
+  s = exec.Compute(a, y);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("expert 4 outside [0, 4)"), std::string::npos) << s;
+  a.experts = {0, 3};
+  EXPECT_TRUE(exec.Compute(a, y).ok());
+  // Per-row candidate lists are the predicted mode's, which MoE layers do not run.
+  a.all_candidates = false;
+  a.row_end = {0};
+  s = exec.Compute(a, y);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+
+  // Picks on a dense layer are refused too.
+  auto stories = Stories();
+  const ModelConfig& sc = stories->config();
+  auto spart = Partition::FromPlacement(Placement::Uniform(sc, 0.5), sc);
+  ASSERT_TRUE(spart.ok());
+  auto srows = cpu_worker::ColdRows::Build(*stories, *spart, std::nullopt, pool);
+  ASSERT_TRUE(srows.ok());
+  const SparsityPlan splan = SparsityPlan::Uniform(SparsityMode::kDense, sc.n_layers);
+  cpu_worker::ColdExecutor sexec(*srows, *spart, splan, sc.activation, pool);
+  std::vector<float> sh(sc.dim, 0.5f), sy(sc.dim);
+  ipc::ActivationView d;
+  d.layer = 0;
+  d.rows = 1;
+  d.dim = static_cast<uint32_t>(sc.dim);
+  d.h = absl::MakeConstSpan(sh);
+  d.all_candidates = true;
+  d.picks = 1;
+  d.experts = {0};
+  d.expert_weights = {1.0f};
+  s = sexec.Compute(d, sy);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("the layer has no experts"), std::string::npos) << s;
 }
 
 }  // namespace
