@@ -381,7 +381,8 @@ void RefuseUnsupported(Fields& f, bool chat) {
 OpenAiJson ErrorBody(const ApiError& e) {
   static constexpr std::pair<int, const char*> kTypes[] = {
       {400, "invalid_request_error"}, {401, "authentication_error"},
-      {404, "not_found_error"},       {429, "rate_limit_error"},
+      {404, "not_found_error"},       {413, "invalid_request_error"},
+      {429, "rate_limit_error"},
       {503, "service_unavailable"},   {504, "timeout"}};
   const char* type = "server_error";
   for (const auto& [status, name] : kTypes) {
