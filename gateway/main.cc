@@ -251,6 +251,7 @@ int Main(int argc, char** argv) {
 
 
   GatewayMetrics metrics;
+  metrics.SetModelName(model_path.substr(model_path.rfind('/') + 1));  // as /v1/models says
   if (absl::Status s = metrics.AttachWorkerMetrics(so.instance); !s.ok()) {
     return Fail(std::string(s.message()));
   }

@@ -271,6 +271,19 @@ async function main() {
   // cancelled) and the next request is served.
   const metricsText = async () => (await fetch(`http://${gw.metrics}/metrics`)).text();
   const cancelled = (t) => Number((t.match(/thermocline_requests_total\{outcome="cancelled"\} (\d+)/) ?? [0, 0])[1]);
+  // vLLM's metric names (docs/metrics.md) carry the same samples as the gateway's own.
+  const scrape = await metricsText();
+  const sample = (name) => Number((scrape.match(new RegExp(`^${name} (\\S+)$`, "m")) ?? [0, NaN])[1]);
+  const ml = `\\{model_name="${served}"\\}`;
+  const e2eCount = sample("thermocline_request_duration_seconds_count");
+  check(e2eCount >= 8, "requests counted in /metrics", String(e2eCount));  // NaN fails too
+  equal(sample(`vllm:e2e_request_latency_seconds_count${ml}`), e2eCount,
+    "vllm:e2e_request_latency_seconds == thermocline_request_duration_seconds");
+  for (const [theirs, ours] of [["vllm:generation_tokens_total", "thermocline_generated_tokens_total"],
+    ["vllm:prompt_tokens_total", "thermocline_prompt_tokens_total"]]) {
+    const v = sample(`${theirs}${ml}`);
+    check(v > 0 && v === sample(ours), `${theirs} == ${ours} > 0`, `${v} vs ${sample(ours)}`);
+  }
   const before = cancelled(await metricsText());
   const long = await client.completions.create({ model: served, prompt: PROMPT, max_tokens: 200,
     temperature: 0, ignore_eos: true, stream: true });
