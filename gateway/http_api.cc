@@ -84,6 +84,11 @@ struct Call {
   int64_t prompt_tokens = 0;
   std::vector<Choice> choices;
   std::unique_ptr<GenerationService::CallPlace> place;
+  explicit Call(std::atomic<int>& live) : live_(live) { live_.fetch_add(1); }
+  ~Call() { live_.fetch_sub(1); }
+  Call(const Call&) = delete;
+  Call& operator=(const Call&) = delete;
+  std::atomic<int>& live_;     // HttpApi::live_calls_
   std::atomic<bool> abandoned{false};  // the scheduler gave a stream up
   bool finished = false;               // the stream's last event was written
   bool logprobs = false;
@@ -246,6 +251,12 @@ void HttpApi::Stop() {
   stopping_.store(true);
   std::lock_guard<std::mutex> lock(mu_);
   if (server_ == nullptr) return;
+  // httplib's stop() ends a chunked response between two writes, so the calls first get to
+  // write what the drain gave them (their Finals and [DONE]); one whose writes stay blocked is
+  // cut by --write-timeout, and this wait is bounded too.
+  for (int i = 0; i < 500 && live_calls_.load() > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   server_->stop();
   if (thread_.joinable()) thread_.join();
   server_.reset();
@@ -347,7 +358,7 @@ void HttpApi::Detokenize(const httplib::Request& req, httplib::Response& res) {
 void HttpApi::Completions(const httplib::Request& req, httplib::Response& res, bool chat) {
   const absl::Time arrival = absl::Now();
   if (!Authorized(req, res)) return;
-  auto call = std::make_shared<Call>();
+  auto call = std::make_shared<Call>(live_calls_);
   {
     Json body;
     ApiError e;
@@ -423,11 +434,14 @@ void HttpApi::Completions(const httplib::Request& req, httplib::Response& res, b
   if (r.stream) return StreamResponse(call, req, res);
 
   while (!call->AllDone()) {
-    if (stopping_.load()) {
+    auto events = call->Collect(kPoll);
+    // At shutdown the scheduler's drain gives every sequence its last message first (a Final
+    // of FINISH_REASON_CANCELLED): only a call that got nothing is cut short.
+    if (events.empty() && stopping_.load()) {
       call->CancelAll();
       return ReplyError(res, Error(503, "the gateway is shutting down", "", "unavailable"));
     }
-    for (auto& [i, ev] : call->Collect(kPoll)) {
+    for (auto& [i, ev] : events) {
       if (!ev.error.ok()) {
         call->CancelAll();
         return ReplyError(res, FromStatus(ev.error, r.max_tokens_name));
@@ -537,7 +551,6 @@ void HttpApi::StreamResponse(const std::shared_ptr<Call>& call, const httplib::R
           return ok;
         };
         if (call->finished) return true;
-        if (stopping_.load() || call->abandoned.load()) return false;  // the releaser cancels
         if (call->request.chat) {
           // OpenAI's first chunk of each choice names the role, before any token.
           for (size_t i = 0; i < call->choices.size(); ++i) {
@@ -553,7 +566,12 @@ void HttpApi::StreamResponse(const std::shared_ptr<Call>& call, const httplib::R
         }
         // Taken only once the previous ones are written: a connection that does not drain
         // leaves them with the scheduler, which pauses the sequence (backpressure).
-        for (auto& [i, ev] : call->Collect(kPoll)) {
+        auto events = call->Collect(kPoll);
+        // As above: the drain's Finals (and the abandoning error) are sent before giving up.
+        if (events.empty() && (stopping_.load() || call->abandoned.load())) {
+          return false;  // the releaser cancels
+        }
+        for (auto& [i, ev] : events) {
           if (!ev.error.ok()) {
             // The status line is long sent: the error goes in the stream, as vLLM does.
             call->CancelAll();

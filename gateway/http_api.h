@@ -85,6 +85,7 @@ class HttpApi {
   const int64_t started_;  // unix seconds: /v1/models' `created`
   std::atomic<bool> serving_{false};
   std::atomic<bool> stopping_{false};
+  std::atomic<int> live_calls_{0};  // completions calls not yet done (Stop waits for them)
   std::mutex mu_;  // guards server_, thread_
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;

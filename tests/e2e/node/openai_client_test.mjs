@@ -81,7 +81,8 @@ function promptTokens(text) {
 const children = [];  // gateways still running: killed on the way out, whatever happened
 // A gateway on free ports (the one stdout line gives them).
 async function startGateway(extra) {
-  const log = fs.openSync(path.join(tmp, `gateway-${extra.length}.log`), "w");
+  const logPath = path.join(tmp, `gateway-${extra.length}.log`);
+  const log = fs.openSync(logPath, "w");
   const child = spawn(bin("thermocline-gateway"), ["--model", model, "--hot-fraction", "0.5",
     "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0",
     "--instance", `node-e2e-${process.pid}-${extra.length}`, "--context", "256",
@@ -98,7 +99,7 @@ async function startGateway(extra) {
   const fields = Object.fromEntries(line.split(" ").filter((w) => w.includes("="))
     .map((w) => w.split("=", 2)));
   if (!fields.http || fields.http === "off") throw new Error(`no http= in '${line}'`);
-  return { child, http: fields.http, metrics: fields.metrics, logPath: log };
+  return { child, http: fields.http, metrics: fields.metrics, logPath: logPath };
 }
 async function waitServing(base, fetchOptions = {}) {
   // Loading takes well under a second here; the bound only keeps a broken gateway from
@@ -126,7 +127,7 @@ const PROMPT = "Once upon a time";
 const N = 40;
 
 async function main() {
-  const gw = await startGateway([]);
+  const gw = await startGateway(["--shutdown-grace", "0"]);
   const base = `http://${gw.http}`;
   await waitServing(base);
   const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: "unused", maxRetries: 0 });
@@ -300,8 +301,35 @@ async function main() {
     temperature: 0 });
   equal(again.choices[0].text, want, "served after a cancelled stream");
 
-  const exit = await stop(gw);
-  equal(exit, { code: 0, signal: null }, "the gateway exits 0 on SIGTERM");
+  // SIGTERM with a stream in flight: the stream ends with finish_reason abort and [DONE], the
+  // gateway exits 0. The gpu worker is stopped before the request is sent, so the request is in
+  // flight when the signal comes however fast the machine is (as GatewayLifecycle does).
+  const logText = () => fs.readFileSync(gw.logPath, "utf8");
+  const gpuPid = Number(logText().match(/event=workers_ready gpu_pid=(\d+)/)[1]);
+  process.kill(gpuPid, "SIGSTOP");
+  const inflight = await client.completions.create({ model: served, prompt: PROMPT,
+    max_tokens: 200, temperature: 0, ignore_eos: true, stream: true });
+  const exited = new Promise((resolve) => gw.child.on("exit", (code, signal) => {
+    children.splice(children.indexOf(gw.child), 1);
+    resolve({ code, signal });
+  }));
+  gw.child.kill("SIGTERM");
+  for (let i = 0; i < 600 && !logText().includes("event=shutdown"); i++) {
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  process.kill(gpuPid, "SIGCONT");
+  let abortReason = null;
+  let tokensAfterSignal = "";
+  for await (const chunk of inflight) {
+    for (const ch of chunk.choices) {
+      tokensAfterSignal += ch.text;
+      if (ch.finish_reason) abortReason = ch.finish_reason;
+    }
+  }
+  equal(abortReason, "abort", "a stream in flight at SIGTERM ends with finish_reason abort");
+  check(want.startsWith(tokensAfterSignal), "its text is a prefix of the greedy text",
+    tokensAfterSignal);
+  equal(await exited, { code: 0, signal: null }, "the gateway exits 0 on SIGTERM");
 
   // TLS and a bearer token, from the gRPC flags.
   const cert = path.join(tmp, "cert.pem");
