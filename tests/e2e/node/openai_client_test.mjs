@@ -215,6 +215,13 @@ async function main() {
   }
   check(new Set(n3.choices.map((ch) => ch.text)).size > 1, "n=3 choices differ",
     JSON.stringify(n3.choices.map((ch) => ch.text)));
+  const n3s = await client.completions.create({ model: served, prompt: PROMPT, max_tokens: 24,
+    n: 3, seed, ...sampling, stream: true });
+  const perChoice = ["", "", ""];
+  for await (const chunk of n3s) {
+    for (const ch of chunk.choices) perChoice[ch.index] += ch.text;
+  }
+  equal(perChoice, n3.choices.map((ch) => ch.text), "n=3 streamed == n=3 not streamed, per index");
   equal(n3.usage.prompt_tokens, wantPromptTokens, "n=3 prompt tokens counted once");
   equal(n3.usage.completion_tokens, 72, "n=3 completion tokens summed");
 
