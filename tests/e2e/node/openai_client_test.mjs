@@ -343,25 +343,40 @@ async function main() {
   const key = path.join(tmp, "key.pem");
   run("openssl", ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
     "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1"]);
+  // Mutual TLS: a CA of the test's own signs the client's certificate.
+  const ca = path.join(tmp, "ca.pem");
+  const caKey = path.join(tmp, "ca.key");
+  const clientCert = path.join(tmp, "client.pem");
+  const clientKey = path.join(tmp, "client.key");
+  const csr = path.join(tmp, "client.csr");
+  run("openssl", ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", caKey, "-out", ca,
+    "-days", "1", "-subj", "/CN=node-e2e-ca"]);
+  run("openssl", ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", clientKey, "-out", csr,
+    "-subj", "/CN=node-e2e-client"]);
+  run("openssl", ["x509", "-req", "-in", csr, "-CA", ca, "-CAkey", caKey, "-CAcreateserial",
+    "-out", clientCert, "-days", "1"]);
   const tokenPath = path.join(tmp, "token");
   fs.writeFileSync(tokenPath, "node-e2e-secret-token-0123456789\n", { mode: 0o600 });
-  const secure = await startGateway(["--tls-cert", cert, "--tls-key", key, "--auth-token-file",
-    tokenPath]);
+  const secure = await startGateway(["--tls-cert", cert, "--tls-key", key, "--tls-client-ca", ca,
+    "--auth-token-file", tokenPath]);
   const sbase = `https://${secure.http}`;
-  const curlStatus = (extra) => run("curl", ["-s", "-o", "/dev/null", "-w", "%{http_code}",
-    "--cacert", cert, ...extra, `${sbase}/v1/models`]);
-  for (let i = 0; i < 1200; i++) {
-    if (run("curl", ["-s", "-o", "/dev/null", "-w", "%{http_code}", "--cacert", cert,
-      `${sbase}/health`]) === "200") break;
+  const mtls = ["--cacert", cert, "--cert", clientCert, "--key", clientKey];
+  const curlStatus = (extra, route = "/v1/models", client = mtls) => spawnSync("curl", ["-s",
+    "-o", "/dev/null", "-w", "%{http_code}", ...client, ...extra, `${sbase}${route}`],
+  { encoding: "utf8" }).stdout;
+  for (let i = 0; i < 1200 && curlStatus([], "/health") !== "200"; i++) {
     await new Promise((r) => setTimeout(r, 100));
   }
+  equal(curlStatus([], "/health"), "200", "mTLS: /health with a client certificate");
+  equal(curlStatus([], "/health", ["--cacert", cert]), "000",
+    "mTLS: no client certificate, no connection");
   equal(curlStatus([]), "401", "TLS: no token is 401");
   equal(curlStatus(["-H", "Authorization: Bearer wrong-token-0123456789"]), "401",
     "TLS: a wrong token is 401");
   equal(curlStatus(["-H", "Authorization: Bearer node-e2e-secret-token-0123456789"]), "200",
     "TLS: the token is 200");
-  const plain = spawnSync("curl", ["-s", "-o", "/dev/null", "-w", "%{http_code}",
-    `http://${secure.http}/health`], { encoding: "utf8" });
+  const plain = spawnSync("curl", ["-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time",
+    "20", `http://${secure.http}/health`], { encoding: "utf8" });
   check(plain.stdout !== "200", "TLS: plain HTTP is not served", plain.stdout);
   equal(await stop(secure), { code: 0, signal: null }, "the TLS gateway exits 0 on SIGTERM");
 }
