@@ -168,8 +168,8 @@ void ReadGenerationFields(Fields& f, bool chat, CompletionRequest* out, Request*
     } else if (stop->is_array()) {
       for (size_t i = 0; i < stop->size(); ++i) {
         if (!(*stop)[i].is_string()) {
-          f.Bad("stop", absl::StrCat("stop[", i, "] must be a string, got ",
-                                     Fields::Describe((*stop)[i])));
+          const std::string at = absl::StrCat("stop[", i, "]");
+          f.Bad(at, absl::StrCat(at, " must be a string, got ", Fields::Describe((*stop)[i])));
           break;
         }
         r->add_stop((*stop)[i].get<std::string>());
@@ -418,10 +418,13 @@ ApiError FromStatus(const absl::Status& status, const std::string& max_tokens_na
                          {"template_kwargs", "chat_template_kwargs"}});
   if (e.http_status == 400) {
     size_t n = 0;
+    // The field's whole path: "messages[2].content", "stop[1]".
     while (n < message.size() && (std::isalnum(static_cast<unsigned char>(message[n])) ||
-                                  message[n] == '_')) {
+                                  message[n] == '_' || message[n] == '[' || message[n] == ']' ||
+                                  message[n] == '.')) {
       ++n;
     }
+    while (n > 0 && message[n - 1] == '.') --n;
     std::string lead = message.substr(0, n);
     if (lead == "prompt" && message.find(max_tokens_name) != std::string::npos) {
       lead = max_tokens_name;  // "prompt (N tokens) + max_tokens (M) exceeds the context"

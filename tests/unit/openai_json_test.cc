@@ -39,7 +39,8 @@ TEST(OpenAiJsonTest, WrongTypesAreRefusedNamingTheField) {
        "max_tokens must be an integer in [-2147483648, 2147483647]"},
       {R"({"prompt": "x", "stop": 5})", false, "stop",
        "stop must be a string or an array of strings, got the number 5"},
-      {R"({"prompt": "x", "stop": ["a", 1]})", false, "stop", "stop[1] must be a string, got the number 1"},
+      {R"({"prompt": "x", "stop": ["a", 1]})", false, "stop[1]",
+       "stop[1] must be a string, got the number 1"},
       {R"({"prompt": "x", "stream": "yes"})", false, "stream", "stream must be a boolean, got a string"},
       {R"({"prompt": "x", "stream_options": {"include_usage": 1}})", false,
        "stream_options.include_usage", "stream_options.include_usage must be a boolean, got the number 1"},
@@ -188,7 +189,19 @@ TEST(OpenAiJsonTest, StatusesBecomeHttpErrorsNamingTheField) {
   EXPECT_EQ(e.param, "max_tokens");
   EXPECT_EQ(e.message, "prompt (5 tokens) + max_tokens (300) exceeds the context of 256 positions");
   EXPECT_EQ(FromStatus(absl::InvalidArgumentError("stop[1] must not be empty"), "max_tokens").param,
-            "stop");
+            "stop[1]");
+  EXPECT_EQ(FromStatus(absl::InvalidArgumentError("messages[0].role must be system, user, "
+                                                  "assistant or tool, got \"x\""),
+                       "max_tokens")
+                .param,
+            "messages[0].role");
+  EXPECT_EQ(FromStatus(absl::InvalidArgumentError("prompt text must be valid UTF-8"), "max_tokens")
+                .param,
+            "prompt");
+  EXPECT_EQ(FromStatus(absl::InvalidArgumentError("chat_template: line 1, column 2: x"),
+                       "max_tokens")
+                .param,
+            "chat_template");
   EXPECT_EQ(FromStatus(absl::InvalidArgumentError("the chat template rendered an empty prompt"),
                        "max_tokens")
                 .param,
