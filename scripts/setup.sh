@@ -38,7 +38,9 @@ PACKAGES=(
   curl
 )
 # The official openai Node client (tests/e2e/node/openai_client_test.mjs) runs on Node.js and
-# npm; a machine that already has both (from any source) keeps them, otherwise Debian's.
+# npm; a machine that already has both (from any source) keeps them, otherwise Debian's (Debian
+# 12 ships Node.js 18; the pinned openai 5.23.2 names 20 or later as supported, and has been run
+# here on 20).
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
   PACKAGES+=(nodejs npm)
 fi
