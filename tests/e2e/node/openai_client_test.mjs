@@ -126,7 +126,25 @@ function stop(gw) {
 const PROMPT = "Once upon a time";
 const N = 40;
 
+// Startup refuses bad HTTP flags naming them, before serving anything.
+function startupRefusals() {
+  const badTemplate = path.join(tmp, "bad.jinja");
+  fs.writeFileSync(badTemplate, "{% if %}");
+  for (const [extra, want] of [
+    [["--http-listen", "nonsense"], "--http-listen nonsense: not HOST:PORT"],
+    [["--chat-template", path.join(tmp, "missing.jinja")], "--chat-template"],
+    [["--chat-template", badTemplate], `--chat-template ${badTemplate}: `],
+  ]) {
+    const r = spawnSync(bin("thermocline-gateway"), ["--model", model, "--listen", "127.0.0.1:0",
+      "--metrics-listen", "127.0.0.1:0", "--instance", `node-e2e-bad-${process.pid}`, ...extra],
+    { encoding: "utf8" });
+    check(r.status === 1 && r.stderr.includes(want), `startup with ${extra.join(" ")} is refused`,
+      `status ${r.status}, stderr ${r.stderr}`);
+  }
+}
+
 async function main() {
+  startupRefusals();
   const gw = await startGateway(["--shutdown-grace", "0"]);
   const base = `http://${gw.http}`;
   await waitServing(base);
