@@ -23,6 +23,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "gateway/http_api.h"
 #include "gateway/log.h"
 #include "gateway/metrics.h"
 #include "gateway/scheduler.h"
@@ -80,7 +81,8 @@ std::string HostOf(const std::string& addr) {
 }
 
 int Main(int argc, char** argv) {
-  std::string model_path, listen, metrics_listen, workers, backend;
+  std::string model_path, listen, metrics_listen, workers, backend, http_listen,
+      chat_template_file;
   double hot_fraction = 0;
   SchedulerOptions sched;
   SparsityFlags sf;
@@ -104,6 +106,8 @@ int Main(int argc, char** argv) {
       ("plan", po::value(&so.plan_path), "or: placement from `thermocline plan`")
       ("listen", po::value(&listen)->default_value("127.0.0.1:50051"), "gRPC address host:port (port 0: a free one)")
       ("metrics-listen", po::value(&metrics_listen)->default_value("127.0.0.1:9464"), "/metrics address host:port (port 0: a free one)")
+      ("http-listen", po::value(&http_listen), "serve the OpenAI-compatible HTTP API (docs/http.md) on host:port, e.g. 127.0.0.1:8000 (port 0: a free one); not given: no HTTP API. TLS and the token as for gRPC")
+      ("chat-template", po::value(&chat_template_file), "a Jinja chat template file that replaces the model's tokenizer.chat_template (Chat, /v1/chat/completions); a request's own template still wins")
       ("instance", po::value(&so.instance)->default_value("default"), "shared-memory instance name")
       ("workers", po::value(&workers)->default_value("spawn"), "spawn (start and restart the workers) or attach (systemd runs them)")
       ("max-batch", po::value(&sched.max_batch)->default_value(4), "sequences decoded together")
@@ -244,6 +248,15 @@ int Main(int argc, char** argv) {
   if (!ValidListenAddress(listen)) {
     return Fail("--listen " + listen + ": not HOST:PORT with a port in [0, 65535]");
   }
+  if (!http_listen.empty() && !ValidListenAddress(http_listen)) {
+    return Fail("--http-listen " + http_listen + ": not HOST:PORT with a port in [0, 65535]");
+  }
+  std::string chat_template_source;
+  if (vm.count("chat-template")) {
+    auto source = ReadFlagFile("--chat-template", chat_template_file);
+    if (!source.ok()) return Fail(std::string(source.status().message()));
+    chat_template_source = *std::move(source);
+  }
   if (!ValidListenAddress(metrics_listen)) {
     return Fail("--metrics-listen " + metrics_listen + ": not HOST:PORT with a port in [0, 65535]");
   }
@@ -258,6 +271,7 @@ int Main(int argc, char** argv) {
 
 
   GatewayMetrics metrics;
+  metrics.SetModelName(model_path.substr(model_path.rfind('/') + 1));  // as /v1/models says
   if (absl::Status s = metrics.AttachWorkerMetrics(so.instance); !s.ok()) {
     return Fail(std::string(s.message()));
   }
@@ -308,8 +322,14 @@ int Main(int argc, char** argv) {
   // Chat's template and the BOS/EOS texts it is rendered with, from the header as well.
   auto header = GgufFile::OpenHeader(model_path);
   if (!header.ok()) return Fail(absl::StrCat("--model: ", header.status().message()));
-  ModelChat model_chat = PrepareModelChat(info.model(), ReadModelChatTemplate(**header));
+  ModelChatTemplate chat_source = ReadModelChatTemplate(**header);
   header->reset();
+  if (vm.count("chat-template")) chat_source.source = chat_template_source;
+  ModelChat model_chat = PrepareModelChat(info.model(), chat_source);
+  if (vm.count("chat-template") && !model_chat.parse_error.ok()) {
+    return Fail(absl::StrCat("--chat-template ", chat_template_file, ": ",
+                             model_chat.parse_error.message()));
+  }
   if (!model_chat.parse_error.ok()) {
     Log(Level::kWarn, "chat_template_unusable",
         {{"error", std::string(model_chat.parse_error.message())}});
@@ -318,6 +338,15 @@ int Main(int argc, char** argv) {
   service.SetAuthToken(auth_token);
   service.SetMaxConcurrent(max_concurrent);
   service.SetWriteTimeout(absl::Seconds(write_timeout));
+  HttpApi http(service);
+  if (!http_listen.empty()) {
+    // As many connections as --max-concurrent calls, and room for probes and model queries.
+    const HttpOptions http_options{.listen = http_listen,
+                                   .tls = security,
+                                   .write_timeout = absl::Seconds(write_timeout),
+                                   .threads = max_concurrent + 8};
+    if (absl::Status s = http.Serve(http_options); !s.ok()) return Fail(std::string(s.message()));
+  }
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -335,13 +364,17 @@ int Main(int argc, char** argv) {
     return Fail("--listen " + listen + ": cannot listen (a bad address, or the port is in use)");
   }
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
-  auto set_health = [health](bool serving) {
+  auto set_health = [health, &http](bool serving) {
     health->SetServingStatus(serving);  // overall ("")
     health->SetServingStatus(kServiceName, serving);
+    http.SetServing(serving);
   };
   set_health(false);  // loading
   std::cout << "listening grpc=" << HostOf(listen) << ":" << grpc_port
-            << " metrics=" << HostOf(metrics_listen) << ":" << metrics.port() << std::endl;
+            << " metrics=" << HostOf(metrics_listen) << ":" << metrics.port() << " http="
+            << (http_listen.empty() ? std::string("off")
+                                    : absl::StrCat(HostOf(http_listen), ":", http.port()))
+            << std::endl;
 
   std::atomic<bool> stopping{false};
   std::atomic<bool> worker_lost{false};  // attach mode: a worker died (see below)
@@ -454,6 +487,7 @@ int Main(int argc, char** argv) {
   }
   signal_thread.join();
   live_scheduler.store(nullptr);
+  http.Stop();  // its handlers hold streams of the scheduler
   service.SetScheduler(nullptr);
   scheduler.reset();  // ends what still runs, then the engine stops the workers
   metrics.Stop();

@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 
 #include <charconv>
+#include <map>
 #include <chrono>
 #include <string>
 #include <utility>
@@ -280,8 +281,65 @@ std::vector<MetricFamily> GatewayMetrics::CollectWorkers() const {
   return out;
 }
 
+void GatewayMetrics::SetModelName(std::string name) { model_name_ = std::move(name); }
+
+std::vector<MetricFamily> GatewayMetrics::VllmAliases(
+    const std::vector<MetricFamily>& families) const {
+  // Same samples, vLLM's names, so dashboards built for vLLM work. Only metrics whose meaning
+  // is the same are aliased (docs/metrics.md lists them); vLLM's carry model_name.
+  static constexpr std::pair<std::string_view, std::string_view> kAliases[] = {
+      {"thermocline_time_to_first_token_seconds", "vllm:time_to_first_token_seconds"},
+      {"thermocline_inter_token_latency_seconds", "vllm:time_per_output_token_seconds"},
+      {"thermocline_inter_token_latency_seconds", "vllm:inter_token_latency_seconds"},
+      {"thermocline_request_duration_seconds", "vllm:e2e_request_latency_seconds"},
+      {"thermocline_queue_time_seconds", "vllm:request_queue_time_seconds"},
+      {"thermocline_requests_running", "vllm:num_requests_running"},
+      {"thermocline_requests_waiting", "vllm:num_requests_waiting"},
+      {"thermocline_prompt_tokens_total", "vllm:prompt_tokens_total"},
+      {"thermocline_generated_tokens_total", "vllm:generation_tokens_total"},
+  };
+  std::vector<MetricFamily> out;
+  for (const auto& [ours, theirs] : kAliases) {
+    for (const MetricFamily& f : families) {
+      if (f.name != ours) continue;
+      MetricFamily alias = f;
+      alias.name = std::string(theirs);
+      alias.help = absl::StrCat(f.help, " (vLLM's name for ", std::string(ours), ")");
+      for (ClientMetric& m : alias.metric) m.label.push_back({"model_name", model_name_});
+      out.push_back(std::move(alias));
+    }
+  }
+  // vllm:request_success_total{finished_reason}: finished requests by vLLM's reasons (stop:
+  // EOS, a stop token or string; length; abort: ended by the server).
+  for (const MetricFamily& f : families) {
+    if (f.name != "thermocline_requests_total") continue;
+    std::map<std::string, double> by_reason = {{"stop", 0}, {"length", 0}, {"abort", 0}};
+    for (const ClientMetric& m : f.metric) {
+      for (const ClientMetric::Label& l : m.label) {
+        if (l.name != "outcome") continue;
+        if (l.value == "eos" || l.value == "stop_sequence") by_reason["stop"] += m.counter.value;
+        if (l.value == "length") by_reason["length"] += m.counter.value;
+        if (l.value == "cancelled") by_reason["abort"] += m.counter.value;
+      }
+    }
+    MetricFamily success = Family("vllm:request_success_total",
+                                  "Finished requests by finished_reason (vLLM's name; from "
+                                  "thermocline_requests_total)",
+                                  MetricType::Counter);
+    for (const auto& [reason, n] : by_reason) {
+      success.metric.push_back(Sample({{"finished_reason", reason}, {"model_name", model_name_}},
+                                      MetricType::Counter, n));
+    }
+    out.push_back(std::move(success));
+  }
+  return out;
+}
+
 std::string GatewayMetrics::RenderText() const {
   std::vector<MetricFamily> families = registry_->Collect();
+  std::vector<MetricFamily> aliases = VllmAliases(families);
+  families.insert(families.end(), std::make_move_iterator(aliases.begin()),
+                  std::make_move_iterator(aliases.end()));
   std::vector<MetricFamily> workers = CollectWorkers();
   families.insert(families.end(), std::make_move_iterator(workers.begin()),
                   std::make_move_iterator(workers.end()));

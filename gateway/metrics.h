@@ -71,11 +71,17 @@ class GatewayMetrics {
   // Stops serving and joins the thread; idempotent.
   void Stop();
 
+  // The `model_name` label of the vLLM-named aliases (docs/metrics.md); set before serving.
+  void SetModelName(std::string name);
+
   // The exposition text a scrape gets (also for tests and logs).
   std::string RenderText() const;
 
  private:
   std::vector<prometheus::MetricFamily> CollectWorkers() const;
+  // The families that mean what a vLLM metric means, again under vLLM's name.
+  std::vector<prometheus::MetricFamily> VllmAliases(
+      const std::vector<prometheus::MetricFamily>& families) const;
 
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Histogram* queue_ = nullptr;
@@ -93,6 +99,7 @@ class GatewayMetrics {
   prometheus::Family<prometheus::Gauge>* worker_up_ = nullptr;
   prometheus::Family<prometheus::Counter>* worker_restarts_ = nullptr;
 
+  std::string model_name_;
   mutable std::mutex workers_mu_;  // guards worker_region_
   std::unique_ptr<ipc::WorkerMetricsRegion> worker_region_;
 

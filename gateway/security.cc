@@ -161,23 +161,32 @@ bool TokensEqual(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
-absl::Status CheckBearerToken(const std::multimap<grpc::string_ref, grpc::string_ref>& metadata,
-                              std::string_view expected) {
-  const auto it = metadata.find("authorization");
-  if (it == metadata.end()) {
-    return absl::UnauthenticatedError(
-        "missing 'authorization: Bearer <token>' metadata (the gateway requires a token)");
+absl::Status CheckAuthorizationValue(const std::string_view* value, std::string_view expected,
+                                    std::string_view what) {
+  if (value == nullptr) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        "missing 'authorization: Bearer <token>' ", std::string(what),
+        " (the gateway requires a token)"));
   }
-  const absl::string_view value(it->second.data(), it->second.size());
+  const absl::string_view v(value->data(), value->size());
   constexpr absl::string_view kScheme = "Bearer ";
-  if (value.size() <= kScheme.size() || !absl::StartsWithIgnoreCase(value, kScheme)) {
-    return absl::UnauthenticatedError("the authorization metadata is not 'Bearer <token>'");
+  if (v.size() <= kScheme.size() || !absl::StartsWithIgnoreCase(v, kScheme)) {
+    return absl::UnauthenticatedError(
+        absl::StrCat("the authorization ", std::string(what), " is not 'Bearer <token>'"));
   }
-  const absl::string_view presented = value.substr(kScheme.size());
+  const absl::string_view presented = v.substr(kScheme.size());
   if (!TokensEqual(std::string_view(presented.data(), presented.size()), expected)) {
     return absl::UnauthenticatedError("invalid bearer token");
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckBearerToken(const std::multimap<grpc::string_ref, grpc::string_ref>& metadata,
+                              std::string_view expected) {
+  const auto it = metadata.find("authorization");
+  if (it == metadata.end()) return CheckAuthorizationValue(nullptr, expected, "metadata");
+  const std::string_view value(it->second.data(), it->second.size());
+  return CheckAuthorizationValue(&value, expected, "metadata");
 }
 
 }  // namespace thermocline::gateway

@@ -44,6 +44,11 @@ bool TokensEqual(std::string_view a, std::string_view b);
 absl::Status CheckBearerToken(const std::multimap<grpc::string_ref, grpc::string_ref>& metadata,
                               std::string_view expected);
 
+// The same check on one header's value (nullptr: the header is absent), for the HTTP API;
+// `what` names the carrier in the messages ("metadata", "header").
+absl::Status CheckAuthorizationValue(const std::string_view* value, std::string_view expected,
+                                    std::string_view what);
+
 // Reads a whole file; InvalidArgument naming `flag` when it cannot be read or is empty.
 absl::StatusOr<std::string> ReadFlagFile(const char* flag, const std::string& path);
 

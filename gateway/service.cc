@@ -82,34 +82,16 @@ grpc::Status GenerationService::Serve(grpc::ServerContext* context, const std::s
                                       grpc::ServerWriter<v1::GenerateResponse>* writer) {
   const absl::Time arrival = absl::Now();
   if (grpc::Status a = Authorize(context); !a.ok()) return a;
-  const int32_t in_flight = in_flight_.fetch_add(1) + 1;
-  struct Leave {
-    std::atomic<int32_t>& n;
-    ~Leave() { n.fetch_sub(1); }
-  } leave{in_flight_};
-  if (max_concurrent_ > 0 && in_flight > max_concurrent_) {
-    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                        absl::StrCat("too many Generate and Chat calls in flight: ",
-                                     max_concurrent_,
-                                     " (--max-concurrent) are being served; retry later"));
-  }
+  auto place = EnterCall();
+  if (!place.ok()) return ToGrpc(place.status());
   auto job = validate();
   if (!job.ok()) {
     Log(Level::kInfo, "request_refused", {{"request_id", request_id},
                                           {"error", std::string(job.status().message())}});
     return ToGrpc(job.status());
   }
-  job->arrival = arrival;
-  if (job->request_id.empty()) {
-    job->request_id = absl::StrCat("gw-", getpid(), "-", next_id_.fetch_add(1));
-  }
-  const std::string assigned_id = job->request_id;
-  Scheduler* scheduler = scheduler_.load();
-  if (scheduler == nullptr) {
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                        "the gateway is loading the model and starting its workers");
-  }
-  auto stream = scheduler->Submit(*std::move(job));
+  std::string assigned_id;
+  auto stream = Submit(*std::move(job), arrival, &assigned_id);
   if (!stream.ok()) return ToGrpc(stream.status());
   // A reader that reads nothing keeps Write below blocked; when the scheduler gives the
   // stream up (--stream-idle-timeout) cancelling the call is what ends that write.
@@ -143,6 +125,31 @@ grpc::Status GenerationService::Serve(grpc::ServerContext* context, const std::s
                      : grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
     }
   }
+}
+
+absl::StatusOr<std::unique_ptr<GenerationService::CallPlace>> GenerationService::EnterCall() {
+  const int32_t in_flight = in_flight_.fetch_add(1) + 1;
+  auto place = std::make_unique<CallPlace>(in_flight_);
+  if (max_concurrent_ > 0 && in_flight > max_concurrent_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("too many Generate and Chat calls in flight: ", max_concurrent_,
+                     " (--max-concurrent) are being served; retry later"));
+  }
+  return place;
+}
+
+absl::StatusOr<std::shared_ptr<Stream>> GenerationService::Submit(Job job, absl::Time arrival,
+                                                                  std::string* request_id) {
+  job.arrival = arrival;
+  if (job.request_id.empty()) {
+    job.request_id = absl::StrCat("gw-", getpid(), "-", next_id_.fetch_add(1));
+  }
+  *request_id = job.request_id;
+  Scheduler* scheduler = scheduler_.load();
+  if (scheduler == nullptr) {
+    return absl::UnavailableError("the gateway is loading the model and starting its workers");
+  }
+  return scheduler->Submit(std::move(job));
 }
 
 template <class Request, class Response>

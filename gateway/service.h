@@ -69,6 +69,32 @@ class GenerationService final
     write_watchdog_ = std::make_unique<WriteWatchdog>(timeout);
   }
 
+  // What the HTTP API (gateway/http_api.h) shares with the gRPC calls, so that both validate
+  // with the same limits, count against the same --max-concurrent and reach the same scheduler.
+  const Tokenizer& tokenizer() const { return tokenizer_; }
+  const RequestLimits& limits() const { return limits_; }
+  const ModelChat& model_chat() const { return model_chat_; }
+  const v1::ModelInfo& info() const { return info_; }
+  const std::string& auth_token() const { return auth_token_; }
+  // One call's place under --max-concurrent, held while the object lives.
+  class CallPlace {
+   public:
+    explicit CallPlace(std::atomic<int32_t>& n) : n_(n) {}
+    ~CallPlace() { n_.fetch_sub(1); }
+    CallPlace(const CallPlace&) = delete;
+    CallPlace& operator=(const CallPlace&) = delete;
+
+   private:
+    std::atomic<int32_t>& n_;
+  };
+  // RESOURCE_EXHAUSTED naming --max-concurrent when that many calls are in flight.
+  absl::StatusOr<std::unique_ptr<CallPlace>> EnterCall();
+  // A validated Job to the scheduler: its arrival time and (when it has none) a request id
+  // are set here (the id into *request_id); UNAVAILABLE while loading, else what
+  // Scheduler::Submit answers.
+  absl::StatusOr<std::shared_ptr<Stream>> Submit(Job job, absl::Time arrival,
+                                                 std::string* request_id);
+
   grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
                         grpc::ServerWriter<v1::GenerateResponse>* writer) override;
   grpc::Status Chat(grpc::ServerContext* context, const v1::ChatRequest* request,

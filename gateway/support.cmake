@@ -15,5 +15,10 @@ add_library(thermocline_gateway_support STATIC
   ${CMAKE_CURRENT_LIST_DIR}/log.cc)
 thermocline_target_options(thermocline_gateway_support)
 target_include_directories(thermocline_gateway_support SYSTEM PUBLIC ${HTTPLIB_INCLUDE_DIR})
+# The macros Debian's libcpp-httplib was built with (its cpp-httplib.pc Cflags): they change
+# the layout of httplib::Request and declare SSLServer, so every includer must see the same
+# ones as the compiled library (the HTTP API's TLS uses SSLServer).
+target_compile_definitions(thermocline_gateway_support PUBLIC
+  CPPHTTPLIB_OPENSSL_SUPPORT CPPHTTPLIB_ZLIB_SUPPORT CPPHTTPLIB_BROTLI_SUPPORT)
 target_link_libraries(thermocline_gateway_support PUBLIC
   thermocline_shared prometheus-cpp::core ${HTTPLIB_LIBRARY} Threads::Threads)

@@ -34,7 +34,16 @@ PACKAGES=(
   # mapping in chat templates (and WordPiece, above). Python's Jinja2: the reference the
   # template tests compare against (tests/helpers/).
   nlohmann-json3-dev python3-jinja2
+  # The HTTP API's tests (tests/e2e/node/): curl -N reads the event stream and checks TLS.
+  curl
 )
+# The official openai Node client (tests/e2e/node/openai_client_test.mjs) runs on Node.js and
+# npm; a machine that already has both (from any source) keeps them, otherwise Debian's (Debian
+# 12 ships Node.js 18; the pinned openai 5.23.2 names 20 or later as supported, and has been run
+# here on 20).
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  PACKAGES+=(nodejs npm)
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -45,13 +54,27 @@ done
 
 if ((${#missing[@]} == 0)); then
   echo "setup: all ${#PACKAGES[@]} packages already installed"
-  exit 0
+else
+  SUDO=""
+  if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-SUDO=""
-if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
-echo "setup: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# npm packages: exactly the versions of the committed lock file, into the test's own folder
+# (git-ignored); skipped when what is installed already matches the lock.
+node_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tests/e2e/node"
+if node -e '
+  const lock = require(process.argv[1] + "/package-lock.json").packages;
+  for (const [p, v] of Object.entries(lock)) {
+    if (!p) continue;
+    if (require(process.argv[1] + "/" + p + "/package.json").version !== v.version) process.exit(1);
+  }' "$node_dir" 2>/dev/null; then
+  echo "setup: npm packages of tests/e2e/node already installed"
+else
+  echo "setup: npm ci in tests/e2e/node"
+  npm ci --prefix "$node_dir" --no-audit --no-fund
+fi
 echo "setup: done"

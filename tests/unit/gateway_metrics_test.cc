@@ -123,6 +123,51 @@ TEST(GatewayMetricsTest, ServesObservationsOverHttp) {
   EXPECT_FALSE(client.Get("/metrics"));
 }
 
+// Item 5 of issue 14: the metrics that mean what vLLM's mean are served again under vLLM's
+// names (with its model_name label), same samples, so vLLM dashboards work unchanged.
+TEST(GatewayMetricsTest, VllmAliasesRepeatTheSamplesUnderVllmNames) {
+  GatewayMetrics m;
+  m.SetModelName("m.gguf");
+  ASSERT_TRUE(m.Serve("127.0.0.1:0").ok());
+  m.ObserveTtftSeconds(0.03);
+  m.ObserveTtftSeconds(0.2);
+  m.ObserveInterTokenSeconds(0.004);
+  m.ObserveE2eSeconds(1.5);
+  m.ObserveQueueSeconds(0.002);
+  m.AddPromptTokens(12);
+  m.AddGeneratedTokens(5);
+  m.SetRunning(2);
+  m.SetWaiting(7);
+  m.CountRequest("eos");
+  m.CountRequest("stop_sequence");
+  m.CountRequest("length");
+  m.CountRequest("cancelled");
+  m.CountRequest("error");  // no vLLM reason: not in request_success_total
+  const std::string body = Scrape(m.port());
+  auto s = ParseSamples(body);
+  const std::string l = "{model_name=\"m.gguf\"}";
+  EXPECT_EQ(s["vllm:num_requests_running" + l], 2);
+  EXPECT_EQ(s["vllm:num_requests_waiting" + l], 7);
+  EXPECT_EQ(s["vllm:prompt_tokens_total" + l], 12);
+  EXPECT_EQ(s["vllm:generation_tokens_total" + l], 5);
+  EXPECT_EQ(s["vllm:time_to_first_token_seconds_count" + l], 2);
+  EXPECT_DOUBLE_EQ(s["vllm:time_to_first_token_seconds_sum" + l], 0.23);
+  EXPECT_EQ(s["vllm:time_to_first_token_seconds_bucket{model_name=\"m.gguf\",le=\"0.05\"}"], 1);
+  EXPECT_EQ(s["vllm:time_to_first_token_seconds_bucket{model_name=\"m.gguf\",le=\"+Inf\"}"], 2);
+  EXPECT_EQ(s["vllm:time_per_output_token_seconds_count" + l], 1);
+  EXPECT_EQ(s["vllm:inter_token_latency_seconds_count" + l], 1);
+  EXPECT_DOUBLE_EQ(s["vllm:e2e_request_latency_seconds_sum" + l], 1.5);
+  EXPECT_EQ(s["vllm:request_queue_time_seconds_count" + l], 1);
+  EXPECT_EQ(s["vllm:request_success_total{finished_reason=\"stop\",model_name=\"m.gguf\"}"], 2);
+  EXPECT_EQ(s["vllm:request_success_total{finished_reason=\"length\",model_name=\"m.gguf\"}"], 1);
+  EXPECT_EQ(s["vllm:request_success_total{finished_reason=\"abort\",model_name=\"m.gguf\"}"], 1);
+  EXPECT_NE(body.find("# TYPE vllm:e2e_request_latency_seconds histogram"), std::string::npos);
+  EXPECT_NE(body.find("# TYPE vllm:num_requests_running gauge"), std::string::npos);
+  // The originals are still there, unchanged.
+  EXPECT_EQ(s["thermocline_time_to_first_token_seconds_count"], 2);
+  EXPECT_EQ(s["thermocline_requests_total{outcome=\"error\"}"], 1);
+}
+
 TEST(GatewayMetricsTest, RefusesBadAddresses) {
   GatewayMetrics m;
   EXPECT_TRUE(absl::IsInvalidArgument(m.Serve("nonsense")));
