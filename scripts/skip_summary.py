@@ -2,7 +2,7 @@
 """Prints how many tests ctest skipped and why, from its JUnit report (ctest --output-junit).
 
 The reason is the test's own word: the line after GoogleTest's "Skipped" (GTEST_SKIP's
-message), or a "SKIP: ..." line (the Python tests, exit 77). Tests grouped by reason, most
+message), or a "SKIP: ..." / "skipped: ..." line (the scripts that exit 77). Tests grouped by reason, most
 frequent first, so that "42 skipped: ../shared is missing" reads as one line.
 
 Usage: skip_summary.py REPORT.xml [LABEL]
@@ -19,7 +19,7 @@ def reason(case):
     for i, line in enumerate(lines):
         if re.search(r": Skipped$", line) and i + 1 < len(lines) and lines[i + 1].strip():
             return lines[i + 1].strip()
-        m = re.match(r"SKIP: (.*)", line)
+        m = re.match(r"(?:SKIP|skipped): (.*)", line, re.I)
         if m:
             return m.group(1).strip()
     skipped = case.find("skipped")
