@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gateway/http_api.h"
+#include "gateway/listen_address.h"
 #include "gateway/log.h"
 #include "gateway/metrics.h"
 #include "gateway/scheduler.h"
@@ -67,11 +68,9 @@ absl::Status CheckReadable(const std::string& flag, const std::string& path) {
 
 // "HOST:PORT" with a port in [0, 65535] (IPv6 hosts in brackets: "[::1]:50051").
 bool ValidListenAddress(const std::string& addr) {
-  const size_t colon = addr.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == addr.size()) return false;
-  const std::string port = addr.substr(colon + 1);
-  if (port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos) return false;
-  return std::stoi(port) <= 65535;
+  std::string host;
+  int port = 0;
+  return ParseListenAddress(addr, &host, &port);
 }
 
 // "host:port" -> the host part (for printing the bound address).

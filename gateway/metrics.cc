@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "gateway/listen_address.h"
 #include "gateway/log.h"
 #include "prometheus/text_serializer.h"
 
@@ -58,19 +59,6 @@ MetricFamily Family(std::string name, std::string help, MetricType type) {
   return f;
 }
 
-// "host:port" -> host, port (port in [0, 65535]).
-bool ParseListenAddress(const std::string& addr, std::string* host, int* port) {
-  const size_t colon = addr.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == addr.size()) return false;
-  *host = addr.substr(0, colon);
-  if (host->size() > 2 && host->front() == '[' && host->back() == ']') {
-    *host = host->substr(1, host->size() - 2);  // [::1]:9090
-  }
-  const char* b = addr.data() + colon + 1;
-  const char* e = addr.data() + addr.size();
-  auto [ptr, ec] = std::from_chars(b, e, *port);
-  return ec == std::errc() && ptr == e && *port >= 0 && *port <= 65535;
-}
 
 }  // namespace
 

@@ -12,6 +12,7 @@ find_library(HTTPLIB_LIBRARY cpp-httplib REQUIRED)
 add_library(thermocline_gateway_support STATIC
   ${CMAKE_CURRENT_LIST_DIR}/text_stream.cc
   ${CMAKE_CURRENT_LIST_DIR}/metrics.cc
+  ${CMAKE_CURRENT_LIST_DIR}/listen_address.cc
   ${CMAKE_CURRENT_LIST_DIR}/log.cc)
 thermocline_target_options(thermocline_gateway_support)
 target_include_directories(thermocline_gateway_support SYSTEM PUBLIC ${HTTPLIB_INCLUDE_DIR})
