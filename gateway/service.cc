@@ -39,6 +39,7 @@ v1::ModelInfo WithTokenizerInfo(v1::ModelInfo info, const Tokenizer& tok, const 
     if (valid(id)) special(id, info.add_eog_tokens());
   }
   info.set_has_chat_template(chat.has_template);
+  for (const auto& [name, parsed] : chat.named) info.add_chat_template_names(name);
   info.set_max_chat_messages(limits.max_chat_messages);
   info.set_max_chat_template_bytes(limits.max_chat_template_bytes);
   return info;

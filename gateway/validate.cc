@@ -6,6 +6,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 
 namespace thermocline::gateway {
@@ -216,6 +217,9 @@ ModelChat PrepareModelChat(const std::string& model_name, const ModelChatTemplat
   mc.has_template = source.source.has_value();
   mc.bos_token = source.bos_token;
   mc.eos_token = source.eos_token;
+  for (const auto& [name, text] : source.named) {
+    mc.named.emplace(name, chat::ChatTemplate::Parse(text));
+  }
   if (mc.has_template) {
     absl::StatusOr<chat::ChatTemplate> parsed = chat::ChatTemplate::Parse(*source.source);
     if (parsed.ok()) {
@@ -331,10 +335,30 @@ absl::StatusOr<Job> ValidateChat(const v1::ChatRequest& r, const RequestLimits& 
   in.bos_token = model_chat.bos_token;
   in.eos_token = model_chat.eos_token;
 
-  // The template: the request's, else the model's.
+  // The template: the request's, else the model's named one, else the model's.
   std::optional<chat::ChatTemplate> own;
   const chat::ChatTemplate* tmpl = nullptr;
-  if (r.has_chat_template()) {
+  if (r.has_chat_template() && !r.chat_template_name().empty()) {
+    return Bad("give chat_template or chat_template_name, not both");
+  }
+  if (!r.chat_template_name().empty()) {
+    auto it = model_chat.named.find(r.chat_template_name());
+    if (it == model_chat.named.end()) {
+      std::vector<std::string> names;
+      for (const auto& [name, t] : model_chat.named) names.push_back(name);
+      return Bad(absl::StrCat(
+          "chat_template_name '", r.chat_template_name(), "': model ", model_chat.model,
+          names.empty() ? " has no named chat templates"
+                        : absl::StrCat(" has ", absl::StrJoin(names, ", ")),
+          " (tokenizer.chat_template.NAME)"));
+    }
+    if (!it->second.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the chat template '", it->first, "' of model ", model_chat.model,
+          " does not parse: ", it->second.status().message()));
+    }
+    tmpl = &*it->second;
+  } else if (r.has_chat_template()) {
     const std::string& source = r.chat_template();
     if (source.size() > static_cast<size_t>(limits.max_chat_template_bytes)) {
       return Bad(absl::StrCat("chat_template must be at most ", limits.max_chat_template_bytes,

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -45,6 +46,8 @@ struct ModelChat {
   std::optional<chat::ChatTemplate> parsed;
   absl::Status parse_error;
   std::string bos_token, eos_token;  // what the template is rendered with
+  // The named variants (tokenizer.chat_template.NAME) by NAME: parsed, or why not.
+  std::map<std::string, absl::StatusOr<chat::ChatTemplate>> named;
 };
 ModelChat PrepareModelChat(const std::string& model_name, const ModelChatTemplate& source);
 

@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 #include "shared/chat/chat_template.h"
 #include "shared/gguf/gguf.h"
@@ -48,6 +49,8 @@ int RunRenderTemplate(const std::vector<std::string>& args) {
   opts.add_options()("model", po::value<std::string>(),
                      "GGUF whose tokenizer.chat_template to use")(
       "template", po::value<std::string>(), "a Jinja template file instead of a model's")(
+      "template-name", po::value<std::string>(),
+      "with --model: its named template tokenizer.chat_template.NAME (e.g. tool_use)")(
       "messages", po::value<std::string>()->required(),
       "JSON file: an array of {\"role\": ..., \"content\": ...} messages (OpenAI's format)")(
       "add-generation-prompt", po::bool_switch(), "end with the assistant turn's opening")(
@@ -61,6 +64,10 @@ int RunRenderTemplate(const std::vector<std::string>& args) {
                     {}, args, vm, exit_code)) {
     return exit_code;
   }
+  if (vm.count("template-name") && !vm.count("model")) {
+    std::cerr << "thermocline render-template: --template-name needs --model\n";
+    return 2;
+  }
   if (vm.count("model") == vm.count("template")) {
     std::cerr << "thermocline render-template: give exactly one of --model and --template\n";
     return 2;
@@ -72,6 +79,20 @@ int RunRenderTemplate(const std::vector<std::string>& args) {
     absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(path);
     if (!file.ok()) return Fail(file.status());
     ModelChatTemplate t = ReadModelChatTemplate(**file);
+    if (vm.count("template-name")) {
+      const std::string name = vm["template-name"].as<std::string>();
+      auto it = t.named.find(name);
+      if (it == t.named.end()) {
+        std::vector<std::string> names;
+        for (const auto& [n, text] : t.named) names.push_back(n);
+        return Fail(absl::InvalidArgumentError(absl::StrCat(
+            "--template-name '", name, "': model ", path,
+            names.empty() ? " has no named chat templates"
+                          : absl::StrCat(" has ", absl::StrJoin(names, ", ")),
+            " (tokenizer.chat_template.NAME)")));
+      }
+      t.source = it->second;
+    }
     if (!t.source.has_value()) {
       return Fail(absl::FailedPreconditionError(absl::StrCat(
           "model ", path, " has no chat template (tokenizer.chat_template); pass --template")));

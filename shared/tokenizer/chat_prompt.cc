@@ -20,6 +20,12 @@ ModelChatTemplate ReadModelChatTemplate(const GgufFile& file) {
   ModelChatTemplate t;
   const GgufValue* v = file.FindValue("tokenizer.chat_template");
   if (v != nullptr && v->AsString() != nullptr) t.source = *v->AsString();
+  constexpr std::string_view kNamed = "tokenizer.chat_template.";
+  for (const auto& [key, value] : file.metadata()) {
+    if (key.size() > kNamed.size() && key.starts_with(kNamed) && value.AsString() != nullptr) {
+      t.named[key.substr(kNamed.size())] = *value.AsString();
+    }
+  }
   t.bos_token = SpecialTokenText(file, "tokenizer.ggml.bos_token_id");
   t.eos_token = SpecialTokenText(file, "tokenizer.ggml.eos_token_id");
   return t;

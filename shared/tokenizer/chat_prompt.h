@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -16,9 +17,11 @@
 namespace thermocline {
 
 struct ModelChatTemplate {
-  // tokenizer.chat_template; nullopt when the file has none (named variants
-  // tokenizer.chat_template.NAME are not read).
+  // tokenizer.chat_template; nullopt when the file has none.
   std::optional<std::string> source;
+  // The named variants, tokenizer.chat_template.NAME (Hugging Face's "tool_use", "rag" ...),
+  // by NAME.
+  std::map<std::string, std::string> named;
   // The texts of tokenizer.ggml.bos_token_id / eos_token_id; "" when the file names none.
   std::string bos_token;
   std::string eos_token;

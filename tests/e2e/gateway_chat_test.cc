@@ -3,7 +3,8 @@
 // the test renders (shared/chat) and tokenizes itself; the errors (no template, a template
 // that fails or raises, bad JSON, bad roles) name what is wrong; Tokenize's parse_special and
 // GetModelInfo's tokenizer fields on models whose vocabularies have control tokens
-// (synth --tokenizer-from); and `thermocline chat --server` over a pipe.
+// (synth --tokenizer-from); a model's named templates (tokenizer.chat_template.NAME); and
+// `thermocline chat --server` over a pipe.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -302,6 +303,61 @@ TEST(GatewayChat, ControlTokensModelInfoAndTheModelsOwnTemplate) {
   EXPECT_NE(want[1], 1);
   EXPECT_NE(std::find(want.begin(), want.end(), 32010), want.end());
   ExpectSameStream(gw.Chat(ChatOf(convo, 16)), GenerateOnIds(gw, *tok, want, 16), want.size());
+}
+
+// stories260K rewritten with a default template and a named one, tokenizer.chat_template.NAME.
+std::string WithNamedTemplates(const std::string& named_source) {
+  auto in = GgufFile::Open(ModelPath("stories260K/stories260K.gguf"));
+  EXPECT_TRUE(in.ok()) << in.status();
+  GgufWriter w;
+  for (const auto& [key, value] : (*in)->metadata()) w.SetValue(key, value);
+  w.SetValue("tokenizer.chat_template", GgufString(kTemplate));
+  w.SetValue("tokenizer.chat_template.tool_use", GgufString(named_source));
+  for (const GgufTensorInfo& t : (*in)->tensors()) {
+    const std::string bytes(reinterpret_cast<const char*>(t.data), static_cast<size_t>(t.n_bytes));
+    EXPECT_TRUE(w.AddTensorBytes(t.name, t.type, t.ne, bytes).ok());
+  }
+  const std::string out = absl::StrCat(TempDir(), "/stories-named-templates.gguf");
+  EXPECT_TRUE(w.WriteFile(out).ok());
+  return out;
+}
+
+// chat_template_name picks tokenizer.chat_template.NAME: the stream equals Generate on that
+// template's rendering, not the default's; ModelInfo lists the names; an unknown name, or a
+// name together with chat_template, is INVALID_ARGUMENT saying which names exist.
+TEST(GatewayChat, NamedTemplateIsChosenByName) {
+  constexpr char kNamed[] =
+      "{% for m in messages %}<{{ m.role }}> {{ m.content }} {% endfor %}"
+      "{% if add_generation_prompt %}<assistant>{% endif %}";
+  const std::string model = WithNamedTemplates(kNamed);
+  Gateway gw(Unique("named"), {}, true, model);
+  const v1::ModelInfo info = InfoOf(gw);
+  ASSERT_EQ(info.chat_template_names_size(), 1);
+  EXPECT_EQ(info.chat_template_names(0), "tool_use");
+  auto tok = Tokenizer::Load(model);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const std::vector<Msg> convo = {{"user", "Tell me a story about a cat."}};
+  const std::vector<int32_t> named = ExpectedPrompt(*tok, kNamed, convo, true);
+  const std::vector<int32_t> plain = ExpectedPrompt(*tok, kTemplate, convo, true);
+  ASSERT_NE(named, plain);
+  v1::ChatRequest r = ChatOf(convo, 12);
+  r.set_chat_template_name("tool_use");
+  ExpectSameStream(gw.Chat(r), GenerateOnIds(gw, *tok, named, 12), named.size());
+  ExpectSameStream(gw.Chat(ChatOf(convo, 12)), GenerateOnIds(gw, *tok, plain, 12), plain.size());
+
+  r.set_chat_template_name("rag");
+  const Completion unknown = gw.Chat(r);
+  EXPECT_EQ(unknown.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(unknown.status.error_message().find("'rag'"), std::string::npos)
+      << unknown.status.error_message();
+  EXPECT_NE(unknown.status.error_message().find("has tool_use"), std::string::npos)
+      << unknown.status.error_message();
+  r.set_chat_template_name("tool_use");
+  r.set_chat_template(kTemplate);
+  const Completion both = gw.Chat(r);
+  EXPECT_EQ(both.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(both.status.error_message().find("not both"), std::string::npos)
+      << both.status.error_message();
 }
 
 // GPT-2's byte-level BPE: the kind and pre-tokenizer, and <|endoftext|> parsed only on request.

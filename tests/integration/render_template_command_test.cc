@@ -125,6 +125,34 @@ TEST_F(RenderTemplateCommand, ModelTemplateAndSpecialTokensComeFromTheGguf) {
   EXPECT_EQ(r.out, want[1]["output"].get<std::string>());
 }
 
+// --template-name NAME renders tokenizer.chat_template.NAME (a copy of Phi-3's vocabulary
+// given one), as Python's Jinja2 renders that text; an unknown name lists the known ones.
+TEST_F(RenderTemplateCommand, NamedTemplateComesFromItsKey) {
+  const std::string vocab = testing::SharedDataDir() + "/tokenizers/ggml-vocab-phi-3.gguf";
+  auto file = GgufFile::Open(vocab);
+  ASSERT_TRUE(file.ok()) << file.status();
+  const std::string named =
+      "{% for m in messages %}[{{ m.role | upper }}] {{ m.content }}{{ eos_token }}{% endfor %}";
+  GgufWriter w;
+  for (const auto& [key, value] : (*file)->metadata()) w.SetValue(key, value);
+  w.SetValue("tokenizer.chat_template.tool_use", GgufString(named));
+  for (const GgufTensorInfo& t : (*file)->tensors()) {
+    const std::string bytes(reinterpret_cast<const char*>(t.data), static_cast<size_t>(t.n_bytes));
+    ASSERT_TRUE(w.AddTensorBytes(t.name, t.type, t.ne, bytes).ok());
+  }
+  const std::string model = testing::TempDir() + "/phi3-named.gguf";
+  ASSERT_TRUE(w.WriteFile(model).ok());
+  const std::vector<json> want = Reference({{named, Vars(false, "<s>", "<|endoftext|>", false)}});
+  ASSERT_TRUE(want[0]["ok"].get<bool>());
+  auto r = Thermocline({"--model", model, "--template-name", "tool_use", "--messages", messages_});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, want[0]["output"].get<std::string>());
+  r = Thermocline({"--model", model, "--template-name", "rag", "--messages", messages_});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("'rag'"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("has tool_use"), std::string::npos) << r.err;
+}
+
 TEST_F(RenderTemplateCommand, ModelWithoutTemplateIsRefusedByName) {
   const std::string model = testing::ModelPath("stories260K/stories260K.gguf");
   auto r = Thermocline({"--model", model, "--messages", messages_});
