@@ -34,6 +34,8 @@ PACKAGES=(
   # mapping in chat templates (and WordPiece, above). Python's Jinja2: the reference the
   # template tests compare against (tests/helpers/).
   nlohmann-json3-dev python3-jinja2
+  # Line editing and history for `thermocline chat` on a terminal (libedit's readline API).
+  libedit-dev
   # The HTTP API's tests (tests/e2e/node/): curl -N reads the event stream and checks TLS.
   curl
 )

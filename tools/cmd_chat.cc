@@ -9,10 +9,12 @@
 // Lines are read plainly (no line editing or history): on a terminal a "> " prompt is shown on
 // standard error, so that standard output carries the replies alone. "/exit" or the end of
 // input ends the conversation; empty lines are skipped.
+#include <editline/readline.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -44,12 +46,29 @@ void Print(const std::string& text) {
   std::fflush(stdout);
 }
 
-// The user's next line: nullopt at the end of input or "/exit".
+// One line from the terminal through libedit (line editing, and the turns so far as history
+// on the up arrow); nullopt at end of input (Ctrl-D).
+std::optional<std::string> EditLine() {
+  char* raw = readline("> ");
+  if (raw == nullptr) return std::nullopt;
+  std::string line(raw);
+  std::free(raw);
+  if (!line.empty()) add_history(line.c_str());
+  return line;
+}
+
+// The user's next line: nullopt at the end of input or "/exit". A terminal gets line editing;
+// anything else (a pipe, a file) is read as plain lines.
 std::optional<std::string> NextTurn(bool interactive) {
   std::string line;
   while (true) {
-    if (interactive) std::cerr << "> " << std::flush;
-    if (!std::getline(std::cin, line)) return std::nullopt;
+    if (interactive) {
+      std::optional<std::string> edited = EditLine();
+      if (!edited.has_value()) return std::nullopt;
+      line = *std::move(edited);
+    } else if (!std::getline(std::cin, line)) {
+      return std::nullopt;
+    }
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line == "/exit") return std::nullopt;
     if (!line.empty()) return line;

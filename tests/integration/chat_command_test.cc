@@ -1,4 +1,4 @@
-// `thermocline chat --model` driven through a pipe: each line of standard input is a user turn,
+// `thermocline chat --model` driven through a pipe (and through a terminal): each line of standard input is a user turn,
 // and each reply is exactly what `thermocline generate` prints (greedy) for the prompt that
 // `thermocline render-template` gives for the conversation so far; /exit ends it; a model
 // without a template is refused naming it.
@@ -30,6 +30,40 @@ constexpr char kTemplate[] =
     "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant:{% endif %}";
 
+// What `thermocline generate` prints (greedy, 24 tokens) as the replies to `lines`, each on
+// the conversation so far rendered by `render-template`, one per line.
+std::vector<std::string> ExpectedReplies(const std::string& model, const std::string& dir,
+                                         const std::vector<std::string>& lines) {
+  nlohmann::ordered_json messages = {{{"role", "system"}, {"content", "You tell stories."}}};
+  std::vector<std::string> want;
+  for (const std::string& line : lines) {
+    messages.push_back({{"role", "user"}, {"content", line}});
+    Write(dir + "/messages.json", messages.dump());
+    const testing::CommandResult prompt =
+        RunCommand({BinDir() + "/thermocline", "render-template", "--template",
+                    dir + "/chat.jinja", "--messages", dir + "/messages.json",
+                    "--add-generation-prompt"});
+    EXPECT_EQ(prompt.exit_code, 0) << prompt.err;
+    const testing::CommandResult gen =
+        RunCommand({BinDir() + "/thermocline", "generate", "-m", model, "-p", prompt.out, "-n",
+                    "24", "-t", "0", "--threads", "1"});
+    EXPECT_EQ(gen.exit_code, 0) << gen.err;
+    // generate prints the prompt, the completion and a newline.
+    EXPECT_EQ(gen.out.rfind(prompt.out, 0), 0u) << gen.out;
+    if (gen.out.size() < prompt.out.size() + 1) return want;
+    const std::string reply = gen.out.substr(prompt.out.size(), gen.out.size() - prompt.out.size() - 1);
+    EXPECT_FALSE(reply.empty());
+    want.push_back(reply);
+    messages.push_back({{"role", "assistant"}, {"content", reply}});
+  }
+  return want;
+}
+
+std::string ChatCommand(const std::string& model, const std::string& dir) {
+  return absl::StrCat(BinDir(), "/thermocline chat --model ", model, " --template ", dir,
+                      "/chat.jinja --system 'You tell stories.' -n 24 -t 0 --threads 1");
+}
+
 TEST(ChatCommand, RepliesEqualGenerateOnTheRenderedConversation) {
   THERMOCLINE_REQUIRE_SHARED_DATA();
   const std::string model = testing::ModelPath("stories260K/stories260K.gguf");
@@ -37,34 +71,43 @@ TEST(ChatCommand, RepliesEqualGenerateOnTheRenderedConversation) {
   Write(dir + "/chat.jinja", kTemplate);
   Write(dir + "/turns.txt", "Once upon a time\n\nThe little dog\n/exit\nnever read\n");
   const testing::CommandResult chat = RunCommand(
-      {"/bin/sh", "-c",
-       absl::StrCat(BinDir(), "/thermocline chat --model ", model, " --template ", dir,
-                    "/chat.jinja --system 'You tell stories.' -n 24 -t 0 --threads 1 < ", dir,
-                    "/turns.txt")});
+      {"/bin/sh", "-c", absl::StrCat(ChatCommand(model, dir), " < ", dir, "/turns.txt")});
   ASSERT_EQ(chat.exit_code, 0) << chat.err;
-
-  nlohmann::ordered_json messages = {{{"role", "system"}, {"content", "You tell stories."}}};
   std::string want;
-  for (const char* line : {"Once upon a time", "The little dog"}) {
-    messages.push_back({{"role", "user"}, {"content", line}});
-    Write(dir + "/messages.json", messages.dump());
-    const testing::CommandResult prompt =
-        RunCommand({BinDir() + "/thermocline", "render-template", "--template",
-                    dir + "/chat.jinja", "--messages", dir + "/messages.json",
-                    "--add-generation-prompt"});
-    ASSERT_EQ(prompt.exit_code, 0) << prompt.err;
-    const testing::CommandResult gen =
-        RunCommand({BinDir() + "/thermocline", "generate", "-m", model, "-p", prompt.out, "-n",
-                    "24", "-t", "0", "--threads", "1"});
-    ASSERT_EQ(gen.exit_code, 0) << gen.err;
-    // generate prints the prompt, the completion and a newline.
-    ASSERT_EQ(gen.out.rfind(prompt.out, 0), 0u) << gen.out;
-    const std::string reply = gen.out.substr(prompt.out.size(), gen.out.size() - prompt.out.size() - 1);
-    EXPECT_FALSE(reply.empty());
+  for (const std::string& reply : ExpectedReplies(model, dir, {"Once upon a time", "The little dog"})) {
     want += reply + "\n";
-    messages.push_back({{"role", "assistant"}, {"content", reply}});
   }
   EXPECT_EQ(chat.out, want);
+}
+
+// On a terminal (script(1) gives it a pseudo-terminal) the turns are read through libedit:
+// its prompt is shown, and the up arrow recalls the previous turn from the history, so the
+// second turn here is the first one again.
+TEST(ChatCommand, ATerminalGetsLineEditingAndHistory) {
+  THERMOCLINE_REQUIRE_SHARED_DATA();
+  const std::string model = testing::ModelPath("stories260K/stories260K.gguf");
+  const std::string dir = testing::TempDir();
+  Write(dir + "/chat.jinja", kTemplate);
+  Write(dir + "/tty-turns.txt", "Once upon a time\n\x1b[A\n/exit\n");
+  const testing::CommandResult chat = RunCommand(
+      {"/bin/sh", "-c",
+       absl::StrCat("script -qec \"", ChatCommand(model, dir), "\" /dev/null < ", dir,
+                    "/tty-turns.txt")});
+  ASSERT_EQ(chat.exit_code, 0) << chat.err << chat.out;
+  std::string out;
+  for (char c : chat.out) {
+    if (c != '\r') out += c;
+  }
+  EXPECT_NE(out.find("> "), std::string::npos) << out;
+  const std::vector<std::string> want =
+      ExpectedReplies(model, dir, {"Once upon a time", "Once upon a time"});
+  ASSERT_EQ(want.size(), 2u);
+  const std::string& first = want[0];
+  const std::string& second = want[1];
+  ASSERT_NE(first, second);
+  const size_t at = out.find(first);
+  EXPECT_NE(at, std::string::npos) << out;
+  EXPECT_NE(out.find(second, at + first.size()), std::string::npos) << "history recall: " << out;
 }
 
 TEST(ChatCommand, ModelWithoutTemplateIsRefusedNamingIt) {
