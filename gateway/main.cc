@@ -35,6 +35,7 @@
 #include "shared/driver/split_engine.h"
 #include "shared/gguf/gguf.h"
 #include "shared/model/model.h"
+#include "shared/sparsity/placement.h"
 #include "shared/sparsity/sparsity_options.h"
 #include "shared/tokenizer/chat_prompt.h"
 #include "shared/util/version.h"
@@ -296,6 +297,26 @@ int Main(int argc, char** argv) {
   }
 
   RequestLimits limits;
+  // A plan charged one KV configuration against the VRAM budget; serving another would hold a
+  // different amount than planned (too much: out of memory on the device).
+  if (!so.plan_path.empty()) {
+    absl::StatusOr<Placement> plan = ReadPlacement(so.plan_path);
+    if (!plan.ok()) return Fail(std::string(plan.status().message()));
+    if (plan->kv_slots == 0) {
+      Log(Level::kWarn, "plan_kv_unknown",
+          {{"plan", so.plan_path},
+           {"note", "the plan does not record the KV cache it was made for (made by PowerInfer "
+                    "or an older thermocline plan); its VRAM budget may not hold this one"}});
+    } else if (plan->kv_slots != sched.kv_slots || plan->kv_context != context ||
+               plan->kv_type != so.kv_type) {
+      return Fail(absl::StrCat(
+          "--plan ", so.plan_path, " was made for a KV cache of ", plan->kv_slots, " slots x ",
+          plan->kv_context, " positions (", plan->kv_type, "); this gateway allocates ",
+          sched.kv_slots, " slots x ", context, " positions (", so.kv_type,
+          "): make the plan with `thermocline plan --kv-slots ", sched.kv_slots, " --context ",
+          context, " --kv-type ", so.kv_type, "`, or start the gateway with the plan's"));
+    }
+  }
   limits.context = context;
   limits.vocab_size = static_cast<int32_t>(cfg.vocab_size);
   v1::ModelInfo info;

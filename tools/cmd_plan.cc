@@ -27,7 +27,11 @@ int RunPlan(const std::vector<std::string>& args) {
       ("stats", po::value(&stats_path), "activation stats from `thermocline profile`")
       ("vram-budget", po::value(&budget_text), "GPU memory to plan for, e.g. 6GiB, 512MiB, 8G")
       ("context", po::value(&o.context)->default_value(0),
-       "KV cache positions to reserve (0 = the model's context length)")
+       "KV cache positions per slot (0 = the model's context length), as the gateway's --context")
+      ("kv-slots", po::value(&o.kv_slots)->default_value(o.kv_slots),
+       "KV cache slots, as the gateway's --kv-slots (it allocates one more, its probe slot)")
+      ("kv-type", po::value(&o.kv_type)->default_value(o.kv_type),
+       "KV cache element type, as the gateway's --kv-type: f32 or f16")
       ("predictor", po::value(&predictor_path),
        "predictor file whose weights the GPU holds (default: the model's own, if it has any)")
       ("min-slice", po::value(&o.min_slice)->default_value(o.min_slice),

@@ -18,6 +18,9 @@ constexpr char kArch[] = "generic.gpu_index";
 constexpr char kBlockCountKey[] = "generic.gpu_index.block_count";
 constexpr char kVramKey[] = "split.vram_capacity";
 constexpr char kShareKey[] = "thermocline.plan.expected_gpu_share";
+constexpr char kKvSlotsKey[] = "thermocline.plan.kv_slots";
+constexpr char kKvContextKey[] = "thermocline.plan.kv_context";
+constexpr char kKvTypeKey[] = "thermocline.plan.kv_type";
 constexpr char kFfnBytesKey[] = "thermocline.plan.ffn_bytes";
 
 absl::Status Invalid(const std::string& where, const std::string& what) {
@@ -126,6 +129,22 @@ absl::StatusOr<Placement> Read(const std::string& path, const ModelConfig* confi
     if (!v.ok()) return Invalid(where, std::string(v.status().message()));
     if (*v < 0) return Invalid(where, absl::StrCat(kFfnBytesKey, " = ", *v, " is negative"));
     p.gpu_ffn_bytes = *v;
+  }
+  if (f.FindValue(kKvSlotsKey) != nullptr) {
+    absl::StatusOr<int64_t> slots = f.GetInt(kKvSlotsKey);
+    absl::StatusOr<int64_t> context = f.GetInt(kKvContextKey);
+    absl::StatusOr<std::string> type = f.GetString(kKvTypeKey);
+    if (!slots.ok()) return Invalid(where, std::string(slots.status().message()));
+    if (!context.ok()) return Invalid(where, std::string(context.status().message()));
+    if (!type.ok()) return Invalid(where, std::string(type.status().message()));
+    if (*slots < 1 || *slots > 65536 || *context < 1 || *context > (int64_t{1} << 31) - 1 ||
+        (*type != "f32" && *type != "f16")) {
+      return Invalid(where, absl::StrCat("KV configuration ", *slots, " slots x ", *context,
+                                         " positions (", *type, ") is not valid"));
+    }
+    p.kv_slots = static_cast<int32_t>(*slots);
+    p.kv_context = static_cast<int32_t>(*context);
+    p.kv_type = *type;
   }
   p.layers.resize(*n_layers);
   for (int64_t l = 0; l < *n_layers; ++l) {
@@ -238,6 +257,11 @@ absl::Status WritePlacement(const Placement& placement, const std::string& path)
   w.SetValue(kShareKey, GgufF32(static_cast<float>(placement.expected_gpu_share)));
   if (placement.gpu_ffn_bytes > 0) {
     w.SetValue(kFfnBytesKey, GgufU64(static_cast<uint64_t>(placement.gpu_ffn_bytes)));
+  }
+  if (placement.kv_slots > 0) {
+    w.SetValue(kKvSlotsKey, GgufU32(static_cast<uint32_t>(placement.kv_slots)));
+    w.SetValue(kKvContextKey, GgufU32(static_cast<uint32_t>(placement.kv_context)));
+    w.SetValue(kKvTypeKey, GgufString(placement.kv_type));
   }
   for (size_t l = 0; l < placement.layers.size(); ++l) {
     const LayerPlacement& lp = placement.layers[l];

@@ -37,6 +37,13 @@ struct Placement {
   int64_t vram_capacity = 0;      // bytes the plan was made for
   double expected_gpu_share = 0;  // share of activations expected on the GPU (0 if unknown)
   int64_t gpu_ffn_bytes = 0;      // bytes of the GPU neurons' gate/up/down rows (0 if unknown)
+  // The KV cache the plan charged for: the gateway's --kv-slots, positions per slot and
+  // element type ("f32" / "f16"). A gateway serving another configuration would hold a
+  // different amount of VRAM than planned, so it refuses the plan. kv_slots 0: not recorded
+  // (PowerInfer's plans, older ones).
+  int32_t kv_slots = 0;
+  int32_t kv_context = 0;
+  std::string kv_type;
 
   int64_t n_gpu_neurons() const;
 

@@ -144,7 +144,9 @@ DenseCharges ChargeDense(const Model& model, const PlannerOptions& options) {
   }
   d.predictors = options.predictor_bytes;
   const int64_t context = options.context > 0 ? options.context : c.context_length;
-  d.kv_cache = 2 * c.n_layers * context * c.kv_dim * 2;
+  // K and V, per layer, per position, per slot (the gateway's slots plus its probe slot).
+  const int64_t element = options.kv_type == "f16" ? 2 : 4;
+  d.kv_cache = 2 * c.n_layers * context * c.kv_dim * element * (options.kv_slots + 1);
   d.scratch = options.scratch_bytes;
   return d;
 }
@@ -177,6 +179,18 @@ absl::StatusOr<Plan> PlanPlacement(const Model& model, const ActivationStats& st
   if (options.context < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--context ", options.context, " must be >= 0"));
   }
+  if (options.kv_slots < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--kv-slots ", options.kv_slots, " must be >= 1"));
+  }
+  if (options.kv_type != "f32" && options.kv_type != "f16") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv-type '", options.kv_type, "' must be f32 or f16"));
+  }
+  if (options.context > c.context_length) {
+    return absl::InvalidArgumentError(absl::StrCat("--context ", options.context,
+                                                   " exceeds the model's context of ",
+                                                   c.context_length));
+  }
   if (options.min_slice < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--min-slice ", options.min_slice, " must be >= 1"));
@@ -195,12 +209,12 @@ absl::StatusOr<Plan> PlanPlacement(const Model& model, const ActivationStats& st
     const DenseCharges& d = plan.dense;
     return absl::ResourceExhaustedError(absl::StrFormat(
         "VRAM budget %d bytes (%s) cannot hold the dense part, %d bytes (%s): token embeddings "
-        "%s, output head %s, norms %s, attention %s, predictors %s, KV cache %s (%d positions, "
-        "f16), scratch %s%s; %d bytes (%s) are missing",
+        "%s, output head %s, norms %s, attention %s, predictors %s, KV cache %s (%d slots + 1 "
+        "x %d positions, %s), scratch %s%s; %d bytes (%s) are missing",
         options.vram_budget, FormatBytes(options.vram_budget), dense, FormatBytes(dense),
         FormatBytes(d.token_embd), FormatBytes(d.output), FormatBytes(d.norms),
-        FormatBytes(d.attention), FormatBytes(d.predictors), FormatBytes(d.kv_cache), plan.context,
-        FormatBytes(d.scratch),
+        FormatBytes(d.attention), FormatBytes(d.predictors), FormatBytes(d.kv_cache),
+        options.kv_slots, plan.context, options.kv_type, FormatBytes(d.scratch),
         d.moe_dense > 0 ? absl::StrCat(", routers and shared experts ", FormatBytes(d.moe_dense))
                         : "",
         missing, FormatBytes(missing)));
@@ -277,6 +291,9 @@ absl::StatusOr<Plan> PlanPlacement(const Model& model, const ActivationStats& st
 
   Placement& p = plan.placement;
   p.vram_capacity = options.vram_budget;
+  p.kv_slots = options.kv_slots;
+  p.kv_context = static_cast<int32_t>(plan.context);
+  p.kv_type = options.kv_type;
   p.layers.resize(c.n_layers);
   double placed = 0, total = 0;
   for (int64_t l = 0; l < c.n_layers; ++l) {
@@ -316,7 +333,10 @@ std::string FormatPlan(const Plan& plan, const ModelConfig& c) {
   row("norms (f32)", d.norms);
   row("attention", d.attention);
   row(d.predictors > 0 ? "predictors" : "predictors (none given)", d.predictors);
-  row(absl::StrFormat("KV cache (f16, %d positions)", plan.context), d.kv_cache);
+  // Slots as allocated: the gateway's --kv-slots plus its probe slot.
+  row(absl::StrFormat("KV cache (%s, %d slots x %d)", plan.placement.kv_type,
+                      plan.placement.kv_slots + 1, plan.context),
+      d.kv_cache);
   row("scratch reserve", d.scratch);
   if (d.moe_dense > 0) row("routers and shared experts", d.moe_dense);
   const int64_t available = plan.budget - d.total();

@@ -2,8 +2,10 @@
 //
 // Everything dense is charged first, because the GPU worker owns it whatever the plan says:
 // token embeddings, the output head (once when tied to the embeddings), every norm (as f32),
-// every layer's attention weights, the predictors, the KV cache at the planned context in f16
-// (2 * n_layers * context * kv_dim * 2 bytes), and a fixed scratch reserve for activations and
+// every layer's attention weights, the predictors, the KV cache as the gateway allocates it
+// (2 * n_layers * context * kv_dim * element bytes * (kv_slots + 1): its slots and its probe
+// slot, in --kv-type; recorded in the plan, so that a gateway serving another KV cache refuses
+// it), and a fixed scratch reserve for activations and
 // kernel workspaces (kDefaultScratchBytes unless set). A budget that cannot hold all of that is
 // refused with the number of bytes missing.
 //
@@ -48,6 +50,11 @@ std::string FormatBytes(int64_t bytes);
 struct PlannerOptions {
   int64_t vram_budget = 0;  // bytes
   int64_t context = 0;      // KV cache positions to reserve; 0 = the model's context length
+  // The KV cache as the gateway allocates it: --kv-slots sequences plus its probe slot, in
+  // kv_type ("f32" or "f16"), recorded in the placement so that a gateway serving another
+  // configuration refuses the plan.
+  int32_t kv_slots = 4;
+  std::string kv_type = "f32";
   int64_t min_slice = 32;   // a layer's GPU slice is 0 or at least this many neurons
   int64_t scratch_bytes = kDefaultScratchBytes;
   int64_t predictor_bytes = 0;  // charged with the dense part (PredictorBytes below)

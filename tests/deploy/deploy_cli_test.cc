@@ -1,6 +1,7 @@
 // What a newcomer types first: --version on every binary; the flags the deployment files and
 // docs give each binary are flags that binary takes; the gateway's defaults (no placement
-// flag: the whole FFN hot on the host backend) and --numa-node, which the docs use.
+// flag: the whole FFN hot on the host backend) and --numa-node, which the docs use; a plan made
+// for another KV cache than the gateway's is refused naming both.
 #include <fstream>
 #include <map>
 #include <regex>
@@ -8,6 +9,8 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "shared/model/model.h"
+#include "shared/sparsity/placement.h"
 #include "tests/e2e/gateway_harness.h"
 
 namespace thermocline::testing {
@@ -118,6 +121,37 @@ TEST(DeployCli, GatewayDefaultsToTheWholeFfnHotAndTakesNumaNode) {
   const Completion c = gw.Generate(Greedy("Once upon a time", 16));
   ASSERT_TRUE(c.status.ok()) << c.status.error_message();
   EXPECT_FALSE(c.ids.empty());
+}
+
+// `thermocline plan` charges the KV cache the gateway will allocate and records it: a gateway
+// started with another KV configuration refuses the plan, naming both and the plan command
+// that fits; with the same one it serves.
+TEST(DeployCli, APlanMadeForAnotherKvCacheIsRefusedNamingBoth) {
+  THERMOCLINE_REQUIRE_SHARED_DATA();
+  auto model = Model::Load(Stories260K());
+  ASSERT_TRUE(model.ok()) << model.status();
+  Placement p = Placement::Uniform((*model)->config(), 0.5);
+  p.kv_slots = 4;
+  p.kv_context = 512;
+  p.kv_type = "f16";
+  const std::string plan = absl::StrCat(TempDir(), "/kv-plan.gguf");
+  ASSERT_TRUE(WritePlacement(p, plan).ok());
+  const CommandResult r = RunCommand(
+      {absl::StrCat(BinDir(), "/thermocline-gateway"), "--model", Stories260K(), "--plan", plan,
+       "--context", "256", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+       "--instance", absl::StrCat("cli-kvplan-", getpid())});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("was made for a KV cache of 4 slots x 512 positions (f16); this gateway "
+                       "allocates 4 slots x 256 positions (f32)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("thermocline plan --kv-slots 4 --context 256 --kv-type f32"),
+            std::string::npos)
+      << r.err;
+  Gateway gw(absl::StrCat("cli-kvplan-ok-", getpid()),
+             {"--plan", plan, "--context", "512", "--kv-type", "f16"}, /*placement=*/false);
+  const Completion c = gw.Generate(Greedy("Once upon a time", 8));
+  EXPECT_TRUE(c.status.ok()) << c.status.error_message();
 }
 
 }  // namespace

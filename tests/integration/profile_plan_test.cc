@@ -42,20 +42,24 @@ TEST(ProfilePlanTest, Stories260KProfileThenPlan) {
   EXPECT_EQ(s->tokens, 2048 / 127 * 128);
   EXPECT_EQ(s->targets.size(), 9u);  // 0.1 .. 0.9
 
-  // A budget that holds the dense part (about 0.8 MiB at context 512 with 1 MiB of scratch) and
-  // part of the 645 KiB of FFN neurons.
-  r = RunCommand({Bin(), "plan", "--model", Stories(), "--stats", stats, "--vram-budget", "2.2MiB",
-                  "--context", "512", "--scratch", "1MiB", "-o", plan});
+  // A budget that holds the dense part (about 1.1 MiB at context 512 with one f16 slot and the
+  // probe slot, plus 1 MiB of scratch) and part of the 645 KiB of FFN neurons.
+  r = RunCommand({Bin(), "plan", "--model", Stories(), "--stats", stats, "--vram-budget", "2.5MiB",
+                  "--context", "512", "--kv-slots", "1", "--kv-type", "f16", "--scratch", "1MiB",
+                  "-o", plan});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(Contains(r.out, "expected share of activations served by the GPU")) << r.out;
-  EXPECT_TRUE(Contains(r.out, "KV cache (f16, 512 positions)")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "KV cache (f16, 2 slots x 512)")) << r.out;
   auto p = ReadPlacement(plan, (*model)->config());
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_GT(p->n_gpu_neurons(), 0);
   EXPECT_LT(p->n_gpu_neurons(), 5 * 172);
   EXPECT_GT(p->expected_gpu_share, 0.0);
   EXPECT_LT(p->expected_gpu_share, 1.0);
-  EXPECT_EQ(p->vram_capacity, static_cast<int64_t>(2.2 * (1 << 20) + 0.5));
+  EXPECT_EQ(p->vram_capacity, static_cast<int64_t>(2.5 * (1 << 20) + 0.5));
+  EXPECT_EQ(p->kv_slots, 1);
+  EXPECT_EQ(p->kv_context, 512);
+  EXPECT_EQ(p->kv_type, "f16");
 
   r = RunCommand({Bin(), "plan", "--show", plan});
   ASSERT_EQ(r.exit_code, 0) << r.err;

@@ -393,14 +393,46 @@ ActivationStats* PlannerTest::stats_ = nullptr;
 TEST_F(PlannerTest, ChargesTheDensePart) {
   const DenseCharges d = ChargeDense(*model_, Options(1));
   // stories260K, all f32: 512 x 64 embeddings and an untied output head of the same size, 11
-  // norms of 64, per layer q/o 64x64 and k/v 32x64, KV cache 2 * 5 * 512 * 32 * 2 bytes.
+  // norms of 64, per layer q/o 64x64 and k/v 32x64, KV cache K and V x 5 layers x 512
+  // positions x kv_dim 32 in f32 for the gateway's 4 slots plus its probe slot.
   EXPECT_EQ(d.token_embd, 512 * 64 * 4);
   EXPECT_EQ(d.output, 512 * 64 * 4);
   EXPECT_EQ(d.norms, 11 * 64 * 4);
   EXPECT_EQ(d.attention, 5 * (2 * 64 * 64 + 2 * 32 * 64) * 4);
-  EXPECT_EQ(d.kv_cache, 2 * 5 * 512 * 32 * 2);
+  EXPECT_EQ(d.kv_cache, 2 * 5 * 512 * 32 * 4 * (4 + 1));
   EXPECT_EQ(d.predictors, 0);
   EXPECT_EQ(d.scratch, 1 << 20);
+  PlannerOptions f16 = Options(1);
+  f16.kv_slots = 1;
+  f16.kv_type = "f16";
+  EXPECT_EQ(ChargeDense(*model_, f16).kv_cache, 2 * 5 * 512 * 32 * 2 * (1 + 1));
+}
+
+// The plan records the KV cache it charged (a gateway serving another one refuses the plan),
+// and the file keeps it; bad KV options are refused naming them.
+TEST_F(PlannerTest, RecordsTheKvConfigurationItCharged) {
+  PlannerOptions o = Options(Dense() + (64 << 10));
+  o.kv_slots = 2;
+  o.kv_type = "f16";
+  auto plan = PlanPlacement(*model_, *stats_, o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->placement.kv_slots, 2);
+  EXPECT_EQ(plan->placement.kv_context, 512);
+  EXPECT_EQ(plan->placement.kv_type, "f16");
+  const std::string path = testing::TempDir() + "/kv-plan.gguf";
+  ASSERT_TRUE(WritePlacement(plan->placement, path).ok());
+  auto back = ReadPlacement(path, model_->config());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->kv_slots, 2);
+  EXPECT_EQ(back->kv_context, 512);
+  EXPECT_EQ(back->kv_type, "f16");
+  o.kv_type = "q8_0";
+  EXPECT_NE(PlanPlacement(*model_, *stats_, o).status().message().find("--kv-type 'q8_0'"),
+            std::string::npos);
+  o.kv_type = "f32";
+  o.kv_slots = 0;
+  EXPECT_NE(PlanPlacement(*model_, *stats_, o).status().message().find("--kv-slots 0"),
+            std::string::npos);
 }
 
 TEST_F(PlannerTest, RefusesABudgetBelowTheDensePartNamingTheMissingBytes) {
@@ -408,7 +440,7 @@ TEST_F(PlannerTest, RefusesABudgetBelowTheDensePartNamingTheMissingBytes) {
   ASSERT_FALSE(plan.ok());
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted);
   ExpectError(plan.status(), "12345 bytes (12.1 KiB) are missing");
-  ExpectError(plan.status(), "KV cache 320.0 KiB (512 positions, f16)");
+  ExpectError(plan.status(), "KV cache 3.12 MiB (4 slots + 1 x 512 positions, f32)");
 }
 
 TEST_F(PlannerTest, ABudgetForEverythingPutsEveryNeuronOnTheGpu) {
