@@ -25,6 +25,7 @@
 #include "absl/strings/str_split.h"
 #include "gateway/http_api.h"
 #include "gateway/listen_address.h"
+#include "gateway/reflection_v1.h"
 #include "gateway/log.h"
 #include "gateway/metrics.h"
 #include "gateway/scheduler.h"
@@ -377,6 +378,11 @@ int Main(int argc, char** argv) {
   // share the traffic with the first; without it a port in use is an error here.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(&service);
+  // v1 beside Debian's v1alpha plugin: current generic clients ask for v1 first.
+  ReflectionV1Service reflection_v1({"thermocline.v1.Generation", "grpc.health.v1.Health",
+                                     "grpc.reflection.v1alpha.ServerReflection",
+                                     "grpc.reflection.v1.ServerReflection"});
+  builder.RegisterService(&reflection_v1);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

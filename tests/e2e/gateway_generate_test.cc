@@ -8,7 +8,10 @@
 #include <limits>
 #include <thread>
 
+#include <google/protobuf/descriptor.pb.h>
+
 #include "absl/strings/str_cat.h"
+#include "grpc/reflection/v1/reflection.grpc.pb.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "tests/e2e/gateway_harness.h"
 
@@ -274,6 +277,42 @@ TEST(GatewayGenerate, TokenizerModelInfoAndReflection) {
   ASSERT_TRUE(stream->Finish().ok());
   EXPECT_NE(std::find(names.begin(), names.end(), "thermocline.v1.Generation"), names.end());
   EXPECT_NE(std::find(names.begin(), names.end(), "grpc.health.v1.Health"), names.end());
+  EXPECT_NE(std::find(names.begin(), names.end(), "grpc.reflection.v1.ServerReflection"),
+            names.end());
+
+  // And reflection v1, which current grpcurl asks for first: the services, then the API's
+  // descriptor (with its dependencies) by a symbol, and NOT_FOUND for an unknown one.
+  namespace rv1 = grpc::reflection::v1;
+  auto refl1 = rv1::ServerReflection::NewStub(channel);
+  grpc::ClientContext ctx1;
+  auto s1 = refl1->ServerReflectionInfo(&ctx1);
+  rv1::ServerReflectionRequest list, symbol, unknown;
+  list.set_list_services("");
+  symbol.set_file_containing_symbol("thermocline.v1.Generation.Chat");
+  unknown.set_file_containing_symbol("no.such.Service");
+  for (const auto* r : {&list, &symbol, &unknown}) ASSERT_TRUE(s1->Write(*r));
+  s1->WritesDone();
+  std::vector<rv1::ServerReflectionResponse> answers;
+  for (rv1::ServerReflectionResponse a; s1->Read(&a);) answers.push_back(a);
+  ASSERT_TRUE(s1->Finish().ok());
+  ASSERT_EQ(answers.size(), 3u);
+  std::vector<std::string> v1_names;
+  for (const auto& svc : answers[0].list_services_response().service()) {
+    v1_names.push_back(svc.name());
+  }
+  EXPECT_NE(std::find(v1_names.begin(), v1_names.end(), "thermocline.v1.Generation"),
+            v1_names.end());
+  const auto& files = answers[1].file_descriptor_response().file_descriptor_proto();
+  ASSERT_GE(files.size(), 1);
+  google::protobuf::FileDescriptorProto api;
+  ASSERT_TRUE(api.ParseFromString(files[files.size() - 1]));  // dependencies come first
+  EXPECT_EQ(api.name(), "thermocline/v1/generation.proto");
+  ASSERT_EQ(api.service_size(), 1);
+  std::vector<std::string> methods;
+  for (const auto& m : api.service(0).method()) methods.push_back(m.name());
+  EXPECT_NE(std::find(methods.begin(), methods.end(), "Chat"), methods.end());
+  EXPECT_NE(std::find(methods.begin(), methods.end(), "Generate"), methods.end());
+  EXPECT_EQ(answers[2].error_response().error_code(), 5) << "NOT_FOUND";
 }
 
 }  // namespace
