@@ -1,6 +1,7 @@
 #include "shared/runtime/forward.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -116,9 +117,13 @@ void ForwardPass::Attention(int64_t layer, std::span<const BatchEntry> batch) {
   const int64_t window = c.layers.empty() ? 0 : c.layers[layer].sliding_window;
   scores_.resize(pool_.size() * cap);
   const bool f16 = kv_.type() == GgmlType::kF16;
-  pool_.Run([&](int tid, int nth) {
+  // (entry, head) jobs are claimed, so a thread the machine does not schedule holds up none.
+  std::atomic<int64_t> next{0};
+  const int64_t n_jobs = n * c.n_heads;
+  pool_.RunShared([&](int tid, int) {
     float* scores = scores_.data() + tid * cap;
-    for (int64_t job = tid; job < n * c.n_heads; job += nth) {
+    for (int64_t job = next.fetch_add(1, std::memory_order_relaxed); job < n_jobs;
+         job = next.fetch_add(1, std::memory_order_relaxed)) {
       const int64_t e = job / c.n_heads, h = job % c.n_heads;
       const BatchEntry& entry = batch[e];
       const float* q = q_.data() + e * c.q_dim + h * c.head_dim;
