@@ -6,7 +6,6 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 
 namespace thermocline::gateway {
@@ -346,11 +345,8 @@ absl::StatusOr<Job> ValidateChat(const v1::ChatRequest& r, const RequestLimits& 
     if (it == model_chat.named.end()) {
       std::vector<std::string> names;
       for (const auto& [name, t] : model_chat.named) names.push_back(name);
-      return Bad(absl::StrCat(
-          "chat_template_name '", r.chat_template_name(), "': model ", model_chat.model,
-          names.empty() ? " has no named chat templates"
-                        : absl::StrCat(" has ", absl::StrJoin(names, ", ")),
-          " (tokenizer.chat_template.NAME)"));
+      return UnknownChatTemplateName("chat_template_name", r.chat_template_name(),
+                                     model_chat.model, names);
     }
     if (!it->second.ok()) {
       return absl::FailedPreconditionError(absl::StrCat(

@@ -70,6 +70,21 @@ std::string TempDir() {
   return dir;
 }
 
+absl::Status CopyGgufWithMetadata(const std::string& src,
+                                  const std::vector<std::pair<std::string, GgufValue>>& metadata,
+                                  const std::string& dst) {
+  absl::StatusOr<std::unique_ptr<GgufFile>> in = GgufFile::Open(src);
+  if (!in.ok()) return in.status();
+  GgufWriter w;
+  for (const auto& [key, value] : (*in)->metadata()) w.SetValue(key, value);
+  for (const auto& [key, value] : metadata) w.SetValue(key, value);
+  for (const GgufTensorInfo& t : (*in)->tensors()) {
+    const std::string bytes(reinterpret_cast<const char*>(t.data), static_cast<size_t>(t.n_bytes));
+    if (absl::Status s = w.AddTensorBytes(t.name, t.type, t.ne, bytes); !s.ok()) return s;
+  }
+  return w.WriteFile(dst);
+}
+
 std::string ReadFileOrDie(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {

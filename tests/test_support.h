@@ -5,7 +5,11 @@
 
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "absl/status/status.h"
+#include "shared/gguf/gguf.h"
 
 namespace thermocline::testing {
 
@@ -33,6 +37,11 @@ std::string ModelPath(const std::string& rel);
 std::string BinDir();
 // A fresh directory under $TMPDIR, removed when the test binary exits.
 std::string TempDir();
+// Writes a copy of the GGUF `src` to `dst` with `metadata` set (keys it has are replaced, the
+// others added) and every tensor byte for byte: a reference model with one more key.
+absl::Status CopyGgufWithMetadata(const std::string& src,
+                                  const std::vector<std::pair<std::string, GgufValue>>& metadata,
+                                  const std::string& dst);
 // Whole file as bytes; aborts the test on failure.
 std::string ReadFileOrDie(const std::string& path);
 std::vector<float> ReadF32File(const std::string& path);

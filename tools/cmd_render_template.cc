@@ -9,7 +9,6 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 #include "shared/chat/chat_template.h"
 #include "shared/gguf/gguf.h"
@@ -85,11 +84,7 @@ int RunRenderTemplate(const std::vector<std::string>& args) {
       if (it == t.named.end()) {
         std::vector<std::string> names;
         for (const auto& [n, text] : t.named) names.push_back(n);
-        return Fail(absl::InvalidArgumentError(absl::StrCat(
-            "--template-name '", name, "': model ", path,
-            names.empty() ? " has no named chat templates"
-                          : absl::StrCat(" has ", absl::StrJoin(names, ", ")),
-            " (tokenizer.chat_template.NAME)")));
+        return Fail(UnknownChatTemplateName("--template-name", name, path, names));
       }
       t.source = it->second;
     }

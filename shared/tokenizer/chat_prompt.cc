@@ -1,5 +1,8 @@
 #include "shared/tokenizer/chat_prompt.h"
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
 namespace thermocline {
 namespace {
 
@@ -15,6 +18,16 @@ std::string SpecialTokenText(const GgufFile& file, const std::string& key) {
 }
 
 }  // namespace
+
+absl::Status UnknownChatTemplateName(std::string_view field, std::string_view name,
+                                     std::string_view model,
+                                     const std::vector<std::string>& known) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      std::string(field), " '", std::string(name), "': model ", std::string(model),
+      known.empty() ? " has no named chat templates"
+                    : absl::StrCat(" has ", absl::StrJoin(known, ", ")),
+      " (tokenizer.chat_template.NAME)"));
+}
 
 ModelChatTemplate ReadModelChatTemplate(const GgufFile& file) {
   ModelChatTemplate t;

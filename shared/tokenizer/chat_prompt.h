@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "shared/gguf/gguf.h"
 #include "shared/tokenizer/tokenizer.h"
 
@@ -26,6 +27,12 @@ struct ModelChatTemplate {
   std::string bos_token;
   std::string eos_token;
 };
+
+// InvalidArgument for a named template the model lacks, naming the ones it has:
+// "<field> 'rag': model M has tool_use (tokenizer.chat_template.NAME)".
+absl::Status UnknownChatTemplateName(std::string_view field, std::string_view name,
+                                     std::string_view model,
+                                     const std::vector<std::string>& known);
 
 // Reads the template and the BOS/EOS texts from `file`'s metadata (a header-only GgufFile is
 // enough). Keys that are missing or of the wrong type read as absent.

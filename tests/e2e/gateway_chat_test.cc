@@ -307,18 +307,13 @@ TEST(GatewayChat, ControlTokensModelInfoAndTheModelsOwnTemplate) {
 
 // stories260K rewritten with a default template and a named one, tokenizer.chat_template.NAME.
 std::string WithNamedTemplates(const std::string& named_source) {
-  auto in = GgufFile::Open(ModelPath("stories260K/stories260K.gguf"));
-  EXPECT_TRUE(in.ok()) << in.status();
-  GgufWriter w;
-  for (const auto& [key, value] : (*in)->metadata()) w.SetValue(key, value);
-  w.SetValue("tokenizer.chat_template", GgufString(kTemplate));
-  w.SetValue("tokenizer.chat_template.tool_use", GgufString(named_source));
-  for (const GgufTensorInfo& t : (*in)->tensors()) {
-    const std::string bytes(reinterpret_cast<const char*>(t.data), static_cast<size_t>(t.n_bytes));
-    EXPECT_TRUE(w.AddTensorBytes(t.name, t.type, t.ne, bytes).ok());
-  }
   const std::string out = absl::StrCat(TempDir(), "/stories-named-templates.gguf");
-  EXPECT_TRUE(w.WriteFile(out).ok());
+  const absl::Status s = CopyGgufWithMetadata(
+      ModelPath("stories260K/stories260K.gguf"),
+      {{"tokenizer.chat_template", GgufString(kTemplate)},
+       {"tokenizer.chat_template.tool_use", GgufString(named_source)}},
+      out);
+  EXPECT_TRUE(s.ok()) << s;
   return out;
 }
 

@@ -129,19 +129,12 @@ TEST_F(RenderTemplateCommand, ModelTemplateAndSpecialTokensComeFromTheGguf) {
 // given one), as Python's Jinja2 renders that text; an unknown name lists the known ones.
 TEST_F(RenderTemplateCommand, NamedTemplateComesFromItsKey) {
   const std::string vocab = testing::SharedDataDir() + "/tokenizers/ggml-vocab-phi-3.gguf";
-  auto file = GgufFile::Open(vocab);
-  ASSERT_TRUE(file.ok()) << file.status();
   const std::string named =
       "{% for m in messages %}[{{ m.role | upper }}] {{ m.content }}{{ eos_token }}{% endfor %}";
-  GgufWriter w;
-  for (const auto& [key, value] : (*file)->metadata()) w.SetValue(key, value);
-  w.SetValue("tokenizer.chat_template.tool_use", GgufString(named));
-  for (const GgufTensorInfo& t : (*file)->tensors()) {
-    const std::string bytes(reinterpret_cast<const char*>(t.data), static_cast<size_t>(t.n_bytes));
-    ASSERT_TRUE(w.AddTensorBytes(t.name, t.type, t.ne, bytes).ok());
-  }
   const std::string model = testing::TempDir() + "/phi3-named.gguf";
-  ASSERT_TRUE(w.WriteFile(model).ok());
+  const absl::Status copied = testing::CopyGgufWithMetadata(
+      vocab, {{"tokenizer.chat_template.tool_use", GgufString(named)}}, model);
+  ASSERT_TRUE(copied.ok()) << copied;
   const std::vector<json> want = Reference({{named, Vars(false, "<s>", "<|endoftext|>", false)}});
   ASSERT_TRUE(want[0]["ok"].get<bool>());
   auto r = Thermocline({"--model", model, "--template-name", "tool_use", "--messages", messages_});
