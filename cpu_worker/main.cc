@@ -14,6 +14,7 @@
 #include "cpu_worker/worker_loop.h"
 #include "shared/ipc/worker_flags.h"
 #include "shared/ipc/worker_session.h"
+#include "shared/util/logfmt.h"
 #include "shared/util/version.h"
 
 using namespace thermocline;
@@ -34,7 +35,7 @@ int main(int argc, char** argv) {
   if (!cpus_flag.empty()) {
     auto parsed = cpu_worker::ParseCpuList(cpus_flag);
     if (!parsed.ok()) {
-      std::fprintf(stderr, "cpu_worker: %s\n", std::string(parsed.status().message()).c_str());
+      Log(Level::kError, "start_failed", {{"error", std::string(parsed.status().message())}}, "cpu_worker");
       return 2;
     }
     cpus = *parsed;
@@ -42,16 +43,16 @@ int main(int argc, char** argv) {
 
   auto session = ipc::WorkerSession::Start("cpu_worker", flags.instance, ipc::Role::kCpuWorker);
   if (!session.ok()) {
-    std::fprintf(stderr, "cpu_worker: cannot attach to instance '%s': %s\n",
-                 flags.instance.c_str(), session.status().ToString().c_str());
+    Log(Level::kError, "attach_failed",
+        {{"instance", flags.instance}, {"error", session.status().ToString()}}, "cpu_worker");
     return 1;
   }
   ipc::WorkerSession& s = **session;
-  s.Log(absl::StrCat("attached to instance '", flags.instance, "' (pid ", getpid(), ")"));
+  s.Log(Level::kInfo, "attached", {{"instance", flags.instance}, {"pid", getpid()}});
   // Pin before any thread exists: the pool's threads inherit the affinity.
   auto placed = cpu_worker::PlaceProcess(flags.numa_node, cpus);
   if (!placed.ok()) s.Fail(placed.status());
-  s.Log(placed->description);
+  s.Log(Level::kInfo, "placed", {{"msg", placed->description}});
   auto loaded = ipc::LoadWorkerModel(flags);
   if (!loaded.ok()) s.Fail(loaded.status());
   const ModelConfig& config = loaded->model->config();
@@ -64,10 +65,11 @@ int main(int argc, char** argv) {
   int64_t cold = 0, neurons = 0;
   for (const LayerPartition& l : loaded->partition.layers) cold += l.n_cold();
   for (int64_t l = 0; l < config.n_layers; ++l) neurons += LayerNeurons(config, l);
-  s.Log(absl::StrCat("loaded ", flags.model_path, ": ", cold, " of ", neurons,
-                     " FFN neurons cold, ", rows->bytes(),
-                     " bytes of cold rows", lock ? " (locked)" : "", ", sparsity ",
-                     flags.sparsity.mode, ", ", flags.threads, " threads"));
+  s.Log(Level::kInfo, "loaded",
+        {{"model", flags.model_path}, {"cold_neurons", static_cast<long long>(cold)},
+         {"neurons", static_cast<long long>(neurons)},
+         {"cold_row_bytes", static_cast<long long>(rows->bytes())}, {"locked", lock},
+         {"sparsity", flags.sparsity.mode}, {"threads", flags.threads}});
   cpu_worker::ColdExecutor executor(*rows, loaded->partition, loaded->plan, config.activation,
                                     pool);
   absl::Status run = cpu_worker::RunCpuWorker(s, executor, config);

@@ -14,7 +14,6 @@
 namespace thermocline::cpu_worker {
 namespace {
 
-absl::string_view Av(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
 // How long one idle wait lasts before the stop conditions are checked again (<= 200 ms).
 constexpr absl::Duration kIdleSlice = absl::Milliseconds(100);
@@ -62,16 +61,16 @@ absl::Status RunCpuWorker(ipc::WorkerSession& session, ColdExecutor& executor,
   std::vector<float> y;
   // Metrics are optional: without the gateway's segment the writer drops everything.
   ipc::WorkerMetricsWriter metrics(t.instance(), ipc::Role::kCpuWorker, config.n_layers,
-                                   [&session](const std::string& line) { session.Log(line); });
+                                   session.LineLogger("metrics"));
   metrics.MaybeAttach();
   uint64_t last_step = 0;
   bool any_step = false;
   session.SetReady();
-  session.Log(absl::StrCat("ready, epoch ", t.epoch()));
+  session.Log(Level::kInfo, "ready", {{"epoch", static_cast<unsigned long long>(t.epoch())}});
   while (true) {
     session.Progress();
     if (std::string why = session.StopReason(); !why.empty()) {
-      session.Log(absl::StrCat("stopping: ", why));
+      session.Log(Level::kInfo, "stopping", {{"reason", why}});
       return absl::OkStatus();
     }
     absl::StatusOr<ipc::MessageView> m = from_gpu.Peek(kIdleSlice);
@@ -84,12 +83,12 @@ absl::Status RunCpuWorker(ipc::WorkerSession& session, ColdExecutor& executor,
     to_gpu.set_epoch(header.epoch);
     if (m->kind() == ipc::MessageKind::kShutdown) {
       TC_RETURN_IF_ERROR(from_gpu.Release());
-      session.Log("shutdown requested");
+      session.Log(Level::kInfo, "shutdown");
       return absl::OkStatus();
     }
     if (m->kind() != ipc::MessageKind::kActivation) {
-      session.Log(absl::StrCat("ignoring a ", Av(ipc::MessageKindName(m->kind())),
-                               " message from the gpu worker"));
+      session.Log(Level::kWarn, "message_ignored",
+                  {{"kind", ipc::MessageKindName(m->kind())}, {"from", "gpu_worker"}});
       TC_RETURN_IF_ERROR(from_gpu.Release());
       continue;
     }
@@ -118,8 +117,10 @@ absl::Status RunCpuWorker(ipc::WorkerSession& session, ColdExecutor& executor,
     }
     TC_RETURN_IF_ERROR(from_gpu.Release());
     if (!s.ok()) {
-      session.Log(absl::StrCat("step ", header.step_id, " layer ", header.layer,
-                               " rejected: ", s.message()));
+      session.Log(Level::kWarn, "activation_rejected",
+                  {{"step", static_cast<unsigned long long>(header.step_id)},
+                   {"layer", static_cast<unsigned long long>(header.layer)},
+                   {"error", std::string(s.message())}});
       TC_RETURN_IF_ERROR(SendPatiently(session, metrics, [&](absl::Duration timeout) {
         return ipc::SendError(to_gpu, header.step_id, s, timeout);
       }));

@@ -1,47 +1,24 @@
-// Structured logs of the gateway: one logfmt line per event on stderr,
-//   ts=2026-11-29T19:45:17.123456Z level=info component=gateway event=request_done request_id=r1
-// so that journald, grep and log shippers can all split them without a schema. Values that
-// need it (empty, or holding spaces, quotes, '=', or control characters) are double-quoted
-// with \" \\ \n \r \t escapes; keys are written as given (callers use [a-z_]+).
+// The gateway's logs: shared/util/logfmt.h's lines with component=gateway unless a caller names
+// another (the gateway's own parts: "http", "watchdog", ...).
 #pragma once
 
 #include <initializer_list>
-#include <string>
 #include <string_view>
-#include <utility>
+
+#include "shared/util/logfmt.h"
 
 namespace thermocline::gateway {
 
-enum class Level { kDebug, kInfo, kWarn, kError };
-std::string_view LevelName(Level level);  // "debug", "info", "warn", "error"
+using ::thermocline::FormatLogLine;
+using ::thermocline::Level;
+using ::thermocline::LevelName;
+using ::thermocline::LogField;
+using ::thermocline::LogfmtValue;
+using ::thermocline::SetMinLogLevel;
 
-struct LogField {
-  std::string_view key;
-  std::string value;
-  LogField(std::string_view k, std::string_view v) : key(k), value(v) {}
-  LogField(std::string_view k, const char* v) : key(k), value(v) {}
-  LogField(std::string_view k, const std::string& v) : key(k), value(v) {}
-  // Numbers and booleans without a str-conversion at every call site.
-  LogField(std::string_view k, int v) : key(k), value(std::to_string(v)) {}
-  LogField(std::string_view k, long v) : key(k), value(std::to_string(v)) {}
-  LogField(std::string_view k, long long v) : key(k), value(std::to_string(v)) {}
-  LogField(std::string_view k, unsigned v) : key(k), value(std::to_string(v)) {}
-  LogField(std::string_view k, unsigned long v) : key(k), value(std::to_string(v)) {}
-  LogField(std::string_view k, unsigned long long v) : key(k), value(std::to_string(v)) {}
-  LogField(std::string_view k, double v);
-  LogField(std::string_view k, bool v) : key(k), value(v ? "true" : "false") {}
-};
-
-// The line Log writes, without the trailing newline (exposed for tests).
-std::string FormatLogLine(std::string_view ts, Level level, std::string_view component,
-                          std::string_view event, std::initializer_list<LogField> fields);
-// `value` quoted and escaped when logfmt needs it, else as is.
-std::string LogfmtValue(std::string_view value);
-
-// Writes one line to stderr with a single write(2) under a mutex, so lines of concurrent
-// threads never interleave. Events below the minimum level (SetMinLogLevel) are dropped.
-void Log(Level level, std::string_view event, std::initializer_list<LogField> fields = {},
-         std::string_view component = "gateway");
-void SetMinLogLevel(Level level);
+inline void Log(Level level, std::string_view event, std::initializer_list<LogField> fields = {},
+                std::string_view component = "gateway") {
+  ::thermocline::Log(level, event, fields, component);
+}
 
 }  // namespace thermocline::gateway

@@ -1,5 +1,5 @@
 # thermocline_gateway_support: the gateway's pieces that need no gRPC (text streaming with stop
-# strings, Prometheus metrics served by cpp-httplib, structured logs). Included once from the
+# strings, Prometheus metrics served by cpp-httplib). Included once from the
 # root CMakeLists.txt (the guard makes a second include() harmless), so that the gateway, the
 # tools and the tests can all link it.
 include_guard(GLOBAL)
@@ -12,8 +12,7 @@ find_library(HTTPLIB_LIBRARY cpp-httplib REQUIRED)
 add_library(thermocline_gateway_support STATIC
   ${CMAKE_CURRENT_LIST_DIR}/text_stream.cc
   ${CMAKE_CURRENT_LIST_DIR}/metrics.cc
-  ${CMAKE_CURRENT_LIST_DIR}/listen_address.cc
-  ${CMAKE_CURRENT_LIST_DIR}/log.cc)
+  ${CMAKE_CURRENT_LIST_DIR}/listen_address.cc)
 thermocline_target_options(thermocline_gateway_support)
 target_include_directories(thermocline_gateway_support SYSTEM PUBLIC ${HTTPLIB_INCLUDE_DIR})
 # The macros Debian's libcpp-httplib was built with (its cpp-httplib.pc Cflags): they change

@@ -13,6 +13,7 @@
 #include "shared/ipc/worker_flags.h"
 #include "shared/ipc/worker_session.h"
 #include "shared/sparsity/planner.h"
+#include "shared/util/logfmt.h"
 #include "shared/util/version.h"
 
 using namespace thermocline;
@@ -35,7 +36,7 @@ int main(int argc, char** argv) {
   options.context = flags.context;
   options.max_batch = flags.max_batch;
   auto usage_error = [](const std::string& msg) {
-    std::fprintf(stderr, "gpu_worker: %s\n", msg.c_str());
+    Log(Level::kError, "start_failed", {{"error", msg}}, "gpu_worker");
     return 2;
   };
   if (backend_name != "host" && backend_name != "cuda") {
@@ -67,21 +68,22 @@ int main(int argc, char** argv) {
 
   auto session = ipc::WorkerSession::Start("gpu_worker", flags.instance, ipc::Role::kGpuWorker);
   if (!session.ok()) {
-    std::fprintf(stderr, "gpu_worker: cannot attach to instance '%s': %s\n",
-                 flags.instance.c_str(), session.status().ToString().c_str());
+    Log(Level::kError, "attach_failed",
+        {{"instance", flags.instance}, {"error", session.status().ToString()}}, "gpu_worker");
     return 1;
   }
   ipc::WorkerSession& s = **session;
-  s.Log(absl::StrCat("attached to instance '", flags.instance, "' (pid ", getpid(), ")"));
+  s.Log(Level::kInfo, "attached", {{"instance", flags.instance}, {"pid", getpid()}});
   auto loaded = ipc::LoadWorkerModel(flags);
   if (!loaded.ok()) s.Fail(loaded.status());
   const ModelConfig& config = loaded->model->config();
   int64_t hot = 0, neurons = 0;
   for (const LayerPartition& l : loaded->partition.layers) hot += static_cast<int64_t>(l.hot.size());
   for (int64_t l = 0; l < config.n_layers; ++l) neurons += LayerNeurons(config, l);
-  s.Log(absl::StrCat("loaded ", flags.model_path, ": ", config.n_layers, " layers, ", hot, " of ",
-                     neurons, " FFN neurons hot, sparsity ",
-                     flags.sparsity.mode, ", ", flags.threads, " threads"));
+  s.Log(Level::kInfo, "loaded",
+        {{"model", flags.model_path}, {"layers", static_cast<long long>(config.n_layers)},
+         {"hot_neurons", static_cast<long long>(hot)}, {"neurons", static_cast<long long>(neurons)},
+         {"sparsity", flags.sparsity.mode}, {"threads", flags.threads}});
   absl::StatusOr<std::unique_ptr<gpu_worker::Backend>> backend;
   if (backend_name == "host") {
     backend = gpu_worker::HostBackend::Create(*loaded->model, std::move(loaded->plan),
@@ -96,7 +98,7 @@ int main(int argc, char** argv) {
     cuda.max_batch = options.max_batch;
     cuda.kv_type = options.kv_type;
     cuda.vram_budget = *budget_bytes;
-    cuda.log = [&s](const std::string& line) { s.Log(line); };
+    cuda.log = s.LineLogger("cuda");
     backend = gpu_worker::CreateCudaBackend(*loaded->model, std::move(loaded->plan),
                                             std::move(loaded->partition), cuda);
   }

@@ -12,8 +12,6 @@
 namespace thermocline::gpu_worker {
 namespace {
 
-absl::string_view Av(std::string_view s) { return absl::string_view(s.data(), s.size()); }
-
 // How long one idle wait lasts before the stop conditions are checked again (<= 200 ms).
 constexpr absl::Duration kIdleSlice = absl::Milliseconds(100);
 
@@ -25,7 +23,7 @@ class GpuWorker {
         config_(config),
         // Metrics are optional: without the gateway's segment the writer drops everything.
         metrics_(session.transport().instance(), ipc::Role::kGpuWorker, config.n_layers,
-                 [&session](const std::string& line) { session.Log(line); }) {}
+                 session.LineLogger("metrics")) {}
   ~GpuWorker() { backend_.SetMetrics(nullptr); }
 
   absl::Status Run() {
@@ -38,7 +36,7 @@ class GpuWorker {
     to_cpu_ = &to_cpu;
     from_cpu_ = &from_cpu;
     RingColdLink link(t, to_cpu, from_cpu, config_.dim, config_.n_layers,
-                      [this](const std::string& line) { session_.Log(line); });
+                      session_.LineLogger("cold_link", Level::kWarn));
     link_ = &link;
     metrics_.MaybeAttach();
     backend_.SetMetrics(&metrics_);
@@ -46,13 +44,14 @@ class GpuWorker {
     step_limits_ = ipc::StepLimits{static_cast<uint32_t>(lim.max_batch), lim.n_kv_slots,
                                    lim.context, lim.vocab};
     session_.SetReady();
-    session_.Log(absl::StrCat("ready: backend ", Av(backend_.name()), ", ", lim.n_kv_slots,
-                              " kv slots x ", lim.context, " positions, max batch ", lim.max_batch,
-                              ", epoch ", t.epoch()));
+    session_.Log(Level::kInfo, "ready",
+                 {{"backend", backend_.name()}, {"kv_slots", lim.n_kv_slots},
+                  {"context", lim.context}, {"max_batch", lim.max_batch},
+                  {"epoch", static_cast<unsigned long long>(t.epoch())}});
     while (true) {
       session_.Progress();
       if (std::string why = session_.StopReason(); !why.empty()) {
-        session_.Log(absl::StrCat("stopping: ", why));
+        session_.Log(Level::kInfo, "stopping", {{"reason", why}});
         return absl::OkStatus();
       }
       absl::StatusOr<ipc::MessageView> m = from_gateway.Peek(kIdleSlice);
@@ -67,16 +66,16 @@ class GpuWorker {
           TC_RETURN_IF_ERROR(from_gateway.Release());
           // The CPU worker has no ring from the gateway: pass the Shutdown on.
           absl::Status fwd = ipc::SendShutdown(to_cpu, absl::Milliseconds(100));
-          session_.Log(absl::StrCat("shutdown requested", fwd.ok() ? "; passed to the cpu worker"
-                                                                   : "; cpu worker not told"));
+          session_.Log(Level::kInfo, "shutdown", {{"cpu_worker_told", fwd.ok()}});
           return absl::OkStatus();
         }
         case ipc::MessageKind::kStep: {
           absl::StatusOr<ipc::StepMsg> step = ipc::DecodeStep(*m, step_limits_);
           TC_RETURN_IF_ERROR(from_gateway.Release());
           if (!step.ok()) {
-            session_.Log(absl::StrCat("step ", header.step_id, " rejected: ",
-                                      step.status().message()));
+            session_.Log(Level::kWarn, "step_rejected",
+                         {{"step", static_cast<unsigned long long>(header.step_id)},
+                          {"error", std::string(step.status().message())}});
             TC_RETURN_IF_ERROR(Reply(header.step_id, step.status(), {}, 0));
             break;
           }
@@ -84,8 +83,8 @@ class GpuWorker {
           break;
         }
         default:
-          session_.Log(absl::StrCat("ignoring a ", Av(ipc::MessageKindName(m->kind())),
-                                    " message from the gateway"));
+          session_.Log(Level::kWarn, "message_ignored",
+                       {{"kind", ipc::MessageKindName(m->kind())}, {"from", "gateway"}});
           TC_RETURN_IF_ERROR(from_gateway.Release());
       }
     }
@@ -112,7 +111,11 @@ class GpuWorker {
     absl::Status s = backend_.StartStep(batch_, *link_);
     if (s.ok()) s = backend_.FinishStep(&logits_);
     if (s.ok()) metrics_.AddStep(batch_.size());
-    if (!s.ok()) session_.Log(absl::StrCat("step ", step.step_id, " failed: ", s.ToString()));
+    if (!s.ok()) {
+      session_.Log(Level::kError, "step_failed",
+                   {{"step", static_cast<unsigned long long>(step.step_id)},
+                    {"error", s.ToString()}});
+    }
     return Reply(step.step_id, s, logits_, rows);
   }
 

@@ -189,7 +189,9 @@ probe=$("$bin/thermocline-gpu-worker" --backend cuda --instance "gpu-run-probe-$
         --model /nonexistent.gguf --hot-fraction 1 2>&1)
 probe_rc=$?
 if (( probe_rc == 2 )); then
-  reason=$(echo "$probe" | head -n1)
+  # Its logfmt line (component=gpu_worker event=start_failed error="...") as "gpu_worker: ...".
+  reason=$(echo "$probe" | sed -n 's/.* component=\([a-z_]*\) event=start_failed error="\(.*\)"$/\1: \2/p' | head -n1)
+  [[ -n $reason ]] || reason=$(echo "$probe" | head -n1)
   echo "device: $reason"
   row device FAIL 0 "$(echo "$reason" | cut -c1-110)"
   device=no

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <iostream>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
@@ -15,6 +14,7 @@
 #include "shared/ipc/futex.h"
 #include "shared/ipc/messages.h"
 #include "shared/ipc/worker_flags.h"
+#include "shared/util/logfmt.h"
 #include "shared/util/status_macros.h"
 
 namespace thermocline::driver {
@@ -423,9 +423,11 @@ absl::Status SplitEngine::Recover(const Failure& failure) {
   // A new gpu_worker has empty KV caches: rebuild them before the next step.
   if (gpu) replay_pending_ = true;
   if (options_.log_restarts) {
-    std::cerr << absl::StrFormat(
-        "thermocline split [%s]: %s; restarted under epoch %d%s\n", options_.instance, why, epoch,
-        gpu ? absl::StrFormat(", replaying %d tokens", history_.total_tokens()) : "");
+    Log(Level::kWarn, "worker_restarted",
+        {{"instance", options_.instance}, {"why", why},
+         {"epoch", static_cast<unsigned long long>(epoch)},
+         {"replay_tokens", gpu ? static_cast<long long>(history_.total_tokens()) : 0LL}},
+        "driver");
   }
   return absl::OkStatus();
 }

@@ -22,6 +22,7 @@
 #include "shared/sparsity/sparsity_mode.h"
 #include "shared/sparsity/sparsity_options.h"
 #include "shared/util/flag_options.h"
+#include "shared/util/logfmt.h"
 
 namespace thermocline::ipc {
 
@@ -174,8 +175,10 @@ inline bool ParseWorkerCommandLine(WorkerKind kind, int argc, char** argv, Worke
     return false;
   }
   if (!parsed.ok()) {
-    std::cerr << WorkerLogPrefix(kind) << ": " << parsed.status().message() << " ("
-              << WorkerProgram(kind) << " --help lists the options)\n";
+    Log(Level::kError, "start_failed",
+        {{"error", std::string(parsed.status().message())},
+         {"hint", absl::StrCat(WorkerProgram(kind), " --help lists the options")}},
+        WorkerLogPrefix(kind));
     exit_code = 2;
     return false;
   }

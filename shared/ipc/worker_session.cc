@@ -33,10 +33,12 @@ void InstallStopHandlers(std::string_view prefix) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
+  // logfmt like every other line, without ts= (a signal handler cannot format a time; the
+  // journal stamps the line anyway).
   const int n = std::snprintf(
       g_bus_error_line, sizeof(g_bus_error_line),
-      "%.*s: SIGBUS: a mapped file is shorter than its mapping (was the model file truncated or "
-      "rewritten while in use?); exiting with status %d\n",
+      "level=error component=%.*s event=sigbus error=\"SIGBUS: a mapped file is shorter than its "
+      "mapping (was the model file truncated or rewritten while in use?)\" exit_status=%d\n",
       static_cast<int>(prefix.size()), prefix.data(), kExitMappedFileShrank);
   g_bus_error_len = n > 0 ? std::min(static_cast<size_t>(n), sizeof(g_bus_error_line) - 1) : 0;
   struct sigaction bus = {};
@@ -45,7 +47,6 @@ void InstallStopHandlers(std::string_view prefix) {
   sigaction(SIGBUS, &bus, nullptr);
 }
 
-absl::string_view Av(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
 }  // namespace
 
@@ -88,9 +89,16 @@ void WorkerSession::HeartbeatLoop() {
   }
 }
 
-void WorkerSession::Log(std::string_view text) const {
-  const std::string line = absl::StrCat(prefix_, ": ", Av(text), "\n");
-  (void)!write(STDERR_FILENO, line.data(), line.size());
+void WorkerSession::Log(Level level, std::string_view event,
+                        std::initializer_list<LogField> fields) const {
+  ::thermocline::Log(level, event, fields, prefix_);
+}
+
+std::function<void(const std::string&)> WorkerSession::LineLogger(std::string_view event,
+                                                                  Level level) const {
+  return [this, event = std::string(event), level](const std::string& line) {
+    Log(level, event, {{"msg", line}});
+  };
 }
 
 std::string WorkerSession::StopReason() const {
@@ -101,7 +109,7 @@ std::string WorkerSession::StopReason() const {
 }
 
 void WorkerSession::Fail(const absl::Status& status) {
-  Log(absl::StrCat("fatal: ", status.ToString()));
+  Log(Level::kError, "fatal", {{"error", status.ToString()}});
   transport_->SetState(ProcessState::kFailed);
   std::_Exit(1);
 }

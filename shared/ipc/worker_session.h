@@ -2,10 +2,13 @@
 // transport (waiting up to 5 s for the gateway to publish it), mark the slot starting, keep a
 // heartbeat every 50 ms from a thread of its own (so a long load or a long step still reads as
 // alive; the compute thread's own progress is published separately, Progress), and watch for the two reasons to stop: SIGTERM/SIGINT and the death of the gateway
-// that owns the segment. Log lines go to stderr, one line per event, prefixed with the role.
+// that owns the segment. Log lines go to stderr in the gateway's logfmt (shared/util/logfmt.h),
+// component=gpu_worker or cpu_worker, one line per event.
 #pragma once
 
 #include <atomic>
+#include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -15,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "shared/ipc/transport.h"
+#include "shared/util/logfmt.h"
 
 namespace thermocline::ipc {
 
@@ -37,9 +41,13 @@ class WorkerSession {
 
   Transport& transport() { return *transport_; }
 
-  // One line "<prefix>: <text>" to stderr, written with a single call so that lines of the two
-  // workers (sharing the parent's stderr) do not interleave mid-line.
-  void Log(std::string_view text) const;
+  // One logfmt line, component=<log_prefix> (written with a single call, so that lines of the
+  // two workers and the gateway, sharing one stderr, never interleave mid-line).
+  void Log(Level level, std::string_view event, std::initializer_list<LogField> fields = {}) const;
+  // For the parts that report in sentences (metrics writer, cold link, CUDA backend): each line
+  // becomes one event `event` with msg=<line>.
+  std::function<void(const std::string&)> LineLogger(std::string_view event,
+                                                     Level level = Level::kInfo) const;
 
   // Non-empty when the worker should exit cleanly: "SIGTERM received", "gateway exited".
   std::string StopReason() const;

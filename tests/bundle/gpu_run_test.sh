@@ -22,8 +22,9 @@ bin=$tmp/bin path=$tmp/path
 
 stub thermocline 'case $1 in --version) echo "thermocline 9.9.9" ;; *) echo "unexpected: $*" >&2; exit 3 ;; esac' "$bin"
 # Past its device check it fails to attach: exit 1 (STUB_NO_DEVICE: the check's exit 2).
-stub thermocline-gpu-worker '[ -n "$STUB_NO_DEVICE" ] && { echo "gpu_worker: --backend cuda: no usable CUDA device: stub reason" >&2; exit 2; }
-echo "gpu_worker: cannot attach to instance" >&2; exit 1' "$bin"
+# (its lines as the real worker writes them: logfmt, shared/util/logfmt.h)
+stub thermocline-gpu-worker '[ -n "$STUB_NO_DEVICE" ] && { echo "ts=2026-01-01T00:00:00.000000Z level=error component=gpu_worker event=start_failed error=\"--backend cuda: no usable CUDA device: stub reason\"" >&2; exit 2; }
+echo "ts=2026-01-01T00:00:00.000000Z level=error component=gpu_worker event=attach_failed instance=x error=NOT_FOUND" >&2; exit 1' "$bin"
 stub thermocline-cpu-worker 'exit 0' "$bin"
 stub cuda_kernels_test 'cat <<END
 [==========] Running 2 tests from 1 test suite.

@@ -2,6 +2,10 @@
 // queue. Real gateway processes, real gRPC clients.
 #include <signal.h>
 
+#include <optional>
+#include <regex>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -112,6 +116,47 @@ TEST(GatewayLifecycle, SpentRestartBudgetEndsTheGatewayWithStatus1) {
   // The workers went with it and the instance's segments were removed on the way out.
   EXPECT_TRUE(Gateway::WaitFor([&] { return kill(gpu, 0) != 0; }));
   EXPECT_TRUE(ipc::ListInstanceSegments(Unique("budget")).empty());
+}
+
+// The unit's journal holds one format: every line the gateway, its two workers and the driver
+// write to their shared stderr is logfmt (shared/util/logfmt.h), through a worker restart and a
+// shutdown — the events where the workers and the driver speak. The regex is logfmt's grammar
+// as the writer promises it: ts (absent only on the SIGBUS line), level, component, event, then
+// key=value pairs whose values are bare or double-quoted with backslash escapes.
+TEST(GatewayLifecycle, EveryLineOfTheUnitsStderrIsLogfmt) {
+  std::optional<Gateway> gw(std::in_place, Unique("logfmt"), std::vector<std::string>{});
+  ASSERT_TRUE(gw->Generate(Greedy("Once upon a time", 8)).status.ok()) << gw->Log();
+  int cpu = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(gw->LogValue("workers_ready", "cpu_pid"), &cpu)) << gw->Log();
+  ASSERT_EQ(kill(cpu, SIGKILL), 0);
+  const Completion after = gw->Generate(Greedy("Once upon a time", 8));
+  ASSERT_TRUE(after.status.ok()) << after.status.error_message() << "\n" << gw->Log();
+  gw->Signal(SIGTERM);
+  ASSERT_TRUE(gw->WaitExit(60).has_value()) << gw->Log();
+  const std::string log = gw->Log();
+  gw.reset();
+  const std::regex line_re(
+      "(ts=[0-9T:.Z-]+ )?level=(debug|info|warn|error) component=[a-z_]+ event=[a-z_]+"
+      "( [a-z_]+=([^ \"=\\\\]+|\"([^\"\\\\]|\\\\.)*\"))*");
+  std::istringstream lines(log);
+  std::string line;
+  std::set<std::string> components;
+  int n = 0;
+  while (std::getline(lines, line)) {
+    ++n;
+    EXPECT_TRUE(std::regex_match(line, line_re)) << "not logfmt: " << line;
+    const size_t at = line.find(" component=");
+    if (at != std::string::npos) {
+      components.insert(line.substr(at + 11, line.find(' ', at + 11) - at - 11));
+    }
+  }
+  EXPECT_GT(n, 8) << log;
+  for (const char* c : {"gateway", "gpu_worker", "cpu_worker", "driver"}) {
+    EXPECT_TRUE(components.count(c)) << "no line from " << c << " in:\n" << log;
+  }
+  // The worker lines carry what the old sentences did, as fields.
+  EXPECT_NE(log.find("component=cpu_worker event=attached instance="), std::string::npos) << log;
+  EXPECT_NE(log.find("component=driver event=worker_restarted"), std::string::npos) << log;
 }
 
 // --max-concurrent bounds the Generate calls in flight, whatever holds them (here a request the

@@ -32,19 +32,23 @@ class BackendFlags : public ::testing::Test {
                     "-o", *model_});
     ASSERT_EQ(synth.exit_code, 0) << synth.err;
     // What the gpu worker says of --backend cuda on this machine: it checks before attaching,
-    // so the probe needs no instance; exit 2 with "gpu_worker: --backend cuda: ..." is the
-    // refusal (built without CUDA, or no usable device) that must reach the user, and past that
-    // check (exit 1: no such instance) a device is usable.
+    // so the probe needs no instance; exit 2 with its logfmt line "... component=gpu_worker
+    // event=start_failed error=\"--backend cuda: ...\"" is the refusal (built without CUDA, or
+    // no usable device) that must reach the user, and past that check (exit 1: no such
+    // instance) a device is usable. The line is kept from "level=" on: the gateway's copy has
+    // its own ts.
     const CommandResult probe =
         RunCommand({Bin("thermocline-gpu-worker"), "--backend", "cuda", "--instance",
                     absl::StrCat("backend-probe-", getpid()), "--model", *model_,
                     "--hot-fraction", "1"});
-    const std::string prefix = "gpu_worker: --backend cuda: ";
-    if (probe.exit_code == 2 && probe.err.rfind(prefix, 0) == 0) {
-      refusal_ = new std::string(probe.err.substr(0, probe.err.find('\n')));
+    const std::string line = probe.err.substr(0, probe.err.find('\n'));
+    if (probe.exit_code == 2 &&
+        Contains(line, "level=error component=gpu_worker event=start_failed "
+                       "error=\"--backend cuda: ")) {
+      refusal_ = new std::string(line.substr(line.find("level=")));
     } else {
       ASSERT_EQ(probe.exit_code, 1) << probe.err;
-      ASSERT_TRUE(Contains(probe.err, "cannot attach to instance")) << probe.err;
+      ASSERT_TRUE(Contains(probe.err, "component=gpu_worker event=attach_failed")) << probe.err;
     }
   }
   static void TearDownTestSuite() {

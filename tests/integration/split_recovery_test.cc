@@ -443,10 +443,10 @@ class DriverProcess {
     return log_;
   }
   const std::string& log() const { return log_; }
-  // The worker pids, from their "attached to instance '…' (pid N)" lines.
+  // The worker pids, from their "event=attached instance=… pid=N" lines.
   std::vector<pid_t> WorkerPids() const {
     std::vector<pid_t> pids;
-    const std::regex attached("attached to instance '[^']*' \\(pid ([0-9]+)\\)");
+    const std::regex attached("event=attached instance=[^ ]+ pid=([0-9]+)");
     for (std::sregex_iterator it(log_.begin(), log_.end(), attached), end; it != end; ++it) {
       pids.push_back(std::stoi((*it)[1]));
     }

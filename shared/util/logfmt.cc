@@ -1,4 +1,4 @@
-#include "gateway/log.h"
+#include "shared/util/logfmt.h"
 
 #include <unistd.h>
 
@@ -8,7 +8,7 @@
 #include <ctime>
 #include <mutex>
 
-namespace thermocline::gateway {
+namespace thermocline {
 namespace {
 
 std::atomic<int> g_min_level{static_cast<int>(Level::kInfo)};
@@ -118,10 +118,10 @@ void Log(Level level, std::string_view event, std::initializer_list<LogField> fi
   while (left > 0) {
     const ssize_t n = ::write(STDERR_FILENO, p, left);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;  // stderr gone: logging must never take the gateway down
+    if (n <= 0) return;  // stderr gone: logging must never take a process down
     p += n;
     left -= static_cast<size_t>(n);
   }
 }
 
-}  // namespace thermocline::gateway
+}  // namespace thermocline
