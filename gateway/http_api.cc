@@ -21,6 +21,9 @@ using Json = OpenAiJson;
 
 // Request bodies beyond this are refused before parsing (the gRPC API's message limit).
 constexpr size_t kMaxBodyBytes = 4 << 20;
+// Each connection's socket send buffer (the kernel doubles it): enough for a burst of SSE
+// chunks, small enough that a stalled reader is felt by the scheduler (see set_socket_options).
+constexpr int kSendBufferBytes = 64 << 10;
 // JSON nesting accepted in a body (a chat message's tool calls nest a few levels).
 constexpr int kMaxBodyDepth = 64;
 // How long a handler waits for the scheduler before it looks at its connection's state again.
@@ -155,9 +158,15 @@ absl::Status HttpApi::Serve(const HttpOptions& options) {
   server->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   // Without SO_REUSEPORT (httplib's default sets it): a port in use must be an error, not a
   // port shared with another gateway.
+  // A bounded send buffer (accepted connections inherit it from the listener): with Linux's
+  // autotuning a reader that never reads lets the kernel take up to 4 MiB of each stream
+  // before a write blocks, so the scheduler's backpressure (--max-pending-messages, then
+  // --stream-idle-timeout) would never see it; with this, it does within ~kSendBufferBytes.
   server->set_socket_options([](socket_t sock) {
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    int sndbuf = kSendBufferBytes;
+    setsockopt(sock, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
   });
   server->set_payload_max_length(kMaxBodyBytes);
   if (options.write_timeout > absl::ZeroDuration()) {

@@ -95,6 +95,7 @@ class Gateway {
     while (words >> w) {
       if (w.rfind("grpc=", 0) == 0) address_ = w.substr(5);
       if (w.rfind("metrics=", 0) == 0) metrics_address_ = w.substr(8);
+      if (w.rfind("http=", 0) == 0 && w != "http=off") http_address_ = w.substr(5);
     }
     if (address_.empty()) {
       ADD_FAILURE() << "no listening line; got '" << line << "'; log:\n" << Log();
@@ -148,6 +149,8 @@ class Gateway {
   v1::Generation::Stub& stub() { return *stub_; }
   const std::string& address() const { return address_; }
   const std::string& metrics_address() const { return metrics_address_; }
+  // The OpenAI HTTP API's HOST:PORT (given --http-listen), else empty.
+  const std::string& http_address() const { return http_address_; }
   std::string Log() const { return ReadFileOrDie(log_path_); }
 
   grpc::health::v1::HealthCheckResponse::ServingStatus Health(const std::string& service = "") {
@@ -223,7 +226,7 @@ class Gateway {
   pid_t pid_ = -1;
   bool exited_ = false;
   std::string log_path_;
-  std::string address_, metrics_address_;
+  std::string address_, metrics_address_, http_address_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Generation::Stub> stub_;
   std::unique_ptr<grpc::health::v1::Health::Stub> health_;

@@ -4,9 +4,11 @@
 // cancellations, malformed requests, and every 2-4 s one fault: kill -9 of a random worker,
 // its compute thread frozen with ptrace (its heartbeat thread beating on: found by the
 // --hang-timeout of 2 s), or the corrupt flag of a random ring set (the steps that meet it
-// fail DATA_LOSS naming the ring, the only failure allowed; then every ring is reset). Readers
-// that read nothing are python_slow_reader_test's (a gRPC client cannot be made to announce a
-// zero window). Afterwards:
+// fail DATA_LOSS naming the ring, the only failure allowed; then every ring is reset). Beside
+// them, streamed HTTP completions whose reader never reads (a socket with a 1 KiB receive
+// buffer: the gateway's writes block once the kernel's buffers fill), which the gateway must
+// pause, abandon after --stream-idle-timeout and free; gRPC readers announcing a zero window
+// are python_slow_reader_test's (a gRPC client cannot be made to). Afterwards:
 // the gateway is the same process and SERVING; every call ended with a complete stream or a
 // clear status; KV slots, segments and file descriptors are back where they were; VmRSS grew
 // by less than the stated margin. The figures are printed (and recorded in operations.md for
@@ -18,6 +20,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <deque>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -149,6 +152,8 @@ TEST(Soak, ChaosUnder64StreamsLosesNothingAndLeaksNothing) {
   auto gw = std::make_unique<Gateway>(
       instance, std::vector<std::string>{"--kv-slots", "8", "--max-batch", "8", "--max-queue",
                                          "128", "--max-restarts", "1000", "--hang-timeout", "2",
+                                         "--http-listen", "127.0.0.1:0", "--stream-idle-timeout",
+                                         "2",
                                          "--worker-log",
                                          absl::StrCat(TempDir(), "/", instance, ".workers.log")});
   const std::vector<pid_t> gws = Pids(instance, "thermocline-gateway");
@@ -255,6 +260,53 @@ TEST(Soak, ChaosUnder64StreamsLosesNothingAndLeaksNothing) {
     });
   }
 
+  // Never-read streams: every 1-2 s one more streamed completion (2 sequences, 5 logprobs:
+  // ~0.7 MB of SSE) whose socket is never read, held open for 6-10 s (past the idle timeout,
+  // queueing included) and then closed; at most 3 at a time.
+  std::atomic<int64_t> never_read{0};
+  clients.emplace_back([&] {
+    std::mt19937 rng(4321);
+    const std::string& http = gw->http_address();
+    const size_t colon = http.rfind(':');
+    const int port = std::atoi(http.c_str() + colon + 1);
+    std::deque<std::pair<int, std::chrono::steady_clock::time_point>> open;
+    while (!stop.load()) {
+      const auto now = std::chrono::steady_clock::now();
+      while (!open.empty() && (open.front().second <= now || stop.load())) {
+        close(open.front().first);
+        open.pop_front();
+      }
+      if (open.size() < 3) {
+        const int fd = socket(AF_INET, SOCK_STREAM, 0);
+        const int rcvbuf = 4096;  // before connect: it sets the window
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
+        sockaddr_in sa{};
+        sa.sin_family = AF_INET;
+        sa.sin_port = htons(static_cast<uint16_t>(port));
+        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+          problem(absl::StrCat("cannot connect to the HTTP API at ", http));
+          close(fd);
+        } else {
+          const std::string body =
+              R"({"prompt":"Once upon a time","max_tokens":240,"ignore_eos":true,"stream":true,)"
+              R"("logprobs":5,"n":2})";
+          const std::string req = absl::StrCat(
+              "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+              "application/json\r\nContent-Length: ",
+              body.size(), "\r\n\r\n", body);
+          if (send(fd, req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size())) {
+            problem("could not send a never-read request");
+          }
+          ++never_read;
+          open.emplace_back(fd, now + std::chrono::milliseconds(6000 + rng() % 4000));
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1000 + rng() % 1000));
+    }
+    for (auto& [fd, when] : open) close(fd);
+  });
+
   // Chaos: one fault every 2-4 s; segments checked at every tick.
   std::mt19937 rng(99);
   std::vector<pid_t> tracers;
@@ -303,6 +355,16 @@ TEST(Soak, ChaosUnder64StreamsLosesNothingAndLeaksNothing) {
   }
   EXPECT_EQ(slots, 0) << "KV slots still held";
   const double restarts = MetricSum(metrics, "thermocline_worker_restarts_total");
+  // The never-read streams the gateway gave up (the others ended within the kernel's buffers
+  // or when their socket closed).
+  int64_t abandoned = 0;
+  {
+    std::istringstream lines(gw->Log());
+    std::string line;
+    while (std::getline(lines, line)) abandoned += line.find("event=stream_abandoned") != std::string::npos;
+  }
+  EXPECT_GT(never_read.load(), 0);
+  EXPECT_GT(abandoned, 0) << "no never-read HTTP stream was paused and ended";
   // One more request after the chaos: the gateway still computes the same answer.
   const Completion last = gw->Generate(greedy[0]);
   EXPECT_TRUE(last.status.ok());
@@ -330,6 +392,8 @@ TEST(Soak, ChaosUnder64StreamsLosesNothingAndLeaksNothing) {
       ", compute threads frozen ", freezes.load(), ", rings scribbled ", scribbles.load(),
       " (DATA_LOSS answers ", data_loss.load(), ")",
       ", restarts survived ", restarts, ", other failures ", unavailable.load(),
+      ", never-read HTTP streams ", never_read.load(), " (abandoned by the gateway ",
+      abandoned, ")",
       "; gateway fds ", fds_before, " -> ", fds_after, ", VmRSS ", rss_before, " -> ", rss_after,
       " KiB; KV slots used after: ", slots);
   std::cout << figures << std::endl;

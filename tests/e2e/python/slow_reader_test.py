@@ -8,6 +8,10 @@ Before backpressure, such streams were generated to their end and buffered in th
 it, only its own sequence stalls (the ordinary client is served meanwhile), and after
 --stream-idle-timeout its call is cancelled (RST_STREAM) and its KV slot freed.
 
+The same holds for the OpenAI HTTP API: a streamed completion whose socket is never read
+fills the connection's (bounded) send buffer, its sequences pause and are ended after the idle
+timeout, and the stream ends with an error event and `data: [DONE]` once the reader reads.
+
 The requests are encoded by hand (two protobuf fields and the gRPC length prefix) so that this
 test needs no generated code: the wire is what it exercises.
 
@@ -16,6 +20,7 @@ Exit codes: 0 passed, 1 failed, 77 skipped (this python3 has no h2 module).
 """
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -163,7 +168,7 @@ class SlowReaderTest(unittest.TestCase):
              "--max-batch", "4", "--kv-slots", "4",
              "--max-pending-messages", str(MAX_PENDING),
              "--stream-idle-timeout", str(IDLE_TIMEOUT_S),
-             "--write-timeout", str(WRITE_TIMEOUT_S)],
+             "--write-timeout", str(WRITE_TIMEOUT_S), "--http-listen", "127.0.0.1:0"],
             stdout=subprocess.PIPE, stderr=cls.log)
         line = cls.gateway.stdout.readline().decode()
         fields = dict(w.split("=", 1) for w in line.split() if "=" in w)
@@ -171,6 +176,7 @@ class SlowReaderTest(unittest.TestCase):
             cls.stop()
             raise RuntimeError(f"no listening line; got {line!r}; log:\n{cls.read_log()}")
         cls.address, cls.metrics_address = fields["grpc"], fields["metrics"]
+        cls.http_address = fields.get("http", "off")
         # Ready once an ordinary stream is answered (UNAVAILABLE "loading" until then).
         deadline = time.monotonic() + 60
         while not cls.read_one(2)[0] == "0":
@@ -227,6 +233,61 @@ class SlowReaderTest(unittest.TestCase):
     def metrics(self):
         with urllib.request.urlopen(f"http://{self.metrics_address}/metrics", timeout=10) as r:
             return r.read().decode()
+
+    def test_an_http_stream_never_read_pauses_then_is_ended(self):
+        host, port = self.http_address.rsplit(":", 1)
+        before = self.metrics()
+        generated_before = metric(before, "thermocline_generated_tokens_total") or 0
+        abandoned_before = self.read_log().count("event=stream_abandoned")
+        n, max_tokens = 4, 240
+        # ~1.6 KB of SSE per token with 5 logprobs: 4 x 240 tokens are ~1.5 MB, far more than
+        # the kernel holds for a connection whose send buffer the gateway bounds.
+        body = json.dumps({"prompt": "Once upon a time", "max_tokens": max_tokens,
+                           "ignore_eos": True, "stream": True, "logprobs": 5, "n": n})
+        stalled = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: the window
+        stalled.settimeout(30)
+        stalled.connect((host, int(port)))
+        stalled.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\n"
+                         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                         f"\r\n{body}").encode())
+        try:
+            # An ordinary HTTP request is served while the stalled one holds its slots.
+            req = urllib.request.Request(
+                f"http://{self.http_address}/v1/completions",
+                data=json.dumps({"prompt": "Once upon a time", "max_tokens": 5,
+                                 "temperature": 0}).encode(),
+                headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=60) as r:
+                self.assertEqual(r.status, 200)
+                self.assertEqual(json.loads(r.read())["usage"]["completion_tokens"], 5)
+            deadline = time.monotonic() + IDLE_TIMEOUT_S + 30
+            while self.read_log().count("event=stream_abandoned") < abandoned_before + n:
+                self.assertLess(time.monotonic(), deadline,
+                                f"the never-read HTTP stream was not ended:\n{self.read_log()}")
+                time.sleep(0.1)
+            after = self.metrics()
+            generated = (metric(after, "thermocline_generated_tokens_total") or 0) - \
+                generated_before
+            # Without backpressure all n x max_tokens are generated into the kernel's buffers
+            # (measured: 960 before the send buffer was bounded, 234-243 after).
+            self.assertLess(generated, n * max_tokens * 3 / 4, after)
+            print(f"never-read HTTP stream: {generated:.0f} of {n * max_tokens} tokens generated",
+                  file=sys.stderr)
+            # Read now: the stream ends cleanly, saying why, then [DONE] and the last chunk.
+            received = b""
+            while not received.endswith(b"0\r\n\r\n"):
+                chunk = stalled.recv(1 << 20)
+                if not chunk:
+                    break
+                received += chunk
+            self.assertIn(b"--stream-idle-timeout", received)
+            self.assertIn(b"data: [DONE]", received)
+        finally:
+            stalled.close()
+        # Its slots are free again.
+        for _ in range(4):
+            self.assertEqual(self.read_one(3)[0], "0")
 
     def test_window_zero_streams_pause_alone_then_are_cancelled(self):
         before = self.metrics()
