@@ -113,14 +113,17 @@ int CountFds(pid_t pid) {
   return n;
 }
 
-int64_t VmRssKiB(pid_t pid) {
+// A field of /proc/PID/status ("VmRSS:" in KiB, "Threads:"), or -1.
+int64_t ProcStatus(pid_t pid, const std::string& field) {
   std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
   std::string line;
   while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::atoll(line.c_str() + 6);
+    if (line.rfind(field, 0) == 0) return std::atoll(line.c_str() + field.size());
   }
   return -1;
 }
+int64_t VmRssKiB(pid_t pid) { return ProcStatus(pid, "VmRSS:"); }
+int64_t Threads(pid_t pid) { return ProcStatus(pid, "Threads:"); }
 
 // Malformed requests: each must be refused with INVALID_ARGUMENT.
 std::vector<v1::GenerateRequest> BadRequests(int context) {
@@ -182,6 +185,7 @@ TEST(Soak, ChaosUnder64StreamsLosesNothingAndLeaksNothing) {
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   const int fds_before = CountFds(gateway);
   const int64_t rss_before = VmRssKiB(gateway);
+  const int64_t threads_before = Threads(gateway);
   const std::vector<std::string> segs = ipc::ListInstanceSegments(instance);
   ASSERT_GE(segs.size(), 2u);
 
@@ -372,11 +376,15 @@ TEST(Soak, ChaosUnder64StreamsLosesNothingAndLeaksNothing) {
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   const int fds_after = CountFds(gateway);
   const int64_t rss_after = VmRssKiB(gateway);
+  const int64_t threads_after = Threads(gateway);
   // gRPC may keep a few more sockets or pipes than at the baseline; a leak per request or per
   // restart would be hundreds here.
   EXPECT_LE(fds_after, fds_before + 8) << "fd leak";
   // Memory flat: at most 64 MiB more than after the warm-up burst.
   EXPECT_LE(rss_after - rss_before, 64 * 1024) << "VmRSS grew";
+  // Threads flat: gRPC's and the HTTP API's pools are sized at start; a thread per stream or
+  // per restart left behind would show here.
+  EXPECT_LE(threads_after, threads_before + 4) << "threads grew";
   const std::vector<std::string> segs_after = ipc::ListInstanceSegments(instance);
   EXPECT_EQ(std::set<std::string>(segs_after.begin(), segs_after.end()),
             std::set<std::string>(segs.begin(), segs.end()));
@@ -394,7 +402,8 @@ TEST(Soak, ChaosUnder64StreamsLosesNothingAndLeaksNothing) {
       ", restarts survived ", restarts, ", other failures ", unavailable.load(),
       ", never-read HTTP streams ", never_read.load(), " (abandoned by the gateway ",
       abandoned, ")",
-      "; gateway fds ", fds_before, " -> ", fds_after, ", VmRSS ", rss_before, " -> ", rss_after,
+      "; gateway fds ", fds_before, " -> ", fds_after, ", threads ", threads_before, " -> ",
+      threads_after, ", VmRSS ", rss_before, " -> ", rss_after,
       " KiB; KV slots used after: ", slots);
   std::cout << figures << std::endl;
   RecordProperty("figures", figures);
