@@ -148,20 +148,25 @@ int RunTrainPredictor(const std::vector<std::string>& args) {
   }
   auto tokens_or = TokenizeCorpusFile(corpus_path, model.tokenizer(), max_tokens);
   if (!tokens_or.ok()) return fail(std::string(tokens_or.status().message()));
-  std::vector<int32_t> eval_tokens_list;
-  if (!eval_corpus_path.empty()) {
-    auto eval_or = TokenizeCorpusFile(eval_corpus_path, model.tokenizer(), eval_tokens);
-    if (!eval_or.ok()) return fail(std::string(eval_or.status().message()));
-    if (static_cast<int64_t>(eval_or->size()) < o.window - 1) {
-      return fail(absl::StrFormat("--eval-corpus %s has %d tokens, fewer than one window of %d",
-                                  eval_corpus_path, eval_or->size(), o.window - 1));
-    }
-    eval_tokens_list = std::move(*eval_or);
-  }
 
   const int n_threads =
       threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
   ThreadPool pool(n_threads);
+  // The evaluation samples are collected before training, so that a bad --eval-corpus fails
+  // before the long part.
+  std::vector<LayerSamples> eval_samples;
+  if (!eval_corpus_path.empty()) {
+    auto eval_tokens_or = TokenizeCorpusFile(eval_corpus_path, model.tokenizer(), eval_tokens);
+    if (!eval_tokens_or.ok()) return fail(std::string(eval_tokens_or.status().message()));
+    PredictorTrainerOptions eo = o;
+    eo.progress = false;
+    auto collected = CollectPredictorSamples(model, *eval_tokens_or, eo, pool);
+    if (!collected.ok()) {
+      return fail("--eval-corpus " + eval_corpus_path + ": " +
+                  std::string(collected.status().message()));
+    }
+    eval_samples = std::move(*collected);
+  }
   const int64_t per_layer_samples = std::min<int64_t>(
       o.max_samples_per_layer, static_cast<int64_t>(tokens_or->size()) / (o.window - 1) * o.window);
   const double sample_bytes = static_cast<double>(c.dim * 2 + (c.ffn_dim + 63) / 64 * 8 + 1);
@@ -225,20 +230,16 @@ int RunTrainPredictor(const std::vector<std::string>& args) {
                                     set.threshold())
                         .c_str(),
               set.bytes() / double(1 << 20), type_name.c_str());
-  if (!eval_tokens_list.empty()) {
+  if (!eval_samples.empty()) {
     // Every token of the evaluation text counts (no split): the predictors never saw any of it.
-    PredictorTrainerOptions eo = o;
-    eo.progress = false;
-    auto eval_samples = CollectPredictorSamples(model, eval_tokens_list, eo, pool);
-    if (!eval_samples.ok()) return fail(std::string(eval_samples.status().message()));
     std::printf("on %s (%lld samples per layer, none trained on):\n", eval_corpus_path.c_str(),
-                static_cast<long long>((*eval_samples)[0].size()));
+                static_cast<long long>(eval_samples[0].size()));
     std::printf("%5s %9s %9s %10s %10s %9s\n", "layer", "recall", "precision", "predicted",
                 "active", "selected");
     double worst_recall = 1, worst_ratio = 0;
     for (int64_t l = 0; l < set.n_layers(); ++l) {
       const PredictorLayerReport r =
-          EvaluatePredictorLayer(set, l, (*eval_samples)[l], std::nullopt, pool);
+          EvaluatePredictorLayer(set, l, eval_samples[l], std::nullopt, pool);
       // Neurons computed per truly active neuron: the cost of the predictor's misses' cover.
       const double ratio = r.true_active > 0 ? r.predicted_active / r.true_active : 0;
       std::printf("%5lld %9.4f %9.4f %10.4f %10.4f %8.3fx\n", static_cast<long long>(l), r.recall,
