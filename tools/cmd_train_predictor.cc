@@ -1,5 +1,6 @@
 // `thermocline train-predictor`: trains PowerInfer-style activation predictors for a model over
 // a text corpus (see shared/sparsity/predictor_trainer.h) and writes them as GGUF.
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -21,8 +22,9 @@ namespace thermocline::tools {
 namespace {
 
 int RunTrainPredictor(const std::vector<std::string>& args) {
-  std::string model_path, corpus_path, output, rank_arg, candidates_arg, stats_path, type_name;
-  int64_t max_tokens = 0;
+  std::string model_path, corpus_path, output, rank_arg, candidates_arg, stats_path, type_name,
+      eval_corpus_path;
+  int64_t max_tokens = 0, eval_tokens = 0;
   int threads = 0;
   float stats_target = -1;
   PredictorTrainerOptions o;
@@ -33,12 +35,16 @@ int RunTrainPredictor(const std::vector<std::string>& args) {
       ("corpus", po::value(&corpus_path)->required(), "UTF-8 text to collect activations over")
       ("output,o", po::value(&output)->required(), "predictor file to write (GGUF)")
       ("tokens", po::value(&max_tokens)->default_value(65536), "corpus tokens to use at most (0 = all)")
+      ("eval-corpus", po::value(&eval_corpus_path),
+       "after training, also measure every layer on this text (one the predictors never saw)")
+      ("eval-tokens", po::value(&eval_tokens)->default_value(65536),
+       "--eval-corpus tokens to use at most (0 = all; capped by --max-samples)")
       ("window", po::value(&o.window)->default_value(o.window), "positions per corpus window, BOS included")
       ("rank", po::value(&rank_arg)->default_value("auto"),
        "predictor rank for every layer, or auto: per layer, the smallest candidate whose "
        "precision the next one does not beat by --rank-tolerance")
       ("rank-candidates", po::value(&candidates_arg)->default_value(""),
-       "comma-separated ranks for --rank auto (default dim/16,dim/8,dim/4,dim/2)")
+       "comma-separated ranks for --rank auto (default dim/16,dim/8,dim/4,dim/2,3dim/4,dim)")
       ("rank-tolerance", po::value(&o.rank_tolerance)->default_value(o.rank_tolerance, "0.02"),
        "precision gain that justifies a larger rank")
       ("epochs", po::value(&o.epochs)->default_value(o.epochs), "passes over the training samples")
@@ -76,6 +82,10 @@ int RunTrainPredictor(const std::vector<std::string>& args) {
   };
   if (threads < 0) return fail("--threads must be >= 0");
   if (max_tokens < 0) return fail("--tokens must be >= 0");
+  if (eval_tokens < 0) return fail("--eval-tokens must be >= 0");
+  if (vm.count("eval-tokens") && !vm["eval-tokens"].defaulted() && eval_corpus_path.empty()) {
+    return fail("--eval-tokens needs --eval-corpus");
+  }
   if (type_name != "f32" && type_name != "f16" && type_name != "bf16") {
     return fail("--type '" + type_name + "' is not one of: f32, f16, bf16");
   }
@@ -142,6 +152,21 @@ int RunTrainPredictor(const std::vector<std::string>& args) {
   const int n_threads =
       threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
   ThreadPool pool(n_threads);
+  // The evaluation samples are collected before training, so that a bad --eval-corpus fails
+  // before the long part.
+  std::vector<LayerSamples> eval_samples;
+  if (!eval_corpus_path.empty()) {
+    auto eval_tokens_or = TokenizeCorpusFile(eval_corpus_path, model.tokenizer(), eval_tokens);
+    if (!eval_tokens_or.ok()) return fail(std::string(eval_tokens_or.status().message()));
+    PredictorTrainerOptions eo = o;
+    eo.progress = false;
+    auto collected = CollectPredictorSamples(model, *eval_tokens_or, eo, pool);
+    if (!collected.ok()) {
+      return fail("--eval-corpus " + eval_corpus_path + ": " +
+                  std::string(collected.status().message()));
+    }
+    eval_samples = std::move(*collected);
+  }
   const int64_t per_layer_samples = std::min<int64_t>(
       o.max_samples_per_layer, static_cast<int64_t>(tokens_or->size()) / (o.window - 1) * o.window);
   const double sample_bytes = static_cast<double>(c.dim * 2 + (c.ffn_dim + 63) / 64 * 8 + 1);
@@ -205,6 +230,26 @@ int RunTrainPredictor(const std::vector<std::string>& args) {
                                     set.threshold())
                         .c_str(),
               set.bytes() / double(1 << 20), type_name.c_str());
+  if (!eval_samples.empty()) {
+    // Every token of the evaluation text counts (no split): the predictors never saw any of it.
+    std::printf("on %s (%lld samples per layer, none trained on):\n", eval_corpus_path.c_str(),
+                static_cast<long long>(eval_samples[0].size()));
+    std::printf("%5s %9s %9s %10s %10s %9s\n", "layer", "recall", "precision", "predicted",
+                "active", "selected");
+    double worst_recall = 1, worst_ratio = 0;
+    for (int64_t l = 0; l < set.n_layers(); ++l) {
+      const PredictorLayerReport r =
+          EvaluatePredictorLayer(set, l, eval_samples[l], std::nullopt, pool);
+      // Neurons computed per truly active neuron: the cost of the predictor's misses' cover.
+      const double ratio = r.true_active > 0 ? r.predicted_active / r.true_active : 0;
+      std::printf("%5lld %9.4f %9.4f %10.4f %10.4f %8.3fx\n", static_cast<long long>(l), r.recall,
+                  r.precision, r.predicted_active, r.true_active, ratio);
+      worst_recall = std::min<double>(worst_recall, r.recall);
+      worst_ratio = std::max(worst_ratio, ratio);
+    }
+    std::printf("worst layer: recall %.4f, selected %.3fx the truly active\n", worst_recall,
+                worst_ratio);
+  }
   std::printf("wrote %s\n", output.c_str());
   return 0;
 }

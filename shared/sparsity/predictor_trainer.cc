@@ -437,8 +437,11 @@ absl::Status ValidatePredictorTrainerOptions(const PredictorTrainerOptions& o,
 std::vector<int64_t> DefaultRankCandidates(const ModelConfig& config, GgmlType type) {
   const int64_t step = TypeTraits(type).block_size > 1 ? 32 : 16;
   std::vector<int64_t> out;
-  for (int64_t div : {16, 8, 4, 2}) {
-    const int64_t r = std::max(step, (config.dim / div + step - 1) / step * step);
+  // Sixteenths of dim: 1, 2, 4, 8, then 12 and 16 (full rank), which a predictor of a
+  // ReLU-gated model may need: relu(gate) > 0 is a sign test of a linear map of dim inputs.
+  for (int64_t sixteenths : {1, 2, 4, 8, 12, 16}) {
+    const int64_t r =
+        std::max(step, (config.dim * sixteenths / 16 + step - 1) / step * step);
     if (out.empty() || out.back() != r) out.push_back(r);
   }
   return out;
@@ -573,11 +576,17 @@ absl::StatusOr<std::vector<LayerSamples>> CollectPredictorSamples(
 }
 
 PredictorLayerReport EvaluatePredictorLayer(const PredictorSet& set, int64_t layer,
-                                            const LayerSamples& s, SampleSplit split,
-                                            ThreadPool& pool) {
+                                            const LayerSamples& s,
+                                            std::optional<SampleSplit> split, ThreadPool& pool) {
   constexpr int64_t kChunk = 256;
   const int64_t n = s.ffn_dim();
-  const std::vector<int64_t> ids = IndicesOf(s, split);
+  std::vector<int64_t> ids;
+  if (split) {
+    ids = IndicesOf(s, *split);
+  } else {
+    ids.resize(s.size());
+    std::iota(ids.begin(), ids.end(), 0);
+  }
   std::vector<float> x(kChunk * s.dim()), scores(kChunk * n);
   const float t = set.layer_threshold(layer);
   int64_t tp = 0, fp = 0, fn = 0;

@@ -179,6 +179,10 @@ TEST_F(PredictorTrainingTest, BadArgumentsAreNamed) {
       {{"--type", "q4_0"}, "--type 'q4_0' is not one of"},
       {{"--window", "100000"}, "--window 100000 must be in [2, 256]"},
       {{"--rank", "16", "--rank-candidates", "16,32"}, "--rank-candidates needs --rank auto"},
+      {{"--eval-tokens", "100"}, "--eval-tokens needs --eval-corpus"},
+      {{"--eval-corpus", *dir_ + "/no-eval.txt"}, "no-eval.txt"},
+      {{"--eval-corpus", OtherCorpus(), "--eval-tokens", "300"}, "--eval-corpus " + OtherCorpus() +
+                                                                   ": too few tokens"},
   };
   for (const Case& k : cases) {
     std::vector<std::string> argv = {bin,      "train-predictor", "--model", *model_, "--corpus",

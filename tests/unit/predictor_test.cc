@@ -400,9 +400,11 @@ TEST(PredictorTrainerTest, OptionsAreValidated) {
   silu.activation = FfnActivation::kSilu;
   ExpectError(ValidatePredictorTrainerOptions(o, silu), "needs one activation cut per layer");
   EXPECT_EQ(DefaultRankCandidates(SmallConfig(4096, 11008, 1), GgmlType::kF16),
-            std::vector<int64_t>({256, 512, 1024, 2048}));
+            std::vector<int64_t>({256, 512, 1024, 2048, 3072, 4096}));
   EXPECT_EQ(DefaultRankCandidates(SmallConfig(128, 512, 1), GgmlType::kF16),
-            std::vector<int64_t>({16, 32, 64}));
+            std::vector<int64_t>({16, 32, 64, 96, 128}));
+  EXPECT_EQ(DefaultRankCandidates(SmallConfig(64, 172, 1), GgmlType::kF16),
+            std::vector<int64_t>({16, 32, 48, 64}));
 }
 
 // Samples whose truth is a rank-8 ReLU MLP with a margin: a trainer that works recovers it.
