@@ -407,7 +407,11 @@ absl::Status SplitEngine::Recover(const Failure& failure) {
     }
   }
   TC_RETURN_IF_ERROR(CheckInputsUnchanged(Failure{roles, why}));
-  TC_ASSIGN_OR_RETURN(const uint64_t epoch, supervisor_->Restart(roles));
+  std::vector<ipc::Role> restarted;
+  TC_ASSIGN_OR_RETURN(const uint64_t epoch, supervisor_->Restart(roles, &restarted));
+  // More than asked when a ring was found corrupt meanwhile (then all were replaced).
+  if (restarted.size() > roles.size()) why += "; a ring was marked corrupt: every worker replaced";
+  roles = restarted;
   to_gpu_->set_epoch(epoch);
   from_gpu_->set_min_epoch(epoch);
   bool gpu = false;

@@ -96,8 +96,11 @@ class Supervisor {
   // for each, a place in the restart budget and its backoff; then one epoch bump, the spawns,
   // and the wait for readiness. A worker that dies again while starting is retried within the
   // budget. Returns the new epoch. Unavailable when the budget is spent (naming the worker and
-  // its last exit, marked with kGivenUpPayload) or in attach mode.
-  absl::StatusOr<uint64_t> Restart(std::span<const ipc::Role> roles);
+  // its last exit, marked with kGivenUpPayload) or in attach mode. While a ring is marked
+  // corrupt the restart takes every worker (only then are the rings reset), so `*restarted`
+  // (when given) receives the roles actually restarted, which may be more than `roles`.
+  absl::StatusOr<uint64_t> Restart(std::span<const ipc::Role> roles,
+                                   std::vector<ipc::Role>* restarted = nullptr);
 
   // SIGKILLs a worker (a hung one, or one its peer reported unavailable) and reaps it; the
   // next Check() reports it dead.

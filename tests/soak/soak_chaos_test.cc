@@ -21,6 +21,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <deque>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -148,17 +149,43 @@ std::vector<v1::GenerateRequest> BadRequests(int context) {
   return bad;
 }
 
+// A wedged instance is only understood from its logs and stacks: they are copied where the
+// test's temporary directory does not delete them, with every thread's stack of each process
+// when gdb is installed.
+void KeepEvidence(const Gateway& gw, const std::string& workers_log, const std::string& instance) {
+  const std::string dir = absl::StrCat(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp",
+                                       "/", instance, "-evidence");
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/gateway.log") << gw.Log();
+  std::error_code ec;
+  std::filesystem::copy_file(workers_log, dir + "/workers.log",
+                             std::filesystem::copy_options::overwrite_existing, ec);
+  if (access("/usr/bin/gdb", X_OK) == 0) {
+    std::vector<pid_t> pids = {gw.pid()};
+    for (const char* exe : {"thermocline-gpu-worker", "thermocline-cpu-worker"}) {
+      for (pid_t p : Pids(instance, exe)) pids.push_back(p);
+    }
+    for (pid_t p : pids) {
+      const std::string cmd = absl::StrCat(
+          "/usr/bin/gdb -batch -p ", p, " -ex 'thread apply all bt' > ", dir, "/stacks-", p,
+          ".txt 2>&1");
+      (void)!std::system(cmd.c_str());
+    }
+  }
+  ADD_FAILURE() << "the instance did not come back; its logs and stacks are in " << dir;
+}
+
 TEST(Soak, ChaosUnder64StreamsLosesNothingAndLeaksNothing) {
   const char* env = std::getenv("THERMOCLINE_SOAK_SECONDS");
   const int seconds = env != nullptr ? std::max(10, std::atoi(env)) : 45;
   const std::string instance = absl::StrCat("soak-", getpid());
+  const std::string workers_log = absl::StrCat(TempDir(), "/", instance, ".workers.log");
   auto gw = std::make_unique<Gateway>(
       instance, std::vector<std::string>{"--kv-slots", "8", "--max-batch", "8", "--max-queue",
                                          "128", "--max-restarts", "1000", "--hang-timeout", "2",
                                          "--http-listen", "127.0.0.1:0", "--stream-idle-timeout",
                                          "2",
-                                         "--worker-log",
-                                         absl::StrCat(TempDir(), "/", instance, ".workers.log")});
+                                         "--worker-log", workers_log});
   const std::vector<pid_t> gws = Pids(instance, "thermocline-gateway");
   ASSERT_EQ(gws.size(), 1u);
   const pid_t gateway = gws[0];
@@ -349,7 +376,9 @@ TEST(Soak, ChaosUnder64StreamsLosesNothingAndLeaksNothing) {
   // Afterwards: same gateway, SERVING, nothing held.
   EXPECT_EQ(kill(gateway, 0), 0) << "the gateway died";
   EXPECT_EQ(Pids(instance, "thermocline-gateway"), std::vector<pid_t>{gateway});
-  EXPECT_TRUE(gw->WaitServing(true));
+  const bool serving = gw->WaitServing(true);
+  EXPECT_TRUE(serving);
+  if (!serving) KeepEvidence(*gw, workers_log, instance);
   double slots = -1;
   std::string metrics;
   for (int i = 0; i < 100 && slots != 0; ++i) {

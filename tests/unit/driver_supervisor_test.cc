@@ -14,6 +14,7 @@
 #include "shared/driver/supervisor.h"
 #include "shared/ipc/segment.h"
 #include "shared/ipc/transport.h"
+#include "tests/fault_injection.h"
 #include "tests/test_support.h"
 
 namespace thermocline::driver {
@@ -101,6 +102,37 @@ TEST_F(SupervisorTest, StartsBothAndRestartsAKilledOneUnderANewEpoch) {
   EXPECT_EQ(sup_->pid(Role::kCpuWorker), 0);
   EXPECT_EQ(waitpid(new_cpu, nullptr, WNOHANG), -1) << "already reaped";
   EXPECT_EQ(transport_->Process(Role::kGpuWorker).state, ipc::ProcessState::kStopped);
+}
+
+// A ring marked corrupt while one worker is being restarted (the soak's ring scribble landing
+// just after a kill): restarting that worker alone would leave the mark, and every real worker
+// dies on it at its first read, so the restart takes both and resets every ring. Before the
+// fix the survivor was kept and the ring stayed corrupt (the 10-minute soak's outage).
+TEST_F(SupervisorTest, ARingMarkedCorruptDuringARestartIsResetWithBothWorkersReplaced) {
+  sup_ = std::make_unique<Supervisor>(*transport_, Options());
+  ASSERT_TRUE(sup_->Start().ok());
+  const pid_t gpu = sup_->pid(Role::kGpuWorker), cpu = sup_->pid(Role::kCpuWorker);
+  const uint64_t epoch0 = transport_->epoch();
+  ASSERT_EQ(kill(cpu, SIGKILL), 0);
+  std::vector<WorkerDeath> dead = WaitForDeath();
+  ASSERT_EQ(dead.size(), 1u);
+  {
+    testing::MappedTransport shm(instance_);
+    ASSERT_TRUE(shm.ok());
+    shm.Ring(ipc::RingId::kGatewayToGpu).corrupt.store(1);
+  }
+  ASSERT_EQ(transport_->CorruptRings().size(), 1u);
+  const Role roles[] = {Role::kCpuWorker};
+  std::vector<Role> restarted;
+  auto epoch = sup_->Restart(roles, &restarted);
+  ASSERT_TRUE(epoch.ok()) << epoch.status();
+  EXPECT_EQ(*epoch, epoch0 + 1) << "one epoch bump for both";
+  EXPECT_EQ(restarted.size(), 2u);
+  EXPECT_TRUE(transport_->CorruptRings().empty()) << "the mark outlived the restart";
+  EXPECT_NE(sup_->pid(Role::kCpuWorker), cpu);
+  EXPECT_NE(sup_->pid(Role::kGpuWorker), gpu) << "the survivor must go too: only then are rings reset";
+  EXPECT_TRUE(sup_->Check().empty());
+  sup_->Stop(absl::Milliseconds(200));
 }
 
 TEST_F(SupervisorTest, AWorkerThatKeepsCrashingSpendsTheBudgetAndIsNamed) {
