@@ -163,6 +163,8 @@ void Scheduler::PublishPids() {
 
 void Scheduler::UpdateGauges() {
   if (!metrics_) return;
+  const PrefixCacheStats pc = engine_->prefix_cache_stats();
+  metrics_->SetPrefixCache(pc.hit_tokens, pc.query_tokens, pc.evictions, pc.cached_blocks);
   metrics_->SetRunning(static_cast<int64_t>(running_.size()));
   metrics_->SetKvSlotsUsed(options_.kv_slots - static_cast<int64_t>(free_slots_.size()),
                            options_.kv_slots);
@@ -308,6 +310,9 @@ void Scheduler::Loop() {
         waiting_.pop_front();
         seq->slot = free_slots_.back();
         free_slots_.pop_back();
+        // The prefix cache: the blocks of the longest cached prefix are mapped into the slot
+        // and prefill starts after them.
+        seq->prefilled = engine_->ReusePrefix(seq->slot, seq->job.prompt);
         seq->started = absl::Now();
         if (metrics_) metrics_->ObserveQueueSeconds(Seconds(seq->started - seq->job.arrival));
         running_.push_back(std::move(seq));
