@@ -436,6 +436,7 @@ int Main(int argc, char** argv) {
           : (so.gpu_backend == "host" && workers != "attach"
                  ? static_cast<int32_t>(KvCache::BlocksFor(context))
                  : 0);
+  sched.fork_choices = so.prefix_cache_blocks > 0;
   so.max_batch = sched.max_batch + sched.prefill_chunk;  // one step is never cut
   so.max_logits_rows = sched.max_batch;
   so.attach = workers == "attach";

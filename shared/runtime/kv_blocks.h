@@ -30,8 +30,8 @@
 namespace thermocline {
 
 struct PrefixCacheStats {
-  int64_t hit_tokens = 0;      // prompt positions found cached (not computed)
-  int64_t query_tokens = 0;    // prompt positions looked up (hits + misses)
+  int64_t hit_tokens = 0;      // prompt positions found cached or forked (not computed)
+  int64_t query_tokens = 0;    // prompt positions looked up or forked (hits + misses)
   int64_t evictions = 0;       // cached blocks taken for other use
   int64_t cached_blocks = 0;   // blocks registered now (referenced or not)
 };

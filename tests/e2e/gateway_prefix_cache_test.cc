@@ -138,5 +138,66 @@ TEST(GatewayPrefixCache, GpuWorkerKilledWhileStreamsShareBlocks) {
   EXPECT_EQ(after.ids, undisturbed[1].ids);
 }
 
+// One call with n choices: each choice's token ids, by GenerateResponse.index.
+std::vector<std::vector<int32_t>> Choices(Gateway& gw, const v1::GenerateRequest& req,
+                                          grpc::Status* status, int* finals) {
+  grpc::ClientContext ctx;
+  auto reader = gw.stub().Generate(&ctx, req);
+  std::vector<std::vector<int32_t>> ids(std::max(1, req.n()));
+  v1::GenerateResponse resp;
+  *finals = 0;
+  while (reader->Read(&resp)) {
+    if (resp.index() < 0 || resp.index() >= static_cast<int>(ids.size())) {
+      ADD_FAILURE() << "index " << resp.index();
+      continue;
+    }
+    for (int32_t id : resp.chunk().token_ids()) ids[resp.index()].push_back(id);
+    if (resp.has_final()) ++*finals;
+  }
+  *status = reader->Finish();
+  return ids;
+}
+
+TEST(GatewayPrefixCache, ThreeChoicesPrefillThePromptOnceAndMatchIndependentSeededRuns) {
+  const std::vector<int32_t> prompt = Prompt(50, 0, 0);
+  v1::GenerateRequest req = Ids(prompt, 20);
+  req.set_temperature(0.9f);
+  req.set_seed(42);
+  // Independent runs, one request per seed, on a gateway without the cache.
+  std::vector<std::vector<int32_t>> independent;
+  {
+    Gateway off(absl::StrCat("e2e-choices-off-", getpid()), {"--prefix-cache-blocks", "0"});
+    for (int i = 0; i < 3; ++i) {
+      v1::GenerateRequest one = req;
+      one.set_seed(42 + i);
+      const Completion c = off.Generate(one);
+      ASSERT_TRUE(c.status.ok()) << c.status.error_message();
+      independent.push_back(c.ids);
+    }
+    // Without the cache, n = 3 is three prefills, and the same outputs.
+    req.set_n(3);
+    grpc::Status st;
+    int finals = 0;
+    EXPECT_EQ(Choices(off, req, &st, &finals), independent);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+  }
+  EXPECT_NE(independent[0], independent[1]);  // the seeds do differ
+  Gateway gw(absl::StrCat("e2e-choices-", getpid()));
+  grpc::Status st;
+  int finals = 0;
+  const auto got = Choices(gw, req, &st, &finals);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(finals, 3);
+  EXPECT_EQ(got, independent);
+  // The prompt was computed once: the other two choices forked all 50 of its positions.
+  EXPECT_EQ(Misses(gw), 50);
+  EXPECT_EQ(Hits(gw), 100);
+  // n out of range is refused, naming it.
+  req.set_n(17);
+  Choices(gw, req, &st, &finals);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(st.error_message().find("n (choices)"), std::string::npos) << st.error_message();
+}
+
 }  // namespace
 }  // namespace thermocline::testing
