@@ -35,16 +35,20 @@ uint64_t KvBlockManager::ChainKey(uint64_t parent_key, std::span<const int32_t> 
   return h;
 }
 
+bool KvBlockManager::Continues(int32_t block, int32_t parent,
+                               std::span<const int32_t> tokens) const {
+  // The key only says where to look: the block must continue this very parent (still holding
+  // what it held when the child was registered) with these very tokens.
+  const Block& b = blocks_[block];
+  if (!b.cached || b.parent != parent) return false;
+  if (parent >= 0 && b.parent_generation != blocks_[parent].generation) return false;
+  return std::equal(tokens.begin(), tokens.end(), b.tokens.begin());
+}
+
 int32_t KvBlockManager::Lookup(int32_t parent, uint64_t key,
                                std::span<const int32_t> tokens) const {
   auto it = index_.find(key);
-  if (it == index_.end()) return -1;
-  const Block& b = blocks_[it->second];
-  // The key only says where to look: the block must continue this very parent (still holding
-  // what it held when the child was registered) with these very tokens.
-  if (!b.cached || b.parent != parent) return -1;
-  if (parent >= 0 && b.parent_generation != blocks_[parent].generation) return -1;
-  if (!std::equal(tokens.begin(), tokens.end(), b.tokens.begin())) return -1;
+  if (it == index_.end() || !Continues(it->second, parent, tokens)) return -1;
   return it->second;
 }
 
@@ -241,9 +245,15 @@ void KvBlockManager::Commit(std::span<const BatchEntry> entries) {
       const auto tokens = std::span<const int32_t>(s.tokens).subspan(i * kKvBlockSize,
                                                                      kKvBlockSize);
       key = ChainKey(key, tokens);
-      // Another block already holds this prefix (or, rarely, a different one with the same
-      // key): this one stays private, and so do the blocks after it.
-      if (index_.contains(key)) break;
+      if (auto it = index_.find(key); it != index_.end()) {
+        // Another block holds this prefix, or held it under a parent since evicted (or, rarely,
+        // holds another one with the same key). A live one wins: this block stays private, and
+        // so do the ones after it. A stale one no sequence holds gives its key to this block.
+        const int32_t other = it->second;
+        if (Continues(other, parent, tokens) || blocks_[other].refs > 0) break;
+        Unregister(other);
+        free_.push_back(other);
+      }
       block.cached = true;
       block.key = key;
       block.parent = parent;

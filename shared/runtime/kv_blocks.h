@@ -101,6 +101,8 @@ class KvBlockManager {
   };
 
   static uint64_t ChainKey(uint64_t parent_key, std::span<const int32_t> tokens);
+  // Whether the registered `block` holds `tokens` right after `parent` (-1: at the start).
+  bool Continues(int32_t block, int32_t parent, std::span<const int32_t> tokens) const;
   // The registered block for `tokens` after `parent` (-1: none), or -1.
   int32_t Lookup(int32_t parent, uint64_t key, std::span<const int32_t> tokens) const;
   absl::StatusOr<int32_t> Allocate(int32_t slot, int32_t index);

@@ -124,6 +124,25 @@ TEST(KvBlocks, EvictedBlocksAreNotFoundAgain) {
   EXPECT_EQ(m.AttachPrefix(0, a), 0);
 }
 
+TEST(KvBlocks, AnEvictedPrefixIsRegisteredAgainWhenComputedAgain) {
+  KvBlockManager m(1, 64, 0, true);  // 4 blocks
+  const std::vector<int32_t> a = Tokens(33, 1);
+  Step(m, Prefill(0, a, 0));
+  m.Release(0);
+  // Using the head again makes it the most recent: the tail still goes first.
+  std::vector<int32_t> head(a.begin(), a.begin() + 17);
+  ASSERT_EQ(m.AttachPrefix(0, head), 16);
+  m.Release(0);
+  Step(m, Prefill(0, Tokens(49, 700), 0));  // 4 blocks: the 2 free ones and both of a's
+  EXPECT_EQ(m.stats().evictions, 2);
+  m.Release(0);
+  Step(m, Prefill(0, a, 0));
+  m.Release(0);
+  std::vector<int32_t> a2 = a;
+  a2.push_back(9);
+  EXPECT_EQ(m.AttachPrefix(0, a2), 32);
+}
+
 TEST(KvBlocks, SharedBlocksAreCopiedBeforeTheyAreWritten) {
   KvBlockManager m(2, 64, 8, true);
   const std::vector<int32_t> a = Tokens(40, 1);
