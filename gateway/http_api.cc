@@ -401,24 +401,15 @@ void HttpApi::Completions(const httplib::Request& req, httplib::Response& res, b
   }
   call->prompt_tokens = static_cast<int64_t>(job->prompt.size());
   const bool seeded = chat ? r.chat_request.has_seed() : r.generate_request.has_seed();
-  std::random_device rd;
-  for (int32_t i = 0; i < r.n; ++i) {
-    Job copy = *job;
-    if (i > 0) {
-      // Choice i samples with seed + i (seed given), or with a seed of its own.
-      copy.sampling.seed = seeded ? job->sampling.seed + static_cast<uint64_t>(i)
-                                  : (static_cast<uint64_t>(rd()) << 32) ^ rd();
-      if (!copy.request_id.empty()) copy.request_id = absl::StrCat(copy.request_id, "-", i);
-    }
-    std::string id;
-    auto stream = service_.Submit(std::move(copy), arrival, &id);
-    if (!stream.ok()) {
-      call->CancelAll();
-      return ReplyError(res, FromStatus(stream.status(), r.max_tokens_name));
-    }
-    if (i == 0) call->header.id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", id);
+  // Choice i samples with seed + i (seed given), or with a seed of its own; the choices share
+  // the prompt's KV blocks (prefilled once, forked: scheduler.h).
+  std::string id;
+  auto streams = service_.SubmitChoices(*job, r.n, seeded, arrival, &id);
+  if (!streams.ok()) return ReplyError(res, FromStatus(streams.status(), r.max_tokens_name));
+  call->header.id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", id);
+  for (auto& stream : *streams) {
     Choice c;
-    c.stream = *std::move(stream);
+    c.stream = std::move(stream);
     std::weak_ptr<Call> weak = call;
     c.stream->SetAbandonHook([weak] {
       if (auto held = weak.lock()) held->abandoned.store(true);

@@ -89,6 +89,7 @@ int Main(int argc, char** argv) {
   SparsityFlags sf;
   driver::SplitEngineOptions so;
   int32_t context = 0;
+  int32_t prefix_cache_blocks = -1;
   SecurityOptions security;
   std::string auth_token_file;
   double shutdown_grace = 2;
@@ -117,6 +118,7 @@ int Main(int argc, char** argv) {
       ("kv-slots", po::value(&sched.kv_slots)->default_value(4), "KV cache slots (sequences held at once)")
       ("context", po::value(&context)->default_value(0), "positions per slot (0 = the model's context)")
       ("prefill-chunk", po::value(&sched.prefill_chunk)->default_value(64), "prompt positions per step")
+      ("prefix-cache-blocks", po::value(&prefix_cache_blocks)->default_value(-1), "KV blocks of 16 positions kept beyond the slots' own for the prefix cache (docs/gateway.md#prefix-cache): prompts sharing a cached prefix skip its prefill, n > 1 choices share the prompt's blocks; 0: off; -1 (default): one slot's worth (context / 16) on the host backend, off on cuda and with --workers attach (an attached gpu worker must be given the same value)")
       ("max-pending-messages", po::value(&sched.max_pending_messages)->default_value(16), "messages a stream may have waiting for its reader; beyond, its sequence pauses (others go on) until the reader catches up")
       ("write-timeout", po::value(&write_timeout)->default_value(30), "seconds one streamed message may wait to be written to its caller (a reader that reads nothing) before the call is cancelled; 0: no limit")
       ("stream-idle-timeout", po::value(&stream_idle_timeout)->default_value(60), "seconds a paused stream (its reader reads nothing) keeps its KV slot before it is cancelled; 0: until the caller's deadline")
@@ -427,6 +429,14 @@ int Main(int argc, char** argv) {
   so.sparsity = sf;
   so.kv_slots = sched.kv_slots + 1;  // + the probe slot (scheduler.h)
   so.context = context;
+  if (prefix_cache_blocks < -1) return Fail("--prefix-cache-blocks must be >= -1");
+  so.prefix_cache_blocks =
+      prefix_cache_blocks >= 0
+          ? prefix_cache_blocks
+          : (so.gpu_backend == "host" && workers != "attach"
+                 ? static_cast<int32_t>(KvCache::BlocksFor(context))
+                 : 0);
+  sched.fork_choices = so.prefix_cache_blocks > 0;
   so.max_batch = sched.max_batch + sched.prefill_chunk;  // one step is never cut
   so.max_logits_rows = sched.max_batch;
   so.attach = workers == "attach";

@@ -1,5 +1,7 @@
 #include "gateway/metrics.h"
 
+#include <algorithm>
+
 #include <httplib.h>
 
 #include <sys/socket.h>
@@ -123,6 +125,31 @@ GatewayMetrics::GatewayMetrics() : registry_(std::make_shared<prometheus::Regist
                    .Help("KV cache slots of the gpu worker")
                    .Register(r)
                    .Add({});
+  prefix_hits_ = &prometheus::BuildCounter()
+                      .Name("thermocline_prefix_cache_hit_tokens_total")
+                      .Help("Prompt tokens whose KV blocks were found in the prefix cache")
+                      .Register(r)
+                      .Add({});
+  prefix_misses_ = &prometheus::BuildCounter()
+                        .Name("thermocline_prefix_cache_miss_tokens_total")
+                        .Help("Prompt tokens looked up in the prefix cache and computed")
+                        .Register(r)
+                        .Add({});
+  prefix_queries_ = &prometheus::BuildCounter()
+                         .Name("thermocline_prefix_cache_query_tokens_total")
+                         .Help("Prompt tokens looked up in the prefix cache (hits + misses)")
+                         .Register(r)
+                         .Add({});
+  prefix_evictions_ = &prometheus::BuildCounter()
+                           .Name("thermocline_prefix_cache_evictions_total")
+                           .Help("Cached KV blocks taken for other use (LRU)")
+                           .Register(r)
+                           .Add({});
+  prefix_blocks_ = &prometheus::BuildGauge()
+                        .Name("thermocline_prefix_cache_blocks")
+                        .Help("KV blocks registered in the prefix cache (in use or not)")
+                        .Register(r)
+                        .Add({});
   worker_up_ = &prometheus::BuildGauge()
                     .Name("thermocline_worker_up")
                     .Help("1 while the process serves, 0 while it is down or restarting")
@@ -161,6 +188,21 @@ void GatewayMetrics::ObserveBatchSize(int64_t entries) {
 void GatewayMetrics::SetKvSlotsUsed(int64_t used, int64_t total) {
   kv_used_->Set(static_cast<double>(used));
   kv_total_->Set(static_cast<double>(total));
+}
+void GatewayMetrics::SetPrefixCache(int64_t hit_tokens, int64_t query_tokens,
+                                    int64_t evictions, int64_t cached_blocks) {
+  std::lock_guard<std::mutex> lock(prefix_mu_);
+  const int64_t hits = hit_tokens - seen_hits_, queries = query_tokens - seen_queries_;
+  if (hits > 0) prefix_hits_->Increment(static_cast<double>(hits));
+  if (queries > 0) prefix_queries_->Increment(static_cast<double>(queries));
+  if (queries - hits > 0) prefix_misses_->Increment(static_cast<double>(queries - hits));
+  if (evictions > seen_evictions_) {
+    prefix_evictions_->Increment(static_cast<double>(evictions - seen_evictions_));
+  }
+  seen_hits_ = std::max(seen_hits_, hit_tokens);
+  seen_queries_ = std::max(seen_queries_, query_tokens);
+  seen_evictions_ = std::max(seen_evictions_, evictions);
+  prefix_blocks_->Set(static_cast<double>(cached_blocks));
 }
 void GatewayMetrics::SetWorkerUp(std::string_view role, bool up) {
   worker_up_->Add({{"process", std::string(role)}}).Set(up ? 1 : 0);
@@ -285,6 +327,8 @@ std::vector<MetricFamily> GatewayMetrics::VllmAliases(
       {"thermocline_requests_waiting", "vllm:num_requests_waiting"},
       {"thermocline_prompt_tokens_total", "vllm:prompt_tokens_total"},
       {"thermocline_generated_tokens_total", "vllm:generation_tokens_total"},
+      {"thermocline_prefix_cache_query_tokens_total", "vllm:prefix_cache_queries_total"},
+      {"thermocline_prefix_cache_hit_tokens_total", "vllm:prefix_cache_hits_total"},
   };
   std::vector<MetricFamily> out;
   for (const auto& [ours, theirs] : kAliases) {

@@ -53,6 +53,10 @@ class GatewayMetrics {
   void SetWaiting(int64_t n);
   void ObserveBatchSize(int64_t entries);
   void SetKvSlotsUsed(int64_t used, int64_t total);
+  // The prefix cache's totals since the engine started (PrefixCacheStats): the counters grow by
+  // what changed since the last call, the gauge is set.
+  void SetPrefixCache(int64_t hit_tokens, int64_t query_tokens, int64_t evictions,
+                      int64_t cached_blocks);
   // role: "gpu_worker", "cpu_worker" or "gateway" (the `process` label).
   void SetWorkerUp(std::string_view role, bool up);
   void IncWorkerRestarts(std::string_view role);
@@ -96,6 +100,13 @@ class GatewayMetrics {
   prometheus::Gauge* waiting_ = nullptr;
   prometheus::Gauge* kv_used_ = nullptr;
   prometheus::Gauge* kv_total_ = nullptr;
+  prometheus::Counter* prefix_hits_ = nullptr;
+  prometheus::Counter* prefix_misses_ = nullptr;
+  prometheus::Counter* prefix_queries_ = nullptr;
+  prometheus::Counter* prefix_evictions_ = nullptr;
+  prometheus::Gauge* prefix_blocks_ = nullptr;
+  std::mutex prefix_mu_;  // guards the totals last seen
+  int64_t seen_hits_ = 0, seen_queries_ = 0, seen_evictions_ = 0;
   prometheus::Family<prometheus::Gauge>* worker_up_ = nullptr;
   prometheus::Family<prometheus::Counter>* worker_restarts_ = nullptr;
 

@@ -11,6 +11,7 @@
 #include "gateway/log.h"
 #include "gateway/text_stream.h"
 #include "shared/driver/supervisor.h"
+#include "shared/util/status_macros.h"
 
 namespace thermocline::gateway {
 namespace {
@@ -91,6 +92,8 @@ struct Scheduler::Sequence {
   TextStream text;
   std::vector<int32_t> history;  // prompt + sampled tokens
   int32_t slot = -1;
+  uint64_t id = 0;               // unique per sequence of this scheduler
+  uint64_t fork_from = 0;        // the first choice's id while waiting to fork its prompt
   int32_t prefilled = 0;         // prompt positions submitted to the engine
   int32_t generated = 0;         // tokens streamed
   bool done = false;
@@ -137,22 +140,36 @@ pid_t Scheduler::worker_pid(ipc::Role role) const {
 }
 
 absl::StatusOr<std::shared_ptr<Stream>> Scheduler::Submit(Job job) {
-  auto seq = std::make_unique<Sequence>(std::move(job), tokenizer_);
-  std::shared_ptr<Stream> stream = seq->stream;
+  std::vector<Job> one;
+  one.push_back(std::move(job));
+  TC_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Stream>> streams, SubmitAll(std::move(one)));
+  return streams.front();
+}
+
+absl::StatusOr<std::vector<std::shared_ptr<Stream>>> Scheduler::SubmitAll(std::vector<Job> jobs) {
+  std::vector<std::unique_ptr<Sequence>> seqs;
+  std::vector<std::shared_ptr<Stream>> streams;
+  for (Job& job : jobs) {
+    seqs.push_back(std::make_unique<Sequence>(std::move(job), tokenizer_));
+    streams.push_back(seqs.back()->stream);
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_ || draining_) return absl::UnavailableError("the gateway is shutting down");
-    if (static_cast<int32_t>(waiting_.size()) >= options_.max_queue) {
+    if (static_cast<int32_t>(waiting_.size() + seqs.size()) > options_.max_queue) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "the queue is full: ", waiting_.size(), " requests wait (--max-queue ",
-          options_.max_queue, "); retry later"));
+          options_.max_queue, ")", seqs.size() > 1 ? absl::StrCat(" and ", seqs.size(), " choices "
+                                                                 "come together")
+                                                   : "",
+          "; retry later"));
     }
-    waiting_.push_back(std::move(seq));
+    for (auto& seq : seqs) waiting_.push_back(std::move(seq));
     idle_.store(false, std::memory_order_relaxed);
     if (metrics_) metrics_->SetWaiting(static_cast<int64_t>(waiting_.size()));
   }
   cv_.notify_all();
-  return stream;
+  return streams;
 }
 
 void Scheduler::PublishPids() {
@@ -163,6 +180,8 @@ void Scheduler::PublishPids() {
 
 void Scheduler::UpdateGauges() {
   if (!metrics_) return;
+  const PrefixCacheStats pc = engine_->prefix_cache_stats();
+  metrics_->SetPrefixCache(pc.hit_tokens, pc.query_tokens, pc.evictions, pc.cached_blocks);
   metrics_->SetRunning(static_cast<int64_t>(running_.size()));
   metrics_->SetKvSlotsUsed(options_.kv_slots - static_cast<int64_t>(free_slots_.size()),
                            options_.kv_slots);
@@ -308,6 +327,21 @@ void Scheduler::Loop() {
         waiting_.pop_front();
         seq->slot = free_slots_.back();
         free_slots_.pop_back();
+        seq->id = next_sequence_id_++;
+        // A choice whose first choice is still prefilling the same prompt waits to fork it.
+        if (options_.fork_choices && seq->job.share_group != 0) {
+          for (const auto& other : running_) {
+            if (other->job.share_group == seq->job.share_group && other->fork_from == 0 &&
+                !other->done && other->prefilled < static_cast<int32_t>(other->job.prompt.size()) &&
+                other->job.prompt == seq->job.prompt) {
+              seq->fork_from = other->id;
+              break;
+            }
+          }
+        }
+        // The prefix cache: the blocks of the longest cached prefix are mapped into the slot
+        // and prefill starts after them.
+        if (seq->fork_from == 0) seq->prefilled = engine_->ReusePrefix(seq->slot, seq->job.prompt);
         seq->started = absl::Now();
         if (metrics_) metrics_->ObserveQueueSeconds(Seconds(seq->started - seq->job.arrival));
         running_.push_back(std::move(seq));
@@ -359,12 +393,46 @@ void Scheduler::Drain(absl::Duration grace, absl::Duration boundary_wait) {
   cv_.wait_for(lock, absl::ToChronoNanoseconds(boundary_wait), idle);
 }
 
+void Scheduler::ReleaseOrphanedChoices() {
+  for (auto& seq : running_) {
+    if (seq->fork_from == 0 || seq->done) continue;
+    const bool leader_waits = std::any_of(running_.begin(), running_.end(), [&](const auto& o) {
+      return o->id == seq->fork_from && !o->done;
+    });
+    if (leader_waits) continue;
+    seq->fork_from = 0;
+    seq->prefilled = engine_->ReusePrefix(seq->slot, seq->job.prompt);
+  }
+}
+
+void Scheduler::ForkChoices(Sequence& leader, std::span<const float> row) {
+  const int32_t n = static_cast<int32_t>(leader.job.prompt.size());
+  for (auto& seq : running_) {
+    if (seq->fork_from != leader.id || seq->done) continue;
+    seq->fork_from = 0;
+    if (absl::Status s = engine_->ForkSlot(leader.slot, seq->slot, n); !s.ok()) {
+      Log(Level::kWarn, "fork_failed", {{"request_id", seq->job.request_id},
+                                        {"error", std::string(s.message())}});
+      seq->prefilled = engine_->ReusePrefix(seq->slot, seq->job.prompt);
+      continue;
+    }
+    seq->prefilled = n;
+    // The same logits row, this choice's own sampler: what its own prefill would have given.
+    const int32_t token = seq->sampler.Sample(row, seq->history);
+    seq->history.push_back(token);
+    Emit(*seq, token, row);
+    if (seq->done) Retire(*seq);
+  }
+}
+
 bool Scheduler::Step() {
   if (running_.empty()) return false;
+  ReleaseOrphanedChoices();
   std::vector<BatchEntry> batch;
   std::vector<Sequence*> rows;  // the sequence of each logits row, in order
   const absl::Time now = absl::Now();
   for (auto& seq : running_) {
+    if (seq->fork_from != 0) continue;  // waits for its first choice's prompt
     if (seq->prefilled == static_cast<int32_t>(seq->job.prompt.size())) {
       if (seq->stream->pending() >= static_cast<size_t>(options_.max_pending_messages)) {
         if (seq->stalled_since == absl::InfiniteFuture()) seq->stalled_since = now;
@@ -380,7 +448,7 @@ bool Scheduler::Step() {
   // positions; the logits of its last prompt position are the first token's.
   for (auto& seq : running_) {
     const int32_t n = static_cast<int32_t>(seq->job.prompt.size());
-    if (seq->prefilled == n) continue;
+    if (seq->prefilled == n || seq->fork_from != 0) continue;
     const int32_t end = std::min(n, seq->prefilled + options_.prefill_chunk);
     for (int32_t p = seq->prefilled; p < end; ++p) {
       batch.push_back({seq->slot, p, seq->job.prompt[p], p == n - 1});
@@ -424,9 +492,12 @@ bool Scheduler::Step() {
       Retire(seq);
       continue;
     }
+    const bool prompt_done = seq.history.size() == seq.job.prompt.size();
     const int32_t token = seq.sampler.Sample(row, seq.history);
     seq.history.push_back(token);
     Emit(seq, token, row);
+    // Before the first choice retires (its slot, and its blocks, would go): the others fork.
+    if (prompt_done && seq.job.share_group != 0) ForkChoices(seq, row);
     if (seq.done) Retire(seq);
   }
   std::erase_if(running_, [](const std::unique_ptr<Sequence>& s) { return s->done; });

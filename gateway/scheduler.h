@@ -39,6 +39,9 @@
 
 namespace thermocline::gateway {
 
+// Choices (n) of one request at most, on gRPC as on HTTP (gateway/openai_json.cc's limit).
+inline constexpr int32_t kMaxChoices = 16;
+
 // A validated generation request (gateway/validate.h builds it from the proto).
 struct Job {
   std::vector<int32_t> prompt;  // token ids; from text: BOS/EOS as the vocabulary says
@@ -51,6 +54,10 @@ struct Job {
   int32_t top_logprobs = 0;
   std::string request_id;
   absl::Time arrival;
+  // Nonzero: this job is one of the n > 1 choices of one request (same prompt, own seed), all
+  // with this value. The scheduler prefills the prompt once, for the first choice admitted, and
+  // forks its KV blocks into the others (docs/gateway.md#prefix-cache).
+  uint64_t share_group = 0;
 };
 
 // The handler's end of one request: the messages to send, in order, and at the end either a
@@ -106,6 +113,9 @@ struct SchedulerOptions {
   // A sequence left out that long is ended (CANCELLED, its call cancelled, its slot freed).
   // Zero: never (the caller's own deadline still applies).
   absl::Duration stream_idle_timeout = absl::Seconds(60);
+  // The engine shares KV blocks (the prefix cache is on): choices of one request fork the
+  // first one's prompt instead of each prefilling it.
+  bool fork_choices = false;
 };
 
 // Health as the scheduler sees it: called with false when a worker is down or recovering and
@@ -128,6 +138,9 @@ class Scheduler {
   // Queues a request. RESOURCE_EXHAUSTED when max_queue requests already wait; UNAVAILABLE
   // once Drain began.
   absl::StatusOr<std::shared_ptr<Stream>> Submit(Job job);
+  // The n choices of one request, queued together (all or none), so that they are admitted
+  // together and the first one's prompt is forked into the others.
+  absl::StatusOr<std::vector<std::shared_ptr<Stream>>> SubmitAll(std::vector<Job> jobs);
 
   // Shutdown (SIGTERM): new requests are refused at once; running and queued ones get `grace`
   // to end by themselves; then, at the next step boundary, running streams end with a Final of
@@ -155,6 +168,11 @@ class Scheduler {
               int32_t matched_token);
   void Fail(Sequence& seq, const absl::Status& status);
   void Retire(Sequence& seq);
+  // Choices waiting for a fork whose first choice is gone (ended, failed) prefill themselves.
+  void ReleaseOrphanedChoices();
+  // The first choice's prompt is done (its logits row `row`): the others waiting on it fork
+  // its KV blocks and sample their first token from the same row.
+  void ForkChoices(Sequence& leader, std::span<const float> row);
   // Ends every running sequence with FINISH_REASON_CANCELLED and every queued one with
   // UNAVAILABLE (shutdown).
   void EndAll();
@@ -187,6 +205,7 @@ class Scheduler {
   // Scheduler thread only.
   std::vector<std::unique_ptr<Sequence>> running_;
   std::vector<int32_t> free_slots_;
+  uint64_t next_sequence_id_ = 1;
   int64_t seen_gpu_restarts_ = 0, seen_cpu_restarts_ = 0;
 
   std::atomic<uint64_t> progress_{0};

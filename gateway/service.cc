@@ -1,5 +1,7 @@
 #include "gateway/service.h"
 
+#include <random>
+
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
@@ -68,64 +70,115 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* context,
                                          const v1::GenerateRequest* request,
                                          grpc::ServerWriter<v1::GenerateResponse>* writer) {
   return Serve(context, request->request_id(),
-               [&] { return ValidateGenerate(*request, limits_, tokenizer_); }, writer);
+               [&] { return ValidateGenerate(*request, limits_, tokenizer_); }, writer,
+               request->n(), request->has_seed());
 }
 
 grpc::Status GenerationService::Chat(grpc::ServerContext* context,
                                      const v1::ChatRequest* request,
                                      grpc::ServerWriter<v1::GenerateResponse>* writer) {
   return Serve(context, request->request_id(),
-               [&] { return ValidateChat(*request, limits_, tokenizer_, model_chat_); }, writer);
+               [&] { return ValidateChat(*request, limits_, tokenizer_, model_chat_); }, writer,
+               request->n(), request->has_seed());
 }
 
 grpc::Status GenerationService::Serve(grpc::ServerContext* context, const std::string& request_id,
                                       const std::function<absl::StatusOr<Job>()>& validate,
-                                      grpc::ServerWriter<v1::GenerateResponse>* writer) {
+                                      grpc::ServerWriter<v1::GenerateResponse>* writer, int32_t n,
+                                      bool seeded) {
   const absl::Time arrival = absl::Now();
   if (grpc::Status a = Authorize(context); !a.ok()) return a;
   auto place = EnterCall();
   if (!place.ok()) return ToGrpc(place.status());
-  auto job = validate();
+  if (n == 0) n = 1;
+  auto job = n < 1 || n > kMaxChoices
+                 ? absl::StatusOr<Job>(absl::InvalidArgumentError(absl::StrCat(
+                       "n (choices) is ", n, "; it must be in [1, ", kMaxChoices, "]")))
+                 : validate();
   if (!job.ok()) {
     Log(Level::kInfo, "request_refused", {{"request_id", request_id},
                                           {"error", std::string(job.status().message())}});
     return ToGrpc(job.status());
   }
+  // One stream per choice; with n > 1 they share the prompt's KV blocks (scheduler.h).
   std::string assigned_id;
-  auto stream = Submit(*std::move(job), arrival, &assigned_id);
-  if (!stream.ok()) return ToGrpc(stream.status());
-  // A reader that reads nothing keeps Write below blocked; when the scheduler gives the
-  // stream up (--stream-idle-timeout) cancelling the call is what ends that write.
-  (*stream)->SetAbandonHook([context] { context->TryCancel(); });
+  auto submitted = SubmitChoices(*job, n, seeded, arrival, &assigned_id);
+  if (!submitted.ok()) return ToGrpc(submitted.status());
+  std::vector<std::shared_ptr<Stream>>& streams = *submitted;
+  auto cancel_all = [&](bool deadline) {
+    for (auto& s : streams) s->Cancel(deadline);
+  };
+  for (auto& stream : streams) {
+    // A reader that reads nothing keeps Write below blocked; when the scheduler gives the
+    // stream up (--stream-idle-timeout) cancelling the call is what ends that write.
+    stream->SetAbandonHook([context] { context->TryCancel(); });
+  }
+  std::vector<bool> ended(streams.size(), false);
+  size_t n_ended = 0;
   std::vector<Stream::Event> events;
   while (true) {
     // Short waits so that a cancelled call or a passed deadline is seen promptly and the
     // scheduler frees the slot at its next step boundary.
-    (*stream)->Wait(absl::Milliseconds(20), &events);
-    for (Stream::Event& ev : events) {
-      if (!ev.error.ok()) return ToGrpc(ev.error);
-      WriteWatchdog::Guard guard(*write_watchdog_, context);
-      if (!writer->Write(ev.message)) {
-        (*stream)->Cancel();  // the caller is gone, or read nothing for --write-timeout
-        if (guard.timed_out()) {
-          Log(Level::kWarn, "write_timed_out",
-              {{"request_id", assigned_id},
-               {"timeout_s", absl::ToDoubleSeconds(write_watchdog_->timeout())}});
-          return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                              "a streamed message could not be written within --write-timeout");
+    for (size_t c = 0; c < streams.size(); ++c) {
+      if (ended[c]) continue;
+      streams[c]->Wait(absl::Milliseconds(streams.size() == 1 ? 20 : 5), &events);
+      for (Stream::Event& ev : events) {
+        if (!ev.error.ok()) {
+          cancel_all(false);
+          return ToGrpc(ev.error);
         }
-        return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
+        ev.message.set_index(static_cast<int32_t>(c));
+        WriteWatchdog::Guard guard(*write_watchdog_, context);
+        if (!writer->Write(ev.message)) {
+          cancel_all(false);  // the caller is gone, or read nothing for --write-timeout
+          if (guard.timed_out()) {
+            Log(Level::kWarn, "write_timed_out",
+                {{"request_id", assigned_id},
+                 {"timeout_s", absl::ToDoubleSeconds(write_watchdog_->timeout())}});
+            return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                                "a streamed message could not be written within --write-timeout");
+          }
+          return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
+        }
+        if (ev.last) {
+          ended[c] = true;
+          ++n_ended;
+        }
       }
-      if (ev.last) return grpc::Status::OK;
+      events.clear();
+      if (n_ended == streams.size()) return grpc::Status::OK;
     }
-    events.clear();
     if (context->IsCancelled()) {
       const bool expired = context->deadline() <= std::chrono::system_clock::now();
-      (*stream)->Cancel(expired);
+      cancel_all(expired);
       return expired ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded")
                      : grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
     }
   }
+}
+
+absl::StatusOr<std::vector<std::shared_ptr<Stream>>> GenerationService::SubmitChoices(
+    const Job& job, int32_t n, bool seeded, absl::Time arrival, std::string* request_id) {
+  std::vector<Job> jobs(static_cast<size_t>(std::max(1, n)), job);
+  std::string id = job.request_id;
+  if (id.empty()) id = absl::StrCat("gw-", getpid(), "-", next_id_.fetch_add(1));
+  *request_id = id;
+  const uint64_t group = jobs.size() > 1 ? next_group_.fetch_add(1) : 0;
+  std::random_device rd;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    jobs[i].arrival = arrival;
+    jobs[i].share_group = group;
+    jobs[i].request_id = i == 0 ? id : absl::StrCat(id, "-", i);
+    if (i > 0) {
+      jobs[i].sampling.seed = seeded ? job.sampling.seed + static_cast<uint64_t>(i)
+                                     : (static_cast<uint64_t>(rd()) << 32) ^ rd();
+    }
+  }
+  Scheduler* scheduler = scheduler_.load();
+  if (scheduler == nullptr) {
+    return absl::UnavailableError("the gateway is loading the model and starting its workers");
+  }
+  return scheduler->SubmitAll(std::move(jobs));
 }
 
 absl::StatusOr<std::unique_ptr<GenerationService::CallPlace>> GenerationService::EnterCall() {
@@ -137,20 +190,6 @@ absl::StatusOr<std::unique_ptr<GenerationService::CallPlace>> GenerationService:
                      " (--max-concurrent) are being served; retry later"));
   }
   return place;
-}
-
-absl::StatusOr<std::shared_ptr<Stream>> GenerationService::Submit(Job job, absl::Time arrival,
-                                                                  std::string* request_id) {
-  job.arrival = arrival;
-  if (job.request_id.empty()) {
-    job.request_id = absl::StrCat("gw-", getpid(), "-", next_id_.fetch_add(1));
-  }
-  *request_id = job.request_id;
-  Scheduler* scheduler = scheduler_.load();
-  if (scheduler == nullptr) {
-    return absl::UnavailableError("the gateway is loading the model and starting its workers");
-  }
-  return scheduler->Submit(std::move(job));
 }
 
 template <class Request, class Response>

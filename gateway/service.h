@@ -39,9 +39,10 @@ class GenerationService final
   grpc::Status DoGetModelInfo(const v1::GetModelInfoRequest& request, v1::ModelInfo* response);
   // Generate and Chat after parsing: admission (--max-concurrent), `validate` (which builds the
   // Job), the scheduler, and the stream back to the caller.
+  // n choices (0: 1; at most kMaxChoices) share one prompt; `seeded`: the request gave its seed.
   grpc::Status Serve(grpc::ServerContext* context, const std::string& request_id,
                      const std::function<absl::StatusOr<Job>()>& validate,
-                     grpc::ServerWriter<v1::GenerateResponse>* writer);
+                     grpc::ServerWriter<v1::GenerateResponse>* writer, int32_t n, bool seeded);
 
  public:
   // `tokenizer` must outlive the service; `info` is what GetModelInfo answers, completed here
@@ -89,11 +90,16 @@ class GenerationService final
   };
   // RESOURCE_EXHAUSTED naming --max-concurrent when that many calls are in flight.
   absl::StatusOr<std::unique_ptr<CallPlace>> EnterCall();
-  // A validated Job to the scheduler: its arrival time and (when it has none) a request id
-  // are set here (the id into *request_id); UNAVAILABLE while loading, else what
-  // Scheduler::Submit answers.
-  absl::StatusOr<std::shared_ptr<Stream>> Submit(Job job, absl::Time arrival,
-                                                 std::string* request_id);
+  // A validated Job to the scheduler as the n choices of one request (`job` as validated;
+  // seed given or not): arrival time and (when it has none) a request id are set here;
+  // UNAVAILABLE while loading, else what Scheduler::SubmitAll answers. Choice i samples
+  // with seed + i (given) or a seed of its own, is named request_id + "-" + i for i > 0, and
+  // with n > 1 all share the prompt's KV blocks (Job::share_group). Queued together, all or
+  // none; the first choice's request id goes to *request_id.
+  absl::StatusOr<std::vector<std::shared_ptr<Stream>>> SubmitChoices(const Job& job, int32_t n,
+                                                                     bool seeded,
+                                                                     absl::Time arrival,
+                                                                     std::string* request_id);
 
   grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
                         grpc::ServerWriter<v1::GenerateResponse>* writer) override;
@@ -117,6 +123,7 @@ class GenerationService final
   std::string auth_token_;
   std::atomic<Scheduler*> scheduler_{nullptr};
   std::atomic<uint64_t> next_id_{1};
+  std::atomic<uint64_t> next_group_{1};
   int32_t max_concurrent_ = 0;  // 0: no limit
   std::atomic<int32_t> in_flight_{0};
   std::unique_ptr<WriteWatchdog> write_watchdog_ =

@@ -24,6 +24,13 @@ class SplitServingEngine final : public ServingEngine {
   int64_t context() const override { return engine_->context(); }
   // The engine's ResetSlot releases the slot's history (never replayed after a restart).
   void ResetSlot(int32_t slot) override { engine_->ResetSlot(slot); }
+  int32_t ReusePrefix(int32_t slot, std::span<const int32_t> tokens) override {
+    return engine_->ReusePrefix(slot, tokens);
+  }
+  absl::Status ForkSlot(int32_t src, int32_t dst, int32_t n) override {
+    return engine_->ForkSlot(src, dst, n);
+  }
+  PrefixCacheStats prefix_cache_stats() const override { return engine_->prefix_cache_stats(); }
   WorkerHealth health() const override {
     const driver::SplitEngineStats& st = engine_->stats();
     return {engine_->worker_pid(ipc::Role::kGpuWorker), engine_->worker_pid(ipc::Role::kCpuWorker),

@@ -57,6 +57,10 @@ struct BackendLimits {
   int32_t context = 0;  // positions per slot
   int32_t max_batch = 0;
   int32_t vocab = 0;
+  // A paged KV cache (the prefix cache): blocks in the pool and at most per slot table. 0: the
+  // backend keeps a contiguous cache, and a Step with KV tables is refused when decoded.
+  int32_t n_kv_blocks = 0;
+  int32_t blocks_per_slot = 0;
 };
 
 class Backend {
@@ -69,6 +73,13 @@ class Backend {
   // length; equal appends, smaller rewinds). `cold` serves every layer's cold round trip until
   // FinishStep returns. An error here means nothing was started.
   virtual absl::Status StartStep(std::span<const BatchEntry> batch, ColdLink& cold) = 0;
+  // Before a step's entries: the KV block copies and slot tables its Step carried (ids already
+  // checked against limits()). Only a backend with n_kv_blocks > 0 gets them.
+  virtual absl::Status MapKv(std::span<const KvSlotTable> /*tables*/,
+                             std::span<const KvBlockCopy> /*copies*/) {
+    return absl::FailedPreconditionError(
+        "this backend keeps a contiguous KV cache: run with --prefix-cache-blocks 0");
+  }
   // Waits for the started step. On success `logits` holds vocab floats per want_logits entry,
   // in batch order. On error the step is abandoned: KV rows it wrote hold garbage until a
   // retry at the same positions overwrites them.

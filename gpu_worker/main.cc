@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   options.n_kv_slots = flags.kv_slots;
   options.context = flags.context;
   options.max_batch = flags.max_batch;
+  options.prefix_cache_blocks = flags.prefix_cache_blocks;
   auto usage_error = [](const std::string& msg) {
     Log(Level::kError, "start_failed", {{"error", msg}}, "gpu_worker");
     return 2;
@@ -63,6 +64,11 @@ int main(int argc, char** argv) {
   }
   if (kv_type != "f32" && kv_type != "f16") return usage_error("--kv-type must be f32 or f16");
   if (options.context < 0) return usage_error("--context must be >= 0");
+  if (options.prefix_cache_blocks < 0) return usage_error("--prefix-cache-blocks must be >= 0");
+  if (options.prefix_cache_blocks > 0 && backend_name != "host") {
+    return usage_error("--prefix-cache-blocks: the " + backend_name +
+                       " backend keeps a contiguous KV cache; use 0 (off)");
+  }
   options.kv_type = kv_type == "f16" ? GgmlType::kF16 : GgmlType::kF32;
   options.threads = flags.threads;
 

@@ -42,7 +42,7 @@ class GpuWorker {
     backend_.SetMetrics(&metrics_);
     const BackendLimits& lim = backend_.limits();
     step_limits_ = ipc::StepLimits{static_cast<uint32_t>(lim.max_batch), lim.n_kv_slots,
-                                   lim.context, lim.vocab};
+                                   lim.context, lim.vocab, lim.n_kv_blocks, lim.blocks_per_slot};
     session_.SetReady();
     session_.Log(Level::kInfo, "ready",
                  {{"backend", backend_.name()}, {"kv_slots", lim.n_kv_slots},
@@ -108,7 +108,9 @@ class GpuWorker {
     }
     link_->BeginStep(step.step_id, epoch);
     metrics_.MaybeAttach();
-    absl::Status s = backend_.StartStep(batch_, *link_);
+    absl::Status s = absl::OkStatus();
+    if (!step.tables.empty() || !step.copies.empty()) s = backend_.MapKv(step.tables, step.copies);
+    if (s.ok()) s = backend_.StartStep(batch_, *link_);
     if (s.ok()) s = backend_.FinishStep(&logits_);
     if (s.ok()) metrics_.AddStep(batch_.size());
     if (!s.ok()) {

@@ -21,13 +21,21 @@ absl::StatusOr<std::unique_ptr<HostBackend>> HostBackend::Create(
                                                    " exceeds the model's context length ",
                                                    c.context_length));
   }
-  TC_ASSIGN_OR_RETURN(KvCache kv, KvCache::Create(c, options.n_kv_slots, context, options.kv_type));
+  if (options.prefix_cache_blocks < 0) {
+    return absl::InvalidArgumentError("--prefix-cache-blocks must be >= 0");
+  }
+  TC_ASSIGN_OR_RETURN(KvCache kv, KvCache::Create(c, options.n_kv_slots, context, options.kv_type,
+                                                  options.prefix_cache_blocks));
   std::unique_ptr<HostBackend> b(new HostBackend(model, std::move(kv), options.threads));
   TC_ASSIGN_OR_RETURN(b->ffn_,
                       SplitFfn::Create(model, std::move(plan), std::move(partition), b->pool_));
   b->pass_ = std::make_unique<ForwardPass>(model, b->kv_, b->pool_, b->ffn_.get());
   b->limits_ = BackendLimits{options.n_kv_slots, static_cast<int32_t>(context), options.max_batch,
                              static_cast<int32_t>(c.vocab_size)};
+  if (options.prefix_cache_blocks > 0) {
+    b->limits_.n_kv_blocks = static_cast<int32_t>(b->kv_.n_blocks());
+    b->limits_.blocks_per_slot = static_cast<int32_t>(b->kv_.blocks_per_slot());
+  }
   return b;
 }
 

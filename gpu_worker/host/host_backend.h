@@ -26,6 +26,8 @@ struct HostBackendOptions {
   int32_t context = 0;  // 0: the model's context length
   int32_t max_batch = 512;
   GgmlType kv_type = GgmlType::kF32;
+  // Blocks beyond the slots' own for the prefix cache (0: no paging, the contiguous cache).
+  int32_t prefix_cache_blocks = 0;
 };
 
 class HostBackend final : public Backend {
@@ -41,6 +43,10 @@ class HostBackend final : public Backend {
   // The host backend computes synchronously: StartStep records the batch, FinishStep runs it.
   absl::Status StartStep(std::span<const BatchEntry> batch, ColdLink& cold) override;
   absl::Status FinishStep(std::vector<float>* logits) override;
+  absl::Status MapKv(std::span<const KvSlotTable> tables,
+                     std::span<const KvBlockCopy> copies) override {
+    return kv_.Apply(tables, copies);
+  }
   void SetMetrics(ipc::WorkerMetricsWriter* metrics) override { ffn_->SetMetrics(metrics); }
 
  private:

@@ -52,6 +52,10 @@ void SlotHistory::Release(int32_t slot) {
   }
 }
 
+void SlotHistory::Adopt(int32_t slot, std::span<const int32_t> tokens) {
+  if (slot >= 0 && slot < n_slots()) slots_[slot].assign(tokens.begin(), tokens.end());
+}
+
 int64_t SlotHistory::total_tokens() const {
   int64_t n = 0;
   for (const auto& s : slots_) n += static_cast<int64_t>(s.size());

@@ -28,6 +28,9 @@ class SlotHistory {
   void Apply(std::span<const ipc::StepEntry> entries);
   // Forgets a slot (its sequence ended); nothing of it is replayed.
   void Release(int32_t slot);
+  // The empty slot holds `tokens` without a step: KV blocks of the prefix cache mapped into it
+  // (a restarted gpu_worker recomputes them by replay like any other position).
+  void Adopt(int32_t slot, std::span<const int32_t> tokens);
 
   int32_t n_slots() const { return static_cast<int32_t>(slots_.size()); }
   int32_t context() const { return context_; }

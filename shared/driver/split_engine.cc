@@ -55,6 +55,7 @@ ipc::WorkerFlags WorkerFlagsOf(const SplitEngineOptions& o, ipc::WorkerKind kind
   f.context = o.context;
   f.max_batch = o.max_batch;
   f.kv_type = o.kv_type;
+  f.prefix_cache_blocks = o.prefix_cache_blocks;
   f.numa_node = o.numa_node;
   f.cpus = o.cpus;
   f.mlock = o.mlock;
@@ -111,6 +112,14 @@ absl::StatusOr<std::unique_ptr<SplitEngine>> SplitEngine::Create(SplitEngineOpti
   if (o.kv_slots < 1 || o.max_batch < 1 || o.max_logits_rows < 1) {
     return absl::InvalidArgumentError("split: kv slots, max batch and max logits rows must be >= 1");
   }
+  if (o.prefix_cache_blocks < 0) {
+    return absl::InvalidArgumentError("split: prefix cache blocks must be >= 0");
+  }
+  if (o.prefix_cache_blocks > 0 && o.gpu_backend != "host") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "split: the prefix cache needs a paged KV cache, which the ", o.gpu_backend,
+        " backend does not have yet: use --prefix-cache-blocks 0 with it"));
+  }
   if (o.context <= 0) o.context = static_cast<int32_t>(c.context_length);
   if (o.context > c.context_length) {
     return absl::InvalidArgumentError(absl::StrCat("split: context ", o.context,
@@ -129,7 +138,12 @@ absl::StatusOr<std::unique_ptr<SplitEngine>> SplitEngine::Create(SplitEngineOpti
   const uint64_t dim = static_cast<uint64_t>(c.dim), ffn = static_cast<uint64_t>(c.ffn_dim);
   ipc::TransportOptions topt;
   auto& cap = topt.ring_capacity;
-  cap[0] = RingCapacity(ipc::StepBytes(rows), cap[0]);
+  // A Step may carry the table of every slot it writes (at most one per entry, and all slots).
+  const uint64_t tables = std::min<uint64_t>(rows, static_cast<uint64_t>(o.kv_slots));
+  const uint64_t per_slot = static_cast<uint64_t>(KvCache::BlocksFor(o.context));
+  const uint64_t kv_words =
+      o.prefix_cache_blocks > 0 ? 2 + tables * (3 + per_slot) + 2 * (rows + o.kv_slots) : 0;
+  cap[0] = RingCapacity(ipc::StepBytes(rows, kv_words), cap[0]);
   cap[1] = RingCapacity(std::max<uint64_t>(
                             ipc::MatrixBytes(o.max_logits_rows, c.vocab_size),
                             8 + ipc::kMaxErrorMessageBytes),
@@ -152,7 +166,31 @@ absl::StatusOr<std::unique_ptr<SplitEngine>> SplitEngine::Create(SplitEngineOpti
 SplitEngine::SplitEngine(SplitEngineOptions options, std::unique_ptr<ipc::Transport> transport)
     : options_(std::move(options)),
       transport_(std::move(transport)),
-      history_(options_.kv_slots, options_.context) {}
+      history_(options_.kv_slots, options_.context),
+      blocks_(options_.kv_slots, options_.context, options_.prefix_cache_blocks,
+              options_.prefix_cache_blocks > 0) {}
+
+void SplitEngine::ReleaseSlot(int32_t slot) {
+  history_.Release(slot);
+  if (slot >= 0 && slot < options_.kv_slots) blocks_.Release(slot);
+}
+
+int32_t SplitEngine::ReusePrefix(int32_t slot, std::span<const int32_t> tokens) {
+  if (slot < 0 || slot >= options_.kv_slots || !history_.tokens(slot).empty()) return 0;
+  const int32_t n = blocks_.AttachPrefix(slot, tokens);
+  history_.Adopt(slot, tokens.first(static_cast<size_t>(n)));
+  return n;
+}
+
+absl::Status SplitEngine::ForkSlot(int32_t src, int32_t dst, int32_t n) {
+  if (src < 0 || src >= options_.kv_slots || dst < 0 || dst >= options_.kv_slots) {
+    return absl::InvalidArgumentError(absl::StrCat("split: fork of slot ", src, " into ", dst,
+                                                   " outside [0, ", options_.kv_slots, ")"));
+  }
+  TC_RETURN_IF_ERROR(blocks_.Fork(src, dst, n));
+  history_.Adopt(dst, std::span<const int32_t>(blocks_.tokens(dst)));
+  return absl::OkStatus();
+}
 
 absl::Status SplitEngine::Init() {
   TC_ASSIGN_OR_RETURN(ipc::RingProducer out, transport_->Producer(ipc::RingId::kGatewayToGpu));
@@ -251,16 +289,20 @@ absl::Status SplitEngine::Run(std::span<const BatchEntry> batch, std::vector<flo
       want += w ? 1 : 0;
       ++end;
     }
+    // The KV blocks these entries write, decided here (the prefix cache) and sent with them.
+    const auto chunk = batch.subspan(begin, end - begin);
+    TC_ASSIGN_OR_RETURN(const KvPlan plan, blocks_.Prepare(chunk));
     TC_RETURN_IF_ERROR(Execute(std::span<const ipc::StepEntry>(entries).subspan(begin, end - begin),
-                               want, logits.data() + rows_done * vocab));
+                               plan, want, logits.data() + rows_done * vocab));
+    blocks_.Commit(chunk);
     rows_done += want;
     begin = end;
   }
   return absl::OkStatus();
 }
 
-absl::Status SplitEngine::Execute(std::span<const ipc::StepEntry> entries, int32_t n_want,
-                                  float* out) {
+absl::Status SplitEngine::Execute(std::span<const ipc::StepEntry> entries, const KvPlan& plan,
+                                  int32_t n_want, float* out) {
   bool resend = false;
   for (;;) {
     // A worker that died while idle is replaced before anything is sent to it.
@@ -276,7 +318,7 @@ absl::Status SplitEngine::Execute(std::span<const ipc::StepEntry> entries, int32
     }
     if (resend) ++stats_.resent_steps;
     std::optional<Failure> failure;
-    TC_RETURN_IF_ERROR(Attempt(entries, n_want, out, &failure));
+    TC_RETURN_IF_ERROR(Attempt(entries, plan, n_want, out, &failure));
     if (!failure.has_value()) {
       history_.Apply(entries);
       return absl::OkStatus();
@@ -288,18 +330,30 @@ absl::Status SplitEngine::Execute(std::span<const ipc::StepEntry> entries, int32
 
 absl::Status SplitEngine::Replay(std::optional<Failure>* failure) {
   for (const std::vector<ipc::StepEntry>& step : history_.ReplaySteps(options_.max_batch)) {
-    TC_RETURN_IF_ERROR(Attempt(step, 0, nullptr, failure));
+    // Each slot's table as it is now, holding what the replay has rebuilt so far: a block
+    // shared by several slots is recomputed by each (the same tokens give the same values).
+    KvPlan plan;
+    if (blocks_.enabled()) {
+      for (const ipc::StepEntry& e : step) {
+        if (!plan.tables.empty() && plan.tables.back().slot == e.kv_slot) continue;
+        plan.tables.push_back(blocks_.Table(e.kv_slot, e.position));
+      }
+    }
+    TC_RETURN_IF_ERROR(Attempt(step, plan, 0, nullptr, failure));
     if (failure->has_value()) return absl::OkStatus();
     stats_.replayed_tokens += static_cast<int64_t>(step.size());
   }
   return absl::OkStatus();
 }
 
-absl::Status SplitEngine::Attempt(std::span<const ipc::StepEntry> entries, int32_t n_want,
-                                  float* out, std::optional<Failure>* failure) {
+absl::Status SplitEngine::Attempt(std::span<const ipc::StepEntry> entries, const KvPlan& plan,
+                                  int32_t n_want, float* out, std::optional<Failure>* failure) {
   const uint64_t step_id = ++last_step_id_;
   for (;;) {
-    absl::Status sent = ipc::SendStep(*to_gpu_, step_id, entries, kSlice);
+    absl::Status sent = blocks_.enabled()
+                            ? ipc::SendStep(*to_gpu_, step_id, entries, kSlice, plan.tables,
+                                            plan.copies)
+                            : ipc::SendStep(*to_gpu_, step_id, entries, kSlice);
     if (sent.ok()) break;
     if (!absl::IsDeadlineExceeded(sent)) {
       return absl::Status(sent.code(), absl::StrCat("split: sending step ", step_id, " to the "
@@ -424,8 +478,12 @@ absl::Status SplitEngine::Recover(const Failure& failure) {
       ++stats_.cpu_restarts;
     }
   }
-  // A new gpu_worker has empty KV caches: rebuild them before the next step.
-  if (gpu) replay_pending_ = true;
+  // A new gpu_worker has empty KV caches: rebuild them before the next step. Cached blocks no
+  // slot holds are forgotten (nothing replays them).
+  if (gpu) {
+    replay_pending_ = true;
+    blocks_.DropUnreferenced();
+  }
   if (options_.log_restarts) {
     Log(Level::kWarn, "worker_restarted",
         {{"instance", options_.instance}, {"why", why},

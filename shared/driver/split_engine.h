@@ -37,6 +37,7 @@
 #include "shared/ipc/transport.h"
 #include "shared/model/model.h"
 #include "shared/runtime/generate.h"
+#include "shared/runtime/kv_blocks.h"
 #include "shared/sparsity/sparsity_mode.h"
 #include "shared/util/file_identity.h"
 
@@ -58,6 +59,9 @@ struct SplitEngineOptions {
   int cpu_threads = 1;
   int32_t kv_slots = 4;
   int32_t context = 0;     // positions per slot (0 = the model's context length)
+  // KV blocks beyond the slots' own, kept for the prefix cache (docs/split.md#prefix-cache);
+  // 0: off (the contiguous cache, no sharing, Steps without KV tables).
+  int32_t prefix_cache_blocks = 0;
   int32_t max_batch = 512;  // entries per step (longer batches are split)
   // Logits rows per step at most (longer ones are split): sizes the gpu->gateway ring.
   int32_t max_logits_rows = 64;
@@ -112,8 +116,15 @@ class SplitEngine final : public BatchRunner {
   int64_t vocab_size() const override { return options_.config.vocab_size; }
   int64_t context() const override { return options_.context; }
   void ResetSlot(int32_t slot) override { ReleaseSlot(slot); }
-  // The slot's sequence ended: forget its history, so it is not replayed.
-  void ReleaseSlot(int32_t slot) { history_.Release(slot); }
+  // The slot's sequence ended: forget its history, so it is not replayed, and release its KV
+  // blocks (the prefix cache keeps the full ones).
+  void ReleaseSlot(int32_t slot);
+  // The prefix cache: this process decides which blocks a slot uses; each Step tells the
+  // gpu_worker the tables of the slots it writes and the copies to make first.
+  int32_t ReusePrefix(int32_t slot, std::span<const int32_t> tokens) override;
+  absl::Status ForkSlot(int32_t src, int32_t dst, int32_t n) override;
+  PrefixCacheStats prefix_cache_stats() const override { return blocks_.stats(); }
+  const KvBlockManager& blocks() const { return blocks_; }
 
   const SplitEngineStats& stats() const { return stats_; }
   const std::string& instance() const { return options_.instance; }
@@ -130,11 +141,12 @@ class SplitEngine final : public BatchRunner {
   };
   // Runs `entries` (at most max_batch, at most max_logits_rows wanting logits) to completion,
   // recovering from worker deaths.
-  absl::Status Execute(std::span<const ipc::StepEntry> entries, int32_t n_want, float* out);
+  absl::Status Execute(std::span<const ipc::StepEntry> entries, const KvPlan& plan,
+                       int32_t n_want, float* out);
   // One send and its reply. A worker failure is returned in *failure with an OK status; an
   // error status is not recoverable by a restart (bad input, a corrupt ring).
-  absl::Status Attempt(std::span<const ipc::StepEntry> entries, int32_t n_want, float* out,
-                       std::optional<Failure>* failure);
+  absl::Status Attempt(std::span<const ipc::StepEntry> entries, const KvPlan& plan,
+                       int32_t n_want, float* out, std::optional<Failure>* failure);
   // Restarts the failed workers and adopts the new epoch; a gpu_worker restart schedules a
   // replay of every slot.
   absl::Status Recover(const Failure& failure);
@@ -153,6 +165,7 @@ class SplitEngine final : public BatchRunner {
   std::vector<std::pair<std::string, FileIdentity>> inputs_;
   int log_fd_ = -1;
   SlotHistory history_;
+  KvBlockManager blocks_;
   bool replay_pending_ = false;
   uint64_t last_step_id_ = 0;
   SplitEngineStats stats_;

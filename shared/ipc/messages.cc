@@ -161,30 +161,128 @@ absl::Status DecodeError(const MessageView& m, absl::Status* sender_error) {
 
 // --- Step ------------------------------------------------------------------------------------
 
-uint64_t StepBytes(uint64_t n_entries) { return 8 + n_entries * sizeof(StepEntry); }
+uint64_t StepBytes(uint64_t n_entries, uint64_t kv_words) {
+  return 8 + n_entries * sizeof(StepEntry) + 4 * kv_words;
+}
+
+uint64_t KvWords(absl::Span<const KvSlotTable> tables, absl::Span<const KvBlockCopy> copies) {
+  if (tables.empty() && copies.empty()) return 0;
+  uint64_t words = 2 + 2 * uint64_t{copies.size()};
+  for (const KvSlotTable& t : tables) words += 3 + uint64_t{t.blocks.size()};
+  return words;
+}
 
 absl::Status SendStep(RingProducer& ring, uint64_t step_id, absl::Span<const StepEntry> entries,
-                      absl::Duration timeout) {
-  if (entries.size() > UINT32_MAX) return absl::InvalidArgumentError("Step: too many entries");
-  TC_ASSIGN_OR_RETURN(absl::Span<std::byte> out, ring.Reserve(StepBytes(entries.size()), timeout));
-  PutU32s(out.data(), {static_cast<uint32_t>(entries.size()), 0});
+                      absl::Duration timeout, absl::Span<const KvSlotTable> tables,
+                      absl::Span<const KvBlockCopy> copies) {
+  const uint64_t kv_words = KvWords(tables, copies);
+  if (entries.size() > UINT32_MAX || kv_words > UINT32_MAX / 4) {
+    return absl::InvalidArgumentError("Step: too many entries or KV blocks");
+  }
+  TC_ASSIGN_OR_RETURN(absl::Span<std::byte> out,
+                      ring.Reserve(StepBytes(entries.size(), kv_words), timeout));
+  PutU32s(out.data(), {static_cast<uint32_t>(entries.size()), static_cast<uint32_t>(kv_words)});
+  std::byte* p = out.data() + 8;
   if (!entries.empty()) {
-    std::memcpy(out.data() + 8, entries.data(), entries.size() * sizeof(StepEntry));
+    std::memcpy(p, entries.data(), entries.size() * sizeof(StepEntry));
+    p += entries.size() * sizeof(StepEntry);
+  }
+  if (kv_words > 0) {
+    PutU32s(p, {static_cast<uint32_t>(tables.size()), static_cast<uint32_t>(copies.size())});
+    p += 8;
+    for (const KvSlotTable& t : tables) {
+      PutU32s(p, {static_cast<uint32_t>(t.slot), static_cast<uint32_t>(t.length),
+                  static_cast<uint32_t>(t.blocks.size())});
+      p += 12;
+      std::memcpy(p, t.blocks.data(), t.blocks.size() * sizeof(int32_t));
+      p += t.blocks.size() * sizeof(int32_t);
+    }
+    for (const KvBlockCopy& c : copies) {
+      PutU32s(p, {static_cast<uint32_t>(c.src), static_cast<uint32_t>(c.dst)});
+      p += 8;
+    }
   }
   absl::Status s = ring.Commit(MessageInfo{MessageKind::kStep, step_id, 0});
   if (!s.ok()) ring.Abort();
   return s;
 }
 
+namespace {
+
+// The KV section of a Step (kv_words words from `words`), copied out and checked against
+// `limits`: a block id outside the pool or a slot outside the cache is refused here, so the
+// receiver never indexes memory with one.
+absl::Status DecodeStepKv(const MessageView& m, absl::Span<const std::byte> kv,
+                          const StepLimits& limits, StepMsg* step) {
+  const uint64_t words = kv.size() / 4;
+  if (words < 2) return Invalid(m, "KV section shorter than its two counts");
+  if (limits.n_kv_blocks <= 0) return Invalid(m, "KV tables sent to a receiver without paging");
+  const uint32_t n_tables = U32At(kv, 0), n_copies = U32At(kv, 1);
+  uint64_t at = 2;
+  auto bad_block = [&](int32_t b) { return b < 0 || b >= limits.n_kv_blocks; };
+  std::vector<bool> seen(static_cast<size_t>(std::max(0, limits.n_kv_slots)), false);
+  for (uint32_t i = 0; i < n_tables; ++i) {
+    if (at + 3 > words) return Invalid(m, absl::StrCat("KV table ", i, " cut short"));
+    KvSlotTable t;
+    t.slot = static_cast<int32_t>(U32At(kv, at));
+    t.length = static_cast<int32_t>(U32At(kv, at + 1));
+    const uint32_t n_blocks = U32At(kv, at + 2);
+    at += 3;
+    if (t.slot < 0 || t.slot >= limits.n_kv_slots) {
+      return Invalid(m, absl::StrCat("KV table ", i, ": slot ", t.slot, " outside [0, ",
+                                     limits.n_kv_slots, ")"));
+    }
+    if (seen[t.slot]) return Invalid(m, absl::StrCat("KV table ", i, ": slot ", t.slot, " twice"));
+    seen[t.slot] = true;
+    if (n_blocks > static_cast<uint32_t>(limits.blocks_per_slot) || at + n_blocks > words) {
+      return Invalid(m, absl::StrCat("KV table ", i, ": ", n_blocks, " blocks (a slot holds ",
+                                     limits.blocks_per_slot, ")"));
+    }
+    const int64_t covered = std::min<int64_t>(limits.n_positions, int64_t{n_blocks} * kKvBlockSize);
+    if (t.length < 0 || t.length > covered) {
+      return Invalid(m, absl::StrCat("KV table ", i, ": length ", t.length, " outside the ",
+                                     covered, " positions of its blocks"));
+    }
+    t.blocks.resize(n_blocks);
+    if (n_blocks > 0) std::memcpy(t.blocks.data(), kv.data() + 4 * at, 4 * n_blocks);
+    at += n_blocks;
+    for (uint32_t j = 0; j < n_blocks; ++j) {
+      if (bad_block(t.blocks[j])) {
+        return Invalid(m, absl::StrCat("KV table ", i, ": block ", t.blocks[j], " at ", j,
+                                       " outside the pool [0, ", limits.n_kv_blocks, ")"));
+      }
+    }
+    step->tables.push_back(std::move(t));
+  }
+  if (at + 2 * uint64_t{n_copies} != words) {
+    return Invalid(m, absl::StrCat(words, " KV words for ", n_tables, " tables and ", n_copies,
+                                   " copies"));
+  }
+  for (uint32_t i = 0; i < n_copies; ++i) {
+    KvBlockCopy c{static_cast<int32_t>(U32At(kv, at)), static_cast<int32_t>(U32At(kv, at + 1))};
+    at += 2;
+    if (bad_block(c.src) || bad_block(c.dst) || c.src == c.dst) {
+      return Invalid(m, absl::StrCat("KV copy ", i, ": block ", c.src, " to ", c.dst,
+                                     " (the pool is [0, ", limits.n_kv_blocks, "))"));
+    }
+    step->copies.push_back(c);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<StepMsg> DecodeStep(const MessageView& m, const StepLimits& limits) {
   TC_RETURN_IF_ERROR(ExpectKind(m, MessageKind::kStep));
   if (m.payload.size() < 8) return Invalid(m, "shorter than its 8-byte prefix");
   uint32_t n = U32At(m.payload, 0);
+  const uint32_t kv_words = U32At(m.payload, 1);
   if (n == 0 || n > limits.max_entries) {
     return Invalid(m, absl::StrCat(n, " entries, outside [1, ", limits.max_entries, "]"));
   }
-  if (m.payload.size() != StepBytes(n)) {
-    return Invalid(m, absl::StrCat(m.payload.size(), " bytes for ", n, " entries"));
+  if (m.payload.size() != StepBytes(n, kv_words)) {
+    return Invalid(m, absl::StrCat(m.payload.size(), " bytes for ", n, " entries and ", kv_words,
+                                   " KV words"));
   }
   StepMsg step;
   step.step_id = m.header.step_id;
@@ -207,6 +305,10 @@ absl::StatusOr<StepMsg> DecodeStep(const MessageView& m, const StepLimits& limit
     if ((e.flags & ~kEntryWantsLogits) != 0) {
       return Invalid(m, absl::StrCat("entry ", i, ": unknown flags 0x", absl::Hex(e.flags)));
     }
+  }
+  if (kv_words > 0) {
+    TC_RETURN_IF_ERROR(DecodeStepKv(
+        m, m.payload.subspan(8 + n * sizeof(StepEntry), 4 * uint64_t{kv_words}), limits, &step));
   }
   return step;
 }

@@ -6,8 +6,12 @@
 //   Hello       u32 role, i32 pid, u32 protocol_version, u32 reserved
 //   Shutdown    (empty)
 //   Error       i32 code (absl::StatusCode, not OK), u32 length, char message[length]
-//   Step        u32 n_entries, u32 reserved, n_entries x {i32 kv_slot, i32 position,
-//               i32 token_id, u32 flags}
+//   Step        u32 n_entries, u32 kv_words, n_entries x {i32 kv_slot, i32 position,
+//               i32 token_id, u32 flags}, then kv_words u32 words of KV paging (0: none, the
+//               worker keeps its tables): u32 n_tables, u32 n_copies, n_tables x {i32 slot,
+//               i32 length, u32 n_blocks, i32 block[n_blocks]}, n_copies x {i32 src, i32 dst}
+//               (shared/runtime/kv_cache.h: copies run first, then the tables are set, then
+//               the entries)
 //   Activation  u32 rows, u32 dim, u32 n_active, u32 flags, f32 h[rows*dim],
 //               u32 row_end[rows], i32 active[n_active]   (header.layer = layer)
 //               Row r's candidate neurons are active[row_end[r-1] .. row_end[r]) (row_end[-1]
@@ -35,12 +39,14 @@
 #include "absl/types/span.h"
 #include "shared/ipc/ring.h"
 #include "shared/ipc/transport.h"
+#include "shared/runtime/kv_cache.h"
 
 namespace thermocline::ipc {
 
 // 2: Activation carries one candidate list per row (row_end) and flags.
 // 3: Activation carries the router's picks of MoE layers (kActivationRouted).
-inline constexpr uint32_t kProtocolVersion = 3;
+// 4: Step carries KV block tables and block copies (the prefix cache).
+inline constexpr uint32_t kProtocolVersion = 4;
 
 // A view of a message copied out with RingConsumer::Receive, for the decoders below.
 inline MessageView ViewOf(const MessageHeader& header, const std::vector<std::byte>& payload) {
@@ -85,6 +91,8 @@ static_assert(sizeof(StepEntry) == 16);
 struct StepMsg {
   uint64_t step_id = 0;
   std::vector<StepEntry> entries;
+  std::vector<KvSlotTable> tables;  // validated copies (ids against StepLimits)
+  std::vector<KvBlockCopy> copies;
 };
 
 struct StepLimits {
@@ -92,11 +100,19 @@ struct StepLimits {
   int32_t n_kv_slots = 0;    // kv_slot in [0, n_kv_slots)
   int32_t n_positions = 0;   // position in [0, n_positions) (context length)
   int32_t vocab = 0;         // token_id in [0, vocab)
+  int32_t n_kv_blocks = 0;   // block ids in [0, n_kv_blocks)
+  int32_t blocks_per_slot = 0;  // a table holds at most this many
 };
 
-uint64_t StepBytes(uint64_t n_entries);
+// Bytes of a Step: `kv_words` as KvWords gives for the tables and copies sent with it.
+uint64_t StepBytes(uint64_t n_entries, uint64_t kv_words = 0);
+uint64_t KvWords(absl::Span<const KvSlotTable> tables, absl::Span<const KvBlockCopy> copies);
+// The tables and copies are what the receiver applies before the entries (none: it keeps its
+// tables). Their ids are checked by the receiver.
 absl::Status SendStep(RingProducer& ring, uint64_t step_id, absl::Span<const StepEntry> entries,
-                      absl::Duration timeout = absl::InfiniteDuration());
+                      absl::Duration timeout = absl::InfiniteDuration(),
+                      absl::Span<const KvSlotTable> tables = {},
+                      absl::Span<const KvBlockCopy> copies = {});
 absl::StatusOr<StepMsg> DecodeStep(const MessageView& m, const StepLimits& limits);
 
 struct ActivationLimits {

@@ -59,6 +59,7 @@ struct WorkerFlags {
   int32_t context = 0;
   int32_t max_batch = 512;
   std::string kv_type = "f32";
+  int32_t prefix_cache_blocks = 0;
   std::string vram_budget = "0";
   // cpu_worker.
   std::optional<int> numa_node;
@@ -96,6 +97,11 @@ void VisitWorkerFields(V&& v, Flags&... f) {
     f.context...);
   v(WorkerField{"max-batch", "most entries in one Step", kGpu}, f.max_batch...);
   v(WorkerField{"kv-type", "KV cache element type: f32 or f16", kGpu}, f.kv_type...);
+  v(WorkerField{"prefix-cache-blocks",
+                "KV blocks (16 positions) beyond the slots' own, for the prefix cache; 0: off "
+                "(a contiguous cache, no KV tables in Steps)",
+                kGpu},
+    f.prefix_cache_blocks...);
   v(WorkerField{"vram-budget",
                 "cuda: device memory the backend may use, e.g. 20G (0 = the device's free "
                 "memory)",

@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "shared/runtime/forward.h"
+#include "shared/runtime/kv_blocks.h"
 #include "shared/runtime/sampler.h"
 
 namespace thermocline {
@@ -43,6 +44,19 @@ class BatchRunner {
   virtual int64_t context() const = 0;
   // Forgets a slot's sequence; its next entry starts at position 0.
   virtual void ResetSlot(int32_t slot) = 0;
+
+  // Prefix cache (kv_blocks.h), for runners that page their KV cache. ReusePrefix maps the
+  // longest cached prefix of `tokens` into the empty `slot` and returns how many positions it
+  // now holds: the caller's next entry for the slot is at that position. 0: nothing reused.
+  virtual int32_t ReusePrefix(int32_t /*slot*/, std::span<const int32_t> /*tokens*/) {
+    return 0;
+  }
+  // The empty `dst` holds the first n positions of `src` from now on, without computing them
+  // (n > 1 choices of one prompt). FailedPrecondition where the runner cannot share.
+  virtual absl::Status ForkSlot(int32_t /*src*/, int32_t /*dst*/, int32_t /*n*/) {
+    return absl::FailedPreconditionError("this runner does not share KV blocks");
+  }
+  virtual PrefixCacheStats prefix_cache_stats() const { return {}; }
 };
 
 // ForwardPass as a BatchRunner: the slot's KV cache is the sequence.

@@ -138,6 +138,43 @@ TEST(IpcMessages, Step) {
   EXPECT_EQ(
       DecodeStep(Forge(MessageKind::kPartial, {1, 0, 0, 0, 1, 0}).view(), limits).status().code(),
       absl::StatusCode::kInvalidArgument);  // wrong kind
+
+  // KV tables and copies (the prefix cache): round trip, then every id checked on receipt.
+  StepLimits paged{4, 4, 32, 256, 10, 2};
+  const std::vector<KvSlotTable> tables = {{3, 16, {7, 2}}, {0, 0, {}}};
+  const std::vector<KvBlockCopy> copies = {{7, 9}};
+  ASSERT_TRUE(SendStep(loop.out(), 10, entries, absl::InfiniteDuration(), tables, copies).ok());
+  MessageView pm = loop.Next();
+  EXPECT_EQ(pm.header.bytes, StepBytes(2, KvWords(tables, copies)));
+  auto ps = DecodeStep(pm, paged);
+  ASSERT_TRUE(ps.ok()) << ps.status();
+  ASSERT_EQ(ps->tables.size(), 2u);
+  EXPECT_EQ(ps->tables[0].slot, 3);
+  EXPECT_EQ(ps->tables[0].length, 16);
+  EXPECT_EQ(ps->tables[0].blocks, (std::vector<int32_t>{7, 2}));
+  EXPECT_TRUE(ps->tables[1].blocks.empty());
+  ASSERT_EQ(ps->copies.size(), 1u);
+  EXPECT_EQ(ps->copies[0].dst, 9);
+  EXPECT_FALSE(DecodeStep(pm, limits).ok());  // a receiver without paging refuses tables
+  auto bad_kv = [&](std::vector<uint32_t> kv, const char* why) {
+    std::vector<uint32_t> words = {1, static_cast<uint32_t>(kv.size()), 0, 0, 1, 0};
+    words.insert(words.end(), kv.begin(), kv.end());
+    absl::Status st = DecodeStep(Forge(MessageKind::kStep, words).view(), paged).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << why;
+    return std::string(st.message());
+  };
+  EXPECT_NE(bad_kv({1, 0, 0, 0, 1, 10}, "block id past the pool").find("block 10"),
+            std::string::npos);
+  bad_kv({1, 0, 0, 0, 1, 0xffffffffu}, "negative block id");
+  bad_kv({1, 0, 4, 0, 0}, "slot out of range");
+  bad_kv({2, 0, 0, 0, 0, 0, 0, 0}, "slot twice");
+  bad_kv({1, 0, 0, 0, 3, 1, 2, 3}, "more blocks than a slot holds");
+  bad_kv({1, 0, 0, 17, 1, 1}, "length past its blocks");
+  bad_kv({1, 0, 0, 0, 2, 1}, "table cut short");
+  bad_kv({0, 1, 3, 3}, "copy onto itself");
+  bad_kv({0, 1, 3, 10}, "copy past the pool");
+  bad_kv({0, 2, 3, 4}, "copy count past the words");
+  bad_kv({0}, "section shorter than its counts");
 }
 
 TEST(IpcMessages, Activation) {

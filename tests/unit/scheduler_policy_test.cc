@@ -119,6 +119,25 @@ class FakeEngine final : public ServingEngine {
     std::lock_guard<std::mutex> lock(mu_);
     return health_;
   }
+  // With forks allowed, dst continues from src's first n positions (as a paged engine shares
+  // them); else FailedPrecondition, as an engine without the prefix cache answers.
+  absl::Status ForkSlot(int32_t src, int32_t dst, int32_t n) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!forks_) return absl::FailedPreconditionError("no forks");
+    if (next_pos_[dst] != 0 || next_pos_[src] < n) {
+      ADD_FAILURE() << "fork of " << n << " from slot " << src << " at " << next_pos_[src]
+                    << " into slot " << dst << " at " << next_pos_[dst];
+      return absl::InvalidArgumentError("bad fork");
+    }
+    next_pos_[dst] = n;
+    ++forks_done_;
+    return absl::OkStatus();
+  }
+  void AllowForks() { Set([&] { forks_ = true; }); }
+  int forks_done() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return forks_done_;
+  }
 
   // Test side.
   void Gate() { Set([&] { open_ = false; }); }
@@ -167,6 +186,8 @@ class FakeEngine final : public ServingEngine {
   int32_t poison_ = -1;
   std::map<int64_t, WorkerHealth> health_after_;
   WorkerHealth health_;
+  bool forks_ = false;
+  int forks_done_ = 0;
 };
 
 // Everything a stream delivered.
@@ -725,6 +746,38 @@ TEST(SchedulerBackpressure, AReaderThatDoesNotReadPausesOnlyItsSequenceThenIsCan
   EXPECT_EQ(Collect(*h.Submit(MakeJob(Bytes("c"), 3))).tokens.size(), 3u);
   EXPECT_EQ(Collect(*h.Submit(MakeJob(Bytes("d"), 3))).tokens.size(), 3u);
 }
+
+// n > 1 choices of one prompt (Job::share_group, queued together): with forks the prompt is
+// run once, the other choices fork it and take their first token from the same row; without,
+// each choice runs the prompt itself. Either way every choice streams the same greedy text.
+void RunChoices(bool forks) {
+  SchedulerOptions o = Options(/*max_batch=*/4, /*kv_slots=*/4, /*prefill_chunk=*/4);
+  o.fork_choices = true;
+  Harness h(o);
+  if (forks) h.fake->AllowForks();
+  std::vector<Job> jobs;
+  for (int i = 0; i < 3; ++i) {
+    Job j = MakeJob(Bytes("abcdefghij"), 5);  // 10 prompt positions, 3 chunks
+    j.share_group = 7;
+    jobs.push_back(j);
+  }
+  auto streams = h.scheduler->SubmitAll(jobs);
+  ASSERT_TRUE(streams.ok()) << streams.status();
+  for (auto& s : *streams) {
+    const Outcome out = Collect(*s);
+    ASSERT_TRUE(out.final.has_value()) << out.error;
+    EXPECT_EQ(out.text, "klmno");
+  }
+  int prompt_entries = 0;
+  for (const auto& run : h.fake->runs()) {
+    for (const BatchEntry& e : run) prompt_entries += e.position < 10 ? 1 : 0;
+  }
+  EXPECT_EQ(prompt_entries, forks ? 10 : 30);
+  EXPECT_EQ(h.fake->forks_done(), forks ? 2 : 0);
+}
+
+TEST(SchedulerPolicy, ChoicesForkTheFirstChoicesPrompt) { RunChoices(true); }
+TEST(SchedulerPolicy, ChoicesPrefillThemselvesWhenTheEngineCannotFork) { RunChoices(false); }
 
 }  // namespace
 }  // namespace thermocline::gateway
