@@ -84,8 +84,12 @@ void Stream::Abandon() {
 
 struct Scheduler::Sequence {
   Sequence(Job j, const Tokenizer& tok)
-      : job(std::move(j)), sampler(job.sampling), text(tok, job.stop), history(job.prompt) {}
+      : job(std::move(j)), sampler(job.sampling), text(tok, job.stop), history(job.prompt) {
+    if (job.grammar) matcher.emplace(job.grammar);
+  }
   Job job;
+  std::optional<grammar::Matcher> matcher;  // structured output: where the text is
+  std::vector<uint8_t> mask;
   std::shared_ptr<Stream> stream = std::make_shared<Stream>();
   Sampler sampler;
   TextStream text;
@@ -424,7 +428,16 @@ bool Scheduler::Step() {
       Retire(seq);
       continue;
     }
-    const int32_t token = seq.sampler.Sample(row, seq.history);
+    if (seq.matcher && !GrammarMask(seq)) {
+      Fail(seq, absl::FailedPreconditionError(absl::StrCat(
+                    "no token of the vocabulary continues the grammar after ", seq.generated,
+                    " generated tokens: the grammar needs text this model cannot write")));
+      Retire(seq);
+      continue;
+    }
+    const int32_t token =
+        seq.sampler.Sample(row, seq.history,
+                           seq.matcher ? std::span<const uint8_t>(seq.mask) : std::span<const uint8_t>());
     seq.history.push_back(token);
     Emit(seq, token, row);
     if (seq.done) Retire(seq);
@@ -472,6 +485,22 @@ v1::TokenLogprob LogprobsOf(std::span<const float> row, int32_t token, int32_t n
   return out;
 }
 
+bool Scheduler::GrammarMask(Sequence& seq) {
+  if (!vocab_trie_) vocab_trie_ = std::make_unique<grammar::VocabTrie>(tokenizer_);
+  int32_t n = masks_.Compute(*seq.job.grammar, seq.matcher->state(), *vocab_trie_, &seq.mask);
+  // The tokens that end the sequence (never streamed) may come only where the text is whole;
+  // whatever text they have is not the completion's.
+  const bool can_end = seq.matcher->CanEnd();
+  auto set_end = [&](int32_t id) {
+    if (id < 0 || static_cast<size_t>(id) >= seq.mask.size()) return;
+    n += static_cast<int32_t>(can_end) - seq.mask[id];
+    seq.mask[id] = can_end;
+  };
+  if (!seq.job.ignore_eos) set_end(tokenizer_.eos());
+  for (int32_t id : seq.job.stop_token_ids) set_end(id);
+  return n > 0;
+}
+
 void Scheduler::Emit(Sequence& seq, int32_t token, std::span<const float> row) {
   const absl::Time now = absl::Now();
   const Job& job = seq.job;
@@ -502,8 +531,14 @@ void Scheduler::Emit(Sequence& seq, int32_t token, std::span<const float> row) {
   chunk->set_text(std::move(delta.text));
   if (job.logprobs) *chunk->add_logprobs() = LogprobsOf(row, token, job.top_logprobs, tokenizer_);
   seq.stream->Push(std::move(ev));
+  // The mask allowed the token, so the matcher takes its bytes.
+  const bool grammar_done = seq.matcher &&
+                            seq.matcher->Accept(tokenizer_.TokenBytes(-1, token)) &&
+                            seq.matcher->IsComplete();
   if (delta.stopped) {
     Finish(seq, v1::FINISH_REASON_STOP_SEQUENCE, delta.matched, -1);
+  } else if (grammar_done) {
+    Finish(seq, v1::FINISH_REASON_GRAMMAR, "", -1);
   } else if (seq.generated >= job.max_new_tokens) {
     Finish(seq, v1::FINISH_REASON_LENGTH, "", -1);
   }
@@ -544,7 +579,7 @@ void Scheduler::Finish(Sequence& seq, v1::FinishReason reason, const std::string
     metrics_->AddPromptTokens(static_cast<int64_t>(seq.job.prompt.size()));
     metrics_->ObserveE2eSeconds(Seconds(now - seq.job.arrival));
     static constexpr const char* kOutcome[] = {"unspecified", "eos", "length", "stop_sequence",
-                                               "cancelled"};
+                                               "cancelled", "grammar"};
     metrics_->CountRequest(kOutcome[reason]);
   }
   Log(Level::kInfo, "request_done",

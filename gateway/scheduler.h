@@ -32,6 +32,9 @@
 #include "absl/time/time.h"
 #include "gateway/metrics.h"
 #include "gateway/serving_engine.h"
+#include "shared/grammar/gbnf.h"
+#include "shared/grammar/matcher.h"
+#include "shared/grammar/token_mask.h"
 #include "shared/ipc/transport.h"
 #include "shared/runtime/sampler.h"
 #include "shared/tokenizer/tokenizer.h"
@@ -51,6 +54,8 @@ struct Job {
   int32_t top_logprobs = 0;
   std::string request_id;
   absl::Time arrival;
+  // Structured output (grammar or json_schema, compiled at validation); null: none.
+  std::shared_ptr<const grammar::Grammar> grammar;
 };
 
 // The handler's end of one request: the messages to send, in order, and at the end either a
@@ -151,6 +156,9 @@ class Scheduler {
   // Builds and runs one step over `running_`; returns false when there was nothing to run.
   bool Step();
   void Emit(Sequence& seq, int32_t token, std::span<const float> row);
+  // Structured output: seq's mask for the next token (the grammar's continuations; its end
+  // tokens only where the text is a sentence). False when no token is allowed.
+  bool GrammarMask(Sequence& seq);
   void Finish(Sequence& seq, v1::FinishReason reason, const std::string& matched_stop,
               int32_t matched_token);
   void Fail(Sequence& seq, const absl::Status& status);
@@ -187,6 +195,8 @@ class Scheduler {
   // Scheduler thread only.
   std::vector<std::unique_ptr<Sequence>> running_;
   std::vector<int32_t> free_slots_;
+  std::unique_ptr<grammar::VocabTrie> vocab_trie_;  // built for the first grammar request
+  grammar::MaskComputer masks_;
   int64_t seen_gpu_restarts_ = 0, seen_cpu_restarts_ = 0;
 
   std::atomic<uint64_t> progress_{0};

@@ -92,7 +92,7 @@ class Compiler {
     }
     if (!schema.is_object()) return Invalid("a schema must be an object or a boolean", path);
     for (const char* k : kUnsupported) {
-      if (schema.contains(k)) return Refuse(k, absl::StrCat(path, ".", k));
+      if (schema.contains(k)) return Refuse(k, path);
     }
     if (auto it = schema.find("$ref"); it != schema.end()) {
       return CompileRef(*it, path, depth, out);
