@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <functional>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -258,6 +257,10 @@ class Parser {
         seq.push_back({Element::kRuleRef, RuleId(name, term)});
         have_last = true;
       } else if (c == '(') {
+        if (++nesting_ > kMaxNesting) {
+          Fail(term, absl::StrCat("groups nest deeper than ", kMaxNesting, " levels"));
+          break;
+        }
         ++p_;
         SkipSpace(true);
         const uint32_t id = NewHelper(rule, term);
@@ -271,6 +274,7 @@ class Parser {
           break;
         }
         ++p_;
+        --nesting_;
         rules_[id].alts = std::move(alts);
         last_start = seq.size();
         seq.push_back({Element::kRuleRef, id});
@@ -463,32 +467,35 @@ class Parser {
         }
       }
     }
+    // Depth-first, with an explicit stack (a grammar may have thousands of rules).
     std::vector<uint8_t> state(n, 0);  // 0 new, 1 on the path, 2 done
-    std::vector<uint32_t> path;
-    std::function<int64_t(uint32_t)> visit = [&](uint32_t r) -> int64_t {
-      state[r] = 1;
-      path.push_back(r);
-      for (uint32_t next : left[r]) {
-        if (state[next] == 1) return next;
-        if (state[next] == 0) {
-          if (int64_t c = visit(next); c >= 0) return c;
+    std::vector<std::pair<uint32_t, size_t>> path;  // rule, next edge to follow
+    for (uint32_t start = 0; start < n; ++start) {
+      if (state[start] != 0) continue;
+      path.push_back({start, 0});
+      state[start] = 1;
+      while (!path.empty()) {
+        auto& [r, edge] = path.back();
+        if (edge == left[r].size()) {
+          state[r] = 2;
+          path.pop_back();
+          continue;
         }
-      }
-      path.pop_back();
-      state[r] = 2;
-      return -1;
-    };
-    for (uint32_t r = 0; r < n; ++r) {
-      if (state[r] != 0) continue;
-      if (int64_t c = visit(r); c >= 0) {
-        std::string cycle;
-        auto it = std::find(path.begin(), path.end(), static_cast<uint32_t>(c));
-        for (; it != path.end(); ++it) absl::StrAppend(&cycle, names_[*it], " -> ");
-        absl::StrAppend(&cycle, names_[c]);
-        Fail(rules_[c].pos,
-                    absl::StrCat("rule '", names_[c], "' is left-recursive (", cycle,
-                                 " without matching a character); rewrite it with repetition"));
-        return Error();
+        const uint32_t next = left[r][edge++];
+        if (state[next] == 0) {
+          state[next] = 1;
+          path.push_back({next, 0});
+        } else if (state[next] == 1) {
+          std::string cycle;
+          auto it = std::find_if(path.begin(), path.end(),
+                                 [&](const auto& e) { return e.first == next; });
+          for (; it != path.end(); ++it) absl::StrAppend(&cycle, names_[it->first], " -> ");
+          absl::StrAppend(&cycle, names_[next]);
+          Fail(rules_[next].pos,
+               absl::StrCat("rule '", names_[next], "' is left-recursive (", cycle,
+                            " without matching a character); rewrite it with repetition"));
+          return Error();
+        }
       }
     }
     return absl::OkStatus();
@@ -519,6 +526,7 @@ class Parser {
   absl::flat_hash_map<std::string, uint32_t> ids_;
   std::vector<CharClass> classes_;
   int helper_count_ = 0;
+  int nesting_ = 0;
 };
 
 }  // namespace

@@ -10,7 +10,7 @@
 // the rule they occur in (`root_3`).
 //
 // Refused, with the line and column: syntax errors, undefined rules, a missing root, repetition
-// counts past kMaxRepetition, and left recursion (a rule that can reach itself without
+// counts past kMaxRepetition, groups nested deeper than kMaxNesting, and left recursion (a rule that can reach itself without
 // consuming a character, which a top-down matcher would expand forever).
 #pragma once
 
@@ -55,6 +55,7 @@ struct Grammar {
 
 inline constexpr int kMaxRepetition = 1000;   // {m,n} bounds
 inline constexpr size_t kMaxGrammarElements = 1 << 20;
+inline constexpr int kMaxNesting = 128;       // parenthesized groups inside each other
 
 // Parses GBNF text. Errors read "line L, column C: <what>".
 absl::StatusOr<Grammar> ParseGbnf(std::string_view text);

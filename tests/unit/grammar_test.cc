@@ -136,6 +136,8 @@ TEST(Gbnf, ErrorsNameLineColumnAndConstruct) {
   EXPECT_EQ(ParseError("root ::= x\nx ::= y \"a\"\ny ::= \"\" | x\n"),
             "line 2, column 1: rule 'x' is left-recursive (x -> y -> x without matching a "
             "character); rewrite it with repetition");
+  EXPECT_EQ(ParseError("root ::= " + std::string(200, '(') + "\"a\"" + std::string(200, ')')),
+            "line 1, column 138: groups nest deeper than 128 levels");
   // Repeating something that can be empty is left recursion too (x* never ends).
   EXPECT_NE(ParseError("root ::= (\"a\"?)*\n").find("left-recursive"), std::string::npos);
 }
