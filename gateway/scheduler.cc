@@ -487,18 +487,10 @@ v1::TokenLogprob LogprobsOf(std::span<const float> row, int32_t token, int32_t n
 
 bool Scheduler::GrammarMask(Sequence& seq) {
   if (!vocab_trie_) vocab_trie_ = std::make_unique<grammar::VocabTrie>(tokenizer_);
-  int32_t n = masks_.Compute(*seq.job.grammar, seq.matcher->state(), *vocab_trie_, &seq.mask);
-  // The tokens that end the sequence (never streamed) may come only where the text is whole;
-  // whatever text they have is not the completion's.
-  const bool can_end = seq.matcher->CanEnd();
-  auto set_end = [&](int32_t id) {
-    if (id < 0 || static_cast<size_t>(id) >= seq.mask.size()) return;
-    n += static_cast<int32_t>(can_end) - seq.mask[id];
-    seq.mask[id] = can_end;
-  };
-  if (!seq.job.ignore_eos) set_end(tokenizer_.eos());
-  for (int32_t id : seq.job.stop_token_ids) set_end(id);
-  return n > 0;
+  // The tokens that end the sequence (never streamed) may come only where the text is whole.
+  std::vector<int32_t> ends = seq.job.stop_token_ids;
+  if (!seq.job.ignore_eos) ends.push_back(tokenizer_.eos());
+  return masks_.Compute(*seq.job.grammar, seq.matcher->state(), *vocab_trie_, &seq.mask, ends) > 0;
 }
 
 void Scheduler::Emit(Sequence& seq, int32_t token, std::span<const float> row) {

@@ -46,7 +46,7 @@ VocabTrie::VocabTrie(const Tokenizer& tokenizer) : vocab_size_(tokenizer.vocab_s
 }
 
 int32_t MaskComputer::Compute(const Grammar& g, const MatchState& state, const VocabTrie& trie,
-                              std::vector<uint8_t>* allowed) {
+                              std::vector<uint8_t>* allowed, std::span<const int32_t> end_tokens) {
   allowed->assign(static_cast<size_t>(trie.vocab_size()), 0);
   const auto& nodes = trie.nodes_;
   if (states_.empty()) states_.resize(1);
@@ -64,6 +64,12 @@ int32_t MaskComputer::Compute(const Grammar& g, const MatchState& state, const V
       ++count;
     }
     ++i;
+  }
+  const uint8_t can_end = CanEnd(state) ? 1 : 0;
+  for (int32_t id : end_tokens) {
+    if (id < 0 || id >= trie.vocab_size()) continue;
+    count += can_end - (*allowed)[id];
+    (*allowed)[id] = can_end;
   }
   return count;
 }

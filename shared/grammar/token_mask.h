@@ -46,9 +46,11 @@ class VocabTrie {
 class MaskComputer {
  public:
   // allowed[id] = 1 for every token whose bytes `state` accepts, else 0 (resized to the
-  // vocabulary). Returns how many are allowed.
+  // vocabulary); each of `end_tokens` (EOS, stop tokens: they end the sequence, their text is
+  // not the output's) is allowed exactly where the text is whole (CanEnd). Returns how many are
+  // allowed.
   int32_t Compute(const Grammar& g, const MatchState& state, const VocabTrie& trie,
-                  std::vector<uint8_t>* allowed);
+                  std::vector<uint8_t>* allowed, std::span<const int32_t> end_tokens = {});
 
  private:
   std::vector<MatchState> states_;  // states_[d]: after the first d bytes of the current path

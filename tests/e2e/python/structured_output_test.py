@@ -6,7 +6,8 @@ BPE vocabulary (`thermocline synth --tokenizer-from`), over HTTP (response_forma
 completions and chat) and gRPC (a GBNF grammar). Every output is parsed by Python's json module
 and validated against the schema by python3-jsonschema; every run must end because the grammar
 completed (HTTP finish_reason "stop", gRPC FINISH_REASON_GRAMMAR), so max_tokens is sized
-for the schema's longest output.
+for the schema's longest output. Greedy, `thermocline generate --grammar / --json-schema` prints
+exactly what the gateway streams under the same grammar / schema.
 
 Usage (ctest runs it): structured_output_test.py --bindir BUILD/bin --data SHARED_DATA_DIR
     --tmp DIR [--protoc protoc]
@@ -162,6 +163,7 @@ class StructuredOutputTest(unittest.TestCase):
         gw = Gateway(model, self.tmp, context)
         try:
             self.runs(gw)
+            self.local_equals_gateway(gw, model)
             self.refusals(gw)
         except Exception:
             print(gw.read_log()[-4000:], file=sys.stderr)
@@ -218,6 +220,39 @@ class StructuredOutputTest(unittest.TestCase):
             seen.add(text)
         # Sampled, not one fixed output: the seeds must give different documents.
         self.assertGreater(len(seen), RUNS // 2, sorted(seen)[:5])
+
+    def local_equals_gateway(self, gw, model):
+        """Greedy: `thermocline generate --grammar / --json-schema` (split, as the gateway runs)
+        prints exactly the gateway's completion under the same grammar / schema."""
+        grammar_file = os.path.join(self.tmp, "pet.gbnf")
+        schema_file = os.path.join(self.tmp, "pet.schema.json")
+        with open(grammar_file, "w", encoding="utf-8") as f:
+            f.write(GRAMMAR)
+        with open(schema_file, "w", encoding="utf-8") as f:
+            json.dump(SCHEMA, f)
+        generate = gw.channel.unary_stream(
+            "/thermocline.v1.Generation/Generate",
+            request_serializer=self.pb.GenerateRequest.SerializeToString,
+            response_deserializer=self.pb.GenerateResponse.FromString)
+        text = ""
+        for resp in generate(self.pb.GenerateRequest(text=PROMPT, max_new_tokens=MAX_TOKENS,
+                                                     temperature=0, grammar=GRAMMAR),
+                             timeout=300):
+            text += resp.chunk.text if resp.WhichOneof("kind") == "chunk" else resp.final.text
+        status, body = gw.post("/v1/completions", {
+            "prompt": PROMPT, "temperature": 0, "max_tokens": MAX_TOKENS,
+            "response_format": {"type": "json_schema",
+                                "json_schema": {"name": "pet", "schema": SCHEMA}}})
+        self.assertEqual(status, 200, body)
+        for flag, path, want in [("--grammar", grammar_file, text),
+                                 ("--json-schema", schema_file, body["choices"][0]["text"])]:
+            self.check_output(want, f"greedy {flag}")
+            local = subprocess.run(
+                [os.path.join(ARGS.bindir, "thermocline"), "generate", "-m", model, "-p", PROMPT,
+                 "-n", str(MAX_TOKENS), "-t", "0", "--split", "--hot-fraction", "0.5", flag, path,
+                 "--instance", f"py-so-local-{os.getpid()}"], capture_output=True, check=False)
+            self.assertEqual(local.returncode, 0, local.stderr.decode(errors="replace"))
+            self.assertEqual(local.stdout.decode(), PROMPT + want + "\n", flag)
 
     def refusals(self, gw):
         bad_schema = {"type": "object", "properties": {"name": {"type": "string",
