@@ -85,10 +85,14 @@ void Stream::Abandon() {
 struct Scheduler::Sequence {
   Sequence(Job j, const Tokenizer& tok)
       : job(std::move(j)), sampler(job.sampling), text(tok, job.stop), history(job.prompt) {
-    if (job.grammar) matcher.emplace(job.grammar);
+    if (job.grammar) {
+      matcher.emplace(job.grammar);
+      masks.emplace(job.grammar);
+    }
   }
   Job job;
   std::optional<grammar::Matcher> matcher;  // structured output: where the text is
+  std::optional<grammar::MaskComputer> masks;
   std::vector<uint8_t> mask;
   std::shared_ptr<Stream> stream = std::make_shared<Stream>();
   Sampler sampler;
@@ -490,7 +494,7 @@ bool Scheduler::GrammarMask(Sequence& seq) {
   // The tokens that end the sequence (never streamed) may come only where the text is whole.
   std::vector<int32_t> ends = seq.job.stop_token_ids;
   if (!seq.job.ignore_eos) ends.push_back(tokenizer_.eos());
-  return masks_.Compute(*seq.job.grammar, seq.matcher->state(), *vocab_trie_, &seq.mask, ends) > 0;
+  return seq.masks->Compute(seq.matcher->state(), *vocab_trie_, &seq.mask, ends) > 0;
 }
 
 void Scheduler::Emit(Sequence& seq, int32_t token, std::span<const float> row) {

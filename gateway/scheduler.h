@@ -196,7 +196,6 @@ class Scheduler {
   std::vector<std::unique_ptr<Sequence>> running_;
   std::vector<int32_t> free_slots_;
   std::unique_ptr<grammar::VocabTrie> vocab_trie_;  // built for the first grammar request
-  grammar::MaskComputer masks_;
   int64_t seen_gpu_restarts_ = 0, seen_cpu_restarts_ = 0;
 
   std::atomic<uint64_t> progress_{0};

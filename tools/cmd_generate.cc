@@ -127,11 +127,11 @@ class GrammarConstraint final : public TokenConstraint {
  public:
   GrammarConstraint(std::shared_ptr<const grammar::Grammar> g, const Tokenizer& tok,
                     bool ignore_eos)
-      : matcher_(g), tok_(tok), trie_(tok) {
+      : matcher_(g), tok_(tok), trie_(tok), masks_(g) {
     if (!ignore_eos) ends_.push_back(tok.eos());
   }
   absl::StatusOr<std::span<const uint8_t>> Allowed() override {
-    if (masks_.Compute(matcher_.grammar(), matcher_.state(), trie_, &mask_, ends_) == 0) {
+    if (masks_.Compute(matcher_.state(), trie_, &mask_, ends_) == 0) {
       return absl::FailedPreconditionError(
           "no token of the vocabulary continues the grammar: it needs text this model cannot "
           "write");

@@ -45,20 +45,58 @@ VocabTrie::VocabTrie(const Tokenizer& tokenizer) : vocab_size_(tokenizer.vocab_s
   for (uint32_t n : path) nodes_[n].end = static_cast<uint32_t>(nodes_.size());
 }
 
-int32_t MaskComputer::Compute(const Grammar& g, const MatchState& state, const VocabTrie& trie,
+namespace {
+// Bounds of a MaskComputer's cache; past them it starts over (a grammar whose states keep
+// changing, such as nested structures, gains little from it anyway).
+constexpr size_t kMaxStates = 1 << 14;
+constexpr size_t kMaxTransitions = 1 << 21;
+}  // namespace
+
+uint32_t MaskComputer::Intern(const MatchState& s) {
+  key_.clear();
+  auto put = [&](uint32_t v) { key_.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  put(s.cp);
+  put(static_cast<uint32_t>(s.left) << 8 | s.len);
+  for (size_t i = 0; i < s.stacks.size(); ++i) {
+    std::span<const uint32_t> st = s.stacks[i];
+    put(static_cast<uint32_t>(st.size()));
+    for (uint32_t e : st) put(e);
+  }
+  auto [it, inserted] = ids_.try_emplace(key_, static_cast<uint32_t>(pool_.size()));
+  if (inserted) pool_.push_back(s);
+  return it->second;
+}
+
+uint32_t MaskComputer::Next(uint32_t from, uint8_t byte) {
+  const uint64_t key = static_cast<uint64_t>(from) << 8 | byte;
+  if (auto it = next_.find(key); it != next_.end()) return it->second;
+  const uint32_t to = AdvanceByte(*grammar_, pool_[from], byte, &next_state_, &scratch_)
+                          ? Intern(next_state_)
+                          : kDead;
+  next_.emplace(key, to);
+  return to;
+}
+
+int32_t MaskComputer::Compute(const MatchState& state, const VocabTrie& trie,
                               std::vector<uint8_t>* allowed, std::span<const int32_t> end_tokens) {
+  if (pool_.size() > kMaxStates || next_.size() > kMaxTransitions) {
+    pool_.clear();
+    ids_.clear();
+    next_.clear();
+  }
   allowed->assign(static_cast<size_t>(trie.vocab_size()), 0);
   const auto& nodes = trie.nodes_;
-  if (states_.empty()) states_.resize(1);
-  states_[0] = state;
+  path_.assign(1, Intern(state));
   int32_t count = 0;
   for (uint32_t i = 1; i < nodes.size();) {
     const VocabTrie::Node& n = nodes[i];
-    if (states_.size() <= n.depth) states_.resize(n.depth + 1u);
-    if (!AdvanceByte(g, states_[n.depth - 1], n.byte, &states_[n.depth], &scratch_)) {
+    if (path_.size() <= n.depth) path_.resize(n.depth + 1u);
+    const uint32_t to = Next(path_[n.depth - 1], n.byte);
+    if (to == kDead) {
       i = n.end;  // no token below this prefix can match
       continue;
     }
+    path_[n.depth] = to;
     for (uint32_t t = n.tokens_begin; t < n.tokens_end; ++t) {
       (*allowed)[trie.tokens_[t]] = 1;
       ++count;

@@ -232,14 +232,14 @@ void CheckMasksAlongRandomWalks(const std::string& vocab_path, const std::string
   auto g = Parse(gbnf);
   ASSERT_NE(g, nullptr);
   VocabTrie trie(*tok);
-  MaskComputer masks;
+  MaskComputer masks(g);
   std::mt19937 rng(7);
   std::vector<uint8_t> mask;
   int checked = 0;
   for (int w = 0; w < walks; ++w) {
     Matcher m(g);
     for (int step = 0; step < steps && !m.IsComplete(); ++step) {
-      const int32_t n = masks.Compute(*g, m.state(), trie, &mask);
+      const int32_t n = masks.Compute(m.state(), trie, &mask);
       std::vector<int32_t> allowed;
       for (int32_t id = 0; id < tok->vocab_size(); ++id) {
         const std::string bytes = tok->TokenBytes(-1, id);
@@ -299,14 +299,14 @@ TEST(TokenMask, WalksThroughASchemaGiveValidJson) {
   auto g = Parse(*gbnf);
   ASSERT_NE(g, nullptr);
   VocabTrie trie(*tok);
-  MaskComputer masks;
+  MaskComputer masks(g);
   std::mt19937 rng(11);
   std::vector<uint8_t> mask;
   for (int w = 0; w < 30; ++w) {
     Matcher m(g);
     std::string text;
     for (int step = 0; step < 200 && !m.IsComplete(); ++step) {
-      masks.Compute(*g, m.state(), trie, &mask);
+      masks.Compute(m.state(), trie, &mask);
       std::vector<int32_t> allowed;
       for (int32_t id = 0; id < tok->vocab_size(); ++id) {
         if (mask[id]) allowed.push_back(id);
