@@ -6,6 +6,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "shared/grammar/matcher.h"
 #include "shared/tokenizer/utf8.h"
 
 namespace thermocline::grammar {
@@ -81,7 +82,14 @@ class Parser {
       return Error();
     }
     if (absl::Status s = CheckLeftRecursion(); !s.ok()) return s;
-    return Flatten(root->second);
+    Grammar g = Flatten(root->second);
+    if (InitialState(g).stacks.empty()) {
+      Fail(rules_[root->second].pos,
+           absl::StrCat("the grammar is too ambiguous: its start expands in more than ",
+                        kExpandBudget, " steps"));
+      return Error();
+    }
+    return g;
   }
 
  private:

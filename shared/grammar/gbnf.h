@@ -10,7 +10,8 @@
 // the rule they occur in (`root_3`).
 //
 // Refused, with the line and column: syntax errors, undefined rules, a missing root, repetition
-// counts past kMaxRepetition, groups nested deeper than kMaxNesting, and left recursion (a rule that can reach itself without
+// counts past kMaxRepetition, groups nested deeper than kMaxNesting, a start so ambiguous that
+// expanding it exceeds matcher.h's kExpandBudget, and left recursion (a rule that can reach itself without
 // consuming a character, which a top-down matcher would expand forever).
 #pragma once
 

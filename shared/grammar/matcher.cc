@@ -9,8 +9,10 @@ bool EndsAlternative(const Element& e) { return e.kind == Element::kEnd || e.kin
 
 // `st` (top last) expanded through rule references until a class is on top (or it is empty),
 // every result added to *out. `st` is restored before returning. Left recursion was refused by
-// the parser, so the expansion terminates.
-void Expand(const Grammar& g, std::vector<uint32_t>& st, StackSet* out) {
+// the parser, so the expansion terminates; `budget` bounds its work, since an ambiguous
+// grammar (`("" | "")` twenty times) has exponentially many paths to the same stacks.
+void Expand(const Grammar& g, std::vector<uint32_t>& st, StackSet* out, int64_t* budget) {
+  if (--*budget < 0) return;
   if (st.empty() || g.elements[st.back()].kind == Element::kClass) {
     out->Add(st);
     return;
@@ -23,7 +25,7 @@ void Expand(const Grammar& g, std::vector<uint32_t>& st, StackSet* out) {
   for (uint32_t p = g.rule_start[rule];;) {
     const bool nonempty = !EndsAlternative(g.elements[p]);
     if (nonempty) st.push_back(p);
-    Expand(g, st, out);
+    Expand(g, st, out, budget);
     if (nonempty) st.pop_back();
     while (!EndsAlternative(g.elements[p])) ++p;
     if (g.elements[p].kind == Element::kEnd) break;
@@ -33,9 +35,11 @@ void Expand(const Grammar& g, std::vector<uint32_t>& st, StackSet* out) {
   st.push_back(pos);
 }
 
-void AcceptCodepoint(const Grammar& g, const StackSet& from, uint32_t cp, StackSet* to,
+// False when the expansion ran out of budget (the result is then incomplete).
+bool AcceptCodepoint(const Grammar& g, const StackSet& from, uint32_t cp, StackSet* to,
                      Scratch* scratch) {
   to->Clear();
+  int64_t budget = kExpandBudget;
   std::vector<uint32_t>& st = scratch->stack;
   for (size_t i = 0; i < from.size(); ++i) {
     std::span<const uint32_t> s = from[i];
@@ -44,8 +48,9 @@ void AcceptCodepoint(const Grammar& g, const StackSet& from, uint32_t cp, StackS
     if (!g.classes[g.elements[top].value].Matches(cp)) continue;
     st.assign(s.begin(), s.end() - 1);
     if (!EndsAlternative(g.elements[top + 1])) st.push_back(top + 1);
-    Expand(g, st, to);
+    Expand(g, st, to, &budget);
   }
+  return budget >= 0;
 }
 
 // Whether the class can match some valid code point in [lo, hi] (surrogates excluded).
@@ -71,15 +76,17 @@ MatchState InitialState(const Grammar& g) {
   MatchState s;
   // root's alternatives, as if `root` were referenced from an empty stack.
   std::vector<uint32_t> st;
+  int64_t budget = kExpandBudget;
   for (uint32_t p = g.rule_start[g.root];;) {
     const bool nonempty = !EndsAlternative(g.elements[p]);
     if (nonempty) st.push_back(p);
-    Expand(g, st, &s.stacks);
+    Expand(g, st, &s.stacks, &budget);
     if (nonempty) st.pop_back();
     while (!EndsAlternative(g.elements[p])) ++p;
     if (g.elements[p].kind == Element::kEnd) break;
     ++p;
   }
+  if (budget < 0) s.stacks.Clear();  // refused by ParseGbnf; never half a state
   return s;
 }
 
@@ -110,8 +117,8 @@ bool AdvanceByte(const Grammar& g, const MatchState& from, uint8_t b, MatchState
   to->len = len;
   if (left == 0) {
     if (cp < kMinOfLength[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-    AcceptCodepoint(g, from.stacks, cp, &to->stacks, scratch);
-    return !to->stacks.empty();
+    // Out of budget: the character is refused (never a partial state: the text stays valid).
+    return AcceptCodepoint(g, from.stacks, cp, &to->stacks, scratch) && !to->stacks.empty();
   }
   // Incomplete: the code points this sequence can still become.
   const uint32_t shift = 6u * left;

@@ -53,6 +53,12 @@ struct Scratch {
   std::vector<uint32_t> stack;
 };
 
+// Rule expansions one step may take: an ambiguous grammar has exponentially many expansion
+// paths to the same stacks. Past it the character is refused (the initial state: ParseGbnf
+// refuses the grammar).
+inline constexpr int64_t kExpandBudget = 100000;
+
+// The state before any text; no stacks when the expansion ran out of budget.
 MatchState InitialState(const Grammar& g);
 // `from` advanced by one byte into *to (overwritten); false when nothing survives (*to is
 // then unspecified).

@@ -48,8 +48,8 @@ VocabTrie::VocabTrie(const Tokenizer& tokenizer) : vocab_size_(tokenizer.vocab_s
 namespace {
 // Bounds of a MaskComputer's cache; past them it starts over (a grammar whose states keep
 // changing, such as nested structures, gains little from it anyway).
-constexpr size_t kMaxStates = 1 << 14;
-constexpr size_t kMaxTransitions = 1 << 21;
+constexpr size_t kMaxStates = 1 << 12;
+constexpr size_t kMaxTransitions = 1 << 18;
 }  // namespace
 
 uint32_t MaskComputer::Intern(const MatchState& s) {

@@ -138,6 +138,12 @@ TEST(Gbnf, ErrorsNameLineColumnAndConstruct) {
             "character); rewrite it with repetition");
   EXPECT_EQ(ParseError("root ::= " + std::string(200, '(') + "\"a\"" + std::string(200, ')')),
             "line 1, column 138: groups nest deeper than 128 levels");
+  // Exponentially many expansion paths to the same start (2^30) are refused, not run.
+  std::string ambiguous = "root ::= ";
+  for (int i = 0; i < 30; ++i) ambiguous += "(\"\" | \"\") ";
+  EXPECT_EQ(ParseError(ambiguous + "\"x\"\n"),
+            "line 1, column 1: the grammar is too ambiguous: its start expands in more than "
+            "100000 steps");
   // Repeating something that can be empty is left recursion too (x* never ends).
   EXPECT_NE(ParseError("root ::= (\"a\"?)*\n").find("left-recursive"), std::string::npos);
 }
