@@ -49,7 +49,7 @@ namespace {
 // Bounds of a MaskComputer's cache; past them it starts over (a grammar whose states keep
 // changing, such as nested structures, gains little from it anyway).
 constexpr size_t kMaxStates = 1 << 12;
-constexpr size_t kMaxTransitions = 1 << 18;
+constexpr size_t kMaxTransitions = 1 << 19;
 }  // namespace
 
 uint32_t MaskComputer::Intern(const MatchState& s) {
