@@ -432,16 +432,8 @@ bool Scheduler::Step() {
       Retire(seq);
       continue;
     }
-    if (seq.matcher && !GrammarMask(seq)) {
-      Fail(seq, absl::FailedPreconditionError(absl::StrCat(
-                    "no token of the vocabulary continues the grammar after ", seq.generated,
-                    " generated tokens: the grammar needs text this model cannot write")));
-      Retire(seq);
-      continue;
-    }
-    const int32_t token =
-        seq.sampler.Sample(row, seq.history,
-                           seq.matcher ? std::span<const uint8_t>(seq.mask) : std::span<const uint8_t>());
+    const int32_t token = SampleNext(seq, row);
+    if (token < 0) continue;  // failed (and retired)
     seq.history.push_back(token);
     Emit(seq, token, row);
     if (seq.done) Retire(seq);
@@ -489,12 +481,23 @@ v1::TokenLogprob LogprobsOf(std::span<const float> row, int32_t token, int32_t n
   return out;
 }
 
-bool Scheduler::GrammarMask(Sequence& seq) {
-  if (!vocab_trie_) vocab_trie_ = std::make_unique<grammar::VocabTrie>(tokenizer_);
-  // The tokens that end the sequence (never streamed) may come only where the text is whole.
-  std::vector<int32_t> ends = seq.job.stop_token_ids;
-  if (!seq.job.ignore_eos) ends.push_back(tokenizer_.eos());
-  return seq.masks->Compute(seq.matcher->state(), *vocab_trie_, &seq.mask, ends) > 0;
+int32_t Scheduler::SampleNext(Sequence& seq, std::span<const float> row) {
+  std::span<const uint8_t> allowed;  // empty: no grammar, sampling exactly as without one
+  if (seq.matcher) {
+    if (!vocab_trie_) vocab_trie_ = std::make_unique<grammar::VocabTrie>(tokenizer_);
+    // The tokens that end the sequence (never streamed) may come only where the text is whole.
+    std::vector<int32_t> ends = seq.job.stop_token_ids;
+    if (!seq.job.ignore_eos) ends.push_back(tokenizer_.eos());
+    if (seq.masks->Compute(seq.matcher->state(), *vocab_trie_, &seq.mask, ends) == 0) {
+      Fail(seq, absl::FailedPreconditionError(absl::StrCat(
+                    "no token of the vocabulary continues the grammar after ", seq.generated,
+                    " generated tokens: the grammar needs text this model cannot write")));
+      Retire(seq);
+      return -1;
+    }
+    allowed = seq.mask;
+  }
+  return seq.sampler.Sample(row, seq.history, allowed);
 }
 
 void Scheduler::Emit(Sequence& seq, int32_t token, std::span<const float> row) {

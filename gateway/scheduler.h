@@ -156,9 +156,11 @@ class Scheduler {
   // Builds and runs one step over `running_`; returns false when there was nothing to run.
   bool Step();
   void Emit(Sequence& seq, int32_t token, std::span<const float> row);
-  // Structured output: seq's mask for the next token (the grammar's continuations; its end
-  // tokens only where the text is a sentence). False when no token is allowed.
-  bool GrammarMask(Sequence& seq);
+  // seq's next token from `row`, under its grammar's mask when it has one (the grammar's
+  // continuations; its end tokens only where the text is whole): every sampling of a sequence
+  // goes through here. -1 when the grammar allows no token: the sequence is then failed and
+  // retired.
+  int32_t SampleNext(Sequence& seq, std::span<const float> row);
   void Finish(Sequence& seq, v1::FinishReason reason, const std::string& matched_stop,
               int32_t matched_token);
   void Fail(Sequence& seq, const absl::Status& status);
