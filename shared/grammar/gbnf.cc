@@ -358,6 +358,7 @@ class Parser {
   void Repeat(const std::string& rule, size_t pos, size_t from, int lo, int hi, Seq* seq) {
     Seq item(seq->begin() + static_cast<ptrdiff_t>(from), seq->end());
     seq->resize(from);
+    if (item.empty()) return;  // "" repeated is still ""
     if (item.size() > 1) {
       const uint32_t g = NewHelper(rule, pos);
       rules_[g].alts = {item};

@@ -80,6 +80,9 @@ TEST(Gbnf, RecursionAndEmptyAlternatives) {
   EXPECT_EQ(Match(g, "((()))"), kSentence);
   EXPECT_EQ(Match(g, "(()"), kPrefix);
   EXPECT_EQ(Match(g, "())"), kReject);
+  auto empty = Parse("root ::= \"\"? \"\"* \"\"{2,5} \"a\"\n");  // found by validate_fuzzer
+  ASSERT_NE(empty, nullptr);
+  EXPECT_EQ(Match(empty, "a"), kSentence);
   auto counted = Parse("root ::= \"a\"{3} \"b\"{0,2} \"c\"{2,}\n");
   ASSERT_NE(counted, nullptr);
   EXPECT_EQ(Match(counted, "aaacc"), kSentence);
