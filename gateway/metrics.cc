@@ -342,14 +342,16 @@ std::vector<MetricFamily> GatewayMetrics::VllmAliases(
     }
   }
   // vllm:request_success_total{finished_reason}: finished requests by vLLM's reasons (stop:
-  // EOS, a stop token or string; length; abort: ended by the server).
+  // EOS, a stop token or string, a completed grammar; length; abort: ended by the server).
   for (const MetricFamily& f : families) {
     if (f.name != "thermocline_requests_total") continue;
     std::map<std::string, double> by_reason = {{"stop", 0}, {"length", 0}, {"abort", 0}};
     for (const ClientMetric& m : f.metric) {
       for (const ClientMetric::Label& l : m.label) {
         if (l.name != "outcome") continue;
-        if (l.value == "eos" || l.value == "stop_sequence") by_reason["stop"] += m.counter.value;
+        if (l.value == "eos" || l.value == "stop_sequence" || l.value == "grammar") {
+          by_reason["stop"] += m.counter.value;
+        }
         if (l.value == "length") by_reason["length"] += m.counter.value;
         if (l.value == "cancelled") by_reason["abort"] += m.counter.value;
       }

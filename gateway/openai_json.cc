@@ -129,6 +129,56 @@ class Fields {
 constexpr int64_t kInt32Min = std::numeric_limits<int32_t>::min();
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 
+// Structured output: `grammar` (GBNF, llama.cpp's server field) and `response_format`
+// (json_object: any JSON object; json_schema: {"name", "schema", "strict"} as OpenAI sends it,
+// always enforced) into the request's grammar / json_schema, which validate.cc compiles.
+template <class Request>
+void ReadStructuredOutput(Fields& f, Request* r) {
+  if (auto g = f.String("grammar")) r->set_grammar(*g);
+  const OpenAiJson* rf = f.Object("response_format");
+  if (rf == nullptr) return;
+  auto type = rf->find("type");
+  if (type == rf->end() || !type->is_string()) {
+    f.Bad("response_format.type", "response_format.type must be a string");
+  } else if (*type == "json_object") {
+    r->set_json_schema(R"({"type":"object"})");
+  } else if (*type == "json_schema") {
+    auto js = rf->find("json_schema");
+    if (js == rf->end() || !js->is_object()) {
+      f.Bad("response_format.json_schema",
+            "response_format.json_schema must be an object {\"name\", \"schema\", \"strict\"}");
+      return;
+    }
+    // name and strict are type-checked only: the schema is what counts, always enforced.
+    auto name = js->find("name");
+    if (name != js->end() && !name->is_null() && !name->is_string()) {
+      f.Bad("response_format.json_schema.name",
+            absl::StrCat("response_format.json_schema.name must be a string, got ",
+                         Fields::Describe(*name)));
+      return;
+    }
+    auto strict = js->find("strict");
+    if (strict != js->end() && !strict->is_null() && !strict->is_boolean()) {
+      f.Bad("response_format.json_schema.strict",
+            absl::StrCat("response_format.json_schema.strict must be a boolean, got ",
+                         Fields::Describe(*strict)));
+      return;
+    }
+    auto schema = js->find("schema");
+    if (schema == js->end() || !(schema->is_object() || schema->is_boolean())) {
+      f.Bad("response_format.json_schema.schema",
+            "response_format.json_schema.schema must be a JSON schema (an object)", "missing");
+      return;
+    }
+    r->set_json_schema(schema->dump());
+  } else if (*type != "text") {
+    f.Bad("response_format.type",
+          absl::StrCat("response_format.type must be text, json_object or json_schema, got ",
+                       type->dump()),
+          "invalid_value");
+  }
+}
+
 // Fields 3 to 17, which ChatRequest and GenerateRequest share, from the body.
 template <class Request>
 void ReadGenerationFields(Fields& f, bool chat, CompletionRequest* out, Request* r) {
@@ -202,6 +252,7 @@ void ReadGenerationFields(Fields& f, bool chat, CompletionRequest* out, Request*
       r->set_top_logprobs(static_cast<int32_t>(*v));
     }
   }
+  ReadStructuredOutput(f, r);
 }
 
 // A chat message's content: a string, null, or an array of {"type": "text", "text": ...}
@@ -344,22 +395,6 @@ void ReadPrompt(Fields& f, v1::GenerateRequest* r) {
 // Fields whose meaning the gateway cannot honour yet: refused by name rather than ignored,
 // since ignoring them would return something else than what was asked.
 void RefuseUnsupported(Fields& f, bool chat) {
-  if (const OpenAiJson* rf = f.Object("response_format")) {
-    auto type = rf->find("type");
-    if (type == rf->end() || !type->is_string()) {
-      f.Bad("response_format", "response_format.type must be a string");
-    } else if (*type == "json_object" || *type == "json_schema") {
-      f.Bad("response_format",
-            absl::StrCat("response_format type ", type->get<std::string>(),
-                         " is not supported yet (only text)"),
-            "unsupported");
-    } else if (*type != "text") {
-      f.Bad("response_format", absl::StrCat("response_format.type must be text, json_object or "
-                                            "json_schema, got ",
-                                            type->dump()),
-            "invalid_value");
-    }
-  }
   if (const OpenAiJson* bias = f.Object("logit_bias"); bias != nullptr && !bias->empty()) {
     f.Bad("logit_bias", "logit_bias is not supported yet", "unsupported");
   }
@@ -430,6 +465,10 @@ ApiError FromStatus(const absl::Status& status, const std::string& max_tokens_na
       lead = max_tokens_name;  // "prompt (N tokens) + max_tokens (M) exceeds the context"
     } else if (lead == "the") {
       lead = "messages";  // "the conversation ...", "the chat template rendered ..."
+    } else if (lead == "json_schema") {
+      // The proto's json_schema is response_format's here.
+      lead = "response_format.json_schema";
+      message = "response_format." + message;
     }
     e.param = lead;
   }

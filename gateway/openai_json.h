@@ -5,8 +5,9 @@
 //
 // Only the request's JSON shape is checked here: a field of the wrong type is refused naming
 // it (`param`), unknown fields are ignored, and fields the gateway cannot honour yet (n > 16,
-// response_format json_object / json_schema, echo, best_of, suffix, logit_bias) are refused
-// by name rather than silently dropped. Ranges and sizes are validate.cc's.
+// echo, best_of, suffix, logit_bias) are refused by name rather than silently dropped. Ranges
+// and sizes are validate.cc's; so is compiling `grammar` and `response_format` (json_object,
+// json_schema), which become the proto's grammar / json_schema fields.
 #pragma once
 
 #include <cstdint>

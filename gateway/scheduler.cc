@@ -85,8 +85,16 @@ void Stream::Abandon() {
 
 struct Scheduler::Sequence {
   Sequence(Job j, const Tokenizer& tok)
-      : job(std::move(j)), sampler(job.sampling), text(tok, job.stop), history(job.prompt) {}
+      : job(std::move(j)), sampler(job.sampling), text(tok, job.stop), history(job.prompt) {
+    if (job.grammar) {
+      matcher.emplace(job.grammar);
+      masks.emplace(job.grammar);
+    }
+  }
   Job job;
+  std::optional<grammar::Matcher> matcher;  // structured output: where the text is
+  std::optional<grammar::MaskComputer> masks;
+  std::vector<uint8_t> mask;
   std::shared_ptr<Stream> stream = std::make_shared<Stream>();
   Sampler sampler;
   TextStream text;
@@ -417,8 +425,10 @@ void Scheduler::ForkChoices(Sequence& leader, std::span<const float> row) {
       continue;
     }
     seq->prefilled = n;
-    // The same logits row, this choice's own sampler: what its own prefill would have given.
-    const int32_t token = seq->sampler.Sample(row, seq->history);
+    // The same logits row, this choice's own sampler (and grammar mask): what its own prefill
+    // would have given.
+    const int32_t token = SampleNext(*seq, row);
+    if (token < 0) continue;  // failed (and retired)
     seq->history.push_back(token);
     Emit(*seq, token, row);
     if (seq->done) Retire(*seq);
@@ -493,7 +503,8 @@ bool Scheduler::Step() {
       continue;
     }
     const bool prompt_done = seq.history.size() == seq.job.prompt.size();
-    const int32_t token = seq.sampler.Sample(row, seq.history);
+    const int32_t token = SampleNext(seq, row);
+    if (token < 0) continue;  // failed (and retired)
     seq.history.push_back(token);
     Emit(seq, token, row);
     // Before the first choice retires (its slot, and its blocks, would go): the others fork.
@@ -543,6 +554,25 @@ v1::TokenLogprob LogprobsOf(std::span<const float> row, int32_t token, int32_t n
   return out;
 }
 
+int32_t Scheduler::SampleNext(Sequence& seq, std::span<const float> row) {
+  std::span<const uint8_t> allowed;  // empty: no grammar, sampling exactly as without one
+  if (seq.matcher) {
+    if (!vocab_trie_) vocab_trie_ = std::make_unique<grammar::VocabTrie>(tokenizer_);
+    // The tokens that end the sequence (never streamed) may come only where the text is whole.
+    std::vector<int32_t> ends = seq.job.stop_token_ids;
+    if (!seq.job.ignore_eos) ends.push_back(tokenizer_.eos());
+    if (seq.masks->Compute(seq.matcher->state(), *vocab_trie_, &seq.mask, ends) == 0) {
+      Fail(seq, absl::FailedPreconditionError(absl::StrCat(
+                    "no token of the vocabulary continues the grammar after ", seq.generated,
+                    " generated tokens: the grammar needs text this model cannot write")));
+      Retire(seq);
+      return -1;
+    }
+    allowed = seq.mask;
+  }
+  return seq.sampler.Sample(row, seq.history, allowed);
+}
+
 void Scheduler::Emit(Sequence& seq, int32_t token, std::span<const float> row) {
   const absl::Time now = absl::Now();
   const Job& job = seq.job;
@@ -573,8 +603,14 @@ void Scheduler::Emit(Sequence& seq, int32_t token, std::span<const float> row) {
   chunk->set_text(std::move(delta.text));
   if (job.logprobs) *chunk->add_logprobs() = LogprobsOf(row, token, job.top_logprobs, tokenizer_);
   seq.stream->Push(std::move(ev));
+  // The mask allowed the token, so the matcher takes its bytes.
+  const bool grammar_done = seq.matcher &&
+                            seq.matcher->Accept(tokenizer_.TokenBytes(-1, token)) &&
+                            seq.matcher->IsComplete();
   if (delta.stopped) {
     Finish(seq, v1::FINISH_REASON_STOP_SEQUENCE, delta.matched, -1);
+  } else if (grammar_done) {
+    Finish(seq, v1::FINISH_REASON_GRAMMAR, "", -1);
   } else if (seq.generated >= job.max_new_tokens) {
     Finish(seq, v1::FINISH_REASON_LENGTH, "", -1);
   }
@@ -615,7 +651,7 @@ void Scheduler::Finish(Sequence& seq, v1::FinishReason reason, const std::string
     metrics_->AddPromptTokens(static_cast<int64_t>(seq.job.prompt.size()));
     metrics_->ObserveE2eSeconds(Seconds(now - seq.job.arrival));
     static constexpr const char* kOutcome[] = {"unspecified", "eos", "length", "stop_sequence",
-                                               "cancelled"};
+                                               "cancelled", "grammar"};
     metrics_->CountRequest(kOutcome[reason]);
   }
   Log(Level::kInfo, "request_done",

@@ -32,6 +32,9 @@
 #include "absl/time/time.h"
 #include "gateway/metrics.h"
 #include "gateway/serving_engine.h"
+#include "shared/grammar/gbnf.h"
+#include "shared/grammar/matcher.h"
+#include "shared/grammar/token_mask.h"
 #include "shared/ipc/transport.h"
 #include "shared/runtime/sampler.h"
 #include "shared/tokenizer/tokenizer.h"
@@ -58,6 +61,8 @@ struct Job {
   // with this value. The scheduler prefills the prompt once, for the first choice admitted, and
   // forks its KV blocks into the others (docs/gateway.md#prefix-cache).
   uint64_t share_group = 0;
+  // Structured output (grammar or json_schema, compiled at validation); null: none.
+  std::shared_ptr<const grammar::Grammar> grammar;
 };
 
 // The handler's end of one request: the messages to send, in order, and at the end either a
@@ -164,6 +169,11 @@ class Scheduler {
   // Builds and runs one step over `running_`; returns false when there was nothing to run.
   bool Step();
   void Emit(Sequence& seq, int32_t token, std::span<const float> row);
+  // seq's next token from `row`, under its grammar's mask when it has one (the grammar's
+  // continuations; its end tokens only where the text is whole): every sampling of a sequence
+  // goes through here. -1 when the grammar allows no token: the sequence is then failed and
+  // retired.
+  int32_t SampleNext(Sequence& seq, std::span<const float> row);
   void Finish(Sequence& seq, v1::FinishReason reason, const std::string& matched_stop,
               int32_t matched_token);
   void Fail(Sequence& seq, const absl::Status& status);
@@ -206,6 +216,7 @@ class Scheduler {
   std::vector<std::unique_ptr<Sequence>> running_;
   std::vector<int32_t> free_slots_;
   uint64_t next_sequence_id_ = 1;
+  std::unique_ptr<grammar::VocabTrie> vocab_trie_;  // built for the first grammar request
   int64_t seen_gpu_restarts_ = 0, seen_cpu_restarts_ = 0;
 
   std::atomic<uint64_t> progress_{0};

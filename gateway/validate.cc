@@ -7,6 +7,9 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "shared/grammar/gbnf.h"
+#include "shared/grammar/json_schema.h"
+#include "shared/grammar/matcher.h"
 
 namespace thermocline::gateway {
 namespace {
@@ -168,6 +171,35 @@ absl::Status CheckGenerationFields(const Request& r, const RequestLimits& limits
     }
   }
   job.request_id = r.request_id();
+
+  // Structured output: compiled once, here; the scheduler only runs it.
+  if (!r.grammar().empty() && !r.json_schema().empty()) {
+    return Bad("grammar and json_schema cannot both be given (json_schema: response_format)");
+  }
+  const std::pair<const char*, const std::string*> sources[] = {{"grammar", &r.grammar()},
+                                                                {"json_schema", &r.json_schema()}};
+  for (const auto& [field, source] : sources) {
+    const std::string& text = *source;
+    if (text.empty()) continue;
+    if (text.size() > static_cast<size_t>(limits.max_prompt_bytes)) {
+      return Bad(absl::StrCat(field, " must be at most ", limits.max_prompt_bytes,
+                              " bytes, got ", text.size()));
+    }
+    if (!IsValidUtf8(text)) return Bad(absl::StrCat(field, " must be valid UTF-8"));
+    std::string gbnf = text;
+    if (std::string_view(field) == "json_schema") {
+      absl::StatusOr<std::string> compiled = grammar::JsonSchemaToGbnf(text);
+      if (!compiled.ok()) return Bad(absl::StrCat(field, ": ", compiled.status().message()));
+      gbnf = *std::move(compiled);
+    }
+    absl::StatusOr<grammar::Grammar> parsed = grammar::ParseGbnf(gbnf);
+    if (!parsed.ok()) return Bad(absl::StrCat(field, ": ", parsed.status().message()));
+    auto g = std::make_shared<const grammar::Grammar>(*std::move(parsed));
+    if (grammar::IsComplete(grammar::InitialState(*g))) {
+      return Bad(absl::StrCat(field, " matches only the empty text: nothing to generate"));
+    }
+    job.grammar = std::move(g);
+  }
   return absl::OkStatus();
 }
 

@@ -29,6 +29,9 @@ PACKAGES=(
   # HTTP/2 by hand for the slow-reader test (tests/e2e/python/slow_reader_test.py): a client
   # that announces a zero flow-control window, which no gRPC library lets a caller do.
   python3-h2
+  # JSON Schema validation of structured outputs (tests/e2e/python/structured_output_test.py):
+  # the test's reference for "the output holds what the schema says".
+  python3-jsonschema
   # nlohmann/json (header-only): chat templates' values (shared/chat/) and the tests reading the
   # reference data's JSON indexes (tests/unit/dequant_reference_test.cc). ICU: Unicode case
   # mapping in chat templates (and WordPiece, above). Python's Jinja2: the reference the

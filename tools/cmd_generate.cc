@@ -4,20 +4,30 @@
 // same Generate loop, so they print the same text for the same flags. With --server ADDR the
 // generation runs in a thermocline-gateway instead (tools/grpc_client.h), with the same
 // sampling flags sent explicitly, so a greedy run prints what the local one prints.
+// --grammar FILE / --json-schema FILE constrain the output (docs/gateway.md#structured-output):
+// locally through a TokenConstraint over shared/grammar, with --server as the request's fields.
 #include <signal.h>
 
 #include <atomic>
 #include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
 #include <iostream>
 #include <optional>
 #include <string>
 #include <thread>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/strings/str_format.h"
 #include "shared/driver/gpu_backend_flags.h"
 #include "shared/driver/split_engine.h"
+#include "shared/grammar/gbnf.h"
+#include "shared/grammar/json_schema.h"
+#include "shared/grammar/matcher.h"
+#include "shared/grammar/token_mask.h"
 #include "shared/model/model.h"
 #include "shared/runtime/generate.h"
 #include "shared/sparsity/sparse_ffn.h"
@@ -111,11 +121,82 @@ constexpr const char* kLocalOnly[] = {"model",       "threads",  "context", "kv-
 
 // --server: one streaming Generate call; text to stdout as it arrives (after the prompt, as
 // the local paths print it), the final stats to stderr.
+// The grammar's mask for local generation, as the gateway's scheduler applies it: EOS only
+// where the text is whole, the end once nothing can follow.
+class GrammarConstraint final : public TokenConstraint {
+ public:
+  GrammarConstraint(std::shared_ptr<const grammar::Grammar> g, const Tokenizer& tok,
+                    bool ignore_eos)
+      : matcher_(g), tok_(tok), trie_(tok), masks_(g) {
+    if (!ignore_eos) ends_.push_back(tok.eos());
+  }
+  absl::StatusOr<std::span<const uint8_t>> Allowed() override {
+    if (masks_.Compute(matcher_.state(), trie_, &mask_, ends_) == 0) {
+      return absl::FailedPreconditionError(
+          "no token of the vocabulary continues the grammar: it needs text this model cannot "
+          "write");
+    }
+    return std::span<const uint8_t>(mask_);
+  }
+  bool Taken(int32_t token) override {
+    return matcher_.Accept(tok_.TokenBytes(-1, token)) && matcher_.IsComplete();
+  }
+
+ private:
+  grammar::Matcher matcher_;
+  const Tokenizer& tok_;
+  grammar::VocabTrie trie_;
+  grammar::MaskComputer masks_;
+  std::vector<uint8_t> mask_;
+  std::vector<int32_t> ends_;
+};
+
+// --grammar FILE / --json-schema FILE: the file's text, and (locally) the compiled grammar.
+struct StructuredOutput {
+  std::string grammar, json_schema;  // file contents, as the request's fields
+  std::shared_ptr<const grammar::Grammar> compiled;
+};
+absl::StatusOr<StructuredOutput> ReadStructuredOutput(const std::string& grammar_path,
+                                                      const std::string& schema_path) {
+  StructuredOutput out;
+  if (grammar_path.empty() && schema_path.empty()) return out;
+  if (!grammar_path.empty() && !schema_path.empty()) {
+    return absl::InvalidArgumentError("give --grammar or --json-schema, not both");
+  }
+  const std::string& path = grammar_path.empty() ? schema_path : grammar_path;
+  const char* flag = grammar_path.empty() ? "--json-schema" : "--grammar";
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return absl::InvalidArgumentError(absl::StrCat(flag, " ", path, ": cannot read it"));
+  std::stringstream text;
+  text << f.rdbuf();
+  std::string gbnf = text.str();
+  if (grammar_path.empty()) {
+    out.json_schema = gbnf;
+    absl::StatusOr<std::string> compiled = grammar::JsonSchemaToGbnf(gbnf);
+    if (!compiled.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, " ", path, ": ", compiled.status().message()));
+    }
+    gbnf = *std::move(compiled);
+  } else {
+    out.grammar = gbnf;
+  }
+  absl::StatusOr<grammar::Grammar> parsed = grammar::ParseGbnf(gbnf);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, " ", path, ": ", parsed.status().message()));
+  }
+  out.compiled = std::make_shared<const grammar::Grammar>(*std::move(parsed));
+  return out;
+}
+
 int RunServer(const std::string& address, const std::string& prompt, int32_t max_new_tokens,
               const SamplingParams& sp, bool ignore_eos, const std::vector<std::string>& stops,
               std::optional<int32_t> logprobs, const std::string& request_id,
-              double wait_ready_seconds, const ClientSecurity& security, bool seed_given) {
+              double wait_ready_seconds, const ClientSecurity& security, bool seed_given,
+              const StructuredOutput& structured) {
   v1::GenerateRequest req;
+  req.set_grammar(structured.grammar);
+  req.set_json_schema(structured.json_schema);
   req.set_text(prompt);
   req.set_max_new_tokens(max_new_tokens);
   SetSamplingFields(sp, seed_given, req);
@@ -214,6 +295,7 @@ int RunGenerate(const std::vector<std::string>& args) {
   double hot_fraction = 0;
   int numa_node = -1;
   std::string backend, vram_budget;
+  std::string grammar_path, schema_path;
   po::options_description opts("options");
   opts.add_options()
       ("model,m", po::value(&model_path), "model file (GGUF); required unless --server")
@@ -225,7 +307,9 @@ int RunGenerate(const std::vector<std::string>& args) {
       ("context", po::value(&context)->default_value(0), "KV cache positions (0 = prompt + max-new-tokens)")
       ("kv-type", po::value(&kv_type)->default_value("f32"), "KV cache element type: f32 or f16")
       ("check-tensors", po::value(&so.check_tensors)->default_value("auto"), "scan the weights for NaN/infinity at load: auto (files up to 2 GiB), on or off")
-      ("ignore-eos", po::bool_switch(&ignore_eos), "keep generating past the end-of-sequence token");
+      ("ignore-eos", po::bool_switch(&ignore_eos), "keep generating past the end-of-sequence token")
+      ("grammar", po::value(&grammar_path), "constrain the output to this GBNF grammar (docs/gateway.md#structured-output); generation ends when it is complete")
+      ("json-schema", po::value(&schema_path), "or: to JSON holding what this JSON Schema file says");
   AddSparsityOptions(opts, sf);
   po::options_description split_opts("split execution (docs/split.md)");
   split_opts.add_options()
@@ -264,6 +348,8 @@ int RunGenerate(const std::vector<std::string>& args) {
     return exit_code;
   }
   auto fail = Fail;
+  absl::StatusOr<StructuredOutput> structured = ReadStructuredOutput(grammar_path, schema_path);
+  if (!structured.ok()) return fail(std::string(structured.status().message()));
   if (!vm.count("server")) {
     for (const char* flag : {"stop", "logprobs", "request-id", "wait-ready", "tls-ca", "tls-cert",
                              "tls-key", "auth-token-file"}) {
@@ -288,7 +374,8 @@ int RunGenerate(const std::vector<std::string>& args) {
     if (!security.ok()) return fail(std::string(security.status().message()));
     return RunServer(server, prompt, max_new_tokens, sp, ignore_eos, stops,
                      vm.count("logprobs") ? std::optional<int32_t>(logprobs) : std::nullopt,
-                     request_id, wait_ready_seconds, *security, !vm["seed"].defaulted());
+                     request_id, wait_ready_seconds, *security, !vm["seed"].defaulted(),
+                     *structured);
   }
   if (threads < 0) return fail("--threads must be >= 0");
   if (max_new_tokens < 0) return fail("--max-new-tokens must be >= 0");
@@ -344,6 +431,11 @@ int RunGenerate(const std::vector<std::string>& args) {
   req.max_new_tokens = max_new_tokens;
   req.sampling = sp;
   req.ignore_eos = ignore_eos;
+  std::unique_ptr<GrammarConstraint> constraint;
+  if (structured->compiled) {
+    constraint = std::make_unique<GrammarConstraint>(structured->compiled, tok, ignore_eos);
+    req.constraint = constraint.get();
+  }
   const int64_t needed = static_cast<int64_t>(req.prompt.size()) + max_new_tokens;
   int64_t capacity = context > 0 ? context : needed;
   if (capacity > model.config().context_length) {

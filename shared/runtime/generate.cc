@@ -58,7 +58,14 @@ absl::StatusOr<GenerationStats> Generate(BatchRunner& pass, int32_t eos,
   for (int32_t i = 0; i < request.max_new_tokens; ++i) {
     TC_RETURN_IF_ERROR(CheckFiniteLogits(std::span<const float>(logits.data(), vocab),
                                          static_cast<int64_t>(history.size()) - 1));
-    const int32_t token = sampler.Sample(std::span<const float>(logits.data(), vocab), history);
+    std::span<const uint8_t> allowed;
+    if (request.constraint != nullptr) {
+      absl::StatusOr<std::span<const uint8_t>> a = request.constraint->Allowed();
+      if (!a.ok()) return a.status();
+      allowed = *a;
+    }
+    const int32_t token =
+        sampler.Sample(std::span<const float>(logits.data(), vocab), history, allowed);
     history.push_back(token);
     if (token == eos && !request.ignore_eos) {
       stats.stopped_at_eos = true;
@@ -66,6 +73,10 @@ absl::StatusOr<GenerationStats> Generate(BatchRunner& pass, int32_t eos,
     }
     ++stats.generated_tokens;
     if (!on_token(token, std::span<const float>(logits.data(), vocab))) break;
+    if (request.constraint != nullptr && request.constraint->Taken(token)) {
+      stats.stopped_by_constraint = true;
+      break;
+    }
     if (i + 1 == request.max_new_tokens) break;  // no forward pass for a token nobody samples from
     BatchEntry e{request.slot, static_cast<int32_t>(history.size() - 1), token, true};
     TC_RETURN_IF_ERROR(pass.Run(std::span<const BatchEntry>(&e, 1), logits));

@@ -14,6 +14,18 @@
 
 namespace thermocline {
 
+// Structured output in local generation (tools/cmd_generate.cc makes one from a grammar; the
+// runtime knows no grammar): which tokens the next sample may take, and which one it took.
+class TokenConstraint {
+ public:
+  virtual ~TokenConstraint() = default;
+  // allowed[id] for the next token (EOS included); an error ends the generation with it.
+  virtual absl::StatusOr<std::span<const uint8_t>> Allowed() = 0;
+  // `token` (not EOS) was sampled and printed; true when nothing can follow it (the
+  // generation ends there).
+  virtual bool Taken(int32_t token) = 0;
+};
+
 struct GenerationRequest {
   std::vector<int32_t> prompt;  // token ids, BOS included if wanted
   int32_t max_new_tokens = 128;
@@ -21,6 +33,7 @@ struct GenerationRequest {
   bool ignore_eos = false;
   int32_t prefill_chunk = 256;  // positions per forward call while processing the prompt
   int32_t slot = 0;
+  TokenConstraint* constraint = nullptr;  // none: sampling as without one
 };
 
 struct GenerationStats {
@@ -30,6 +43,7 @@ struct GenerationStats {
   int64_t decode_steps = 0;    // single-token forward passes after the prompt
   double decode_seconds = 0;  // time spent in sampling and those passes
   bool stopped_at_eos = false;
+  bool stopped_by_constraint = false;  // the constraint's text was complete
 };
 
 // What generation runs on: a batch of (slot, position, token) entries in, one logits row per

@@ -81,13 +81,19 @@ bool HigherLogit(const std::pair<float, int32_t>& a, const std::pair<float, int3
 
 }  // namespace
 
-int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> history) {
+int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> history,
+                        std::span<const uint8_t> allowed) {
   const auto n = static_cast<int32_t>(
       std::min<size_t>(logits.size(), static_cast<size_t>(std::numeric_limits<int32_t>::max())));
   if (n == 0) return -1;
 
   candidates_.resize(n);
   for (int32_t i = 0; i < n; ++i) candidates_[i] = {Tame(logits[i]), i};
+  if (!allowed.empty()) {
+    for (int32_t i = 0; i < n; ++i) {
+      if (static_cast<size_t>(i) >= allowed.size() || !allowed[i]) candidates_[i].first = -kInf;
+    }
+  }
 
   // Penalties over the last penalty_window tokens; ids outside the vocabulary are ignored.
   const bool any_penalty = params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f ||

@@ -36,7 +36,12 @@ class Sampler {
   // Identical params, seed and inputs give identical choices. The penalties apply before every
   // mode, greedy included. NaN logits never win; empty `logits` gives -1. `params` are expected
   // to pass ValidateSamplingParams; other values do not crash but their result is unspecified.
-  int32_t Sample(std::span<const float> logits, std::span<const int32_t> history);
+  // `allowed` (structured output): when not empty, token i may be picked only if allowed[i]
+  // (ids past its end may not); the others count as -inf logits, before penalties and in every
+  // mode. At least one token must be allowed. Empty: no mask, the same choices as before it
+  // existed.
+  int32_t Sample(std::span<const float> logits, std::span<const int32_t> history,
+                 std::span<const uint8_t> allowed = {});
 
  private:
   SamplingParams params_;

@@ -75,9 +75,6 @@ TEST(OpenAiJsonTest, WrongTypesAreRefusedNamingTheField) {
 
 TEST(OpenAiJsonTest, WhatIsNotSupportedYetIsRefusedByName) {
   const std::pair<const char*, const char*> cases[] = {
-      {R"({"prompt": "x", "response_format": {"type": "json_object"}})", "response_format"},
-      {R"({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {}}})",
-       "response_format"},
       {R"({"prompt": ["a", "b"]})", "prompt"},
       {R"({"prompt": "x", "echo": true})", "echo"},
       {R"({"prompt": "x", "best_of": 2})", "best_of"},
@@ -91,8 +88,7 @@ TEST(OpenAiJsonTest, WhatIsNotSupportedYetIsRefusedByName) {
     EXPECT_EQ(e.http_status, 400) << body;
     EXPECT_EQ(e.param, param) << body;
   }
-  EXPECT_NE(Parse(R"({"prompt": "x", "response_format": {"type": "json_object"}})", false)
-                .message.find("not supported yet"),
+  EXPECT_NE(Parse(R"({"prompt": "x", "echo": true})", false).message.find("not supported yet"),
             std::string::npos);
   const ApiError image = Parse(
       R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})",
@@ -225,4 +221,57 @@ TEST(OpenAiJsonTest, StatusesBecomeHttpErrorsNamingTheField) {
 }
 
 }  // namespace
+// Structured output: response_format and grammar become the proto's json_schema / grammar
+// (compiled by validate.cc); shapes that are wrong are refused naming the field.
+TEST(OpenAiJsonTest, ResponseFormatAndGrammarBecomeTheProtoFields) {
+  CompletionRequest r;
+  ASSERT_EQ(Parse(R"({"prompt": "x", "response_format": {"type": "json_schema", "json_schema":
+                      {"name": "n", "strict": true, "schema": {"type": "object",
+                       "properties": {"a": {"type": "integer"}}}}}})",
+                  false, &r)
+                .http_status,
+            0);
+  EXPECT_EQ(r.generate_request.json_schema(),
+            R"({"type":"object","properties":{"a":{"type":"integer"}}})");
+  EXPECT_EQ(r.generate_request.grammar(), "");
+  CompletionRequest c;
+  ASSERT_EQ(Parse(R"({"messages": [{"role": "user", "content": "x"}],
+                      "response_format": {"type": "json_object"}})",
+                  true, &c)
+                .http_status,
+            0);
+  EXPECT_EQ(c.chat_request.json_schema(), R"({"type":"object"})");
+  CompletionRequest g;
+  ASSERT_EQ(Parse(R"({"prompt": "x", "grammar": "root ::= \"a\"", "response_format":
+                      {"type": "text"}})", false, &g).http_status, 0);
+  EXPECT_EQ(g.generate_request.grammar(), "root ::= \"a\"");
+  EXPECT_EQ(g.generate_request.json_schema(), "");
+
+  const std::pair<const char*, const char*> bad[] = {
+      {R"({"prompt": "x", "grammar": 5})", "grammar"},
+      {R"({"prompt": "x", "response_format": {"type": 1}})", "response_format.type"},
+      {R"({"prompt": "x", "response_format": {"type": "xml"}})", "response_format.type"},
+      {R"({"prompt": "x", "response_format": {"type": "json_schema"}})",
+       "response_format.json_schema"},
+      {R"({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {}}})",
+       "response_format.json_schema.schema"},
+      {R"({"prompt": "x", "response_format": {"type": "json_schema", "json_schema":
+           {"schema": {}, "strict": "yes"}}})", "response_format.json_schema.strict"},
+  };
+  for (const auto& [body, param] : bad) {
+    const ApiError e = Parse(body, false);
+    EXPECT_EQ(e.http_status, 400) << body;
+    EXPECT_EQ(e.param, param) << body;
+  }
+  // validate.cc's compiler messages name the proto field; here it is response_format's.
+  const ApiError e = FromStatus(
+      absl::InvalidArgumentError("json_schema: pattern at $.properties.a is not supported"),
+      "max_tokens");
+  EXPECT_EQ(e.param, "response_format.json_schema");
+  EXPECT_EQ(e.message, "response_format.json_schema: pattern at $.properties.a is not supported");
+  EXPECT_EQ(FromStatus(absl::InvalidArgumentError("grammar: line 1, column 3: x"), "max_tokens")
+                .param,
+            "grammar");
+}
+
 }  // namespace thermocline::gateway

@@ -303,5 +303,41 @@ TEST(SamplerTest, InvalidParamsDoNotCrash) {
   EXPECT_LT(id2, 3);
 }
 
+// Structured output's mask: only allowed ids are ever picked, in every mode; an all-allowed
+// mask picks exactly what no mask picks (same seed, same draws).
+TEST(SamplerMask, OnlyAllowedTokensAndAllOnesIsNoMask) {
+  std::vector<float> logits(64);
+  std::mt19937 gen(3);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  for (float& l : logits) l = nd(gen);
+  std::vector<uint8_t> mask(64, 0);
+  for (int i = 5; i < 64; i += 7) mask[i] = 1;
+  const std::vector<int32_t> history = {5, 12, 12};
+  int32_t best = -1;
+  for (int i = 0; i < 64; ++i) {
+    if (mask[i] && (best < 0 || logits[i] > logits[best])) best = i;
+  }
+  Sampler greedy(Greedy());
+  EXPECT_EQ(greedy.Sample(logits, {}, mask), best);
+  SamplingParams pen = Plain(1.0f, 9);
+  pen.repetition_penalty = 1.3f;
+  pen.presence_penalty = 0.5f;
+  std::vector<SamplingParams> modes = {Plain(1.0f, 1), Plain(0.7f, 2), pen, SamplingParams{}};
+  modes.back().seed = 4;
+  for (const SamplingParams& p : modes) {
+    Sampler masked(p), plain(p), ones(p);
+    const std::vector<uint8_t> all(64, 1);
+    for (int k = 0; k < 500; ++k) {
+      const int32_t t = masked.Sample(logits, history, mask);
+      ASSERT_TRUE(t >= 0 && t < 64 && mask[t]) << t;
+      ASSERT_EQ(ones.Sample(logits, history, all), plain.Sample(logits, history));
+    }
+  }
+  // A mask shorter than the vocabulary allows nothing past its end.
+  Sampler s(Plain(1.0f, 5));
+  const std::vector<uint8_t> short_mask = {0, 0, 1};
+  for (int k = 0; k < 50; ++k) EXPECT_EQ(s.Sample(logits, {}, short_mask), 2);
+}
+
 }  // namespace
 }  // namespace thermocline

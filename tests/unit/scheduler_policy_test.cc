@@ -780,4 +780,38 @@ TEST(SchedulerPolicy, ChoicesForkTheFirstChoicesPrompt) { RunChoices(true); }
 TEST(SchedulerPolicy, ChoicesPrefillThemselvesWhenTheEngineCannotFork) { RunChoices(false); }
 
 }  // namespace
+// Structured output: the mask decides where the fake's peak is not allowed (greedy then takes
+// the lowest allowed id among the equal rest), the sequence ends with FINISH_REASON_GRAMMAR once
+// nothing can follow, EOS is allowed only where the text is whole, and a request without a
+// grammar in the same batch decodes as before.
+TEST(SchedulerPolicy, GrammarMasksTheSamplingAndEndsTheSequence) {
+  Harness h(Options(/*max_batch=*/4, /*kv_slots=*/4));
+  auto grammar_of = [](const char* text) {
+    absl::StatusOr<grammar::Grammar> g = grammar::ParseGbnf(text);
+    EXPECT_TRUE(g.ok()) << g.status();
+    return std::make_shared<const grammar::Grammar>(*std::move(g));
+  };
+  Job done = MakeJob(Bytes("a"), 10);
+  done.grammar = grammar_of("root ::= \"b\" [0-9] \"x\"\n");  // b, then 0 (not c), then x
+  Job open = MakeJob(Bytes("a"), 10);
+  open.grammar = grammar_of("root ::= \"b\" \"c\"*\n");  // after bc: EOS (id 2) < c
+  Job forever = MakeJob(Bytes("a"), 5);
+  forever.grammar = open.grammar;
+  forever.ignore_eos = true;  // no end token: c until max_new_tokens
+  auto a = h.Submit(std::move(done));
+  auto b = h.Submit(std::move(open));
+  auto c = h.Submit(std::move(forever));
+  auto plain = h.Submit(MakeJob(Bytes("a"), 4));
+  const Outcome oa = Collect(*a), ob = Collect(*b), oc = Collect(*c), op = Collect(*plain);
+  ASSERT_TRUE(oa.final && ob.final && oc.final && op.final);
+  EXPECT_EQ(oa.text, "b0x");
+  EXPECT_EQ(oa.final->finish_reason(), v1::FINISH_REASON_GRAMMAR);
+  EXPECT_EQ(ob.text, "bc");
+  EXPECT_EQ(ob.final->finish_reason(), v1::FINISH_REASON_EOS);
+  EXPECT_EQ(oc.text, "bcccc");
+  EXPECT_EQ(oc.final->finish_reason(), v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(op.text, "bcde");
+  EXPECT_EQ(op.final->finish_reason(), v1::FINISH_REASON_LENGTH);
+}
+
 }  // namespace thermocline::gateway

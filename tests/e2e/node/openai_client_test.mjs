@@ -252,7 +252,9 @@ async function main() {
     [{ prompt: PROMPT, stop: 7 }, 400, "stop"],
     [{ prompt: PROMPT, n: 17 }, 400, "n"],
     [{ prompt: [1, 99999] }, 400, "prompt"],
-    [{ prompt: PROMPT, response_format: { type: "json_object" } }, 400, "response_format"],
+    [{ prompt: PROMPT, response_format: { type: "json_schema", json_schema: { name: "s",
+      schema: { type: "string", pattern: "a+" } } } }, 400, "response_format.json_schema"],
+    [{ prompt: PROMPT, grammar: "root ::= (" }, 400, "grammar"],
     [{ prompt: PROMPT, model: "gpt-4o" }, 404, "model"],
   ];
   for (const [body, status, param] of bad) {
