@@ -23,6 +23,8 @@
 #include "shared/sparsity/sparse_ffn.h"
 #include "shared/sparsity/sparsity_mode.h"
 #include "shared/sparsity/sparsity_options.h"
+#include "shared/sparsity/teal.h"
+#include "shared/sparsity/teal_options.h"
 #include "shared/tokenizer/tokenizer.h"
 #include "shared/util/cpu_features.h"
 #include "tools/command.h"
@@ -209,6 +211,7 @@ int RunGenerate(const std::vector<std::string>& args) {
   SamplingParams sp;
   bool ignore_eos = false;
   SparsityFlags sf;
+  TealFlags tf;
   bool split = false;
   driver::SplitEngineOptions so;
   double hot_fraction = 0;
@@ -227,6 +230,7 @@ int RunGenerate(const std::vector<std::string>& args) {
       ("check-tensors", po::value(&so.check_tensors)->default_value("auto"), "scan the weights for NaN/infinity at load: auto (files up to 2 GiB), on or off")
       ("ignore-eos", po::bool_switch(&ignore_eos), "keep generating past the end-of-sequence token");
   AddSparsityOptions(opts, sf);
+  AddTealOptions(opts, tf);
   po::options_description split_opts("split execution (docs/split.md)");
   split_opts.add_options()
       ("split", po::bool_switch(&split), "run the model in a gpu worker and a cpu worker process")
@@ -335,6 +339,13 @@ int RunGenerate(const std::vector<std::string>& args) {
   if (!model_or.ok()) return fail(std::string(model_or.status().message()));
   const Model& model = **model_or;
   const Tokenizer& tok = model.tokenizer();
+  const std::string mode_name = sf.mode;
+  auto teal_plan = TealPlanFromFlags(model, sf.mode, tf);
+  if (!teal_plan.ok()) return fail(std::string(teal_plan.status().message()));
+  if (*teal_plan && split) {
+    return fail("TEAL (--sparsity teal, --teal-sparsity) runs in this process only; the split "
+                "workers do not implement it yet");
+  }
   auto plan = SparsityPlanFromFlags(model, sf);
   if (!plan.ok()) return fail(std::string(plan.status().message()));
 
@@ -363,7 +374,13 @@ int RunGenerate(const std::vector<std::string>& args) {
     if (!made.ok()) return fail(std::string(made.status().message()));
     sparse = std::move(*made);
   }
-  ForwardPass pass(model, *kv_or, pool, sparse.get());
+  std::unique_ptr<TealLinear> teal;
+  if (*teal_plan) {
+    auto made = TealLinear::Create(model, std::move(**teal_plan), pool);
+    if (!made.ok()) return fail(std::string(made.status().message()));
+    teal = std::move(*made);
+  }
+  ForwardPass pass(model, *kv_or, pool, sparse.get(), teal.get());
 
   ForwardPassRunner runner(pass);
   auto stats = GenerateAndPrint(runner, tok, prompt, req);
@@ -375,8 +392,13 @@ int RunGenerate(const std::vector<std::string>& args) {
       stats->prompt_tokens / std::max(1e-9, stats->prefill_seconds), stats->generated_tokens,
       stats->decode_steps / std::max(1e-9, stats->decode_seconds), n_threads,
       SimdLevelName(DetectSimdLevel()), model.weight_type_name());
+  if (teal) {
+    std::cerr << absl::StrFormat("teal: %.1f%% of the projection weights skipped per decode "
+                                 "token (prompt positions dense)\n",
+                                 100 * teal->MeasuredSparsity());
+  }
   if (sparse) {
-    std::cerr << absl::StrFormat("sparsity %s: %.1f%% of FFN neurons active\n", sf.mode,
+    std::cerr << absl::StrFormat("sparsity %s: %.1f%% of FFN neurons active\n", mode_name,
                                  100 * sparse->ActiveRatio());
   }
   return 0;
