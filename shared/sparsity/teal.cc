@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -106,12 +107,14 @@ int64_t InputSparseMatVec(const MatrixView& wt, const float* x, float cut,
   const int64_t n_in = wt.rows;
   ids.resize(n_in);
   coeffs.resize(n_in);
+  // A zero input adds nothing whatever the cut (ReLU's zeros cost no reads).
+  const float keep = std::max(cut, std::numeric_limits<float>::denorm_min());
   // Branch-free compaction: every input is written, the count advances only for kept ones.
   int64_t k = 0;
   for (int64_t c = 0; c < n_in; ++c) {
     ids[k] = static_cast<int32_t>(c);
     coeffs[k] = x[c];
-    k += std::fabs(x[c]) >= cut ? 1 : 0;
+    k += std::fabs(x[c]) >= keep ? 1 : 0;
   }
   std::fill(y, y + wt.cols, 0.0f);
   if (k > 0) AxpyRows(wt, ids.data(), coeffs.data(), k, y, pool);

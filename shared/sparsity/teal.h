@@ -66,9 +66,10 @@ ProjectionValues ProjectionParams(const Model& model, int64_t layer);
 // (0-based); dropping |x_c| < it drops at most that many (ties keep more). 0 for share 0.
 float TopShareCut(const float* x, int64_t n, float share, std::vector<float>& scratch);
 
-// y[0..wt.cols) = sum over c with |x_c| >= cut of x_c * wt.row(c): the input-sparse product of
-// the transposed weights wt ([in][out]) with x[0..wt.rows). ids and coeffs are scratch. Returns
-// the number of inputs kept. cut 0 keeps every input (zeros included).
+// y[0..wt.cols) = sum over c with |x_c| >= cut and x_c != 0 of x_c * wt.row(c): the
+// input-sparse product of the transposed weights wt ([in][out]) with x[0..wt.rows). Zeros are
+// skipped at any cut (exactly: they add nothing), so a ReLU output's zeros cost no reads.
+// ids and coeffs are scratch. Returns the number of inputs kept.
 int64_t InputSparseMatVec(const MatrixView& wt, const float* x, float cut,
                           std::vector<int32_t>& ids, std::vector<float>& coeffs, float* y,
                           ThreadPool& pool);

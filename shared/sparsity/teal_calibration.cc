@@ -63,7 +63,10 @@ class InputRecorder final : public LinearExecutor {
 ProjectionValues CutsFor(const TealProfile& profile, int64_t layer, const ProjectionValues& s) {
   ProjectionValues cuts{};
   for (int p = 0; p < kNumProjections; ++p) {
-    cuts[p] = profile.CutFor(layer, InputOf(static_cast<Projection>(p)), s[p]);
+    // A share inside the input's zeros (ReLU) has cut 0, which would mean dense: the smallest
+    // positive cut drops the zeros instead.
+    const float cut = profile.CutFor(layer, InputOf(static_cast<Projection>(p)), s[p]);
+    cuts[p] = s[p] > 0 ? std::max(cut, std::numeric_limits<float>::denorm_min()) : 0.0f;
   }
   return cuts;
 }

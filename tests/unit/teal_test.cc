@@ -88,7 +88,7 @@ TEST(TealKernelTest, InputSparseMatVecMatchesDoubleReference) {
       std::normal_distribution<float> normal(0.0f, 1.0f);
       std::vector<float> x(t.rows);
       for (float& v : x) v = normal(rng);
-      if (t.rows > 2) x[1] = 0.0f;  // an exact zero: kept by cut 0, contributes nothing
+      if (t.rows > 2) x[1] = 0.0f;  // an exact zero: skipped at every cut
       std::vector<float> mags(t.rows);
       for (int64_t c = 0; c < t.rows; ++c) mags[c] = std::fabs(x[c]);
       std::vector<float> sorted = mags;
@@ -102,7 +102,7 @@ TEST(TealKernelTest, InputSparseMatVecMatchesDoubleReference) {
           std::vector<float> y(t.cols, 7.0f);
           const int64_t kept = InputSparseMatVec(t, x.data(), cut, ids, coeffs, y.data(), pool);
           int64_t want_kept = 0;
-          for (float m : mags) want_kept += m >= cut ? 1 : 0;
+          for (float m : mags) want_kept += m >= cut && m > 0 ? 1 : 0;
           EXPECT_EQ(kept, want_kept) << Name(type) << " cut " << cut;
           for (int64_t j = 0; j < t.cols; ++j) {
             double ref = 0, sum_abs = 0;
