@@ -40,6 +40,9 @@ LayerMatrix MatrixOf(const Model& model, int64_t layer, Projection p) {
   return {};
 }
 
+// Below this many weight bytes a product runs on one thread (a region costs more than it saves).
+constexpr int64_t kMinSplitBytes = 64 << 10;
+
 }  // namespace
 
 TealPlan TealPlan::TopShare(int64_t n_layers, float share, bool ffn) {
@@ -117,7 +120,25 @@ int64_t InputSparseMatVec(const MatrixView& wt, const float* x, float cut,
     k += std::fabs(x[c]) >= keep ? 1 : 0;
   }
   std::fill(y, y + wt.cols, 0.0f);
-  if (k > 0) AxpyRows(wt, ids.data(), coeffs.data(), k, y, pool);
+  if (k == 0) return 0;
+  // Threads split the outputs, not the inputs: each adds every kept row's slice of its columns
+  // in input order, so no partial sums are added afterwards, each output's sum order is the
+  // same for any pool size, and the pieces are claimed (a descheduled thread stalls nothing).
+  thread_local ThreadPool solo(1);
+  const int64_t bs = TypeTraits(wt.type).block_size;
+  const int64_t chunk = std::max<int64_t>(64, bs);
+  const int64_t n_chunks = (wt.cols + chunk - 1) / chunk;
+  if (pool.size() == 1 || n_chunks == 1 || k * wt.row_bytes < kMinSplitBytes) {
+    AxpyRows(wt, ids.data(), coeffs.data(), k, y, solo);
+    return k;
+  }
+  pool.ParallelFor(n_chunks, [&](int64_t b, int64_t e) {
+    const int64_t c0 = b * chunk, c1 = std::min(wt.cols, e * chunk);
+    MatrixView slice = wt;
+    slice.cols = c1 - c0;
+    slice.data = wt.data + RowBytes(wt.type, c0);
+    AxpyRows(slice, ids.data(), coeffs.data(), k, y + c0, solo);
+  });
   return k;
 }
 
