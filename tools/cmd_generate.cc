@@ -67,10 +67,11 @@ absl::StatusOr<GenerationStats> GenerateAndPrint(BatchRunner& runner, const Toke
 
 int RunSplit(const Model& model, const GenerationRequest& req, const std::string& prompt,
              int64_t capacity, const std::string& kv_type, const SparsityFlags& sf,
-             driver::SplitEngineOptions so) {
+             const TealFlags& tf, driver::SplitEngineOptions so) {
   so.model_path = model.file().path();
   so.config = model.config();
   so.sparsity = sf;
+  so.teal = tf;
   so.kv_slots = 1;
   so.context = static_cast<int32_t>(capacity);
   so.kv_type = kv_type;
@@ -342,9 +343,10 @@ int RunGenerate(const std::vector<std::string>& args) {
   const std::string mode_name = sf.mode;
   auto teal_plan = TealPlanFromFlags(model, sf.mode, tf);
   if (!teal_plan.ok()) return fail(std::string(teal_plan.status().message()));
-  if (*teal_plan && split) {
-    return fail("TEAL (--sparsity teal, --teal-sparsity) runs in this process only; the split "
-                "workers do not implement it yet");
+  if (*teal_plan && split && (*teal_plan)->ffn) {
+    return fail("--sparsity teal makes the FFN's inputs sparse, which the split FFN is not; "
+                "with --split, TEAL runs on attention with an FFN mode: --sparsity "
+                "exact|threshold|predicted --teal-sparsity T");
   }
   auto plan = SparsityPlanFromFlags(model, sf);
   if (!plan.ok()) return fail(std::string(plan.status().message()));
@@ -362,7 +364,7 @@ int RunGenerate(const std::vector<std::string>& args) {
                                 "context of %d positions",
                                 req.prompt.size(), max_new_tokens, model.config().context_length));
   }
-  if (split) return RunSplit(model, req, prompt, capacity, kv_type, sf, std::move(so));
+  if (split) return RunSplit(model, req, prompt, capacity, kv_type, sf, tf, std::move(so));
   auto kv_or = KvCache::Create(model.config(), 1, capacity,
                                kv_type == "f16" ? GgmlType::kF16 : GgmlType::kF32);
   if (!kv_or.ok()) return fail(std::string(kv_or.status().message()));

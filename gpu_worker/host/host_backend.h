@@ -6,6 +6,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "shared/gguf/ggml_type.h"
 #include "shared/runtime/forward.h"
 #include "shared/runtime/kv_cache.h"
+#include "shared/sparsity/teal.h"
 #include "shared/util/thread_pool.h"
 
 namespace thermocline::gpu_worker {
@@ -26,6 +28,7 @@ struct HostBackendOptions {
   int32_t context = 0;  // 0: the model's context length
   int32_t max_batch = 512;
   GgmlType kv_type = GgmlType::kF32;
+  std::optional<TealPlan> teal;  // TEAL on attention (plan.ffn false)
 };
 
 class HostBackend final : public Backend {
@@ -50,6 +53,7 @@ class HostBackend final : public Backend {
   KvCache kv_;
   ThreadPool pool_;
   std::unique_ptr<SplitFfn> ffn_;
+  std::unique_ptr<TealLinear> teal_;  // before pass_, which uses it
   std::unique_ptr<ForwardPass> pass_;
   BackendLimits limits_;
   std::vector<BatchEntry> batch_;

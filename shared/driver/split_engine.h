@@ -38,6 +38,7 @@
 #include "shared/model/model.h"
 #include "shared/runtime/generate.h"
 #include "shared/sparsity/sparsity_mode.h"
+#include "shared/sparsity/teal_profile.h"
 #include "shared/util/file_identity.h"
 
 namespace thermocline::driver {
@@ -53,6 +54,7 @@ struct SplitEngineOptions {
   std::string plan_path;
   std::optional<double> hot_fraction;
   SparsityFlags sparsity;  // passed to both workers
+  TealFlags teal;          // TEAL on attention, in the gpu worker
 
   int gpu_threads = 1;
   int cpu_threads = 1;
