@@ -9,7 +9,9 @@
 // sparsified, so the ideal ratio is below 1 / (1 - S).
 //
 // Usage: teal_decode_bench --model M.gguf [--model ...] [--threads 1,2] [--tokens 16]
-//        [--rounds 3] [--sparsity 0.5]
+//        [--rounds 3] [--sparsity 0.5] [--copy-type f16|q8_0]
+// --copy-type: the element type of a quantized model's transposed copies (TealOptions; default
+// the model's own, requantized).
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -32,6 +34,7 @@ int main(int argc, char** argv) {
   std::vector<int> threads = {1, 2};
   int tokens = 16, rounds = 3;
   float sparsity = 0.5f;
+  TealOptions teal_options;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const bool has_value = i + 1 < argc;
@@ -49,12 +52,16 @@ int main(int argc, char** argv) {
       ok = absl::SimpleAtoi(argv[++i], &tokens) && tokens > 0;
     } else if (a == "--rounds" && has_value) {
       ok = absl::SimpleAtoi(argv[++i], &rounds) && rounds > 0;
+    } else if (a == "--copy-type" && has_value) {
+      const std::string t = argv[++i];
+      ok = t == "f16" || t == "q8_0";
+      teal_options.quantized_type = t == "f16" ? GgmlType::kF16 : GgmlType::kQ8_0;
     } else if (a == "--sparsity" && has_value) {
       ok = absl::SimpleAtof(argv[++i], &sparsity) && sparsity > 0 && sparsity < 1;
     } else {
       std::fprintf(stderr,
                    "usage: teal_decode_bench --model M.gguf [--model ...] [--threads 1,2] "
-                   "[--tokens N] [--rounds R] [--sparsity S]\n");
+                   "[--tokens N] [--rounds R] [--sparsity S] [--copy-type f16|q8_0]\n");
       return a == "--help" ? 0 : 2;
     }
     if (!ok) {
@@ -73,18 +80,21 @@ int main(int argc, char** argv) {
   for (const std::string& path : models) {
     auto model = Model::Load(path);
     if (!model.ok()) {
-      std::fprintf(stderr, "teal_decode_bench: %s\n", std::string(model.status().message()).c_str());
+      std::fprintf(stderr, "teal_decode_bench: %s\n",
+                   std::string(model.status().message()).c_str());
       return 1;
     }
     const ModelConfig& c = (*model)->config();
-    auto kv = KvCache::Create(c, 1, std::min<int64_t>(c.context_length, bench::kPrompt + tokens + 1),
-                              GgmlType::kF32);
+    auto kv = KvCache::Create(
+        c, 1, std::min<int64_t>(c.context_length, bench::kPrompt + tokens + 1), GgmlType::kF32);
     if (!kv.ok()) return 1;
     for (int nt : threads) {
       ThreadPool pool(nt);
-      auto teal = TealLinear::Create(**model, TealPlan::TopShare(c.n_layers, sparsity), pool);
+      auto teal = TealLinear::Create(**model, TealPlan::TopShare(c.n_layers, sparsity), pool,
+                                     teal_options);
       if (!teal.ok()) {
-        std::fprintf(stderr, "teal_decode_bench: %s\n", std::string(teal.status().message()).c_str());
+        std::fprintf(stderr, "teal_decode_bench: %s\n",
+                     std::string(teal.status().message()).c_str());
         return 1;
       }
       ForwardPass dense_pass(**model, *kv, pool);

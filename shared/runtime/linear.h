@@ -28,8 +28,7 @@ class LinearExecutor {
   // order (row t is entry t), as MatMul. `w` is the model's matrix for (layer, p); for kDown it
   // may be the model's ffn_down_t ([ffn_dim][dim], one row per input) when `transposed`.
   virtual void Apply(int64_t layer, Projection p, const MatrixView& w, bool transposed,
-                     const float* x, int64_t n, int64_t x_stride, float* y,
-                     int64_t y_stride) = 0;
+                     const float* x, int64_t n, int64_t x_stride, float* y, int64_t y_stride) = 0;
 };
 
 }  // namespace thermocline

@@ -57,18 +57,19 @@ TealPlan TealPlan::TopShare(int64_t n_layers, float share, bool ffn) {
 
 absl::Status TealPlan::Validate(const ModelConfig& config) const {
   if (static_cast<int64_t>(values.size()) != config.n_layers) {
-    return absl::InvalidArgumentError(absl::StrCat("teal plan has ", values.size(),
-                                                   " layers; the model has ", config.n_layers));
+    return absl::InvalidArgumentError(
+        absl::StrCat("teal plan has ", values.size(), " layers; the model has ", config.n_layers));
   }
   for (int64_t l = 0; l < config.n_layers; ++l) {
     for (int p = 0; p < kNumProjections; ++p) {
       const float v = values[l][p];
       const bool share = kind == Kind::kTopShare;
       if (!std::isfinite(v) || v < 0 || (share && v >= 1)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "teal plan: layer ", l, " projection ", std::string(ProjectionName(static_cast<Projection>(p))),
-            ": ", share ? "share " : "cut ", v,
-            share ? " is not in [0, 1)" : " is not a finite value >= 0"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("teal plan: layer ", l, " projection ",
+                         std::string(ProjectionName(static_cast<Projection>(p))), ": ",
+                         share ? "share " : "cut ", v,
+                         share ? " is not in [0, 1)" : " is not a finite value >= 0"));
       }
     }
   }
@@ -153,8 +154,8 @@ absl::StatusOr<std::unique_ptr<TealLinear>> TealLinear::Create(const Model& mode
   for (int64_t l = 0; l < c.n_layers; ++l) {
     for (int p = 0; p < kNumProjections; ++p) {
       const auto proj = static_cast<Projection>(p);
-      const bool ffn = proj == Projection::kGate || proj == Projection::kUp ||
-                       proj == Projection::kDown;
+      const bool ffn =
+          proj == Projection::kGate || proj == Projection::kUp || proj == Projection::kDown;
       if (ffn && !t->plan_.ffn) continue;
       if (!options.all_projections && t->plan_.values[l][p] == 0) continue;
       const LayerMatrix m = MatrixOf(model, l, proj);
@@ -170,8 +171,8 @@ absl::StatusOr<std::unique_ptr<TealLinear>> TealLinear::Create(const Model& mode
       absl::StatusOr<DownRows> rows = DownRows::ForMatrix(m.w, type, pool);
       if (!rows.ok()) {
         return absl::Status(rows.status().code(),
-                            absl::StrCat("teal: layer ", l, " ", std::string(ProjectionName(proj)), ": ",
-                                         rows.status().message()));
+                            absl::StrCat("teal: layer ", l, " ", std::string(ProjectionName(proj)),
+                                         ": ", rows.status().message()));
       }
       t->rows_[l][p] = std::move(*rows);
     }
@@ -187,17 +188,17 @@ absl::Status TealLinear::SetLayer(int64_t layer, const ProjectionValues& values)
     const bool ffn = p >= static_cast<int>(Projection::kGate);
     if (values[p] != 0 && rows_[layer][p].view().empty() &&
         !MatrixOf(model_, layer, static_cast<Projection>(p)).w.empty() && (plan_.ffn || !ffn)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("teal: layer ", layer, " ", std::string(ProjectionName(static_cast<Projection>(p))),
-                       " has no transposed copy"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "teal: layer ", layer, " ", std::string(ProjectionName(static_cast<Projection>(p))),
+          " has no transposed copy"));
     }
   }
   plan_.values[layer] = values;
   return plan_.Validate(model_.config());
 }
 
-void TealLinear::Dense(const MatrixView& w, bool transposed, const float* x, int64_t t0,
-                       int64_t t1, int64_t x_stride, float* y, int64_t y_stride) {
+void TealLinear::Dense(const MatrixView& w, bool transposed, const float* x, int64_t t0, int64_t t1,
+                       int64_t x_stride, float* y, int64_t y_stride) {
   if (t1 <= t0) return;
   if (!transposed) {
     MatMul(w, x + t0 * x_stride, t1 - t0, x_stride, y + t0 * y_stride, y_stride, pool_);
@@ -215,8 +216,7 @@ void TealLinear::Dense(const MatrixView& w, bool transposed, const float* x, int
 }
 
 void TealLinear::Apply(int64_t layer, Projection p, const MatrixView& w, bool transposed,
-                       const float* x, int64_t n, int64_t x_stride, float* y,
-                       int64_t y_stride) {
+                       const float* x, int64_t n, int64_t x_stride, float* y, int64_t y_stride) {
   const int pi = static_cast<int>(p);
   const float value = plan_.values[layer][pi];
   const MatrixView& wt = rows_[layer][pi].view();
@@ -225,8 +225,7 @@ void TealLinear::Apply(int64_t layer, Projection p, const MatrixView& w, bool tr
     return;
   }
   auto sparse_row = [&](int64_t t) {
-    return plan_.sparse_prompt ||
-           (t < static_cast<int64_t>(decode_.size()) && decode_[t] != 0);
+    return plan_.sparse_prompt || (t < static_cast<int64_t>(decode_.size()) && decode_[t] != 0);
   };
   ProjectionActivity& a = activity_[layer][pi];
   int64_t run = 0;  // first row of the current run of dense rows
@@ -259,8 +258,7 @@ double TealLinear::MeasuredSparsity() const {
       const ProjectionActivity& a = activity_[l][p];
       total += static_cast<double>(params[p]) * tokens;
       if (a.inputs > 0) {
-        skipped += static_cast<double>(params[p]) * (a.inputs - a.kept) / a.inputs *
-                   a.sparse_rows;
+        skipped += static_cast<double>(params[p]) * (a.inputs - a.kept) / a.inputs * a.sparse_rows;
       }
     }
   }

@@ -45,9 +45,7 @@ struct TealPlan {
   bool ffn = true;                       // false: gate/up/down stay dense (another FFN runs them)
 
   static TealPlan TopShare(int64_t n_layers, float share, bool ffn = true);
-  float value(int64_t layer, Projection p) const {
-    return values[layer][static_cast<int>(p)];
-  }
+  float value(int64_t layer, Projection p) const { return values[layer][static_cast<int>(p)]; }
   // One entry per layer, every value finite and >= 0 (shares < 1). Errors name layer and
   // projection.
   absl::Status Validate(const ModelConfig& config) const;

@@ -76,8 +76,8 @@ ProjectionValues CutsFor(const TealProfile& profile, int64_t layer, const Projec
 absl::Status ValidateTealCalibrationOptions(const TealCalibrationOptions& o,
                                             const ModelConfig& config) {
   if (o.window < 2 || o.window > config.context_length) {
-    return absl::InvalidArgumentError(absl::StrCat("--window ", o.window, " must be in [2, ",
-                                                   config.context_length, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--window ", o.window, " must be in [2, ", config.context_length, "]"));
   }
   if (o.batch <= 0) return absl::InvalidArgumentError("--batch must be > 0");
   if (o.targets.empty()) return absl::InvalidArgumentError("--targets: at least one target");
@@ -96,8 +96,8 @@ absl::Status ValidateTealCalibrationOptions(const TealCalibrationOptions& o,
   }
   if (o.greedy_tokens < o.window - 1) {
     return absl::InvalidArgumentError(absl::StrCat("--greedy-tokens ", o.greedy_tokens,
-                                                   " must be at least one window (",
-                                                   o.window - 1, " tokens)"));
+                                                   " must be at least one window (", o.window - 1,
+                                                   " tokens)"));
   }
   return absl::OkStatus();
 }
@@ -121,8 +121,7 @@ absl::StatusOr<TealProfile> CalibrateTeal(const Model& model, std::span<const in
     InputRecorder recorder(c.n_layers, pool);
     ForwardPass pass(model, kv, pool, nullptr, &recorder);
     if (o.progress) wo.progress_label = "teal: input magnitudes";
-    TC_ASSIGN_OR_RETURN(int64_t windows,
-                        RunCorpusWindows(pass, tokens, wo, [](auto, auto) {}));
+    TC_ASSIGN_OR_RETURN(int64_t windows, RunCorpusWindows(pass, tokens, wo, [](auto, auto) {}));
     profile.tokens = windows * (o.window - 1);
     for (int64_t l = 0; l < c.n_layers; ++l) {
       for (int i = 0; i < kNumTealInputs; ++i) {
@@ -138,9 +137,8 @@ absl::StatusOr<TealProfile> CalibrateTeal(const Model& model, std::span<const in
 
   // The greedy's corpus: whole windows of the first greedy_tokens tokens.
   const int64_t per_window = o.window - 1;
-  const int64_t n_greedy =
-      std::min<int64_t>(static_cast<int64_t>(tokens.size()), o.greedy_tokens) / per_window *
-      per_window;
+  const int64_t n_greedy = std::min<int64_t>(static_cast<int64_t>(tokens.size()), o.greedy_tokens) /
+                           per_window * per_window;
   std::span<const int32_t> greedy = tokens.first(n_greedy);
   profile.greedy_tokens = n_greedy;
   TealPlan zero = TealPlan::TopShare(c.n_layers, 0.0f);
@@ -148,8 +146,7 @@ absl::StatusOr<TealProfile> CalibrateTeal(const Model& model, std::span<const in
   zero.sparse_prompt = true;
   TealOptions to;
   to.all_projections = true;
-  TC_ASSIGN_OR_RETURN(std::unique_ptr<TealLinear> teal,
-                      TealLinear::Create(model, zero, pool, to));
+  TC_ASSIGN_OR_RETURN(std::unique_ptr<TealLinear> teal, TealLinear::Create(model, zero, pool, to));
   ForwardPass pass(model, kv, pool, nullptr, teal.get());
   wo.progress_label.clear();
   // One call per window: a stopped batch leaves the slot's length behind, so a window must not
@@ -194,8 +191,7 @@ absl::StatusOr<TealProfile> CalibrateTeal(const Model& model, std::span<const in
     ProjectionValues s{};
     size_t next = 0;
     auto record = [&] {
-      while (next < o.targets.size() &&
-             BlockSparsity(model, l, s) >= o.targets[next] - 1e-6) {
+      while (next < o.targets.size() && BlockSparsity(model, l, s) >= o.targets[next] - 1e-6) {
         lp.sparsity.push_back(s);
         lp.cuts.push_back(CutsFor(profile, l, s));
         ++next;
@@ -216,9 +212,9 @@ absl::StatusOr<TealProfile> CalibrateTeal(const Model& model, std::span<const in
         }
       }
       if (best < 0) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "teal calibration: layer ", l, " cannot reach target ", o.targets[next],
-            " with every projection at most ", o.max_sparsity, " sparse"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("teal calibration: layer ", l, " cannot reach target ", o.targets[next],
+                         " with every projection at most ", o.max_sparsity, " sparse"));
       }
       s[best] = std::min(1.0f, s[best] + o.step);
       record();
@@ -236,8 +232,7 @@ std::string FormatTealProfile(const Model& model, const TealProfile& profile) {
       const ProjectionValues& s = profile.layers[l].sparsity[t];
       absl::StrAppendFormat(&out, "%6.2f  %5d", profile.targets[t], l);
       for (float v : s) absl::StrAppendFormat(&out, "  %5.2f", v);
-      absl::StrAppendFormat(&out, "  %5.3f\n",
-                            BlockSparsity(model, static_cast<int64_t>(l), s));
+      absl::StrAppendFormat(&out, "  %5.3f\n", BlockSparsity(model, static_cast<int64_t>(l), s));
     }
   }
   return out;

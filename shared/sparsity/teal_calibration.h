@@ -28,11 +28,11 @@
 namespace thermocline {
 
 struct TealCalibrationOptions {
-  int64_t window = 256;  // positions per corpus window (BOS included)
-  int64_t batch = 256;   // positions per forward call
+  int64_t window = 256;                              // positions per corpus window (BOS included)
+  int64_t batch = 256;                               // positions per forward call
   std::vector<float> targets = {0.25f, 0.4f, 0.5f};  // ascending, in (0, 1)
-  float step = 0.05f;            // sparsity raise per greedy move
-  float max_sparsity = 0.95f;    // no projection goes beyond
+  float step = 0.05f;                                // sparsity raise per greedy move
+  float max_sparsity = 0.95f;                        // no projection goes beyond
   int64_t greedy_tokens = 510;  // the first corpus tokens the greedy measures on (2 windows)
   bool progress = false;
 };
@@ -42,8 +42,7 @@ absl::Status ValidateTealCalibrationOptions(const TealCalibrationOptions& option
 
 // Builds the profile from `tokens` (a tokenized corpus, no BOS).
 absl::StatusOr<TealProfile> CalibrateTeal(const Model& model, std::span<const int32_t> tokens,
-                                          const TealCalibrationOptions& options,
-                                          ThreadPool& pool);
+                                          const TealCalibrationOptions& options, ThreadPool& pool);
 
 // The table `thermocline teal-calibrate` prints: per target and layer, each projection's
 // sparsity and the block's.

@@ -10,8 +10,7 @@
 
 namespace thermocline {
 
-inline void AddTealOptions(boost::program_options::options_description& opts,
-                           TealFlags& flags) {
+inline void AddTealOptions(boost::program_options::options_description& opts, TealFlags& flags) {
   AddFlagOption(opts, "teal-sparsity",
                 "TEAL (--sparsity teal, or with exact/threshold/predicted for attention): the "
                 "model-level input sparsity, e.g. 0.5 (a --teal-profile target; without a "

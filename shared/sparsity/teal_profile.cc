@@ -85,8 +85,8 @@ absl::StatusOr<TealPlan> TealProfile::PlanFor(float target) const {
     for (const TealLayerProfile& l : layers) plan.values.push_back(l.cuts[t]);
     return plan;
   }
-  return absl::NotFoundError(absl::StrCat("the TEAL profile has no allocation for target ",
-                                          target, "; it has: ", absl::StrJoin(targets, ", ")));
+  return absl::NotFoundError(absl::StrCat("the TEAL profile has no allocation for target ", target,
+                                          "; it has: ", absl::StrJoin(targets, ", ")));
 }
 
 absl::Status WriteTealProfile(const TealProfile& p, const std::string& path) {
@@ -154,8 +154,8 @@ absl::StatusOr<TealProfile> ReadTealProfile(const std::string& path, const Model
   for (int64_t l = 0; l < n_layers; ++l) {
     const std::string pre = absl::StrCat("blk.", l, ".");
     TealLayerProfile& layer = p.layers[l];
-    TC_ASSIGN_OR_RETURN(std::vector<float> q, ReadF32(f, where, pre + "teal_quantiles",
-                                                      kNumTealInputs * kTealQuantiles));
+    TC_ASSIGN_OR_RETURN(std::vector<float> q,
+                        ReadF32(f, where, pre + "teal_quantiles", kNumTealInputs * kTealQuantiles));
     for (int i = 0; i < kNumTealInputs; ++i) {
       for (int k = 0; k < kTealQuantiles; ++k) {
         layer.quantiles[i][k] = q[i * kTealQuantiles + k];
@@ -185,8 +185,7 @@ absl::StatusOr<TealProfile> ReadTealProfile(const std::string& path, const Model
   return p;
 }
 
-absl::StatusOr<std::optional<TealPlan>> TealPlanFromFlags(const Model& model,
-                                                          std::string& ffn_mode,
+absl::StatusOr<std::optional<TealPlan>> TealPlanFromFlags(const Model& model, std::string& ffn_mode,
                                                           const TealFlags& flags) {
   const bool all = ffn_mode == "teal";
   const bool wanted = all || flags.sparsity || !flags.profile_path.empty();

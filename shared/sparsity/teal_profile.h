@@ -70,8 +70,7 @@ struct TealFlags {
 // "teal" sparsifies all seven projections and is rewritten to "dense" (DenseFfn computes the FFN
 // through the executor); with "exact", "threshold" or "predicted" TEAL covers attention (q, k, v,
 // o) and the sparse FFN the rest. Errors name the flag.
-absl::StatusOr<std::optional<TealPlan>> TealPlanFromFlags(const Model& model,
-                                                          std::string& ffn_mode,
+absl::StatusOr<std::optional<TealPlan>> TealPlanFromFlags(const Model& model, std::string& ffn_mode,
                                                           const TealFlags& flags);
 
 }  // namespace thermocline

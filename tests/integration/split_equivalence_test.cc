@@ -350,8 +350,8 @@ TEST(SplitGenerateCommand, PrintsWhatLocalGenerationPrints) {
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_NE(bad.err.find("not both"), std::string::npos) << bad.err;
   std::vector<std::string> teal_ffn = common;
-  teal_ffn.insert(teal_ffn.end(),
-                  {"--split", "--hot-fraction", "0.5", "--sparsity", "teal", "--teal-sparsity", "0.5"});
+  teal_ffn.insert(teal_ffn.end(), {"--split", "--hot-fraction", "0.5", "--sparsity", "teal",
+                                   "--teal-sparsity", "0.5"});
   const testing::CommandResult refused = testing::RunCommand(teal_ffn);
   EXPECT_EQ(refused.exit_code, 1);
   EXPECT_NE(refused.err.find("which the split FFN is not"), std::string::npos) << refused.err;

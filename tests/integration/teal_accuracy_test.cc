@@ -99,5 +99,58 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"stories-relu260K/stories-relu260K.gguf", {1.022, 1.095, 1.415}}),
     [](const auto& info) { return info.index == 0 ? std::string("Silu") : std::string("Relu"); });
 
+// The command line: teal-calibrate writes a profile that perplexity reads; TEAL at 0 prints
+// dense's perplexity; misuse is refused naming the flag.
+TEST(TealCommands, CalibrateThenPerplexity) {
+  THERMOCLINE_REQUIRE_SHARED_DATA();
+  const std::string bin = testing::BinDir() + "/thermocline";
+  const std::string model = testing::ModelPath("stories260K/stories260K.gguf");
+  const std::string profile = testing::TempDir() + "/teal.gguf";
+  auto cal = testing::RunCommand({bin, "teal-calibrate", "-m", model, "--corpus", Corpus(),
+                                  "--tokens", "1000", "--greedy-tokens", "255", "--step", "0.25",
+                                  "--targets", "0.25", "--threads", "1", "-o", profile});
+  ASSERT_EQ(cal.exit_code, 0) << cal.err;
+  EXPECT_NE(cal.out.find("target  layer"), std::string::npos) << cal.out;
+  const std::vector<std::string> ppl = {
+      bin,    "perplexity", "-m",  model,       "--corpus", Corpus(), "--skip-tokens",
+      "1000", "--tokens",   "600", "--threads", "1"};
+  auto line = [](const std::string& out) {
+    const size_t p = out.find("\nperplexity: ");
+    return p == std::string::npos ? std::string() : out.substr(p, out.find('\n', p + 1) - p);
+  };
+  auto dense = testing::RunCommand(ppl);
+  ASSERT_EQ(dense.exit_code, 0) << dense.err;
+  std::vector<std::string> zero = ppl;
+  zero.insert(zero.end(),
+              {"--sparsity", "teal", "--teal-sparsity", "0", "--teal-profile", profile});
+  auto z = testing::RunCommand(zero);
+  ASSERT_EQ(z.exit_code, 0) << z.err;
+  EXPECT_EQ(line(z.out), line(dense.out));
+  EXPECT_FALSE(line(dense.out).empty());
+  std::vector<std::string> quarter = ppl;
+  quarter.insert(quarter.end(),
+                 {"--sparsity", "teal", "--teal-sparsity", "0.25", "--teal-profile", profile});
+  auto q = testing::RunCommand(quarter);
+  ASSERT_EQ(q.exit_code, 0) << q.err;
+  EXPECT_NE(line(q.out), line(dense.out));
+  EXPECT_NE(q.out.find("teal sparsity (parameter-weighted): 0.2"), std::string::npos) << q.out;
+
+  std::vector<std::string> other = ppl;
+  other.insert(other.end(),
+               {"--sparsity", "teal", "--teal-sparsity", "0.4", "--teal-profile", profile});
+  auto r = testing::RunCommand(other);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("it has: 0.25"), std::string::npos) << r.err;
+  std::vector<std::string> bare = ppl;
+  bare.insert(bare.end(), {"--sparsity", "teal"});
+  r = testing::RunCommand(bare);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--teal-sparsity"), std::string::npos) << r.err;
+  r = testing::RunCommand({bin, "teal-calibrate", "-m", model, "--corpus", Corpus(), "--targets",
+                           "0.5,0.25", "-o", profile});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("ascending"), std::string::npos) << r.err;
+}
+
 }  // namespace
 }  // namespace thermocline

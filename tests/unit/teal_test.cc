@@ -64,8 +64,8 @@ TEST(TealKernelTest, InputSparseMatVecMatchesDoubleReference) {
   struct Shape {
     int64_t out, in;
   };
-  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0,
-                        GgmlType::kQ4_0}) {
+  for (GgmlType type :
+       {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0}) {
     const bool quant = TypeTraits(type).block_size > 1;
     // Outputs run along the transposed rows: whole blocks for the quantized types.
     const std::vector<Shape> shapes =
@@ -282,8 +282,9 @@ TEST(TealForwardTest, ApplyEqualsMaskedDenseProduct) {
     std::vector<float> row(w.cols);
     for (int t = 0; t < 3; ++t) {
       if (!decode[t]) {
-        EXPECT_EQ(std::memcmp(y.data() + t * w.rows, dense.data() + t * w.rows,
-                              w.rows * sizeof(float)), 0);
+        EXPECT_EQ(
+            std::memcmp(y.data() + t * w.rows, dense.data() + t * w.rows, w.rows * sizeof(float)),
+            0);
         continue;
       }
       for (int64_t r = 0; r < w.rows; ++r) {
