@@ -91,6 +91,10 @@ int main(int argc, char** argv) {
          {"hot_neurons", static_cast<long long>(hot)}, {"neurons", static_cast<long long>(neurons)},
          {"sparsity", flags.sparsity.mode}, {"threads", flags.threads}});
   absl::StatusOr<std::unique_ptr<gpu_worker::Backend>> backend;
+  if (loaded->teal && backend_name != "host") {
+    s.Fail(absl::InvalidArgumentError("TEAL (--teal-sparsity) runs on the host backend only"));
+  }
+  options.teal = std::move(loaded->teal);
   if (backend_name == "host") {
     backend = gpu_worker::HostBackend::Create(*loaded->model, std::move(loaded->plan),
                                               std::move(loaded->partition), options);

@@ -33,6 +33,8 @@
 #include "shared/sparsity/sparse_ffn.h"
 #include "shared/sparsity/sparsity_mode.h"
 #include "shared/sparsity/sparsity_options.h"
+#include "shared/sparsity/teal.h"
+#include "shared/sparsity/teal_options.h"
 #include "shared/tokenizer/tokenizer.h"
 #include "shared/util/cpu_features.h"
 #include "tools/command.h"
@@ -75,10 +77,11 @@ absl::StatusOr<GenerationStats> GenerateAndPrint(BatchRunner& runner, const Toke
 
 int RunSplit(const Model& model, const GenerationRequest& req, const std::string& prompt,
              int64_t capacity, const std::string& kv_type, const SparsityFlags& sf,
-             driver::SplitEngineOptions so) {
+             const TealFlags& tf, driver::SplitEngineOptions so) {
   so.model_path = model.file().path();
   so.config = model.config();
   so.sparsity = sf;
+  so.teal = tf;
   so.kv_slots = 1;
   so.context = static_cast<int32_t>(capacity);
   so.kv_type = kv_type;
@@ -290,6 +293,7 @@ int RunGenerate(const std::vector<std::string>& args) {
   SamplingParams sp;
   bool ignore_eos = false;
   SparsityFlags sf;
+  TealFlags tf;
   bool split = false;
   driver::SplitEngineOptions so;
   double hot_fraction = 0;
@@ -311,6 +315,7 @@ int RunGenerate(const std::vector<std::string>& args) {
       ("grammar", po::value(&grammar_path), "constrain the output to this GBNF grammar (docs/gateway.md#structured-output); generation ends when it is complete")
       ("json-schema", po::value(&schema_path), "or: to JSON holding what this JSON Schema file says");
   AddSparsityOptions(opts, sf);
+  AddTealOptions(opts, tf);
   po::options_description split_opts("split execution (docs/split.md)");
   split_opts.add_options()
       ("split", po::bool_switch(&split), "run the model in a gpu worker and a cpu worker process")
@@ -422,6 +427,14 @@ int RunGenerate(const std::vector<std::string>& args) {
   if (!model_or.ok()) return fail(std::string(model_or.status().message()));
   const Model& model = **model_or;
   const Tokenizer& tok = model.tokenizer();
+  const std::string mode_name = sf.mode;
+  auto teal_plan = TealPlanFromFlags(model, sf.mode, tf);
+  if (!teal_plan.ok()) return fail(std::string(teal_plan.status().message()));
+  if (*teal_plan && split && (*teal_plan)->ffn) {
+    return fail("--sparsity teal makes the FFN's inputs sparse, which the split FFN is not; "
+                "with --split, TEAL runs on attention with an FFN mode: --sparsity "
+                "exact|threshold|predicted --teal-sparsity T");
+  }
   auto plan = SparsityPlanFromFlags(model, sf);
   if (!plan.ok()) return fail(std::string(plan.status().message()));
 
@@ -443,7 +456,7 @@ int RunGenerate(const std::vector<std::string>& args) {
                                 "context of %d positions",
                                 req.prompt.size(), max_new_tokens, model.config().context_length));
   }
-  if (split) return RunSplit(model, req, prompt, capacity, kv_type, sf, std::move(so));
+  if (split) return RunSplit(model, req, prompt, capacity, kv_type, sf, tf, std::move(so));
   auto kv_or = KvCache::Create(model.config(), 1, capacity,
                                kv_type == "f16" ? GgmlType::kF16 : GgmlType::kF32);
   if (!kv_or.ok()) return fail(std::string(kv_or.status().message()));
@@ -455,7 +468,13 @@ int RunGenerate(const std::vector<std::string>& args) {
     if (!made.ok()) return fail(std::string(made.status().message()));
     sparse = std::move(*made);
   }
-  ForwardPass pass(model, *kv_or, pool, sparse.get());
+  std::unique_ptr<TealLinear> teal;
+  if (*teal_plan) {
+    auto made = TealLinear::Create(model, std::move(**teal_plan), pool);
+    if (!made.ok()) return fail(std::string(made.status().message()));
+    teal = std::move(*made);
+  }
+  ForwardPass pass(model, *kv_or, pool, sparse.get(), teal.get());
 
   ForwardPassRunner runner(pass);
   auto stats = GenerateAndPrint(runner, tok, prompt, req);
@@ -467,8 +486,13 @@ int RunGenerate(const std::vector<std::string>& args) {
       stats->prompt_tokens / std::max(1e-9, stats->prefill_seconds), stats->generated_tokens,
       stats->decode_steps / std::max(1e-9, stats->decode_seconds), n_threads,
       SimdLevelName(DetectSimdLevel()), model.weight_type_name());
+  if (teal) {
+    std::cerr << absl::StrFormat("teal: %.1f%% of the projection weights skipped per decode "
+                                 "token (prompt positions dense)\n",
+                                 100 * teal->MeasuredSparsity());
+  }
   if (sparse) {
-    std::cerr << absl::StrFormat("sparsity %s: %.1f%% of FFN neurons active\n", sf.mode,
+    std::cerr << absl::StrFormat("sparsity %s: %.1f%% of FFN neurons active\n", mode_name,
                                  100 * sparse->ActiveRatio());
   }
   return 0;

@@ -22,6 +22,8 @@
 #include "shared/runtime/generate.h"
 #include "shared/sparsity/sparse_ffn.h"
 #include "shared/sparsity/sparsity_options.h"
+#include "shared/sparsity/teal.h"
+#include "shared/sparsity/teal_options.h"
 #include "tools/command.h"
 
 namespace thermocline::tools {
@@ -73,6 +75,7 @@ int RunLogits(const std::vector<std::string>& args) {
   int32_t greedy = 0;
   int threads = 0;
   SparsityFlags sf;
+  TealFlags tf;
   bool split = false;
   double hot_fraction = 0;
   driver::SplitEngineOptions so;
@@ -88,6 +91,7 @@ int RunLogits(const std::vector<std::string>& args) {
       ("kv-type", po::value(&kv_type)->default_value("f32"), "KV cache element type: f32 or f16");
   // clang-format on
   AddSparsityOptions(opts, sf);
+  AddTealOptions(opts, tf);
   po::options_description split_opts("split execution (docs/split.md)");
   split_opts.add_options()
       ("split", po::bool_switch(&split), "run the model in a gpu worker and a cpu worker process")
@@ -125,11 +129,20 @@ int RunLogits(const std::vector<std::string>& args) {
                                 c.context_length));
   }
 
+  // TEAL sparsifies decode positions only: the ids (one prompt) stay dense, --greedy steps not.
+  auto teal_plan = TealPlanFromFlags(model, sf.mode, tf);
+  if (!teal_plan.ok()) return Fail(std::string(teal_plan.status().message()));
+  if (*teal_plan && split && (*teal_plan)->ffn) {
+    return Fail("--sparsity teal makes the FFN's inputs sparse, which the split FFN is not; with "
+                "--split, TEAL runs on attention with an FFN mode: --sparsity "
+                "exact|threshold|predicted --teal-sparsity T");
+  }
   // The runner: this process (any sparsity plan) or the two worker processes.
   ThreadPool pool(threads == 0 ? static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))
                                : threads);
   std::unique_ptr<KvCache> kv;
   std::unique_ptr<SparseFfn> sparse;
+  std::unique_ptr<TealLinear> teal;
   std::unique_ptr<ForwardPass> pass;
   std::unique_ptr<ForwardPassRunner> local;
   std::unique_ptr<driver::SplitEngine> engine;
@@ -138,6 +151,7 @@ int RunLogits(const std::vector<std::string>& args) {
     so.model_path = model_path;
     so.config = c;
     so.sparsity = sf;
+    so.teal = tf;
     so.kv_slots = 1;
     so.context = static_cast<int32_t>(capacity);
     so.kv_type = kv_type;
@@ -160,7 +174,12 @@ int RunLogits(const std::vector<std::string>& args) {
       sparse = std::move(*s);
       ffn = sparse.get();
     }
-    pass = std::make_unique<ForwardPass>(model, *kv, pool, ffn);
+    if (*teal_plan) {
+      auto t = TealLinear::Create(model, std::move(**teal_plan), pool);
+      if (!t.ok()) return Fail(std::string(t.status().message()));
+      teal = std::move(*t);
+    }
+    pass = std::make_unique<ForwardPass>(model, *kv, pool, ffn, teal.get());
     local = std::make_unique<ForwardPassRunner>(*pass);
     runner = local.get();
   }

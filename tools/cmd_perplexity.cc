@@ -13,6 +13,8 @@
 #include "shared/sparsity/sparse_ffn.h"
 #include "shared/sparsity/sparsity_options.h"
 #include "shared/sparsity/sparsity_mode.h"
+#include "shared/sparsity/teal.h"
+#include "shared/sparsity/teal_options.h"
 #include "tools/command.h"
 
 namespace thermocline::tools {
@@ -20,9 +22,10 @@ namespace {
 
 int RunPerplexity(const std::vector<std::string>& args) {
   std::string model_path, corpus_path, down_t_type;
-  int64_t max_tokens = 0, window = 0, batch = 0;
+  int64_t max_tokens = 0, skip_tokens = 0, window = 0, batch = 0;
   int threads = 0;
   SparsityFlags sf;
+  TealFlags tf;
   po::options_description opts("options");
   // One option per line reads as a table.
   // clang-format off
@@ -30,6 +33,7 @@ int RunPerplexity(const std::vector<std::string>& args) {
       ("model,m", po::value(&model_path)->required(), "model file (GGUF)")
       ("corpus", po::value(&corpus_path)->required(), "UTF-8 text file, scored as one stream")
       ("tokens", po::value(&max_tokens)->default_value(0), "use the first N tokens of the corpus (0 = all)")
+      ("skip-tokens", po::value(&skip_tokens)->default_value(0), "start after the first N tokens (text a calibration on the first N never saw)")
       ("window", po::value(&window)->default_value(256), "positions per window, BOS included")
       ("batch", po::value(&batch)->default_value(256), "positions per forward call")
       ("down-t-type", po::value(&down_t_type)->default_value(""),
@@ -38,6 +42,7 @@ int RunPerplexity(const std::vector<std::string>& args) {
       ("threads", po::value(&threads)->default_value(0), "CPU threads (0 = all cores)");
   // clang-format on
   AddSparsityOptions(opts, sf);
+  AddTealOptions(opts, tf);
   po::positional_options_description pos;
   po::variables_map vm;
   int exit_code = 0;
@@ -51,6 +56,8 @@ int RunPerplexity(const std::vector<std::string>& args) {
   };
   if (threads < 0) return fail("--threads must be >= 0");
   if (max_tokens < 0) return fail("--tokens must be >= 0");
+  if (skip_tokens < 0) return fail("--skip-tokens must be >= 0");
+  if (skip_tokens > 0 && max_tokens == 0) return fail("--skip-tokens needs --tokens");
   if (batch <= 0) return fail("--batch must be > 0");
   SparseFfnOptions ffn_options;
   if (!down_t_type.empty()) {
@@ -67,10 +74,18 @@ int RunPerplexity(const std::vector<std::string>& args) {
     return fail(absl::StrFormat("--window %d must be in [2, %d] (the model's context)", window,
                                 c.context_length));
   }
+  const std::string mode_name = sf.mode;
+  auto teal_plan = TealPlanFromFlags(model, sf.mode, tf);
+  if (!teal_plan.ok()) return fail(std::string(teal_plan.status().message()));
   auto plan = SparsityPlanFromFlags(model, sf);
   if (!plan.ok()) return fail(std::string(plan.status().message()));
-  auto tokens = TokenizeCorpusFile(corpus_path, model.tokenizer(), max_tokens);
+  auto tokens = TokenizeCorpusFile(corpus_path, model.tokenizer(), skip_tokens + max_tokens);
   if (!tokens.ok()) return fail(std::string(tokens.status().message()));
+  if (static_cast<int64_t>(tokens->size()) <= skip_tokens) {
+    return fail(absl::StrFormat("--skip-tokens %d: the corpus has only %d tokens", skip_tokens,
+                                tokens->size()));
+  }
+  tokens->erase(tokens->begin(), tokens->begin() + skip_tokens);
   auto kv = KvCache::Create(c, 1, window, GgmlType::kF32);
   if (!kv.ok()) return fail(std::string(kv.status().message()));
   const int n_threads =
@@ -84,7 +99,16 @@ int RunPerplexity(const std::vector<std::string>& args) {
     if (!made.ok()) return fail(std::string(made.status().message()));
     sparse = std::move(*made);
   }
-  ForwardPass pass(model, *kv, pool, sparse.get());
+  std::unique_ptr<TealLinear> teal;
+  if (*teal_plan) {
+    // Perplexity scores TEAL's decode-time computation on every position (as the paper
+    // measures it); serving keeps prompt positions dense.
+    (*teal_plan)->sparse_prompt = true;
+    auto made = TealLinear::Create(model, std::move(**teal_plan), pool);
+    if (!made.ok()) return fail(std::string(made.status().message()));
+    teal = std::move(*made);
+  }
+  ForwardPass pass(model, *kv, pool, sparse.get(), teal.get());
   CorpusWindowOptions wo;
   wo.window = window;
   wo.batch = batch;
@@ -94,13 +118,35 @@ int RunPerplexity(const std::vector<std::string>& args) {
 
   std::cout << absl::StrFormat("model: %s (%s, %s FFN)\n", model_path, model.weight_type_name(),
                                ActivationName(c.activation));
-  std::cout << absl::StrFormat("sparsity: %s", sf.mode);
+  std::cout << absl::StrFormat("sparsity: %s", mode_name);
   if (sf.target_sparsity) std::cout << absl::StrFormat(" (target %.2f)", *sf.target_sparsity);
+  if (tf.sparsity) {
+    std::cout << absl::StrFormat(" teal %.2f (%s)", *tf.sparsity,
+                                 tf.profile_path.empty() ? "per-token top-k" : "calibrated cuts");
+  }
   std::cout << "\n";
   std::cout << absl::StrFormat("tokens: %d scored in %d windows of %d\n", result->predicted,
                                result->windows, window);
   std::cout << absl::StrFormat("mean nll: %.6f\n", result->mean_nll);
   std::cout << absl::StrFormat("perplexity: %.4f\n", result->perplexity);
+  if (teal) {
+    std::cout << "layer       q       k       v       o    gate      up    down\n";
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      std::cout << absl::StrFormat("%5d", l);
+      for (int p = 0; p < kNumProjections; ++p) {
+        const ProjectionActivity& a = teal->activity(l, static_cast<Projection>(p));
+        std::cout << absl::StrFormat(
+            "  %6.4f", a.inputs > 0 ? 1.0 - static_cast<double>(a.kept) / a.inputs : 0.0);
+      }
+      std::cout << "\n";
+    }
+    std::cout << absl::StrFormat("teal sparsity (parameter-weighted): %.4f\n",
+                                 teal->MeasuredSparsity());
+    if (teal->owned_bytes() > 0) {
+      std::cerr << absl::StrFormat("perplexity: transposed projections hold %.1f MiB\n",
+                                   teal->owned_bytes() / double(1 << 20));
+    }
+  }
   if (sparse) {
     const bool predicted = std::any_of(plan->modes.begin(), plan->modes.end(), [](SparsityMode m) {
       return m == SparsityMode::kPredicted;

@@ -29,7 +29,13 @@ absl::StatusOr<std::unique_ptr<HostBackend>> HostBackend::Create(
   std::unique_ptr<HostBackend> b(new HostBackend(model, std::move(kv), options.threads));
   TC_ASSIGN_OR_RETURN(b->ffn_,
                       SplitFfn::Create(model, std::move(plan), std::move(partition), b->pool_));
-  b->pass_ = std::make_unique<ForwardPass>(model, b->kv_, b->pool_, b->ffn_.get());
+  if (options.teal) {
+    if (options.teal->ffn) {
+      return absl::InvalidArgumentError("the split FFN cannot take TEAL's FFN inputs");
+    }
+    TC_ASSIGN_OR_RETURN(b->teal_, TealLinear::Create(model, *options.teal, b->pool_));
+  }
+  b->pass_ = std::make_unique<ForwardPass>(model, b->kv_, b->pool_, b->ffn_.get(), b->teal_.get());
   b->limits_ = BackendLimits{options.n_kv_slots, static_cast<int32_t>(context), options.max_batch,
                              static_cast<int32_t>(c.vocab_size)};
   if (options.prefix_cache_blocks > 0) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "shared/gguf/ggml_type.h"
 #include "shared/runtime/forward.h"
 #include "shared/runtime/kv_cache.h"
+#include "shared/sparsity/teal.h"
 #include "shared/util/thread_pool.h"
 
 namespace thermocline::gpu_worker {
@@ -28,6 +30,7 @@ struct HostBackendOptions {
   GgmlType kv_type = GgmlType::kF32;
   // Blocks beyond the slots' own for the prefix cache (0: no paging, the contiguous cache).
   int32_t prefix_cache_blocks = 0;
+  std::optional<TealPlan> teal;  // TEAL on attention (plan.ffn false)
 };
 
 class HostBackend final : public Backend {
@@ -56,6 +59,7 @@ class HostBackend final : public Backend {
   KvCache kv_;
   ThreadPool pool_;
   std::unique_ptr<SplitFfn> ffn_;
+  std::unique_ptr<TealLinear> teal_;  // before pass_, which uses it
   std::unique_ptr<ForwardPass> pass_;
   BackendLimits limits_;
   std::vector<BatchEntry> batch_;

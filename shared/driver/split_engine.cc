@@ -50,6 +50,7 @@ ipc::WorkerFlags WorkerFlagsOf(const SplitEngineOptions& o, ipc::WorkerKind kind
   f.plan_path = o.plan_path;
   if (o.plan_path.empty()) f.hot_fraction = o.hot_fraction;  // a plan wins, as in Create
   f.sparsity = o.sparsity;
+  f.teal = o.teal;
   f.backend = o.gpu_backend;
   f.kv_slots = o.kv_slots;
   f.context = o.context;

@@ -39,6 +39,7 @@
 #include "shared/runtime/generate.h"
 #include "shared/runtime/kv_blocks.h"
 #include "shared/sparsity/sparsity_mode.h"
+#include "shared/sparsity/teal_profile.h"
 #include "shared/util/file_identity.h"
 
 namespace thermocline::driver {
@@ -54,6 +55,7 @@ struct SplitEngineOptions {
   std::string plan_path;
   std::optional<double> hot_fraction;
   SparsityFlags sparsity;  // passed to both workers
+  TealFlags teal;          // TEAL on attention, in the gpu worker
 
   int gpu_threads = 1;
   int cpu_threads = 1;

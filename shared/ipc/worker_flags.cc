@@ -82,6 +82,14 @@ absl::StatusOr<WorkerModel> LoadWorkerModel(const WorkerFlags& flags) {
   WorkerModel w;
   TC_ASSIGN_OR_RETURN(const TensorCheck check, TensorCheckFromName(flags.check_tensors));
   TC_ASSIGN_OR_RETURN(w.model, Model::Load(flags.model_path, check));
+  std::string ffn_mode = flags.sparsity.mode;
+  TC_ASSIGN_OR_RETURN(w.teal, TealPlanFromFlags(*w.model, ffn_mode, flags.teal));
+  if (w.teal && w.teal->ffn) {
+    return absl::InvalidArgumentError(
+        "--sparsity teal makes the FFN's inputs sparse, which the split FFN is not; split "
+        "execution runs TEAL on attention with an FFN mode: --sparsity exact|threshold|predicted "
+        "--teal-sparsity T");
+  }
   TC_ASSIGN_OR_RETURN(w.plan, SparsityPlanFromFlags(*w.model, flags.sparsity));
   TC_ASSIGN_OR_RETURN(w.placement, PlacementFromFlags(w.model->config(), flags.placement()));
   TC_ASSIGN_OR_RETURN(w.partition, Partition::FromPlacement(w.placement, w.model->config()));

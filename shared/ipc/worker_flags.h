@@ -21,6 +21,7 @@
 #include "shared/sparsity/placement.h"
 #include "shared/sparsity/sparsity_mode.h"
 #include "shared/sparsity/sparsity_options.h"
+#include "shared/sparsity/teal_profile.h"
 #include "shared/util/flag_options.h"
 #include "shared/util/logfmt.h"
 
@@ -54,6 +55,7 @@ struct WorkerFlags {
   std::optional<double> hot_fraction;
   SparsityFlags sparsity;
   // gpu_worker.
+  TealFlags teal;  // TEAL on attention (the gpu worker runs it)
   std::string backend = "host";
   int32_t kv_slots = 4;
   int32_t context = 0;
@@ -91,6 +93,13 @@ void VisitWorkerFields(V&& v, Flags&... f) {
         v(WorkerField{name, help}, value...);
       },
       f.sparsity...);
+  v(WorkerField{"teal-sparsity",
+                "TEAL on attention (with an FFN mode): model-level input sparsity (a "
+                "--teal-profile target, or the per-token share without one)",
+                kGpu},
+    f.teal.sparsity...);
+  v(WorkerField{"teal-profile", "TEAL's calibrated cuts from `thermocline teal-calibrate`", kGpu},
+    f.teal.profile_path...);
   v(WorkerField{"backend", "compute backend: host or cuda", kGpu}, f.backend...);
   v(WorkerField{"kv-slots", "KV cache slots (sequences)", kGpu}, f.kv_slots...);
   v(WorkerField{"context", "positions per slot (0 = the model's context length)", kGpu},
@@ -198,6 +207,7 @@ struct WorkerModel {
   SparsityPlan plan;
   Placement placement;
   Partition partition;
+  std::optional<TealPlan> teal;  // attention only: the split FFN is not input-sparse
 };
 absl::StatusOr<WorkerModel> LoadWorkerModel(const WorkerFlags& flags);
 

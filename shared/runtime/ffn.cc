@@ -89,6 +89,10 @@ void DenseFfn::Compute(int64_t layer, const float* h, const float* predictor_inp
   }
   const int64_t nf = c.ffn_dim;
   const bool gated = !w.gate.empty();
+  if (linear_ != nullptr) {
+    ComputeLinear(layer, h, predictor_input, n_tokens, out);
+    return;
+  }
   gate_.resize(n_tokens * nf);
   if (gated) {
     up_.resize(n_tokens * nf);
@@ -122,6 +126,40 @@ void DenseFfn::Compute(int64_t layer, const float* h, const float* predictor_inp
       AxpyRows(w.down_t, all_rows_.data(), gate_.data() + t * nf, nf, out + t * c.dim, pool_);
     }
   }
+  AddRowBias(w.down_b, n_tokens, out);
+}
+
+void DenseFfn::ComputeLinear(int64_t layer, const float* h, const float* predictor_input,
+                             int64_t n_tokens, float* out) {
+  // The same steps as Compute, each product through linear_ (which falls back to the same
+  // MatMul and AxpyRows calls for the rows it does not sparsify).
+  const ModelConfig& c = model_.config();
+  const LayerWeights& w = model_.layer(layer);
+  const int64_t nf = c.ffn_dim;
+  const bool gated = !w.gate.empty();
+  gate_.resize(n_tokens * nf);
+  if (gated) {
+    up_.resize(n_tokens * nf);
+    linear_->Apply(layer, Projection::kGate, w.gate, false, h, n_tokens, c.dim, gate_.data(), nf);
+    linear_->Apply(layer, Projection::kUp, w.up, false, h, n_tokens, c.dim, up_.data(), nf);
+    AddRowBias(w.up_b, n_tokens, up_.data());
+  } else {
+    linear_->Apply(layer, Projection::kUp, w.up, false, h, n_tokens, c.dim, gate_.data(), nf);
+    AddRowBias(w.up_b, n_tokens, gate_.data());
+  }
+  if (observer_ != nullptr) {
+    observer_->OnPredictorInput(layer, predictor_input, n_tokens);
+    observer_->OnFfn(layer, h, gate_.data(), gated ? up_.data() : nullptr, n_tokens);
+  }
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    if (gated) {
+      GatedActivate(c.activation, gate_.data() + t * nf, up_.data() + t * nf, nf);
+    } else {
+      Activate(c.activation, gate_.data() + t * nf, nf);
+    }
+  }
+  linear_->Apply(layer, Projection::kDown, w.has_down_t ? w.down_t : w.down, w.has_down_t,
+                 gate_.data(), n_tokens, nf, out, c.dim);
   AddRowBias(w.down_b, n_tokens, out);
 }
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "shared/model/model.h"
+#include "shared/runtime/linear.h"
 #include "shared/util/thread_pool.h"
 
 namespace thermocline {
@@ -53,6 +54,8 @@ class DenseFfn final : public FfnExecutor {
   void Compute(int64_t layer, const float* h, const float* predictor_input, int64_t n_tokens,
                float* out) override;
   void set_observer(FfnObserver* observer) { observer_ = observer; }
+  // Computes gate, up and down of the dense (non-MoE) layers through `linear` (null: MatMul).
+  void set_linear(LinearExecutor* linear) { linear_ = linear; }
 
  private:
   // One FFN (dense or one expert) over n rows of h into out ([n][dim]); expert >= 0 reports
@@ -60,10 +63,14 @@ class DenseFfn final : public FfnExecutor {
   void RunFfn(const FfnWeights& w, const std::vector<float>& up_b, int64_t nf, const float* h,
               int64_t n, float* out, int64_t layer = -1, int64_t expert = -1);
   void ComputeMoe(int64_t layer, const float* h, int64_t n_tokens, float* out);
+  // Compute's dense-layer path with every product through linear_.
+  void ComputeLinear(int64_t layer, const float* h, const float* predictor_input,
+                     int64_t n_tokens, float* out);
 
   const Model& model_;
   ThreadPool& pool_;
   FfnObserver* observer_ = nullptr;
+  LinearExecutor* linear_ = nullptr;
   std::vector<float> gate_, up_;
   std::vector<int32_t> all_rows_;  // 0..ffn_dim-1, for the transposed-down (axpy) form
   // MoE scratch: router probabilities, picks, gathered rows and per-pick outputs.

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "shared/kernels/matmul.h"
 #include "shared/runtime/ops.h"
@@ -43,10 +44,12 @@ void AttendHead(const KvCache& kv, int64_t layer, int64_t slot, int64_t first, i
 
 }  // namespace
 
-ForwardPass::ForwardPass(const Model& model, KvCache& kv, ThreadPool& pool, FfnExecutor* ffn)
-    : model_(model), kv_(kv), pool_(pool), ffn_(ffn) {
+ForwardPass::ForwardPass(const Model& model, KvCache& kv, ThreadPool& pool, FfnExecutor* ffn,
+                         LinearExecutor* linear)
+    : model_(model), kv_(kv), pool_(pool), ffn_(ffn), linear_(linear) {
   if (ffn_ == nullptr) {
     own_ffn_ = std::make_unique<DenseFfn>(model, pool);
+    own_ffn_->set_linear(linear);
     ffn_ = own_ffn_.get();
   }
   const ModelConfig& c = model.config();
@@ -148,13 +151,22 @@ void ForwardPass::Attention(int64_t layer, std::span<const BatchEntry> batch) {
   });
 }
 
+void ForwardPass::Project(int64_t layer, Projection p, const MatrixView& w, const float* x,
+                          int64_t n, int64_t x_stride, float* y, int64_t y_stride) {
+  if (linear_ != nullptr) {
+    linear_->Apply(layer, p, w, /*transposed=*/false, x, n, x_stride, y, y_stride);
+  } else {
+    MatMul(w, x, n, x_stride, y, y_stride, pool_);
+  }
+}
+
 void ForwardPass::QkvAndRope(int64_t layer, std::span<const BatchEntry> batch, const float* in) {
   const ModelConfig& c = model_.config();
   const LayerWeights& w = model_.layer(layer);
   const int64_t n = static_cast<int64_t>(batch.size());
-  MatMul(w.wq, in, n, c.dim, q_.data(), c.q_dim, pool_);
-  MatMul(w.wk, in, n, c.dim, k_.data(), c.kv_dim, pool_);
-  MatMul(w.wv, in, n, c.dim, v_.data(), c.kv_dim, pool_);
+  Project(layer, Projection::kQ, w.wq, in, n, c.dim, q_.data(), c.q_dim);
+  Project(layer, Projection::kK, w.wk, in, n, c.dim, k_.data(), c.kv_dim);
+  Project(layer, Projection::kV, w.wv, in, n, c.dim, v_.data(), c.kv_dim);
   AddRowBias(w.bq, n, q_.data());
   AddRowBias(w.bk, n, k_.data());
   AddRowBias(w.bv, n, v_.data());
@@ -189,6 +201,11 @@ void ForwardPass::QkvAndRope(int64_t layer, std::span<const BatchEntry> batch, c
   }
 }
 
+absl::Status ForwardPass::Stopped(std::vector<float>& logits) {
+  logits.clear();
+  return absl::OkStatus();
+}
+
 absl::Status ForwardPass::Run(std::span<const BatchEntry> batch, std::vector<float>& logits) {
   if (absl::Status s = Validate(batch); !s.ok()) return s;
   const ModelConfig& c = model_.config();
@@ -204,6 +221,14 @@ absl::Status ForwardPass::Run(std::span<const BatchEntry> batch, std::vector<flo
   att_.resize(n * c.q_dim);
   proj_.resize(n * dim);
   ffn_out_.resize(n * dim);
+  if (linear_ != nullptr) {
+    // A slot with one entry in the batch is decoding; one with several is taking a prompt.
+    absl::flat_hash_map<int32_t, int> per_slot;
+    for (const BatchEntry& e : batch) ++per_slot[e.slot];
+    decode_.resize(n);
+    for (int64_t e = 0; e < n; ++e) decode_[e] = per_slot[batch[e].slot] == 1 ? 1 : 0;
+    linear_->BeginBatch(decode_);
+  }
 
   const float embed_scale =
       arch != nullptr && arch->embed_scale ? std::sqrt(static_cast<float>(dim)) : 1.0f;
@@ -223,7 +248,7 @@ absl::Status ForwardPass::Run(std::span<const BatchEntry> batch, std::vector<flo
     }
     QkvAndRope(l, batch, attn_in);
     Attention(l, batch);
-    MatMul(w.wo, att_.data(), n, c.q_dim, proj_.data(), dim, pool_);
+    Project(l, Projection::kO, w.wo, att_.data(), n, c.q_dim, proj_.data(), dim);
     AddRowBias(w.bo, n, proj_.data());
     if (!w.post_attn_norm.empty()) {
       for (int64_t e = 0; e < n; ++e) {
@@ -235,6 +260,7 @@ absl::Status ForwardPass::Run(std::span<const BatchEntry> batch, std::vector<flo
       // x += ffn(n(x)) + attn(n(x)) from the one norm; the predictors read x (falcon).
       ffn_->Compute(l, attn_in, x_.data(), n, ffn_out_.data());
       for (int64_t i = 0; i < n * dim; ++i) x_[i] += ffn_out_[i] + proj_[i];
+      if (layer_observer_ && !layer_observer_(l, x_.data(), n)) return Stopped(logits);
       continue;
     }
     for (int64_t i = 0; i < n * dim; ++i) x_[i] += proj_[i];
@@ -252,6 +278,7 @@ absl::Status ForwardPass::Run(std::span<const BatchEntry> batch, std::vector<flo
       }
     }
     for (int64_t i = 0; i < n * dim; ++i) x_[i] += ffn_out_[i];
+    if (layer_observer_ && !layer_observer_(l, x_.data(), n)) return Stopped(logits);
   }
   for (const BatchEntry& e : batch) kv_.set_length(e.slot, e.position + 1);
 

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "shared/model/model.h"
 #include "shared/runtime/ffn.h"
 #include "shared/runtime/kv_cache.h"
+#include "shared/runtime/linear.h"
 #include "shared/runtime/ops.h"
 #include "shared/util/thread_pool.h"
 
@@ -28,8 +30,10 @@ struct BatchEntry {
 
 class ForwardPass {
  public:
-  // `ffn` defaults to a DenseFfn owned by the pass.
-  ForwardPass(const Model& model, KvCache& kv, ThreadPool& pool, FfnExecutor* ffn = nullptr);
+  // `ffn` defaults to a DenseFfn owned by the pass. `linear` (optional) computes q, k, v and o,
+  // and the FFN's products too when the pass owns its DenseFfn (a caller's `ffn` does its own).
+  ForwardPass(const Model& model, KvCache& kv, ThreadPool& pool, FfnExecutor* ffn = nullptr,
+              LinearExecutor* linear = nullptr);
 
   // Runs one batch. Entry positions must continue their slot's sequence: a position may be at
   // most the slot's current length (equal appends; smaller rewinds and overwrites). On success
@@ -40,19 +44,34 @@ class ForwardPass {
   KvCache& kv_cache() { return kv_; }
   ThreadPool& pool() { return pool_; }
 
+  // Sees the residual stream after each layer ([n][dim], batch order), for calibration tools
+  // that measure a block's output error. Returning false ends the batch there: Run returns OK
+  // with no logits, the later layers' keys and values unwritten and the slots' lengths
+  // unchanged (the caller reruns or resets them). Null: none.
+  using LayerObserver = std::function<bool(int64_t layer, const float* x, int64_t n)>;
+  void set_layer_observer(LayerObserver observer) { layer_observer_ = std::move(observer); }
+
  private:
   absl::Status Validate(std::span<const BatchEntry> batch) const;
+  // Run's end when the layer observer stops the batch.
+  absl::Status Stopped(std::vector<float>& logits);
   void Attention(int64_t layer, std::span<const BatchEntry> batch);
   // The layer's pre-norm (RMS or LayerNorm per the architecture) of n rows of x into out.
   void Norm(const std::vector<float>& w, const std::vector<float>& b, const float* x, int64_t n,
             float* out) const;
   void QkvAndRope(int64_t layer, std::span<const BatchEntry> batch, const float* in);
+  // W x for one of the layer's projections, through linear_ when set.
+  void Project(int64_t layer, Projection p, const MatrixView& w, const float* x, int64_t n,
+               int64_t x_stride, float* y, int64_t y_stride);
 
   const Model& model_;
   KvCache& kv_;
   ThreadPool& pool_;
   std::unique_ptr<DenseFfn> own_ffn_;
   FfnExecutor* ffn_;
+  LinearExecutor* linear_;
+  LayerObserver layer_observer_;
+  std::vector<uint8_t> decode_;  // [n_entries] for linear_->BeginBatch
   // Scratch, [n_tokens][...]; kept between calls to avoid reallocating every step.
   std::vector<float> x_, xb_, q_, k_, v_, att_, proj_, ffn_out_, scores_;
   RopeParams rope_;  // the model's RoPE; base and position set per layer and entry

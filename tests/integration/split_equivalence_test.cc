@@ -6,7 +6,9 @@
 // and a small synthetic ReLU-gated model in PowerInfer's layout (carries fc1/fc2 predictors);
 // hot fractions 0, 0.5 and 1. Modes: `dense` and `predicted` everywhere (the ReLU model's own
 // predictors; on the SiLU models predictors trained by `thermocline train-predictor` with the
-// magnitude cuts of `thermocline profile`), and `threshold` on the SiLU models. Also `generate --split` prints exactly what local
+// magnitude cuts of `thermocline profile`), and `threshold` on the SiLU models; and TEAL on
+// attention (per-token top-k 50% of q, k, v, o inputs, in the gpu worker's forward pass) with
+// threshold and predicted FFNs. Also `generate --split` prints exactly what local
 // `generate` prints, and leaves nothing in /dev/shm.
 //
 // The logits bound (the workers' argument, docs/workers.md and worker_processes_test.cc): each
@@ -39,6 +41,8 @@
 #include "shared/runtime/kv_cache.h"
 #include "shared/sparsity/sparse_ffn.h"
 #include "shared/sparsity/sparsity_mode.h"
+#include "shared/sparsity/teal.h"
+#include "shared/sparsity/teal_profile.h"
 #include "tests/test_support.h"
 
 namespace thermocline {
@@ -134,7 +138,11 @@ Output Collect(BatchRunner& runner, const Model& model, const GenerationRequest&
 
 // The single-process engine, one thread (the order of SparseFfn's sums with one thread is the
 // order the workers use).
-Output Local(const Model& model, const SparsityFlags& flags, const GenerationRequest& req) {
+Output Local(const Model& model, const SparsityFlags& flags, const TealFlags& teal_flags,
+             const GenerationRequest& req) {
+  std::string mode = flags.mode;
+  auto teal_plan = TealPlanFromFlags(model, mode, teal_flags);
+  EXPECT_TRUE(teal_plan.ok()) << teal_plan.status();
   auto plan = SparsityPlanFromFlags(model, flags);
   EXPECT_TRUE(plan.ok()) << plan.status();
   ThreadPool pool(1);
@@ -146,7 +154,13 @@ Output Local(const Model& model, const SparsityFlags& flags, const GenerationReq
     EXPECT_TRUE(made.ok()) << made.status();
     sparse = std::move(*made);
   }
-  ForwardPass pass(model, *kv, pool, sparse.get());
+  std::unique_ptr<TealLinear> teal;
+  if (teal_plan.ok() && teal_plan->has_value()) {
+    auto made = TealLinear::Create(model, **teal_plan, pool);
+    EXPECT_TRUE(made.ok()) << made.status();
+    teal = std::move(*made);
+  }
+  ForwardPass pass(model, *kv, pool, sparse.get(), teal.get());
   ForwardPassRunner runner(pass);
   return Collect(runner, model, req);
 }
@@ -157,6 +171,7 @@ struct Case {
   const char* mode;
   double hot;
   const char* prompt;
+  float teal = 0;  // > 0: TEAL on attention at this per-token share
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -177,13 +192,20 @@ TEST_P(SplitEquivalence, SameTokensAndLogitsAsOneProcess) {
   }
   if (flags.mode == "predicted" && silu) flags.predictor_path = Predictor(path, flags.stats_path);
   const GenerationRequest req = Request(**model, c.prompt);
-  const Output local = Local(**model, flags, req);
+  TealFlags teal;
+  if (c.teal > 0) teal.sparsity = c.teal;
+  const Output local = Local(**model, flags, teal, req);
+  if (c.teal > 0) {
+    // TEAL changes the computation, so a split without it could not pass for one with it.
+    EXPECT_NE(Local(**model, flags, {}, req).logits, local.logits);
+  }
 
   driver::SplitEngineOptions o;
   o.model_path = path;
   o.config = (*model)->config();
   o.hot_fraction = c.hot;
   o.sparsity = flags;
+  o.teal = teal;
   o.kv_slots = 1;
   o.bindir = testing::BinDir();
   std::string instance;
@@ -246,7 +268,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"relu_dense_hot1", &Relu, "dense", 1, kOnce},
                       Case{"relu_predicted_hot0", &Relu, "predicted", 0, kOnce},
                       Case{"relu_predicted_hot05", &Relu, "predicted", 0.5, kOnce},
-                      Case{"relu_predicted_hot1", &Relu, "predicted", 1, kOnce}),
+                      Case{"relu_predicted_hot1", &Relu, "predicted", 1, kOnce},
+                      Case{"stories_threshold_teal_hot05", &Stories, "threshold", 0.5, kOnce, 0.5f},
+                      Case{"relu_predicted_teal_hot0", &Relu, "predicted", 0, kOnce, 0.5f},
+                      Case{"relu_predicted_teal_hot05", &Relu, "predicted", 0.5, kOnce, 0.5f},
+                      Case{"relu_predicted_teal_hot1", &Relu, "predicted", 1, kOnce, 0.5f}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 // A batch longer than a step (max_batch) or wanting more rows than a step returns
@@ -323,6 +349,12 @@ TEST(SplitGenerateCommand, PrintsWhatLocalGenerationPrints) {
   const testing::CommandResult bad = testing::RunCommand(both);
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_NE(bad.err.find("not both"), std::string::npos) << bad.err;
+  std::vector<std::string> teal_ffn = common;
+  teal_ffn.insert(teal_ffn.end(), {"--split", "--hot-fraction", "0.5", "--sparsity", "teal",
+                                   "--teal-sparsity", "0.5"});
+  const testing::CommandResult refused = testing::RunCommand(teal_ffn);
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_NE(refused.err.find("which the split FFN is not"), std::string::npos) << refused.err;
   std::vector<std::string> stray = common;
   stray.insert(stray.end(), {"--hot-fraction", "0.5"});
   EXPECT_NE(testing::RunCommand(stray).err.find("--hot-fraction needs --split"),

@@ -1,0 +1,276 @@
+#include "shared/sparsity/teal.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "shared/kernels/matmul.h"
+#include "shared/util/status_macros.h"
+
+namespace thermocline {
+namespace {
+
+// The model's matrix for (layer, p), and whether it is stored one row per input already.
+struct LayerMatrix {
+  MatrixView w;
+  bool transposed = false;
+};
+
+LayerMatrix MatrixOf(const Model& model, int64_t layer, Projection p) {
+  const LayerWeights& w = model.layer(layer);
+  switch (p) {
+    case Projection::kQ:
+      return {w.wq};
+    case Projection::kK:
+      return {w.wk};
+    case Projection::kV:
+      return {w.wv};
+    case Projection::kO:
+      return {w.wo};
+    case Projection::kGate:
+      return {w.experts.empty() ? w.gate : MatrixView{}};
+    case Projection::kUp:
+      return {w.experts.empty() ? w.up : MatrixView{}};
+    case Projection::kDown:
+      if (!w.experts.empty()) return {};
+      return w.has_down_t ? LayerMatrix{w.down_t, true} : LayerMatrix{w.down};
+  }
+  return {};
+}
+
+// Below this many weight bytes a product runs on one thread (a region costs more than it saves).
+constexpr int64_t kMinSplitBytes = 64 << 10;
+
+}  // namespace
+
+TealPlan TealPlan::TopShare(int64_t n_layers, float share, bool ffn) {
+  TealPlan plan;
+  plan.kind = Kind::kTopShare;
+  plan.ffn = ffn;
+  ProjectionValues v;
+  v.fill(share);
+  plan.values.assign(n_layers, v);
+  return plan;
+}
+
+absl::Status TealPlan::Validate(const ModelConfig& config) const {
+  if (static_cast<int64_t>(values.size()) != config.n_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("teal plan has ", values.size(), " layers; the model has ", config.n_layers));
+  }
+  for (int64_t l = 0; l < config.n_layers; ++l) {
+    for (int p = 0; p < kNumProjections; ++p) {
+      const float v = values[l][p];
+      const bool share = kind == Kind::kTopShare;
+      if (!std::isfinite(v) || v < 0 || (share && v >= 1)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("teal plan: layer ", l, " projection ",
+                         std::string(ProjectionName(static_cast<Projection>(p))), ": ",
+                         share ? "share " : "cut ", v,
+                         share ? " is not in [0, 1)" : " is not a finite value >= 0"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+ProjectionValues ProjectionParams(const Model& model, int64_t layer) {
+  ProjectionValues out{};
+  for (int p = 0; p < kNumProjections; ++p) {
+    const MatrixView& w = MatrixOf(model, layer, static_cast<Projection>(p)).w;
+    out[p] = static_cast<float>(w.rows * w.cols);
+  }
+  return out;
+}
+
+double BlockSparsity(const Model& model, int64_t layer, const ProjectionValues& sparsity) {
+  const ProjectionValues params = ProjectionParams(model, layer);
+  double skipped = 0, total = 0;
+  for (int p = 0; p < kNumProjections; ++p) {
+    skipped += static_cast<double>(params[p]) * sparsity[p];
+    total += params[p];
+  }
+  return total > 0 ? skipped / total : 0.0;
+}
+
+float TopShareCut(const float* x, int64_t n, float share, std::vector<float>& scratch) {
+  const int64_t k = static_cast<int64_t>(std::floor(static_cast<double>(share) * n));
+  if (k <= 0 || n == 0) return 0.0f;
+  scratch.resize(n);
+  for (int64_t i = 0; i < n; ++i) scratch[i] = std::fabs(x[i]);
+  std::nth_element(scratch.begin(), scratch.begin() + std::min(k, n - 1), scratch.end());
+  // All n dropped would need a cut above the largest magnitude.
+  return k >= n ? std::nextafter(scratch[n - 1], INFINITY) : scratch[k];
+}
+
+int64_t InputSparseMatVec(const MatrixView& wt, const float* x, float cut,
+                          std::vector<int32_t>& ids, std::vector<float>& coeffs, float* y,
+                          ThreadPool& pool) {
+  const int64_t n_in = wt.rows;
+  ids.resize(n_in);
+  coeffs.resize(n_in);
+  // A zero input adds nothing whatever the cut (ReLU's zeros cost no reads).
+  const float keep = std::max(cut, std::numeric_limits<float>::denorm_min());
+  // Branch-free compaction: every input is written, the count advances only for kept ones.
+  int64_t k = 0;
+  for (int64_t c = 0; c < n_in; ++c) {
+    ids[k] = static_cast<int32_t>(c);
+    coeffs[k] = x[c];
+    k += std::fabs(x[c]) >= keep ? 1 : 0;
+  }
+  std::fill(y, y + wt.cols, 0.0f);
+  if (k == 0) return 0;
+  // Threads split the outputs, not the inputs: each adds every kept row's slice of its columns
+  // in input order, so no partial sums are added afterwards, each output's sum order is the
+  // same for any pool size, and the pieces are claimed (a descheduled thread stalls nothing).
+  thread_local ThreadPool solo(1);
+  const int64_t bs = TypeTraits(wt.type).block_size;
+  const int64_t chunk = std::max<int64_t>(64, bs);
+  const int64_t n_chunks = (wt.cols + chunk - 1) / chunk;
+  if (pool.size() == 1 || n_chunks == 1 || k * wt.row_bytes < kMinSplitBytes) {
+    AxpyRows(wt, ids.data(), coeffs.data(), k, y, solo);
+    return k;
+  }
+  pool.ParallelFor(n_chunks, [&](int64_t b, int64_t e) {
+    const int64_t c0 = b * chunk, c1 = std::min(wt.cols, e * chunk);
+    MatrixView slice = wt;
+    slice.cols = c1 - c0;
+    slice.data = wt.data + RowBytes(wt.type, c0);
+    AxpyRows(slice, ids.data(), coeffs.data(), k, y + c0, solo);
+  });
+  return k;
+}
+
+absl::StatusOr<std::unique_ptr<TealLinear>> TealLinear::Create(const Model& model, TealPlan plan,
+                                                               ThreadPool& pool,
+                                                               const TealOptions& options) {
+  const ModelConfig& c = model.config();
+  TC_RETURN_IF_ERROR(plan.Validate(c));
+  std::unique_ptr<TealLinear> t(new TealLinear(model, std::move(plan), pool));
+  t->rows_.resize(c.n_layers);
+  t->activity_.assign(c.n_layers, {});
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    for (int p = 0; p < kNumProjections; ++p) {
+      const auto proj = static_cast<Projection>(p);
+      const bool ffn =
+          proj == Projection::kGate || proj == Projection::kUp || proj == Projection::kDown;
+      if (ffn && !t->plan_.ffn) continue;
+      if (!options.all_projections && t->plan_.values[l][p] == 0) continue;
+      const LayerMatrix m = MatrixOf(model, l, proj);
+      if (m.w.empty()) continue;
+      if (m.transposed) {
+        TC_ASSIGN_OR_RETURN(t->rows_[l][p], DownRows::ForLayer(model, l, std::nullopt, pool));
+        continue;
+      }
+      std::optional<GgmlType> type = options.quantized_type;
+      // A block type needs whole blocks along the transposed rows (the projection's outputs);
+      // F16 holds the dequantized weights exactly where they do not fit.
+      if (TypeTraits(m.w.type).block_size > 1 && m.w.rows % 32 != 0) type = GgmlType::kF16;
+      absl::StatusOr<DownRows> rows = DownRows::ForMatrix(m.w, type, pool);
+      if (!rows.ok()) {
+        return absl::Status(rows.status().code(),
+                            absl::StrCat("teal: layer ", l, " ", std::string(ProjectionName(proj)),
+                                         ": ", rows.status().message()));
+      }
+      t->rows_[l][p] = std::move(*rows);
+    }
+  }
+  return t;
+}
+
+absl::Status TealLinear::SetLayer(int64_t layer, const ProjectionValues& values) {
+  if (layer < 0 || layer >= static_cast<int64_t>(plan_.values.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("teal: no layer ", layer));
+  }
+  for (int p = 0; p < kNumProjections; ++p) {
+    const bool ffn = p >= static_cast<int>(Projection::kGate);
+    if (values[p] != 0 && rows_[layer][p].view().empty() &&
+        !MatrixOf(model_, layer, static_cast<Projection>(p)).w.empty() && (plan_.ffn || !ffn)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "teal: layer ", layer, " ", std::string(ProjectionName(static_cast<Projection>(p))),
+          " has no transposed copy"));
+    }
+  }
+  plan_.values[layer] = values;
+  return plan_.Validate(model_.config());
+}
+
+void TealLinear::Dense(const MatrixView& w, bool transposed, const float* x, int64_t t0, int64_t t1,
+                       int64_t x_stride, float* y, int64_t y_stride) {
+  if (t1 <= t0) return;
+  if (!transposed) {
+    MatMul(w, x + t0 * x_stride, t1 - t0, x_stride, y + t0 * y_stride, y_stride, pool_);
+    return;
+  }
+  // ffn_down_t: every row, as DenseFfn computes it.
+  if (static_cast<int64_t>(all_ids_.size()) < w.rows) {
+    all_ids_.resize(w.rows);
+    std::iota(all_ids_.begin(), all_ids_.end(), 0);
+  }
+  for (int64_t t = t0; t < t1; ++t) {
+    std::fill(y + t * y_stride, y + t * y_stride + w.cols, 0.0f);
+    AxpyRows(w, all_ids_.data(), x + t * x_stride, w.rows, y + t * y_stride, pool_);
+  }
+}
+
+void TealLinear::Apply(int64_t layer, Projection p, const MatrixView& w, bool transposed,
+                       const float* x, int64_t n, int64_t x_stride, float* y, int64_t y_stride) {
+  const int pi = static_cast<int>(p);
+  const float value = plan_.values[layer][pi];
+  const MatrixView& wt = rows_[layer][pi].view();
+  if (value == 0 || wt.empty()) {
+    Dense(w, transposed, x, 0, n, x_stride, y, y_stride);
+    return;
+  }
+  auto sparse_row = [&](int64_t t) {
+    return plan_.sparse_prompt || (t < static_cast<int64_t>(decode_.size()) && decode_[t] != 0);
+  };
+  ProjectionActivity& a = activity_[layer][pi];
+  int64_t run = 0;  // first row of the current run of dense rows
+  for (int64_t t = 0; t < n; ++t) {
+    if (!sparse_row(t)) continue;
+    Dense(w, transposed, x, run, t, x_stride, y, y_stride);
+    run = t + 1;
+    const float* xt = x + t * x_stride;
+    const float cut =
+        plan_.kind == TealPlan::Kind::kCuts ? value : TopShareCut(xt, wt.rows, value, scratch_);
+    a.kept += InputSparseMatVec(wt, xt, cut, ids_, coeffs_, y + t * y_stride, pool_);
+    a.inputs += wt.rows;
+    ++a.sparse_rows;
+  }
+  Dense(w, transposed, x, run, n, x_stride, y, y_stride);
+}
+
+void TealLinear::ResetActivity() {
+  for (auto& layer : activity_) layer.fill({});
+}
+
+double TealLinear::MeasuredSparsity() const {
+  double skipped = 0, total = 0;
+  for (size_t l = 0; l < activity_.size(); ++l) {
+    const ProjectionValues params = ProjectionParams(model_, static_cast<int64_t>(l));
+    // Per token: the rows of the layer's most-sparsified projection set the token count.
+    int64_t tokens = 0;
+    for (const ProjectionActivity& a : activity_[l]) tokens = std::max(tokens, a.sparse_rows);
+    for (int p = 0; p < kNumProjections; ++p) {
+      const ProjectionActivity& a = activity_[l][p];
+      total += static_cast<double>(params[p]) * tokens;
+      if (a.inputs > 0) {
+        skipped += static_cast<double>(params[p]) * (a.inputs - a.kept) / a.inputs * a.sparse_rows;
+      }
+    }
+  }
+  return total > 0 ? skipped / total : 0.0;
+}
+
+int64_t TealLinear::owned_bytes() const {
+  int64_t total = 0;
+  for (const auto& layer : rows_) {
+    for (const DownRows& r : layer) total += r.owned_bytes();
+  }
+  return total;
+}
+
+}  // namespace thermocline

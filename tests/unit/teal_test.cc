@@ -1,0 +1,409 @@
+// TEAL's input-sparse products (sparsity/teal.h) against references: the kernel against a
+// double-precision sum over the kept inputs, for every weight type, odd shapes and empty / all /
+// random kept sets at several pool sizes; the executor inside the forward pass against the
+// dense pass (0% is dense bit for bit, prompt positions stay dense, a sparse batch equals the
+// same positions decoded one by one); the plan's flags and the profile file's validation.
+#include "shared/sparsity/teal.h"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "shared/gguf/quant.h"
+#include "shared/kernels/matmul.h"
+#include "shared/model/synth.h"
+#include "shared/runtime/forward.h"
+#include "shared/runtime/kv_cache.h"
+#include "shared/sparsity/neuron_ffn.h"
+#include "shared/sparsity/teal_profile.h"
+#include "tests/test_support.h"
+
+namespace thermocline {
+namespace {
+
+std::string Name(GgmlType t) { return std::string(TypeTraits(t).name); }
+
+struct TestMatrix {
+  std::vector<uint8_t> bytes;
+  MatrixView view;
+};
+
+TestMatrix MakeMatrix(GgmlType type, int64_t rows, int64_t cols, std::mt19937& rng) {
+  TestMatrix m;
+  const int64_t rb = RowBytes(type, cols);
+  m.bytes.assign(rows * rb, 0);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> src(cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (float& v : src) v = normal(rng);
+    QuantizeRow(type, src.data(), m.bytes.data() + r * rb, cols);
+  }
+  m.view = MatrixView{type, rows, cols, m.bytes.data(), rb};
+  return m;
+}
+
+// Summing k products in f32 in any order, each product and each addition rounded once (or
+// fused), errs by at most gamma_{k+1} * sum |w x| with gamma_n = n u / (1 - n u), u = 2^-24
+// (Higham, Accuracy and Stability, 3.1). Twice that, for the compiler's freedom to fuse.
+double Bound(int64_t kept, double sum_abs) {
+  const double n = static_cast<double>(kept + 1);
+  const double u = 0x1p-24;
+  return 2 * (n * u / (1 - n * u)) * sum_abs + 1e-30;
+}
+
+// Input-sparse product of a transposed copy against the double sum over the kept inputs of the
+// very values the copy holds.
+TEST(TealKernelTest, InputSparseMatVecMatchesDoubleReference) {
+  std::mt19937 rng(5);
+  struct Shape {
+    int64_t out, in;
+  };
+  for (GgmlType type :
+       {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0}) {
+    const bool quant = TypeTraits(type).block_size > 1;
+    // Outputs run along the transposed rows: whole blocks for the quantized types.
+    const std::vector<Shape> shapes =
+        // The last shapes hold more than 64 KiB of kept rows: the pool splits their outputs.
+        quant ? std::vector<Shape>{{32, 1}, {32, 19}, {64, 45}, {96, 7}, {2080, 160}}
+              : std::vector<Shape>{{1, 1}, {37, 19}, {64, 45}, {5, 200}, {3, 1}, {1000, 300}};
+    for (const Shape& sh : shapes) {
+      // W is [out][in] as a model stores it; its transposed copy is what TEAL reads.
+      const int64_t in_cols = quant ? ((sh.in + 31) / 32) * 32 : sh.in;
+      TestMatrix w = MakeMatrix(type, sh.out, in_cols, rng);
+      w.view.cols = in_cols;
+      ThreadPool build(1);
+      auto wt = DownRows::ForMatrix(w.view, std::nullopt, build);
+      ASSERT_TRUE(wt.ok()) << wt.status();
+      const MatrixView& t = wt->view();
+      ASSERT_EQ(t.rows, in_cols);
+      ASSERT_EQ(t.cols, sh.out);
+      std::vector<float> deq(t.rows * t.cols);
+      for (int64_t r = 0; r < t.rows; ++r) DequantizeMatrixRow(t, r, deq.data() + r * t.cols);
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      std::vector<float> x(t.rows);
+      for (float& v : x) v = normal(rng);
+      if (t.rows > 2) x[1] = 0.0f;  // an exact zero: skipped at every cut
+      std::vector<float> mags(t.rows);
+      for (int64_t c = 0; c < t.rows; ++c) mags[c] = std::fabs(x[c]);
+      std::vector<float> sorted = mags;
+      std::sort(sorted.begin(), sorted.end());
+      const float median = sorted[sorted.size() / 2];
+      for (float cut : {0.0f, median, sorted.back(), std::numeric_limits<float>::infinity()}) {
+        std::vector<float> first;  // the result at one thread: every pool size gives its bits
+        for (int threads : {1, 3}) {
+          ThreadPool pool(threads);
+          std::vector<int32_t> ids;
+          std::vector<float> coeffs;
+          std::vector<float> y(t.cols, 7.0f);
+          const int64_t kept = InputSparseMatVec(t, x.data(), cut, ids, coeffs, y.data(), pool);
+          int64_t want_kept = 0;
+          for (float m : mags) want_kept += m >= cut && m > 0 ? 1 : 0;
+          EXPECT_EQ(kept, want_kept) << Name(type) << " cut " << cut;
+          if (first.empty()) {
+            first = y;
+          } else {
+            EXPECT_EQ(std::memcmp(first.data(), y.data(), y.size() * sizeof(float)), 0)
+                << Name(type) << " " << sh.out << "x" << sh.in << " cut " << cut;
+          }
+          for (int64_t j = 0; j < t.cols; ++j) {
+            double ref = 0, sum_abs = 0;
+            for (int64_t c = 0; c < t.rows; ++c) {
+              if (mags[c] < cut) continue;
+              const double p = static_cast<double>(x[c]) * deq[c * t.cols + j];
+              ref += p;
+              sum_abs += std::fabs(p);
+            }
+            EXPECT_LE(std::fabs(y[j] - ref), Bound(kept, sum_abs))
+                << Name(type) << " " << sh.out << "x" << sh.in << " cut " << cut << " threads "
+                << threads << " output " << j;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(TealKernelTest, TopShareCutDropsTheSmallestShare) {
+  std::mt19937 rng(9);
+  std::vector<float> scratch;
+  for (int64_t n : {1, 2, 7, 64, 301}) {
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> x(n);
+    for (float& v : x) v = normal(rng);
+    for (float share : {0.0f, 0.25f, 0.5f, 0.9f, 0.999f}) {
+      const float cut = TopShareCut(x.data(), n, share, scratch);
+      int64_t dropped = 0;
+      for (float v : x) dropped += std::fabs(v) < cut ? 1 : 0;
+      // Distinct magnitudes: exactly floor(share * n) fall under the cut.
+      EXPECT_EQ(dropped, static_cast<int64_t>(std::floor(static_cast<double>(share) * n)))
+          << "n " << n << " share " << share;
+    }
+  }
+}
+
+std::unique_ptr<Model> Synth(GgmlType type, SynthFfnKind kind, const std::string& name) {
+  SynthOptions o;
+  o.dim = 64;
+  o.ffn = 160;
+  o.layers = 2;
+  o.heads = 4;
+  o.kv_heads = 2;
+  o.vocab = 300;
+  o.context = 32;
+  o.type = type;
+  o.ffn_kind = kind;
+  o.threads = 1;
+  const std::string path = testing::TempDir() + "/" + name + ".gguf";
+  EXPECT_TRUE(WriteSynthModel(o, path).ok());
+  auto model = Model::Load(path);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? std::move(*model) : nullptr;
+}
+
+// Logits of a prompt batch and then single-position decode steps (greedy-free: fixed tokens).
+std::vector<std::vector<float>> RunSequence(const Model& model, LinearExecutor* linear,
+                                            ThreadPool& pool, int64_t prompt, int64_t decode) {
+  auto kv = KvCache::Create(model.config(), 1, 32, GgmlType::kF32);
+  EXPECT_TRUE(kv.ok());
+  ForwardPass pass(model, *kv, pool, nullptr, linear);
+  std::vector<std::vector<float>> out;
+  std::vector<BatchEntry> batch;
+  for (int64_t p = 0; p < prompt; ++p) {
+    batch.push_back({0, static_cast<int32_t>(p), static_cast<int32_t>((p * 37 + 11) % 300), true});
+  }
+  std::vector<float> logits;
+  EXPECT_TRUE(pass.Run(batch, logits).ok());
+  out.push_back(logits);
+  for (int64_t p = prompt; p < prompt + decode; ++p) {
+    BatchEntry e{0, static_cast<int32_t>(p), static_cast<int32_t>((p * 37 + 11) % 300), true};
+    EXPECT_TRUE(pass.Run(std::span<const BatchEntry>(&e, 1), logits).ok());
+    out.push_back(logits);
+  }
+  return out;
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// 0% drops nothing: the executor takes the model's own MatMul for every projection.
+TEST(TealForwardTest, ZeroSparsityIsDenseBitForBit) {
+  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ4_0}) {
+    auto model = Synth(type, SynthFfnKind::kSwiGlu, "zero_" + Name(type));
+    ASSERT_TRUE(model);
+    ThreadPool pool(2);
+    const auto dense = RunSequence(*model, nullptr, pool, 5, 4);
+    for (TealPlan::Kind kind : {TealPlan::Kind::kTopShare, TealPlan::Kind::kCuts}) {
+      TealPlan plan = TealPlan::TopShare(model->config().n_layers, 0.0f);
+      plan.kind = kind;
+      auto teal = TealLinear::Create(*model, plan, pool);
+      ASSERT_TRUE(teal.ok()) << teal.status();
+      const auto got = RunSequence(*model, teal->get(), pool, 5, 4);
+      ASSERT_EQ(got.size(), dense.size());
+      for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(SameBits(got[i], dense[i])) << i;
+      EXPECT_EQ((*teal)->owned_bytes(), 0);  // nothing sparsified, nothing transposed
+    }
+  }
+}
+
+// Prompt positions stay dense (bit for bit); decode positions are input-sparse and counted.
+TEST(TealForwardTest, PromptDenseDecodeSparse) {
+  auto model = Synth(GgmlType::kF16, SynthFfnKind::kSwiGlu, "prompt_f16");
+  ASSERT_TRUE(model);
+  const int64_t n_layers = model->config().n_layers;
+  ThreadPool pool(2);
+  const auto dense = RunSequence(*model, nullptr, pool, 6, 3);
+  auto teal = TealLinear::Create(*model, TealPlan::TopShare(n_layers, 0.5f), pool);
+  ASSERT_TRUE(teal.ok()) << teal.status();
+  const auto got = RunSequence(*model, teal->get(), pool, 6, 3);
+  EXPECT_TRUE(SameBits(got[0], dense[0]));
+  for (size_t i = 1; i < got.size(); ++i) EXPECT_FALSE(SameBits(got[i], dense[i])) << i;
+  for (int64_t l = 0; l < n_layers; ++l) {
+    for (int p = 0; p < kNumProjections; ++p) {
+      const ProjectionActivity& a = (*teal)->activity(l, static_cast<Projection>(p));
+      EXPECT_EQ(a.sparse_rows, 3) << l << " " << p;
+      // Half of each row's inputs (distinct magnitudes) go.
+      EXPECT_EQ(a.inputs - a.kept, a.inputs / 2) << l << " " << p;
+    }
+  }
+  EXPECT_NEAR((*teal)->MeasuredSparsity(), 0.5, 1e-9);
+}
+
+// With every position sparse, a batch computes each position as a decode step computes it.
+TEST(TealForwardTest, SparseBatchEqualsDecodeOneByOne) {
+  for (GgmlType type : {GgmlType::kF32, GgmlType::kQ8_0}) {
+    auto model = Synth(type, SynthFfnKind::kSwiGlu, "batch_" + Name(type));
+    ASSERT_TRUE(model);
+    ThreadPool pool(2);
+    TealPlan plan = TealPlan::TopShare(model->config().n_layers, 0.4f);
+    plan.sparse_prompt = true;
+    auto teal = TealLinear::Create(*model, plan, pool);
+    ASSERT_TRUE(teal.ok()) << teal.status();
+    const auto batch = RunSequence(*model, teal->get(), pool, 7, 0);
+    const auto single = RunSequence(*model, teal->get(), pool, 1, 6);
+    const int64_t vocab = model->config().vocab_size;
+    std::vector<float> joined;
+    for (const auto& l : single) joined.insert(joined.end(), l.begin(), l.end());
+    ASSERT_EQ(joined.size(), static_cast<size_t>(7 * vocab));
+    EXPECT_TRUE(SameBits(batch[0], joined)) << Name(type);
+  }
+}
+
+// Apply's sparse rows against the dense product of the masked input in double, for each
+// projection of a layer (the executor's transposition, mask and row routing together).
+TEST(TealForwardTest, ApplyEqualsMaskedDenseProduct) {
+  auto model = Synth(GgmlType::kF32, SynthFfnKind::kSwiGlu, "apply_f32");
+  ASSERT_TRUE(model);
+  const ModelConfig& c = model->config();
+  ThreadPool pool(2);
+  TealPlan plan = TealPlan::TopShare(c.n_layers, 0.0f);
+  plan.kind = TealPlan::Kind::kCuts;
+  for (auto& v : plan.values) v.fill(0.6f);
+  auto teal = TealLinear::Create(*model, plan, pool);
+  ASSERT_TRUE(teal.ok()) << teal.status();
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const uint8_t decode[3] = {1, 0, 1};
+  (*teal)->BeginBatch(decode);
+  const LayerWeights& lw = model->layer(1);
+  const MatrixView mats[] = {lw.wq, lw.wk, lw.wv, lw.wo, lw.gate, lw.up, lw.down};
+  for (int p = 0; p < kNumProjections; ++p) {
+    const MatrixView& w = mats[p];
+    std::vector<float> x(3 * w.cols), y(3 * w.rows), dense(3 * w.rows);
+    for (float& v : x) v = normal(rng);
+    (*teal)->Apply(1, static_cast<Projection>(p), w, false, x.data(), 3, w.cols, y.data(), w.rows);
+    MatMul(w, x.data(), 3, w.cols, dense.data(), w.rows, pool);
+    std::vector<float> row(w.cols);
+    for (int t = 0; t < 3; ++t) {
+      if (!decode[t]) {
+        EXPECT_EQ(
+            std::memcmp(y.data() + t * w.rows, dense.data() + t * w.rows, w.rows * sizeof(float)),
+            0);
+        continue;
+      }
+      for (int64_t r = 0; r < w.rows; ++r) {
+        DequantizeMatrixRow(w, r, row.data());
+        double ref = 0, sum_abs = 0;
+        int64_t kept = 0;
+        for (int64_t i = 0; i < w.cols; ++i) {
+          const float xi = x[t * w.cols + i];
+          if (std::fabs(xi) < 0.6f) continue;
+          ++kept;
+          ref += static_cast<double>(xi) * row[i];
+          sum_abs += std::fabs(static_cast<double>(xi) * row[i]);
+        }
+        EXPECT_LE(std::fabs(y[t * w.rows + r] - ref), Bound(kept, sum_abs))
+            << ProjectionName(static_cast<Projection>(p)) << " row " << t << " out " << r;
+      }
+    }
+  }
+}
+
+TEST(TealPlanTest, FlagsNameWhatIsWrong) {
+  auto model = Synth(GgmlType::kF32, SynthFfnKind::kReluGated, "flags_relu");
+  ASSERT_TRUE(model);
+  auto check = [&](std::string mode, TealFlags f, const std::string& needle) {
+    auto r = TealPlanFromFlags(*model, mode, f);
+    ASSERT_FALSE(r.ok()) << needle;
+    EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status();
+  };
+  check("teal", {}, "--teal-sparsity");
+  check("teal", {.sparsity = 1.5f}, "[0, 1)");
+  check("dense", {.sparsity = 0.5f}, "--sparsity teal");
+  check("teal", {.sparsity = 0.5f, .profile_path = "/nonexistent/teal.gguf"}, "--teal-profile");
+  // A file of another kind is named as such.
+  check("teal", {.sparsity = 0.5f, .profile_path = model->file().path()}, "teal-calibrate");
+
+  std::string mode = "teal";
+  auto all = TealPlanFromFlags(*model, mode, {.sparsity = 0.25f});
+  ASSERT_TRUE(all.ok() && all->has_value()) << all.status();
+  EXPECT_EQ(mode, "dense");  // the FFN runs in DenseFfn, through the executor
+  EXPECT_TRUE((*all)->ffn);
+  EXPECT_EQ((*all)->value(0, Projection::kDown), 0.25f);
+  mode = "exact";
+  auto attn = TealPlanFromFlags(*model, mode, {.sparsity = 0.25f});
+  ASSERT_TRUE(attn.ok() && attn->has_value()) << attn.status();
+  EXPECT_EQ(mode, "exact");
+  EXPECT_FALSE((*attn)->ffn);
+  EXPECT_EQ((*attn)->value(1, Projection::kO), 0.25f);
+  EXPECT_EQ((*attn)->value(1, Projection::kGate), 0.0f);
+  mode = "dense";
+  auto off = TealPlanFromFlags(*model, mode, {});
+  ASSERT_TRUE(off.ok());
+  EXPECT_FALSE(off->has_value());
+
+  TealPlan bad = TealPlan::TopShare(2, 0.5f);
+  bad.values[1][3] = 1.0f;
+  absl::Status s = bad.Validate(model->config());
+  EXPECT_NE(s.message().find("layer 1 projection o"), std::string::npos) << s;
+}
+
+TealProfile SmallProfile(int64_t n_layers, int64_t dim) {
+  TealProfile p;
+  p.tokens = 1000;
+  p.greedy_tokens = 255;
+  p.dim = dim;
+  p.targets = {0.25f, 0.5f};
+  p.layers.resize(n_layers);
+  for (int64_t l = 0; l < n_layers; ++l) {
+    for (int i = 0; i < kNumTealInputs; ++i) {
+      for (int k = 0; k < kTealQuantiles; ++k) p.layers[l].quantiles[i][k] = 0.01f * k * (i + 1);
+    }
+    for (float t : p.targets) {
+      ProjectionValues s, cut;
+      for (int q = 0; q < kNumProjections; ++q) {
+        s[q] = t + 0.01f * q;
+        cut[q] = p.CutFor(l, InputOf(static_cast<Projection>(q)), s[q]);
+      }
+      p.layers[l].sparsity.push_back(s);
+      p.layers[l].cuts.push_back(cut);
+    }
+  }
+  return p;
+}
+
+TEST(TealProfileTest, RoundTripAndShapeChecks) {
+  auto model = Synth(GgmlType::kF32, SynthFfnKind::kSwiGlu, "profile_silu");
+  ASSERT_TRUE(model);
+  const ModelConfig& c = model->config();
+  const TealProfile p = SmallProfile(c.n_layers, c.dim);
+  // Between percentiles the cut is linear: 37.5% of input 1 sits between 0.74 and 0.76.
+  EXPECT_NEAR(p.CutFor(0, TealInput::kAttnOut, 0.375f), 0.75f, 1e-6);
+  const std::string path = testing::TempDir() + "/teal_profile.gguf";
+  ASSERT_TRUE(WriteTealProfile(p, path).ok());
+  auto back = ReadTealProfile(path, &c);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->targets, p.targets);
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    EXPECT_EQ(back->layers[l].quantiles, p.layers[l].quantiles);
+    EXPECT_EQ(back->layers[l].cuts, p.layers[l].cuts);
+    EXPECT_EQ(back->layers[l].sparsity, p.layers[l].sparsity);
+  }
+  auto plan = back->PlanFor(0.5f);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->values[1], p.layers[1].cuts[1]);
+  auto missing = back->PlanFor(0.4f);
+  EXPECT_NE(missing.status().message().find("0.25, 0.5"), std::string::npos) << missing.status();
+
+  ModelConfig other = c;
+  other.n_layers = c.n_layers + 1;
+  auto wrong = ReadTealProfile(path, &other);
+  EXPECT_NE(wrong.status().message().find("layers"), std::string::npos) << wrong.status();
+  // Quantiles must be ascending (a corrupted or hand-edited file).
+  TealProfile bad = p;
+  bad.layers[1].quantiles[2][50] = 100.0f;
+  ASSERT_TRUE(WriteTealProfile(bad, path).ok());
+  auto refused = ReadTealProfile(path, &c);
+  EXPECT_NE(refused.status().message().find("blk.1.teal_quantiles is not ascending"),
+            std::string::npos)
+      << refused.status();
+}
+
+}  // namespace
+}  // namespace thermocline
