@@ -779,7 +779,6 @@ void RunChoices(bool forks) {
 TEST(SchedulerPolicy, ChoicesForkTheFirstChoicesPrompt) { RunChoices(true); }
 TEST(SchedulerPolicy, ChoicesPrefillThemselvesWhenTheEngineCannotFork) { RunChoices(false); }
 
-}  // namespace
 // Structured output: the mask decides where the fake's peak is not allowed (greedy then takes
 // the lowest allowed id among the equal rest), the sequence ends with FINISH_REASON_GRAMMAR once
 // nothing can follow, EOS is allowed only where the text is whole, and a request without a
@@ -813,5 +812,35 @@ TEST(SchedulerPolicy, GrammarMasksTheSamplingAndEndsTheSequence) {
   EXPECT_EQ(op.text, "bcde");
   EXPECT_EQ(op.final->finish_reason(), v1::FINISH_REASON_LENGTH);
 }
+
+// n > 1 choices with a grammar: the forked choices take their first token from the leader's
+// row through their own mask too (the fake's peak there is "k", which the grammar forbids).
+TEST(SchedulerPolicy, ForkedChoicesSampleTheirFirstTokenThroughTheGrammar) {
+  SchedulerOptions o = Options(/*max_batch=*/4, /*kv_slots=*/4, /*prefill_chunk=*/4);
+  o.fork_choices = true;
+  Harness h(o);
+  h.fake->AllowForks();
+  absl::StatusOr<grammar::Grammar> g = grammar::ParseGbnf("root ::= \"x\" \"y\" \"z\"\n");
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto shared = std::make_shared<const grammar::Grammar>(*std::move(g));
+  std::vector<Job> jobs;
+  for (int i = 0; i < 3; ++i) {
+    Job j = MakeJob(Bytes("abcdefghij"), 8);
+    j.share_group = 9;
+    j.grammar = shared;
+    jobs.push_back(j);
+  }
+  auto streams = h.scheduler->SubmitAll(jobs);
+  ASSERT_TRUE(streams.ok()) << streams.status();
+  for (auto& s : *streams) {
+    const Outcome out = Collect(*s);
+    ASSERT_TRUE(out.final.has_value()) << out.error;
+    EXPECT_EQ(out.text, "xyz");
+    EXPECT_EQ(out.final->finish_reason(), v1::FINISH_REASON_GRAMMAR);
+  }
+  EXPECT_EQ(h.fake->forks_done(), 2);
+}
+
+}  // namespace
 
 }  // namespace thermocline::gateway
