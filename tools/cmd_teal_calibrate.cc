@@ -51,14 +51,9 @@ int RunTealCalibrate(const std::vector<std::string>& args) {
   };
   if (threads < 0) return fail("--threads must be >= 0");
   if (max_tokens < 0) return fail("--tokens must be >= 0");
-  o.targets.clear();
-  for (absl::string_view piece : absl::StrSplit(targets_text, ',')) {
-    float t = 0;
-    if (!absl::SimpleAtof(absl::StripAsciiWhitespace(piece), &t)) {
-      return fail(absl::StrFormat("--targets: '%s' is not a number", std::string(piece)));
-    }
-    o.targets.push_back(t);
-  }
+  absl::StatusOr<std::vector<float>> targets = ParseFloatList("--targets", targets_text);
+  if (!targets.ok()) return fail(std::string(targets.status().message()));
+  o.targets = *std::move(targets);
   o.progress = true;
   auto model_or = Model::Load(model_path);
   if (!model_or.ok()) return fail(std::string(model_or.status().message()));

@@ -4,7 +4,10 @@
 
 #include <boost/program_options.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "absl/status/statusor.h"
 
 namespace thermocline::tools {
 
@@ -31,5 +34,9 @@ bool ParseOptions(const std::string& command, const std::string& usage,
                   const po::options_description& options,
                   const po::positional_options_description& positional,
                   const std::vector<std::string>& args, po::variables_map& vm, int& exit_code);
+
+// A comma-separated list of numbers given to `flag` ("0.5,0.7,0.9"); the error names the flag
+// and the piece that is not a number.
+absl::StatusOr<std::vector<float>> ParseFloatList(std::string_view flag, std::string_view text);
 
 }  // namespace thermocline::tools

@@ -3,6 +3,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "shared/util/version.h"
 #include "tools/command.h"
 
@@ -28,6 +32,19 @@ void PrintUsage(std::ostream& os) {
 CommandRegistrar::CommandRegistrar(Command command) { Registry().push_back(std::move(command)); }
 
 const std::vector<Command>& Commands() { return Registry(); }
+
+absl::StatusOr<std::vector<float>> ParseFloatList(std::string_view flag, std::string_view text) {
+  std::vector<float> out;
+  for (absl::string_view piece : absl::StrSplit(absl::string_view(text.data(), text.size()), ',')) {
+    float v = 0;
+    if (!absl::SimpleAtof(absl::StripAsciiWhitespace(piece), &v)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: '%s' is not a number", std::string(flag), std::string(piece)));
+    }
+    out.push_back(v);
+  }
+  return out;
+}
 
 bool ParseOptions(const std::string& command, const std::string& usage,
                   const po::options_description& options,
