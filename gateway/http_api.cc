@@ -5,6 +5,7 @@
 
 #include <charconv>
 #include <chrono>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -162,11 +163,14 @@ absl::Status HttpApi::Serve(const HttpOptions& options) {
   // autotuning a reader that never reads lets the kernel take up to 4 MiB of each stream
   // before a write blocks, so the scheduler's backpressure (--max-pending-messages, then
   // --stream-idle-timeout) would never see it; with this, it does within ~kSendBufferBytes.
-  server->set_socket_options([](socket_t sock) {
+  // The listening socket is kept (listen_fd) for its backlog, below.
+  auto listen_fd = std::make_shared<int>(-1);
+  server->set_socket_options([listen_fd](socket_t sock) {
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
     int sndbuf = kSendBufferBytes;
     setsockopt(sock, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
+    *listen_fd = sock;
   });
   server->set_payload_max_length(kMaxBodyBytes);
   if (options.write_timeout > absl::ZeroDuration()) {
@@ -228,6 +232,10 @@ absl::Status HttpApi::Serve(const HttpOptions& options) {
   });
   const int bound = port == 0 ? server->bind_to_any_port(host)
                               : (server->bind_to_port(host, port) ? port : -1);
+  // Debian's cpp-httplib listens with a backlog of 5: 16 clients connecting at once lost SYNs
+  // and waited a 1 s retransmission (gateway_bench). Listening again on the bound socket only
+  // raises the queue (Linux caps it at net.core.somaxconn).
+  if (bound >= 0 && *listen_fd >= 0) ::listen(*listen_fd, SOMAXCONN);
   if (bound < 0) {
     return absl::UnavailableError(absl::StrCat("--http-listen ", options.listen,
                                                ": cannot listen (a bad address, or the port "

@@ -41,6 +41,8 @@ PACKAGES=(
   libedit-dev
   # The HTTP API's tests (tests/e2e/node/): curl -N reads the event stream and checks TLS.
   curl
+  # ss reads the HTTP listener's backlog (tests/e2e/python/slow_reader_test.py).
+  iproute2
 )
 # The official openai Node client (tests/e2e/node/openai_client_test.mjs) runs on Node.js and
 # npm; a machine that already has both (from any source) keeps them, otherwise Debian's (Debian

@@ -289,6 +289,19 @@ class SlowReaderTest(unittest.TestCase):
         for _ in range(4):
             self.assertEqual(self.read_one(3)[0], "0")
 
+    def test_the_http_listener_queues_more_than_httplibs_five_connections(self):
+        """Debian's cpp-httplib listens with a backlog of 5 (16 clients connecting at once lost
+        SYNs and waited a 1 s retransmission); the gateway raises it. `ss` (iproute2) shows a
+        listening socket's backlog as its Send-Q."""
+        ss = shutil.which("ss")
+        if ss is None:
+            self.skipTest("no ss (iproute2) to read the listen backlog")
+        port = self.http_address.rsplit(":", 1)[1]
+        out = subprocess.run([ss, "-Hltn", f"sport = :{port}"], capture_output=True, text=True,
+                             check=True).stdout.split()
+        self.assertGreaterEqual(len(out), 3, out)
+        self.assertGreaterEqual(int(out[2]), 128, f"listen backlog: {out}")
+
     def test_window_zero_streams_pause_alone_then_are_cancelled(self):
         before = self.metrics()
         generated_before = metric(before, "thermocline_generated_tokens_total") or 0
