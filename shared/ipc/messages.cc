@@ -194,7 +194,9 @@ absl::Status SendStep(RingProducer& ring, uint64_t step_id, absl::Span<const Ste
       PutU32s(p, {static_cast<uint32_t>(t.slot), static_cast<uint32_t>(t.length),
                   static_cast<uint32_t>(t.blocks.size())});
       p += 12;
-      std::memcpy(p, t.blocks.data(), t.blocks.size() * sizeof(int32_t));
+      // An empty table (a slot released) has no data() to copy from: memcpy(p, nullptr, 0)
+      // is undefined behaviour (UBSan).
+      if (!t.blocks.empty()) std::memcpy(p, t.blocks.data(), t.blocks.size() * sizeof(int32_t));
       p += t.blocks.size() * sizeof(int32_t);
     }
     for (const KvBlockCopy& c : copies) {
