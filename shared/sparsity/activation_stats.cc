@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "shared/gguf/gguf.h"
 #include "shared/sparsity/placement.h"
+#include "shared/sparsity/profile_fields.h"
 #include "shared/util/status_macros.h"
 
 namespace thermocline {
@@ -18,7 +19,7 @@ constexpr char kArch[] = "thermocline.stats";
 constexpr float kTargetTolerance = 1e-4f;
 
 absl::Status Invalid(const std::string& where, const std::string& what) {
-  return absl::InvalidArgumentError(absl::StrCat(where, ": ", what));
+  return ProfileFieldError(where, what);
 }
 
 std::string TargetList(const std::vector<float>& targets) {
@@ -151,38 +152,6 @@ absl::Status Validate(const ActivationStats& s, const std::string& where) {
   return absl::OkStatus();
 }
 
-std::string_view Bytes(const std::vector<float>& v) {
-  return std::string_view(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
-}
-
-// A 1-D F32 tensor of `n` values (n < 0: any length, at least 1).
-absl::StatusOr<std::vector<float>> ReadF32Vector(const GgufFile& f, const std::string& where,
-                                                 const std::string& name, int64_t n) {
-  const GgufTensorInfo* t = f.FindTensor(name);
-  if (t == nullptr) return Invalid(where, absl::StrCat("tensor '", name, "' is missing"));
-  if (t->type != GgmlType::kF32) {
-    return Invalid(where, absl::StrCat("tensor '", name, "' has type ",
-                                       std::string(TypeTraits(t->type).name), ", expected f32"));
-  }
-  if (t->ne.size() != 1 || (n >= 0 && t->ne[0] != n) || (n < 0 && t->ne[0] < 1)) {
-    return Invalid(where,
-                   absl::StrCat("tensor '", name, "' has shape (", absl::StrJoin(t->ne, ", "),
-                                "), expected (", n >= 0 ? absl::StrCat(n) : "n >= 1", ")"));
-  }
-  std::vector<float> out(t->ne[0]);
-  std::memcpy(out.data(), t->data, out.size() * sizeof(float));
-  return out;
-}
-
-absl::StatusOr<int64_t> ReadPositive(const GgufFile& f, const std::string& where,
-                                     const std::string& key) {
-  absl::StatusOr<int64_t> v = f.GetInt(key);
-  if (!v.ok()) return Invalid(where, std::string(v.status().message()));
-  if (*v <= 0 || *v > (int64_t{1} << 40)) {
-    return Invalid(where, absl::StrCat(key, " = ", *v, " is out of range"));
-  }
-  return *v;
-}
 
 absl::StatusOr<float> ReadFloat(const GgufFile& f, const std::string& where,
                                 const std::string& key) {
@@ -272,26 +241,26 @@ absl::Status WriteActivationStats(const ActivationStats& stats, const std::strin
     const std::string p = absl::StrCat("blk.", l, ".");
     TC_RETURN_IF_ERROR(w.AddTensorBytes(p + "act_freq", GgmlType::kF32,
                                         {static_cast<int64_t>(layer.frequency.size())},
-                                        Bytes(layer.frequency)));
+                                        F32Bytes(layer.frequency)));
     if (!stats.targets.empty()) {
       TC_RETURN_IF_ERROR(w.AddTensorBytes(p + "act_cuts", GgmlType::kF32,
                                           {static_cast<int64_t>(layer.cuts.size())},
-                                          Bytes(layer.cuts)));
+                                          F32Bytes(layer.cuts)));
       if (!layer.coeff_cuts.empty()) {
         TC_RETURN_IF_ERROR(w.AddTensorBytes(p + "coef_cuts", GgmlType::kF32,
                                             {static_cast<int64_t>(layer.coeff_cuts.size())},
-                                            Bytes(layer.coeff_cuts)));
+                                            F32Bytes(layer.coeff_cuts)));
       }
     }
     if (!layer.expert_share.empty()) {
       TC_RETURN_IF_ERROR(w.AddTensorBytes(p + "expert_share", GgmlType::kF32,
                                           {static_cast<int64_t>(layer.expert_share.size())},
-                                          Bytes(layer.expert_share)));
+                                          F32Bytes(layer.expert_share)));
     }
     if (has_hist) {
       TC_RETURN_IF_ERROR(w.AddTensorBytes(p + "act_hist", GgmlType::kF32,
                                           {static_cast<int64_t>(layer.histogram.size())},
-                                          Bytes(layer.histogram)));
+                                          F32Bytes(layer.histogram)));
     }
   }
   return w.WriteFile(path);
@@ -309,10 +278,10 @@ absl::StatusOr<ActivationStats> ReadActivationStats(const std::string& path,
   absl::StatusOr<std::string> criterion = f.GetString("thermocline.stats.criterion");
   if (!criterion.ok()) return Invalid(where, std::string(criterion.status().message()));
   s.criterion = *criterion;
-  TC_ASSIGN_OR_RETURN(s.tokens, ReadPositive(f, where, "thermocline.stats.tokens"));
-  TC_ASSIGN_OR_RETURN(s.dim, ReadPositive(f, where, "thermocline.stats.model_dim"));
-  TC_ASSIGN_OR_RETURN(s.ffn_dim, ReadPositive(f, where, "thermocline.stats.model_ffn_dim"));
-  TC_ASSIGN_OR_RETURN(int64_t n_layers, ReadPositive(f, where, "thermocline.stats.block_count"));
+  TC_ASSIGN_OR_RETURN(s.tokens, ReadCountField(f, where, "thermocline.stats.tokens"));
+  TC_ASSIGN_OR_RETURN(s.dim, ReadCountField(f, where, "thermocline.stats.model_dim"));
+  TC_ASSIGN_OR_RETURN(s.ffn_dim, ReadCountField(f, where, "thermocline.stats.model_ffn_dim"));
+  TC_ASSIGN_OR_RETURN(int64_t n_layers, ReadCountField(f, where, "thermocline.stats.block_count"));
   TC_ASSIGN_OR_RETURN(s.frequency_target,
                       ReadFloat(f, where, "thermocline.stats.frequency_target"));
   absl::StatusOr<const GgufArray*> targets = f.GetArray("thermocline.stats.targets");
@@ -325,7 +294,7 @@ absl::StatusOr<ActivationStats> ReadActivationStats(const std::string& path,
     s.targets.push_back(static_cast<float>(*t));
   }
   if (f.FindValue("thermocline.stats.expert_count") != nullptr) {
-    TC_ASSIGN_OR_RETURN(s.n_experts, ReadPositive(f, where, "thermocline.stats.expert_count"));
+    TC_ASSIGN_OR_RETURN(s.n_experts, ReadCountField(f, where, "thermocline.stats.expert_count"));
   }
   if (config != nullptr) {
     if (s.dim != config->dim || s.ffn_dim != config->ffn_dim || n_layers != config->n_layers) {
@@ -347,7 +316,7 @@ absl::StatusOr<ActivationStats> ReadActivationStats(const std::string& path,
   if (has_hist) {
     TC_ASSIGN_OR_RETURN(s.hist_log2_min, ReadFloat(f, where, "thermocline.stats.hist_log2_min"));
     TC_ASSIGN_OR_RETURN(int64_t bpo,
-                        ReadPositive(f, where, "thermocline.stats.hist_bins_per_octave"));
+                        ReadCountField(f, where, "thermocline.stats.hist_bins_per_octave"));
     if (bpo > 1 << 20)
       return Invalid(where, absl::StrCat("hist_bins_per_octave ", bpo, " is too large"));
     s.hist_bins_per_octave = static_cast<int32_t>(bpo);
@@ -371,20 +340,20 @@ absl::StatusOr<ActivationStats> ReadActivationStats(const std::string& path,
     layer.experts = moe_layer ? s.n_experts : 0;
     const int64_t groups = moe_layer ? s.n_experts : 1;
     TC_ASSIGN_OR_RETURN(layer.frequency,
-                        ReadF32Vector(f, where, p + "act_freq", groups * s.ffn_dim));
+                        ReadF32Field(f, where, p + "act_freq", groups * s.ffn_dim));
     if (moe_layer) {
       TC_ASSIGN_OR_RETURN(layer.expert_share,
-                          ReadF32Vector(f, where, p + "expert_share", s.n_experts));
+                          ReadF32Field(f, where, p + "expert_share", s.n_experts));
     }
     const int64_t n_cuts = groups * static_cast<int64_t>(s.targets.size());
     if (!s.targets.empty()) {
-      TC_ASSIGN_OR_RETURN(layer.cuts, ReadF32Vector(f, where, p + "act_cuts", n_cuts));
+      TC_ASSIGN_OR_RETURN(layer.cuts, ReadF32Field(f, where, p + "act_cuts", n_cuts));
       if (has_coeff) {
-        TC_ASSIGN_OR_RETURN(layer.coeff_cuts, ReadF32Vector(f, where, p + "coef_cuts", n_cuts));
+        TC_ASSIGN_OR_RETURN(layer.coeff_cuts, ReadF32Field(f, where, p + "coef_cuts", n_cuts));
       }
     }
     if (has_hist) {
-      TC_ASSIGN_OR_RETURN(layer.histogram, ReadF32Vector(f, where, p + "act_hist", -1));
+      TC_ASSIGN_OR_RETURN(layer.histogram, ReadF32Field(f, where, p + "act_hist", -1));
     }
   }
   TC_RETURN_IF_ERROR(Validate(s, where));

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "shared/gguf/gguf.h"
+#include "shared/sparsity/profile_fields.h"
 #include "shared/util/status_macros.h"
 
 namespace thermocline {
@@ -15,38 +16,20 @@ namespace {
 constexpr char kArch[] = "thermocline.teal";
 
 absl::Status Invalid(const std::string& where, const std::string& what) {
-  return absl::InvalidArgumentError(absl::StrCat(where, ": ", what));
+  return ProfileFieldError(where, what);
 }
 
-std::string_view Bytes(const std::vector<float>& v) {
-  return std::string_view(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
-}
-
+// A 1-D F32 tensor of `n` magnitudes (finite, >= 0).
 absl::StatusOr<std::vector<float>> ReadF32(const GgufFile& f, const std::string& where,
                                            const std::string& name, int64_t n) {
-  const GgufTensorInfo* t = f.FindTensor(name);
-  if (t == nullptr) return Invalid(where, absl::StrCat("tensor '", name, "' is missing"));
-  if (t->type != GgmlType::kF32 || t->ne.size() != 1 || t->ne[0] != n) {
-    return Invalid(where, absl::StrCat("tensor '", name, "' must be f32 of shape (", n, ")"));
-  }
-  std::vector<float> out(n);
-  std::memcpy(out.data(), t->data, n * sizeof(float));
-  for (float v : out) {
+  absl::StatusOr<std::vector<float>> out = ReadF32Field(f, where, name, n);
+  if (!out.ok()) return out.status();
+  for (float v : *out) {
     if (!std::isfinite(v) || v < 0) {
       return Invalid(where, absl::StrCat("tensor '", name, "' holds ", v, " (must be >= 0)"));
     }
   }
   return out;
-}
-
-absl::StatusOr<int64_t> ReadCount(const GgufFile& f, const std::string& where,
-                                  const std::string& key) {
-  absl::StatusOr<int64_t> v = f.GetInt(key);
-  if (!v.ok()) return Invalid(where, std::string(v.status().message()));
-  if (*v <= 0 || *v > (int64_t{1} << 40)) {
-    return Invalid(where, absl::StrCat(key, " = ", *v, " is out of range"));
-  }
-  return *v;
 }
 
 }  // namespace
@@ -108,12 +91,12 @@ absl::Status WriteTealProfile(const TealProfile& p, const std::string& path) {
       c.insert(c.end(), layer.cuts[t].begin(), layer.cuts[t].end());
     }
     TC_RETURN_IF_ERROR(w.AddTensorBytes(pre + "teal_quantiles", GgmlType::kF32,
-                                        {static_cast<int64_t>(q.size())}, Bytes(q)));
+                                        {static_cast<int64_t>(q.size())}, F32Bytes(q)));
     if (!p.targets.empty()) {
       TC_RETURN_IF_ERROR(w.AddTensorBytes(pre + "teal_sparsity", GgmlType::kF32,
-                                          {static_cast<int64_t>(s.size())}, Bytes(s)));
+                                          {static_cast<int64_t>(s.size())}, F32Bytes(s)));
       TC_RETURN_IF_ERROR(w.AddTensorBytes(pre + "teal_cuts", GgmlType::kF32,
-                                          {static_cast<int64_t>(c.size())}, Bytes(c)));
+                                          {static_cast<int64_t>(c.size())}, F32Bytes(c)));
     }
   }
   return w.WriteFile(path);
@@ -126,10 +109,10 @@ absl::StatusOr<TealProfile> ReadTealProfile(const std::string& path, const Model
                                              "is this a file from `thermocline teal-calibrate`?"));
   const GgufFile& f = *file;
   TealProfile p;
-  TC_ASSIGN_OR_RETURN(p.tokens, ReadCount(f, where, "thermocline.teal.tokens"));
-  TC_ASSIGN_OR_RETURN(p.greedy_tokens, ReadCount(f, where, "thermocline.teal.greedy_tokens"));
-  TC_ASSIGN_OR_RETURN(p.dim, ReadCount(f, where, "thermocline.teal.model_dim"));
-  TC_ASSIGN_OR_RETURN(int64_t n_layers, ReadCount(f, where, "thermocline.teal.block_count"));
+  TC_ASSIGN_OR_RETURN(p.tokens, ReadCountField(f, where, "thermocline.teal.tokens"));
+  TC_ASSIGN_OR_RETURN(p.greedy_tokens, ReadCountField(f, where, "thermocline.teal.greedy_tokens"));
+  TC_ASSIGN_OR_RETURN(p.dim, ReadCountField(f, where, "thermocline.teal.model_dim"));
+  TC_ASSIGN_OR_RETURN(int64_t n_layers, ReadCountField(f, where, "thermocline.teal.block_count"));
   absl::StatusOr<double> step = f.GetDouble("thermocline.teal.step");
   if (!step.ok()) return Invalid(where, std::string(step.status().message()));
   p.step = static_cast<float>(*step);
