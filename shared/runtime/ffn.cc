@@ -89,18 +89,14 @@ void DenseFfn::Compute(int64_t layer, const float* h, const float* predictor_inp
   }
   const int64_t nf = c.ffn_dim;
   const bool gated = !w.gate.empty();
-  if (linear_ != nullptr) {
-    ComputeLinear(layer, h, predictor_input, n_tokens, out);
-    return;
-  }
   gate_.resize(n_tokens * nf);
   if (gated) {
     up_.resize(n_tokens * nf);
-    MatMul(w.gate, h, n_tokens, c.dim, gate_.data(), nf, pool_);
-    MatMul(w.up, h, n_tokens, c.dim, up_.data(), nf, pool_);
+    Product(layer, Projection::kGate, w.gate, false, h, n_tokens, c.dim, gate_.data(), nf);
+    Product(layer, Projection::kUp, w.up, false, h, n_tokens, c.dim, up_.data(), nf);
     AddRowBias(w.up_b, n_tokens, up_.data());
   } else {
-    MatMul(w.up, h, n_tokens, c.dim, gate_.data(), nf, pool_);
+    Product(layer, Projection::kUp, w.up, false, h, n_tokens, c.dim, gate_.data(), nf);
     AddRowBias(w.up_b, n_tokens, gate_.data());
   }
   if (observer_ != nullptr) {
@@ -114,53 +110,30 @@ void DenseFfn::Compute(int64_t layer, const float* h, const float* predictor_inp
       Activate(c.activation, gate_.data() + t * nf, nf);
     }
   }
-  if (!w.has_down_t) {
-    MatMul(w.down, gate_.data(), n_tokens, nf, out, c.dim, pool_);
-  } else {
-    if (static_cast<int64_t>(all_rows_.size()) != nf) {
-      all_rows_.resize(nf);
-      std::iota(all_rows_.begin(), all_rows_.end(), 0);
-    }
-    for (int64_t t = 0; t < n_tokens; ++t) {
-      std::fill(out + t * c.dim, out + (t + 1) * c.dim, 0.0f);
-      AxpyRows(w.down_t, all_rows_.data(), gate_.data() + t * nf, nf, out + t * c.dim, pool_);
-    }
-  }
+  Product(layer, Projection::kDown, w.has_down_t ? w.down_t : w.down, w.has_down_t, gate_.data(),
+          n_tokens, nf, out, c.dim);
   AddRowBias(w.down_b, n_tokens, out);
 }
 
-void DenseFfn::ComputeLinear(int64_t layer, const float* h, const float* predictor_input,
-                             int64_t n_tokens, float* out) {
-  // The same steps as Compute, each product through linear_ (which falls back to the same
-  // MatMul and AxpyRows calls for the rows it does not sparsify).
-  const ModelConfig& c = model_.config();
-  const LayerWeights& w = model_.layer(layer);
-  const int64_t nf = c.ffn_dim;
-  const bool gated = !w.gate.empty();
-  gate_.resize(n_tokens * nf);
-  if (gated) {
-    up_.resize(n_tokens * nf);
-    linear_->Apply(layer, Projection::kGate, w.gate, false, h, n_tokens, c.dim, gate_.data(), nf);
-    linear_->Apply(layer, Projection::kUp, w.up, false, h, n_tokens, c.dim, up_.data(), nf);
-    AddRowBias(w.up_b, n_tokens, up_.data());
-  } else {
-    linear_->Apply(layer, Projection::kUp, w.up, false, h, n_tokens, c.dim, gate_.data(), nf);
-    AddRowBias(w.up_b, n_tokens, gate_.data());
+void DenseFfn::Product(int64_t layer, Projection p, const MatrixView& w, bool transposed,
+                       const float* in, int64_t n_tokens, int64_t n_in, float* out,
+                       int64_t n_out) {
+  if (linear_ != nullptr) {
+    linear_->Apply(layer, p, w, transposed, in, n_tokens, n_in, out, n_out);
+    return;
   }
-  if (observer_ != nullptr) {
-    observer_->OnPredictorInput(layer, predictor_input, n_tokens);
-    observer_->OnFfn(layer, h, gate_.data(), gated ? up_.data() : nullptr, n_tokens);
+  if (!transposed) {
+    MatMul(w, in, n_tokens, n_in, out, n_out, pool_);
+    return;
+  }
+  if (static_cast<int64_t>(all_rows_.size()) != n_in) {
+    all_rows_.resize(n_in);
+    std::iota(all_rows_.begin(), all_rows_.end(), 0);
   }
   for (int64_t t = 0; t < n_tokens; ++t) {
-    if (gated) {
-      GatedActivate(c.activation, gate_.data() + t * nf, up_.data() + t * nf, nf);
-    } else {
-      Activate(c.activation, gate_.data() + t * nf, nf);
-    }
+    std::fill(out + t * n_out, out + (t + 1) * n_out, 0.0f);
+    AxpyRows(w, all_rows_.data(), in + t * n_in, n_in, out + t * n_out, pool_);
   }
-  linear_->Apply(layer, Projection::kDown, w.has_down_t ? w.down_t : w.down, w.has_down_t,
-                 gate_.data(), n_tokens, nf, out, c.dim);
-  AddRowBias(w.down_b, n_tokens, out);
 }
 
 void RouteExperts(const ModelConfig& c, const LayerWeights& w, const float* h, int64_t n_tokens,

@@ -63,9 +63,10 @@ class DenseFfn final : public FfnExecutor {
   void RunFfn(const FfnWeights& w, const std::vector<float>& up_b, int64_t nf, const float* h,
               int64_t n, float* out, int64_t layer = -1, int64_t expert = -1);
   void ComputeMoe(int64_t layer, const float* h, int64_t n_tokens, float* out);
-  // Compute's dense-layer path with every product through linear_.
-  void ComputeLinear(int64_t layer, const float* h, const float* predictor_input,
-                     int64_t n_tokens, float* out);
+  // One product of the dense-layer path: through linear_ when set (TEAL), else the plain
+  // kernels (MatMul; for a transposed down, AxpyRows over every row) exactly as without it.
+  void Product(int64_t layer, Projection p, const MatrixView& w, bool transposed, const float* in,
+               int64_t n_tokens, int64_t n_in, float* out, int64_t n_out);
 
   const Model& model_;
   ThreadPool& pool_;
