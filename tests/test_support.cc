@@ -149,4 +149,24 @@ CommandResult RunCommand(const std::vector<std::string>& argv) {
   return result;
 }
 
+std::unique_ptr<Model> SmallSynthModel(GgmlType type, SynthFfnKind kind,
+                                       const std::string& name) {
+  SynthOptions o;
+  o.dim = 64;
+  o.ffn = 160;
+  o.layers = 2;
+  o.heads = 4;
+  o.kv_heads = 2;
+  o.vocab = 300;
+  o.context = 32;
+  o.type = type;
+  o.ffn_kind = kind;
+  o.threads = 1;
+  const std::string path = TempDir() + "/" + name + ".gguf";
+  EXPECT_TRUE(WriteSynthModel(o, path).ok());
+  auto model = Model::Load(path);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? std::move(*model) : nullptr;
+}
+
 }  // namespace thermocline::testing

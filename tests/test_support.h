@@ -4,12 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "shared/gguf/gguf.h"
+#include "shared/model/model.h"
+#include "shared/model/synth.h"
 
 namespace thermocline::testing {
 
@@ -53,5 +56,11 @@ struct CommandResult {
 };
 // Runs argv[0] with the given arguments (no shell), capturing stdout and stderr.
 CommandResult RunCommand(const std::vector<std::string>& argv);
+
+// A small synthetic model (dim 64, ffn 160, 2 layers, 4 heads / 2 KV heads, vocab 300, context
+// 32) of `type` and FFN `kind`, written to TempDir()/<name>.gguf and loaded; null (with a test
+// failure) when either step fails.
+std::unique_ptr<Model> SmallSynthModel(GgmlType type, SynthFfnKind kind,
+                                       const std::string& name = "m");
 
 }  // namespace thermocline::testing

@@ -419,24 +419,8 @@ TEST(SparsityModeTest, NamesRoundTrip) {
   EXPECT_NE(bad.status().message().find("dense, exact, threshold, predicted"), std::string::npos);
 }
 
-// A small synthetic model on disk, loaded.
 std::unique_ptr<Model> SynthModel(GgmlType type, SynthFfnKind kind) {
-  SynthOptions o;
-  o.dim = 64;
-  o.ffn = 160;
-  o.layers = 2;
-  o.heads = 4;
-  o.kv_heads = 2;
-  o.vocab = 300;
-  o.context = 32;
-  o.type = type;
-  o.ffn_kind = kind;
-  o.threads = 1;
-  const std::string path = testing::TempDir() + "/m.gguf";
-  EXPECT_TRUE(WriteSynthModel(o, path).ok());
-  auto model = Model::Load(path);
-  EXPECT_TRUE(model.ok()) << model.status();
-  return model.ok() ? std::move(*model) : nullptr;
+  return testing::SmallSynthModel(type, kind);
 }
 
 TEST(SparsityPlanTest, ValidationNamesWhatIsWrong) {

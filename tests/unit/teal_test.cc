@@ -148,22 +148,7 @@ TEST(TealKernelTest, TopShareCutDropsTheSmallestShare) {
 }
 
 std::unique_ptr<Model> Synth(GgmlType type, SynthFfnKind kind, const std::string& name) {
-  SynthOptions o;
-  o.dim = 64;
-  o.ffn = 160;
-  o.layers = 2;
-  o.heads = 4;
-  o.kv_heads = 2;
-  o.vocab = 300;
-  o.context = 32;
-  o.type = type;
-  o.ffn_kind = kind;
-  o.threads = 1;
-  const std::string path = testing::TempDir() + "/" + name + ".gguf";
-  EXPECT_TRUE(WriteSynthModel(o, path).ok());
-  auto model = Model::Load(path);
-  EXPECT_TRUE(model.ok()) << model.status();
-  return model.ok() ? std::move(*model) : nullptr;
+  return testing::SmallSynthModel(type, kind, name);
 }
 
 // Logits of a prompt batch and then single-position decode steps (greedy-free: fixed tokens).
