@@ -21,6 +21,7 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gateway/http_api.h"
@@ -32,11 +33,14 @@
 #include "gateway/security.h"
 #include "gateway/service.h"
 #include "gateway/split_serving_engine.h"
+#include "shared/driver/default_placement.h"
 #include "shared/driver/gpu_backend_flags.h"
 #include "shared/driver/split_engine.h"
 #include "shared/gguf/gguf.h"
+#include "shared/ipc/worker_flags.h"
 #include "shared/model/model.h"
 #include "shared/sparsity/placement.h"
+#include "shared/sparsity/planner.h"
 #include "shared/sparsity/sparsity_options.h"
 #include "shared/tokenizer/chat_prompt.h"
 #include "shared/util/version.h"
@@ -104,7 +108,7 @@ int Main(int argc, char** argv) {
       ("version", "print the version and exit")
       ("model,m", po::value(&model_path), "model file (GGUF)")
       ("check-tensors", po::value(&so.check_tensors)->default_value("auto"), "the workers scan the weights for NaN/infinity at load: auto (files up to 2 GiB), on or off (norms and biases are always checked)")
-      ("hot-fraction", po::value(&hot_fraction), "share of each layer's FFN neurons on the gpu worker, in [0, 1] (default, without --plan, on the host backend: 1, the whole FFN)")
+      ("hot-fraction", po::value(&hot_fraction), "share of each layer's FFN neurons on the gpu worker, in [0, 1] (default without --plan: 1, the whole FFN, on the host backend; with cuda, a plan for --vram-budget or the device's free memory, ranked by --stats when given)")
       ("plan", po::value(&so.plan_path), "or: placement from `thermocline plan`")
       ("listen", po::value(&listen)->default_value("127.0.0.1:50051"), "gRPC address host:port (port 0: a free one)")
       ("metrics-listen", po::value(&metrics_listen)->default_value("127.0.0.1:9464"), "/metrics address host:port (port 0: a free one)")
@@ -122,7 +126,7 @@ int Main(int argc, char** argv) {
       ("max-pending-messages", po::value(&sched.max_pending_messages)->default_value(16), "messages a stream may have waiting for its reader; beyond, its sequence pauses (others go on) until the reader catches up")
       ("write-timeout", po::value(&write_timeout)->default_value(30), "seconds one streamed message may wait to be written to its caller (a reader that reads nothing) before the call is cancelled; 0: no limit")
       ("stream-idle-timeout", po::value(&stream_idle_timeout)->default_value(60), "seconds a paused stream (its reader reads nothing) keeps its KV slot before it is cancelled; 0: until the caller's deadline")
-      ("backend", po::value(&backend)->default_value("host"), "the gpu worker's compute backend: host (this machine's CPU) or cuda (one CUDA device, docs/cuda.md; needs --plan or --hot-fraction); spawn mode")
+      ("backend", po::value(&backend)->default_value("host"), "the gpu worker's compute backend: host (this machine's CPU) or cuda (one CUDA device, docs/cuda.md; without --plan or --hot-fraction, planned for --vram-budget or the device's free memory); spawn mode")
       ("vram-budget", po::value<std::string>(), "with --backend cuda: device memory the gpu worker may use, e.g. 20G or 1.5GiB (0: the device's free memory, the default); spawn mode")
       ("gpu-threads", po::value(&so.gpu_threads)->default_value(1), "threads of the gpu worker")
       ("cpu-threads", po::value(&so.cpu_threads)->default_value(1), "threads of the cpu worker")
@@ -174,18 +178,11 @@ int Main(int argc, char** argv) {
   if (vm.count("hot-fraction") && vm.count("plan")) {
     return Fail("give one of --hot-fraction F and --plan PLAN, not both");
   }
-  if (!vm.count("hot-fraction") && !vm.count("plan")) {
-    // The host backend computes the "gpu" half on this machine's CPU too, so splitting the FFN
-    // buys nothing by default: all of it stays with the gpu worker and the cpu worker idles.
-    if (so.gpu_backend != "host") {
-      return Fail("the " + so.gpu_backend + " backend needs a placement: give --plan PLAN "
-                  "(`thermocline plan`) or --hot-fraction F");
-    }
-    hot_fraction = 1;
-    Log(Level::kInfo, "placement_default",
-        {{"hot_fraction", 1.0}, {"why", "neither --hot-fraction nor --plan; host backend"}});
-  }
-  if (vm.count("hot-fraction") || !vm.count("plan")) {
+  // Neither given: the host backend keeps the whole FFN hot (hot fraction 1); a device backend
+  // gets a plan for its memory once the model's description is read (default_placement.h).
+  const bool default_placement = !vm.count("hot-fraction") && !vm.count("plan");
+  if (default_placement) hot_fraction = 1;
+  if (vm.count("hot-fraction") || (default_placement && so.gpu_backend == "host")) {
     if (!(hot_fraction >= 0 && hot_fraction <= 1)) return Fail("--hot-fraction must be in [0, 1]");
     so.hot_fraction = hot_fraction;
   }
@@ -297,6 +294,39 @@ int Main(int argc, char** argv) {
     // A file may say up to 2^31 positions; the KV cache refuses what the machine cannot hold,
     // naming the bytes, and --context caps it.
     context = static_cast<int32_t>(std::min<int64_t>(cfg.context_length, INT32_MAX));
+  }
+
+  driver::DefaultPlacement placed;
+  absl::Cleanup remove_plan = [&placed] { driver::RemoveDefaultPlan(placed); };
+  if (default_placement) {
+    driver::DefaultPlacementOptions dp;
+    dp.gpu_backend = so.gpu_backend;
+    dp.model_path = model_path;
+    dp.stats_path = sf.stats_path;
+    dp.predictor_path = sf.predictor_path;
+    if (vm.count("vram-budget")) dp.vram_budget = *ParseByteSize(vm["vram-budget"].as<std::string>());
+    dp.context = context;
+    dp.kv_slots = sched.kv_slots;
+    dp.kv_type = so.kv_type;
+    absl::StatusOr<std::string> bindir =
+        so.bindir.empty() ? driver::SelfBinDir() : absl::StatusOr<std::string>(so.bindir);
+    if (!bindir.ok()) return Fail(std::string(bindir.status().message()));
+    dp.gpu_worker_path = *bindir + "/" + ipc::WorkerProgram(ipc::WorkerKind::kGpu);
+    absl::StatusOr<driver::DefaultPlacement> chosen = driver::ChooseDefaultPlacement(dp);
+    if (!chosen.ok()) return Fail(std::string(chosen.status().message()));
+    placed = std::move(*chosen);
+    if (placed.hot_fraction.has_value()) {
+      so.hot_fraction = *placed.hot_fraction;
+      Log(Level::kInfo, "placement_default",
+          {{"hot_fraction", *placed.hot_fraction}, {"why", placed.why}});
+    } else {
+      so.plan_path = placed.plan_path;
+      Log(Level::kInfo, "placement_default",
+          {{"plan", placed.plan_path},
+           {"budget_bytes", static_cast<long long>(placed.budget)},
+           {"gpu_ffn_share", placed.gpu_ffn_share},
+           {"why", placed.why}});
+    }
   }
 
   RequestLimits limits;

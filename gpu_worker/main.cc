@@ -23,6 +23,33 @@ int main(int argc, char** argv) {
     std::printf("%s %s\n", "thermocline-gpu-worker", thermocline::Version());
     return 0;
   }
+  // `--device-memory`: one logfmt line on stdout with the device's free and total memory, for
+  // a caller that plans a placement from it (shared/driver/default_placement.h); no instance.
+  if (argc == 2 && std::string(argv[1]) == "--device-memory") {
+#if THERMOCLINE_HAVE_CUDA
+    const int device = 0;
+    absl::StatusOr<gpu_worker::CudaDeviceMemory> m = gpu_worker::QueryCudaDeviceMemory(device);
+    if (!m.ok()) {
+      Log(Level::kError, "start_failed",
+          {{"error", "--device-memory: no usable CUDA device: " + std::string(m.status().message())}},
+          "gpu_worker");
+      return 1;
+    }
+    std::printf("%s\n", FormatLogLine(LogTimestamp(), Level::kInfo, "gpu_worker", "device_memory",
+                                       {{"device", device},
+                                        {"name", m->name},
+                                        {"free_bytes", static_cast<long long>(m->free_bytes)},
+                                        {"total_bytes", static_cast<long long>(m->total_bytes)}})
+                             .c_str());
+    return 0;
+#else
+    Log(Level::kError, "start_failed",
+        {{"error", "--device-memory: this gpu worker was built without CUDA (configure with "
+                   "-DTHERMOCLINE_CUDA=ON on a machine with nvcc)"}},
+        "gpu_worker");
+    return 2;
+#endif
+  }
   ipc::WorkerFlags flags;
   int exit_code = 0;
   if (!ipc::ParseWorkerCommandLine(ipc::WorkerKind::kGpu, argc, argv, flags, exit_code)) {

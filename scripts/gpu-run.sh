@@ -196,7 +196,11 @@ if (( probe_rc == 2 )); then
   row device FAIL 0 "$(echo "$reason" | cut -c1-110)"
   device=no
 else
-  row device ok 0 "the gpu worker accepts --backend cuda"
+  # What a gateway given no placement plans from (shared/driver/default_placement.h).
+  mem=$(timeout 60 "$bin/thermocline-gpu-worker" --device-memory 2>&1 | head -n1)
+  echo "device memory (thermocline-gpu-worker --device-memory): $mem" >"$OUT/device-memory.txt"
+  free=$(echo "$mem" | grep -oE 'free_bytes=[0-9]+' | cut -d= -f2)
+  row device ok 0 "the gpu worker accepts --backend cuda; --device-memory: ${free:-no} free bytes"
   device=yes
 fi
 

@@ -18,18 +18,22 @@
 #include <string>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/strings/str_format.h"
+#include "shared/driver/default_placement.h"
 #include "shared/driver/gpu_backend_flags.h"
 #include "shared/driver/split_engine.h"
 #include "shared/grammar/gbnf.h"
 #include "shared/grammar/json_schema.h"
 #include "shared/grammar/matcher.h"
 #include "shared/grammar/token_mask.h"
+#include "shared/ipc/worker_flags.h"
 #include "shared/model/model.h"
 #include "shared/runtime/generate.h"
+#include "shared/sparsity/planner.h"
 #include "shared/sparsity/sparse_ffn.h"
 #include "shared/sparsity/sparsity_mode.h"
 #include "shared/sparsity/sparsity_options.h"
@@ -77,7 +81,39 @@ absl::StatusOr<GenerationStats> GenerateAndPrint(BatchRunner& runner, const Toke
 
 int RunSplit(const Model& model, const GenerationRequest& req, const std::string& prompt,
              int64_t capacity, const std::string& kv_type, const SparsityFlags& sf,
-             const TealFlags& tf, driver::SplitEngineOptions so) {
+             const TealFlags& tf, int64_t vram_budget_bytes, driver::SplitEngineOptions so) {
+  driver::DefaultPlacement placed;
+  absl::Cleanup remove_plan = [&placed] { driver::RemoveDefaultPlan(placed); };
+  if (so.plan_path.empty() && !so.hot_fraction.has_value()) {
+    driver::DefaultPlacementOptions dp;
+    dp.gpu_backend = so.gpu_backend;
+    dp.model_path = model.file().path();
+    dp.stats_path = sf.stats_path;
+    dp.predictor_path = sf.predictor_path;
+    dp.vram_budget = vram_budget_bytes;
+    dp.context = capacity;
+    dp.kv_slots = 1;
+    dp.kv_type = kv_type;
+    absl::StatusOr<std::string> bindir =
+        so.bindir.empty() ? driver::SelfBinDir() : absl::StatusOr<std::string>(so.bindir);
+    if (!bindir.ok()) return Fail(std::string(bindir.status().message()));
+    dp.gpu_worker_path = *bindir + "/" + ipc::WorkerProgram(ipc::WorkerKind::kGpu);
+    absl::StatusOr<driver::DefaultPlacement> chosen = driver::ChooseDefaultPlacement(dp);
+    if (!chosen.ok()) return Fail(std::string(chosen.status().message()));
+    placed = std::move(*chosen);
+    if (placed.hot_fraction.has_value()) {
+      so.hot_fraction = placed.hot_fraction;
+      std::cerr << "thermocline generate: no --hot-fraction or --plan; placing the whole FFN on "
+                   "the gpu worker (hot fraction 1: "
+                << placed.why << ")\n";
+    } else {
+      so.plan_path = placed.plan_path;
+      std::cerr << absl::StrFormat(
+          "thermocline generate: no --hot-fraction or --plan; %.1f%% of the FFN's bytes on the "
+          "device: %s\n",
+          100 * placed.gpu_ffn_share, placed.why);
+    }
+  }
   so.model_path = model.file().path();
   so.config = model.config();
   so.sparsity = sf;
@@ -299,6 +335,7 @@ int RunGenerate(const std::vector<std::string>& args) {
   double hot_fraction = 0;
   int numa_node = -1;
   std::string backend, vram_budget;
+  int64_t vram_budget_bytes = 0;  // 0: the device's free memory
   std::string grammar_path, schema_path;
   po::options_description opts("options");
   opts.add_options()
@@ -321,7 +358,7 @@ int RunGenerate(const std::vector<std::string>& args) {
       ("split", po::bool_switch(&split), "run the model in a gpu worker and a cpu worker process")
       ("hot-fraction", po::value(&hot_fraction), "share of each layer's FFN neurons on the gpu worker, in [0, 1]")
       ("plan", po::value(&so.plan_path), "or: placement from `thermocline plan`")
-      ("backend", po::value(&backend)->default_value("host"), "the gpu worker's compute backend: host (this machine's CPU) or cuda (one CUDA device, docs/cuda.md; needs --plan or --hot-fraction)")
+      ("backend", po::value(&backend)->default_value("host"), "the gpu worker's compute backend: host (this machine's CPU) or cuda (one CUDA device, docs/cuda.md; without --plan or --hot-fraction, planned for --vram-budget or the device's free memory)")
       ("vram-budget", po::value(&vram_budget), "with --backend cuda: device memory the gpu worker may use, e.g. 20G or 1.5GiB (0: the device's free memory, the default)")
       ("gpu-threads", po::value(&so.gpu_threads)->default_value(1), "threads of the gpu worker")
       ("cpu-threads", po::value(&so.cpu_threads)->default_value(1), "threads of the cpu worker")
@@ -405,17 +442,8 @@ int RunGenerate(const std::vector<std::string>& args) {
       return fail(std::string(s.message()));
     }
     if (vm.count("hot-fraction")) so.hot_fraction = hot_fraction;
-    if (!vm.count("hot-fraction") && !vm.count("plan")) {
-      // A device's share of the FFN depends on its memory: the caller says it (as the gateway).
-      if (so.gpu_backend != "host") {
-        return fail("--backend " + so.gpu_backend + " needs a placement: give --plan PLAN "
-                    "(`thermocline plan`) or --hot-fraction F");
-      }
-      // As the gateway: with the host backend every FFN neuron is "hot" by default.
-      so.hot_fraction = 1.0;
-      std::cerr << "thermocline generate: no --hot-fraction or --plan; placing the whole FFN on "
-                   "the gpu worker (hot fraction 1)\n";
-    }
+    // Neither given: RunSplit chooses, as the gateway does (shared/driver/default_placement.h).
+    if (vm.count("vram-budget")) vram_budget_bytes = *ParseByteSize(vram_budget);
     if (vm.count("numa-node")) so.numa_node = numa_node;
   }
 
@@ -456,7 +484,9 @@ int RunGenerate(const std::vector<std::string>& args) {
                                 "context of %d positions",
                                 req.prompt.size(), max_new_tokens, model.config().context_length));
   }
-  if (split) return RunSplit(model, req, prompt, capacity, kv_type, sf, tf, std::move(so));
+  if (split) {
+    return RunSplit(model, req, prompt, capacity, kv_type, sf, tf, vram_budget_bytes, std::move(so));
+  }
   auto kv_or = KvCache::Create(model.config(), 1, capacity,
                                kv_type == "f16" ? GgmlType::kF16 : GgmlType::kF32);
   if (!kv_or.ok()) return fail(std::string(kv_or.status().message()));

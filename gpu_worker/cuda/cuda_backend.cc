@@ -674,4 +674,18 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const Model& model,
 
 absl::Status CudaAvailable() { return cuda::CudaDeviceAvailable(); }
 
+absl::StatusOr<CudaDeviceMemory> QueryCudaDeviceMemory(int device) {
+  TC_RETURN_IF_ERROR(CudaAvailable());
+  cudaDeviceProp prop{};
+  TC_CUDA(cudaGetDeviceProperties(&prop, device));
+  TC_CUDA(cudaSetDevice(device));
+  size_t free_b = 0, total_b = 0;
+  TC_CUDA(cudaMemGetInfo(&free_b, &total_b));
+  CudaDeviceMemory m;
+  m.name = prop.name;
+  m.free_bytes = static_cast<int64_t>(free_b);
+  m.total_bytes = static_cast<int64_t>(total_b);
+  return m;
+}
+
 }  // namespace thermocline::gpu_worker

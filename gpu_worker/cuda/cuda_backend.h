@@ -41,4 +41,13 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const Model& model,
 // OK when a CUDA device is present and usable; otherwise why not.
 absl::Status CudaAvailable();
 
+struct CudaDeviceMemory {
+  std::string name;
+  int64_t free_bytes = 0;
+  int64_t total_bytes = 0;
+};
+// The device's name and its free and total memory now (cudaMemGetInfo), for the placement a
+// caller plans when it is given none (shared/driver/default_placement.h).
+absl::StatusOr<CudaDeviceMemory> QueryCudaDeviceMemory(int device);
+
 }  // namespace thermocline::gpu_worker

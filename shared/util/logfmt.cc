@@ -22,8 +22,10 @@ bool NeedsQuotes(std::string_view v) {
   return false;
 }
 
+}  // namespace
+
 // RFC 3339 UTC with microseconds: sortable, and unambiguous across time zones.
-std::string Timestamp() {
+std::string LogTimestamp() {
   timespec ts{};
   clock_gettime(CLOCK_REALTIME, &ts);
   tm utc{};
@@ -34,8 +36,6 @@ std::string Timestamp() {
                 static_cast<long>(ts.tv_nsec / 1000) % 1000000);
   return buf;
 }
-
-}  // namespace
 
 LogField::LogField(std::string_view k, double v) : key(k) {
   char buf[32];
@@ -105,12 +105,75 @@ std::string FormatLogLine(std::string_view ts, Level level, std::string_view com
   return line;
 }
 
+std::optional<std::vector<std::pair<std::string, std::string>>> ParseLogfmtLine(
+    std::string_view line) {
+  std::vector<std::pair<std::string, std::string>> out;
+  size_t i = 0;
+  const size_t n = line.size();
+  while (true) {
+    while (i < n && line[i] == ' ') ++i;
+    if (i == n) return out;
+    const size_t key_begin = i;
+    while (i < n && line[i] != '=' && line[i] != ' ') ++i;
+    if (i == n || line[i] != '=' || i == key_begin) return std::nullopt;
+    std::string key(line.substr(key_begin, i - key_begin));
+    ++i;  // '='
+    std::string value;
+    if (i < n && line[i] == '"') {
+      ++i;
+      bool closed = false;
+      while (i < n) {
+        const char c = line[i++];
+        if (c == '"') {
+          closed = true;
+          break;
+        }
+        if (c != '\\') {
+          value += c;
+          continue;
+        }
+        if (i == n) return std::nullopt;
+        const char e = line[i++];
+        switch (e) {
+          case '"': value += '"'; break;
+          case '\\': value += '\\'; break;
+          case 'n': value += '\n'; break;
+          case 'r': value += '\r'; break;
+          case 't': value += '\t'; break;
+          case 'x': {
+            if (n - i < 2) return std::nullopt;
+            int byte = 0;
+            for (int k = 0; k < 2; ++k) {
+              const char h = line[i++];
+              byte <<= 4;
+              if (h >= '0' && h <= '9') byte |= h - '0';
+              else if (h >= 'a' && h <= 'f') byte |= h - 'a' + 10;
+              else return std::nullopt;
+            }
+            value += static_cast<char>(byte);
+            break;
+          }
+          default:
+            return std::nullopt;
+        }
+      }
+      if (!closed || (i < n && line[i] != ' ')) return std::nullopt;
+    } else {
+      const size_t v_begin = i;
+      while (i < n && line[i] != ' ') ++i;
+      value.assign(line.substr(v_begin, i - v_begin));
+      if (value.find_first_of("\"=") != std::string::npos) return std::nullopt;
+    }
+    out.emplace_back(std::move(key), std::move(value));
+  }
+}
+
 void SetMinLogLevel(Level level) { g_min_level.store(static_cast<int>(level)); }
 
 void Log(Level level, std::string_view event, std::initializer_list<LogField> fields,
          std::string_view component) {
   if (static_cast<int>(level) < g_min_level.load(std::memory_order_relaxed)) return;
-  std::string line = FormatLogLine(Timestamp(), level, component, event, fields);
+  std::string line = FormatLogLine(LogTimestamp(), level, component, event, fields);
   line += '\n';
   std::lock_guard<std::mutex> lock(g_write_mu);
   const char* p = line.data();

@@ -8,9 +8,11 @@
 #pragma once
 
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace thermocline {
 
@@ -34,11 +36,18 @@ struct LogField {
   LogField(std::string_view k, bool v) : key(k), value(v ? "true" : "false") {}
 };
 
+// The time as Log writes it: RFC 3339 UTC with microseconds.
+std::string LogTimestamp();
 // The line Log writes, without the trailing newline (exposed for tests).
 std::string FormatLogLine(std::string_view ts, Level level, std::string_view component,
                           std::string_view event, std::initializer_list<LogField> fields);
 // `value` quoted and escaped when logfmt needs it, else as is.
 std::string LogfmtValue(std::string_view value);
+// The key=value pairs of one line as FormatLogLine writes them (quotes and escapes undone), in
+// order; nullopt for a line that is not logfmt (a key without '=', an unterminated quote, a bad
+// escape). For a process reading another's line, such as the gpu worker's --device-memory.
+std::optional<std::vector<std::pair<std::string, std::string>>> ParseLogfmtLine(
+    std::string_view line);
 
 // Writes one line to stderr with a single write(2) under a mutex, so lines of concurrent
 // threads never interleave (and lines of processes sharing the stderr pipe never split: one

@@ -6,10 +6,12 @@
 // runs on it instead.
 #include <unistd.h>
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "shared/driver/default_placement.h"
 #include "tests/test_support.h"
 
 namespace thermocline::testing {
@@ -106,8 +108,6 @@ TEST_F(BackendFlags, GatewayRefusesBadValues) {
                 "thermocline-gateway: --vram-budget: size '6X': unknown unit 'X'");
   ExpectRefused(Gateway({"--vram-budget", "6G"}),
                 "--vram-budget applies to --backend cuda only");
-  ExpectRefused(Gateway({"--backend", "cuda"}),
-                "the cuda backend needs a placement: give --plan PLAN");
   ExpectRefused(Gateway({"--workers", "attach", "--backend", "cuda", "--hot-fraction", "1"}),
                 "with --workers attach give them to thermocline-gpu-worker");
 }
@@ -121,8 +121,6 @@ TEST_F(BackendFlags, GenerateRefusesBadValues) {
                 "--vram-budget: size '1.2.3G': unknown unit '.3G'");
   ExpectRefused(Generate({"--split", "--hot-fraction", "1", "--vram-budget", "1G"}),
                 "--vram-budget applies to --backend cuda only");
-  ExpectRefused(Generate({"--split", "--backend", "cuda"}),
-                "--backend cuda needs a placement: give --plan PLAN");
   ExpectRefused(Generate({"--backend", "cuda"}), "--backend needs --split");
   ExpectRefused(Generate({"--vram-budget", "1G"}), "--vram-budget needs --split");
   ExpectRefused({Bin("thermocline"), "generate", "--server", "127.0.0.1:1", "--prompt", "x",
@@ -159,6 +157,89 @@ TEST_F(BackendFlags, GatewayOnCudaFailsAtStartWithTheWorkersReason) {
   EXPECT_TRUE(Contains(r.err, "thermocline-gateway: gpu_worker (")) << r.err;
   EXPECT_TRUE(Contains(r.err, "exited with status 2 while starting")) << r.err;
   EXPECT_TRUE(Contains(r.err, "backend=cuda")) << r.err;
+}
+
+
+// `--device-memory` is what the default placement reads: one logfmt line with the device's free
+// and total memory where a device is usable, else the worker's reason and a failing status.
+TEST_F(BackendFlags, GpuWorkerReportsTheDevicesMemoryOrWhyNot) {
+  const CommandResult r = RunCommand({Bin("thermocline-gpu-worker"), "--device-memory"});
+  if (refusal_ == nullptr) {
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    absl::StatusOr<driver::DeviceMemory> m =
+        driver::ParseDeviceMemoryLine(r.out.substr(0, r.out.find('\n')));
+    ASSERT_TRUE(m.ok()) << m.status() << "\n" << r.out;
+    EXPECT_GT(m->free_bytes, 0);
+    EXPECT_FALSE(m->name.empty());
+    return;
+  }
+  EXPECT_NE(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  EXPECT_TRUE(Contains(r.err, "component=gpu_worker event=start_failed error=\"--device-memory: "))
+      << r.err;
+  // The same reason --backend cuda gives (no CUDA in this build, or no usable device).
+  const bool no_cuda_build = Contains(*refusal_, "built without CUDA");
+  EXPECT_TRUE(Contains(r.err, no_cuda_build ? "built without CUDA" : "no usable CUDA device"))
+      << r.err;
+  const absl::StatusOr<driver::DeviceMemory> probed =
+      driver::ProbeDeviceMemory(Bin("thermocline-gpu-worker"));
+  ASSERT_FALSE(probed.ok());
+  EXPECT_TRUE(Contains(std::string(probed.status().message()),
+                       no_cuda_build ? "built without CUDA" : "no usable CUDA device"))
+      << probed.status();
+}
+
+// Neither --plan nor --hot-fraction with --backend cuda: the program plans for --vram-budget
+// (logged, removed at exit), then the worker starts on the device, or says why it cannot.
+TEST_F(BackendFlags, CudaWithoutAPlacementIsPlannedForTheBudget) {
+  const CommandResult r = RunCommand(Gateway({"--backend", "cuda", "--vram-budget", "1G"}));
+  EXPECT_TRUE(Contains(r.err, "component=gateway event=placement_default plan=")) << r.err;
+  EXPECT_TRUE(Contains(r.err, "budget_bytes=1073741824 gpu_ffn_share=1 why=\"planned for 1.00 "
+                              "GiB from --vram-budget; no --stats"))
+      << r.err;
+  const size_t at = r.err.find("event=placement_default plan=");
+  ASSERT_NE(at, std::string::npos);
+  const size_t begin = at + std::string("event=placement_default plan=").size();
+  const std::string plan = r.err.substr(begin, r.err.find(' ', begin) - begin);
+  EXPECT_FALSE(std::filesystem::exists(plan)) << plan << " outlived the gateway";
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(plan).parent_path())) << plan;
+  if (refusal_ != nullptr) {
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_TRUE(Contains(r.err, *refusal_)) << "wanted '" << *refusal_ << "' in:\n" << r.err;
+  }
+
+  const CommandResult g = RunCommand(Generate({"--split", "--backend", "cuda", "--vram-budget", "1G"}));
+  EXPECT_TRUE(Contains(g.err, "thermocline generate: no --hot-fraction or --plan; 100.0% of the "
+                              "FFN's bytes on the device: planned for 1.00 GiB from --vram-budget"))
+      << g.err;
+  if (refusal_ != nullptr) {
+    EXPECT_EQ(g.exit_code, 1) << g.err;
+    EXPECT_TRUE(Contains(g.err, *refusal_)) << "wanted '" << *refusal_ << "' in:\n" << g.err;
+  } else {
+    EXPECT_EQ(g.exit_code, 0) << g.err;
+  }
+}
+
+// Without a budget the device's free memory is read; where it cannot be, the refusal says what
+// the worker said and which flags avoid the probe, before any worker of the instance starts.
+TEST_F(BackendFlags, CudaWithoutAPlacementOrBudgetNeedsTheDevice) {
+  if (refusal_ == nullptr) {
+    GTEST_SKIP() << "a CUDA device is usable here: the plan is made from its free memory and the "
+                    "gateway serves (the GPU tests cover that)";
+  }
+  const bool no_cuda_build = Contains(*refusal_, "built without CUDA");
+  const std::string reason = no_cuda_build ? "built without CUDA" : "no usable CUDA device";
+  for (const auto& argv : {Gateway({"--backend", "cuda"}),
+                           Generate({"--split", "--backend", "cuda"})}) {
+    const CommandResult r = RunCommand(argv);
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_TRUE(Contains(r.err, "--backend cuda without --plan or --hot-fraction plans from the "
+                                "device's free memory, which could not be read: "))
+        << r.err;
+    EXPECT_TRUE(Contains(r.err, reason)) << r.err;
+    EXPECT_TRUE(Contains(r.err, "Give --vram-budget, --plan or --hot-fraction")) << r.err;
+    EXPECT_FALSE(Contains(r.err, "placement_default")) << r.err;
+  }
 }
 
 }  // namespace
