@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "shared/gguf/gguf.h"
+#include "shared/model/quantize.h"
 #include "tools/command.h"
 
 namespace thermocline::tools {
@@ -154,8 +155,16 @@ int RunInfo(const std::vector<std::string>& args) {
   for (const auto& [key, value] : f.metadata()) key_width = std::max(key_width, key.size());
   key_width = std::min<size_t>(key_width, 48);
   for (const auto& [key, value] : f.metadata()) {
+    std::string shown = FormatValue(value, limits);
+    // The file type's number names a quantization mix (llama_ftype); say which.
+    if (key == "general.file_type" && value.AsInt().has_value() && *value.AsInt() >= 0 &&
+        *value.AsInt() <= UINT32_MAX) {
+      if (auto name = FileTypeName(static_cast<uint32_t>(*value.AsInt())); name.has_value()) {
+        shown += " (" + *name + ")";
+      }
+    }
     std::cout << absl::StrFormat("  %-*s  %s %s\n", key_width, Escape(key, 0), TypeName(value),
-                                 FormatValue(value, limits));
+                                 shown);
   }
 
   std::cout << "\ntensors: " << f.tensors().size() << "\n";

@@ -23,11 +23,11 @@ int RunQuantize(const std::vector<std::string>& args) {
   po::options_description opts("options");
   opts.add_options()(
       "type", po::value(&type_name)->required(),
-      "llama-quantize type: Q8_0, Q6_K, Q5_K_M (alias Q5_K), Q5_K_S, Q4_K_M (alias Q4_K), "
-      "Q4_K_S, Q3_K_M (alias Q3_K), Q3_K_S, Q2_K, IQ4_NL, IQ4_XS, Q4_0, F16, BF16 or F32 "
-      "(Q2_K_S, Q3_K_L, Q4_1, Q5_0/1 and the grid i-quants are refused: their quantizers or "
-      "rules are not written yet)")("pure", po::bool_switch(&pure),
-                                    "every weight matrix in --type (no per-tensor mix)")(
+      "llama-quantize type: Q8_0, Q6_K, Q5_K_M (alias Q5_K), Q5_K_S, Q5_1, Q5_0, Q4_K_M "
+      "(alias Q4_K), Q4_K_S, Q4_1, Q4_0, Q3_K_L, Q3_K_M (alias Q3_K), Q3_K_S, Q2_K, Q2_K_S, "
+      "IQ4_NL, IQ4_XS, F16, BF16 or F32 (the grid i-quants IQ3_*, IQ2_*, IQ1_* and TQ*_0 are "
+      "refused: their quantizers are not written yet)")(
+      "pure", po::bool_switch(&pure), "every weight matrix in --type (no per-tensor mix)")(
       "files", po::value(&files)->composing(), "IN.gguf OUT.gguf");
   po::positional_options_description pos;
   pos.add("files", -1);

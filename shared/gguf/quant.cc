@@ -58,36 +58,69 @@ void QuantizeRowQ8_0(const float* x, uint8_t* y, int64_t n) {
   }
 }
 
-void QuantizeRowQ4_0(const float* x, uint8_t* y, int64_t n) {
-  const int64_t nb = n / kQK;
-  for (int64_t i = 0; i < nb; ++i) {
+// ggml's index for a legacy block value: its (value + bias) truncated toward zero, capped at
+// kMax (ggml's MIN(kMax, (int8_t)...) or (uint8_t) cast). For finite inputs the argument lies in
+// [0, kMax + 1), so this is ggml's result bit for bit; NaN and infinities (undefined behaviour
+// in ggml's casts) are pinned to 0 and kMax instead of spilling into the neighbouring nibble.
+template <int kMax>
+inline uint8_t LegacyIndex(float v) {
+  if (!(v >= 0.0f)) return 0;  // NaN or -inf
+  if (v >= static_cast<float>(kMax)) return kMax;
+  return static_cast<uint8_t>(v);
+}
+
+// The 32-element legacy blocks (layouts in ggml_type.h), with ggml's reference quantizers, which
+// llama-quantize runs for them when there is no importance matrix (quantize_row_q4_0_ref,
+// q4_1, q5_0, q5_1). Without a min (q4_0, q5_0) the signed value of largest magnitude maps to
+// the most negative index (-8 / -16 steps of d = max / -8 or -16), so the full range is used on
+// the side where it matters most; with a min (q4_1, q5_1) d = (max - min) / 15 or 31 and the
+// index is (x - min) / d rounded half up. d and min are stored as fp16 but the indices are
+// computed with the f32 d, as ggml does. Element j < 16 is the low nibble of qs[j], j >= 16 the
+// high nibble of qs[j - 16]; the 5-bit types put bit 4 of element j in bit j of qh.
+template <bool kHasMin, bool kHasHigh>
+void QuantizeRowLegacy(const float* x, uint8_t* y, int64_t n) {
+  constexpr int kMaxIndex = kHasHigh ? 31 : 15;
+  constexpr int64_t kQhAt = kHasMin ? 4 : 2;
+  constexpr int64_t kQsAt = kQhAt + (kHasHigh ? 4 : 0);
+  constexpr int64_t kBlockBytes = kQsAt + kQK / 2;
+  for (int64_t i = 0; i < n / kQK; ++i) {
     const float* xb = x + i * kQK;
-    uint8_t* yb = y + i * kQ4Bytes;
-    // The signed value of largest magnitude maps to -8, so the full 4-bit range [-8, 7] is used
-    // on the side where it matters most (ggml's choice; needed for bit-identical files).
-    float amax = 0.0f;
-    float max = 0.0f;
-    for (int j = 0; j < kQK; ++j) {
-      const float v = xb[j];
-      if (amax < std::fabs(v)) {
-        amax = std::fabs(v);
-        max = v;
+    uint8_t* yb = y + i * kBlockBytes;
+    uint8_t q[kQK];
+    if constexpr (kHasMin) {
+      float min = std::numeric_limits<float>::max();
+      float max = -std::numeric_limits<float>::max();
+      for (int j = 0; j < kQK; ++j) {
+        if (xb[j] < min) min = xb[j];
+        if (xb[j] > max) max = xb[j];
       }
+      const float d = (max - min) / kMaxIndex;
+      const float id = d != 0.0f ? 1.0f / d : 0.0f;
+      StoreScale(yb, d);
+      StoreScale(yb + 2, min);
+      for (int j = 0; j < kQK; ++j) q[j] = LegacyIndex<kMaxIndex>((xb[j] - min) * id + 0.5f);
+    } else {
+      float amax = 0.0f;
+      float max = 0.0f;
+      for (int j = 0; j < kQK; ++j) {
+        if (amax < std::fabs(xb[j])) {
+          amax = std::fabs(xb[j]);
+          max = xb[j];
+        }
+      }
+      constexpr float kHalf = (kMaxIndex + 1) / 2;
+      const float d = max / -kHalf;
+      const float id = d != 0.0f ? 1.0f / d : 0.0f;
+      StoreScale(yb, d);
+      for (int j = 0; j < kQK; ++j) q[j] = LegacyIndex<kMaxIndex>(xb[j] * id + (kHalf + 0.5f));
     }
-    const float d = max / -8;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    StoreScale(yb, d);
+    uint32_t qh = 0;
     for (int j = 0; j < kQK / 2; ++j) {
-      const float x0 = xb[j] * id;
-      const float x1 = xb[kQK / 2 + j] * id;
-      const int q0 = SaturateToInt8(x0 + 8.5f);
-      const int q1 = SaturateToInt8(x1 + 8.5f);
-      // ggml stores MIN(15, (int8_t)...) into a uint8; a negative value can only come from
-      // non-finite inputs and is masked to a nibble rather than bleeding into its neighbour.
-      const uint8_t xi0 = static_cast<uint8_t>(q0 < 15 ? q0 : 15) & 0x0F;
-      const uint8_t xi1 = static_cast<uint8_t>(q1 < 15 ? q1 : 15) & 0x0F;
-      yb[kQsOffset + j] = static_cast<uint8_t>(xi0 | (xi1 << 4));
+      yb[kQsAt + j] = static_cast<uint8_t>((q[j] & 0x0F) | ((q[j + kQK / 2] & 0x0F) << 4));
+      qh |= static_cast<uint32_t>(q[j] >> 4) << j;
+      qh |= static_cast<uint32_t>(q[j + kQK / 2] >> 4) << (j + kQK / 2);
     }
+    if constexpr (kHasHigh) std::memcpy(yb + kQhAt, &qh, sizeof qh);
   }
 }
 
@@ -956,6 +989,9 @@ bool HasQuantizer(GgmlType type) {
     case GgmlType::kBF16:
     case GgmlType::kQ8_0:
     case GgmlType::kQ4_0:
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1:
     case GgmlType::kQ2_K:
     case GgmlType::kQ3_K:
     case GgmlType::kQ4_K:
@@ -1068,7 +1104,16 @@ void QuantizeRow(GgmlType type, const float* src, void* dst, int64_t n) {
       QuantizeRowQ8_0(src, d, n);
       return;
     case GgmlType::kQ4_0:
-      QuantizeRowQ4_0(src, d, n);
+      QuantizeRowLegacy<false, false>(src, d, n);
+      return;
+    case GgmlType::kQ4_1:
+      QuantizeRowLegacy<true, false>(src, d, n);
+      return;
+    case GgmlType::kQ5_0:
+      QuantizeRowLegacy<false, true>(src, d, n);
+      return;
+    case GgmlType::kQ5_1:
+      QuantizeRowLegacy<true, true>(src, d, n);
       return;
     case GgmlType::kQ2_K:
       QuantizeRowQ2_K(src, d, n);

@@ -9,9 +9,10 @@
 namespace thermocline {
 
 // Which types each direction handles: dequantization every weight type plus q8_K and i32;
-// quantization f32, f16, bf16, q8_0, q4_0, q2_K..q6_K, iq4_nl, iq4_xs and i32 (ggml's
-// quantizers without importance matrix, bit for bit; q4_1/q5_x are not written yet). Anything
-// reading types from a file or a flag checks these first.
+// quantization f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K..q6_K, iq4_nl, iq4_xs and i32
+// (ggml's quantizers without importance matrix; bit for bit with llama.cpp's files for all but
+// q4_1 / q5_0 / q5_1, for which no llama.cpp file is at hand). Anything reading types from a
+// file or a flag checks these first.
 bool HasDequantizer(GgmlType type);
 bool HasQuantizer(GgmlType type);
 

@@ -348,6 +348,12 @@ uint32_t LlamaFileType(GgmlType type) {
       return 1;
     case GgmlType::kQ4_0:
       return 2;
+    case GgmlType::kQ4_1:
+      return 3;
+    case GgmlType::kQ5_0:
+      return 8;
+    case GgmlType::kQ5_1:
+      return 9;
     case GgmlType::kQ8_0:
       return 7;
     case GgmlType::kBF16:
@@ -406,8 +412,8 @@ absl::StatusOr<Llama2cConvertSummary> AddLlama2cToGguf(const Llama2cCheckpoint& 
   if (!IsWeightType(options.type) || !HasQuantizer(options.type)) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot convert to ", std::string(TypeTraits(options.type).name),
-                     ": the converter writes f32, f16, bf16, q8_0, q4_0, q2_K..q6_K, iq4_nl or "
-                     "iq4_xs"));
+                     ": the converter writes f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, "
+                     "q2_K..q6_K, iq4_nl or iq4_xs"));
   }
   if (static_cast<int64_t>(vocab.texts.size()) != c.vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat("tokenizer has ", vocab.texts.size(),

@@ -232,6 +232,12 @@ uint32_t SynthFileType(GgmlType type) {
       return 1;  // LLAMA_FTYPE_MOSTLY_F16
     case GgmlType::kQ4_0:
       return 2;  // LLAMA_FTYPE_MOSTLY_Q4_0
+    case GgmlType::kQ4_1:
+      return 3;  // LLAMA_FTYPE_MOSTLY_Q4_1
+    case GgmlType::kQ5_0:
+      return 8;  // LLAMA_FTYPE_MOSTLY_Q5_0
+    case GgmlType::kQ5_1:
+      return 9;  // LLAMA_FTYPE_MOSTLY_Q5_1
     case GgmlType::kQ8_0:
       return 7;  // LLAMA_FTYPE_MOSTLY_Q8_0
     case GgmlType::kBF16:

@@ -21,21 +21,22 @@ TEST(GgmlTypeTest, TraitsMatchGgml) {
     int64_t block_size;
     int64_t block_bytes;
   };
-  for (const Expected& e :
-       {Expected{0, "f32", 1, 4}, Expected{1, "f16", 1, 2}, Expected{2, "q4_0", 32, 18},
-        Expected{3, "q4_1", 32, 20}, Expected{6, "q5_0", 32, 22}, Expected{7, "q5_1", 32, 24},
-        Expected{8, "q8_0", 32, 34}, Expected{9, "q8_1", 32, 36}, Expected{10, "q2_K", 256, 84},
-        Expected{11, "q3_K", 256, 110}, Expected{12, "q4_K", 256, 144},
-        Expected{13, "q5_K", 256, 176}, Expected{14, "q6_K", 256, 210},
-        Expected{15, "q8_K", 256, 292}, Expected{16, "iq2_xxs", 256, 66},
-        Expected{17, "iq2_xs", 256, 74}, Expected{18, "iq3_xxs", 256, 98},
-        Expected{19, "iq1_s", 256, 50}, Expected{20, "iq4_nl", 32, 18},
-        Expected{21, "iq3_s", 256, 110}, Expected{22, "iq2_s", 256, 82},
-        Expected{23, "iq4_xs", 256, 136}, Expected{24, "i8", 1, 1}, Expected{25, "i16", 1, 2},
-        Expected{26, "i32", 1, 4}, Expected{27, "i64", 1, 8}, Expected{28, "f64", 1, 8},
-        Expected{29, "iq1_m", 256, 56}, Expected{30, "bf16", 1, 2},
-        Expected{34, "tq1_0", 256, 54}, Expected{35, "tq2_0", 256, 66},
-        Expected{39, "mxfp4", 32, 17}}) {
+  for (const Expected& e : {Expected{0, "f32", 1, 4},         Expected{1, "f16", 1, 2},
+                            Expected{2, "q4_0", 32, 18},      Expected{3, "q4_1", 32, 20},
+                            Expected{6, "q5_0", 32, 22},      Expected{7, "q5_1", 32, 24},
+                            Expected{8, "q8_0", 32, 34},      Expected{9, "q8_1", 32, 36},
+                            Expected{10, "q2_K", 256, 84},    Expected{11, "q3_K", 256, 110},
+                            Expected{12, "q4_K", 256, 144},   Expected{13, "q5_K", 256, 176},
+                            Expected{14, "q6_K", 256, 210},   Expected{15, "q8_K", 256, 292},
+                            Expected{16, "iq2_xxs", 256, 66}, Expected{17, "iq2_xs", 256, 74},
+                            Expected{18, "iq3_xxs", 256, 98}, Expected{19, "iq1_s", 256, 50},
+                            Expected{20, "iq4_nl", 32, 18},   Expected{21, "iq3_s", 256, 110},
+                            Expected{22, "iq2_s", 256, 82},   Expected{23, "iq4_xs", 256, 136},
+                            Expected{24, "i8", 1, 1},         Expected{25, "i16", 1, 2},
+                            Expected{26, "i32", 1, 4},        Expected{27, "i64", 1, 8},
+                            Expected{28, "f64", 1, 8},        Expected{29, "iq1_m", 256, 56},
+                            Expected{30, "bf16", 1, 2},       Expected{34, "tq1_0", 256, 54},
+                            Expected{35, "tq2_0", 256, 66},   Expected{39, "mxfp4", 32, 17}}) {
     auto t = TypeTraits(e.id);
     ASSERT_TRUE(t.has_value()) << e.name;
     EXPECT_EQ(t->name, e.name);
@@ -55,14 +56,12 @@ TEST(GgmlTypeTest, TraitsMatchGgml) {
   EXPECT_FALSE(TypeFromName("F32").has_value());
   EXPECT_FALSE(TypeFromName("q4_k").has_value());  // llama.cpp spells the K upper case
   // Weight types are exactly those with kernels; the others are only listed.
-  for (GgmlType t : {GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K,
-                     GgmlType::kQ6_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS}) {
-    EXPECT_TRUE(HasQuantizer(t)) << TypeTraits(t).name;
-  }
-  for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1}) {
+  for (GgmlType t :
+       {GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ2_K, GgmlType::kQ3_K,
+        GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS}) {
     EXPECT_TRUE(IsWeightType(t)) << TypeTraits(t).name;
     EXPECT_TRUE(HasDequantizer(t)) << TypeTraits(t).name;
-    EXPECT_FALSE(HasQuantizer(t)) << TypeTraits(t).name;
+    EXPECT_TRUE(HasQuantizer(t)) << TypeTraits(t).name;
   }
   for (GgmlType t : {GgmlType::kQ8_K, GgmlType::kQ8_1, GgmlType::kIQ3_XXS, GgmlType::kIQ3_S,
                      GgmlType::kI8, GgmlType::kI32, GgmlType::kTQ1_0}) {
@@ -266,8 +265,8 @@ TEST(QuantTest, NonFiniteInputsDoNotCrash) {
 TEST(QuantTest, UnalignedBuffers) {
   // Files with general.alignment 1 can put blocks at odd addresses.
   auto x = RandomRow(64, 5, 1.0f);
-  for (GgmlType t :
-       {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0}) {
+  for (GgmlType t : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0,
+                     GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1}) {
     const int64_t nb = RowBytes(t, 64);
     std::vector<uint8_t> aligned(nb), unaligned(nb + 1);
     QuantizeRow(t, x.data(), aligned.data(), 64);

@@ -401,7 +401,7 @@ TEST(SynthCommandTest, BadFlagsAreRejected) {
       {{"--vocab", "100"}, "--vocab 100: must be in [259,"},
       {{"--layers", "0"}, "--layers 0: must be in [1, 1024]"},
       {{"--context", "0"}, "--context 0: must be in [1,"},
-      {{"--type", "q5_0"}, "--type 'q5_0' is not one of: f32, f16, bf16, q8_0, q4_0"},
+      {{"--type", "iq3_s"}, "--type 'iq3_s' is not one of: f32, f16, bf16, q8_0, q4_0"},
       {{"--type", "i32"}, "--type 'i32' is not one of: f32, f16, bf16, q8_0, q4_0"},
       {{"--ffn-kind", "gelu"}, "--ffn-kind 'gelu' is not one of: swiglu, relu-gated"},
       {{"--ffn-kind", "relu-gated", "--active-fraction", "1"},
