@@ -37,7 +37,6 @@
 #include "shared/driver/gpu_backend_flags.h"
 #include "shared/driver/split_engine.h"
 #include "shared/gguf/gguf.h"
-#include "shared/ipc/worker_flags.h"
 #include "shared/model/model.h"
 #include "shared/sparsity/placement.h"
 #include "shared/sparsity/planner.h"
@@ -308,10 +307,7 @@ int Main(int argc, char** argv) {
     dp.context = context;
     dp.kv_slots = sched.kv_slots;
     dp.kv_type = so.kv_type;
-    absl::StatusOr<std::string> bindir =
-        so.bindir.empty() ? driver::SelfBinDir() : absl::StatusOr<std::string>(so.bindir);
-    if (!bindir.ok()) return Fail(std::string(bindir.status().message()));
-    dp.gpu_worker_path = *bindir + "/" + ipc::WorkerProgram(ipc::WorkerKind::kGpu);
+    dp.bindir = so.bindir;
     absl::StatusOr<driver::DefaultPlacement> chosen = driver::ChooseDefaultPlacement(dp);
     if (!chosen.ok()) return Fail(std::string(chosen.status().message()));
     placed = std::move(*chosen);

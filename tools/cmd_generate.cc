@@ -30,7 +30,6 @@
 #include "shared/grammar/json_schema.h"
 #include "shared/grammar/matcher.h"
 #include "shared/grammar/token_mask.h"
-#include "shared/ipc/worker_flags.h"
 #include "shared/model/model.h"
 #include "shared/runtime/generate.h"
 #include "shared/sparsity/planner.h"
@@ -94,10 +93,7 @@ int RunSplit(const Model& model, const GenerationRequest& req, const std::string
     dp.context = capacity;
     dp.kv_slots = 1;
     dp.kv_type = kv_type;
-    absl::StatusOr<std::string> bindir =
-        so.bindir.empty() ? driver::SelfBinDir() : absl::StatusOr<std::string>(so.bindir);
-    if (!bindir.ok()) return Fail(std::string(bindir.status().message()));
-    dp.gpu_worker_path = *bindir + "/" + ipc::WorkerProgram(ipc::WorkerKind::kGpu);
+    dp.bindir = so.bindir;
     absl::StatusOr<driver::DefaultPlacement> chosen = driver::ChooseDefaultPlacement(dp);
     if (!chosen.ok()) return Fail(std::string(chosen.status().message()));
     placed = std::move(*chosen);

@@ -16,8 +16,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "shared/driver/split_engine.h"
 #include "shared/driver/worker_process.h"
 #include "shared/gguf/gguf.h"
+#include "shared/ipc/worker_flags.h"
 #include "shared/model/model.h"
 #include "shared/sparsity/activation_stats.h"
 #include "shared/sparsity/placement.h"
@@ -175,7 +177,10 @@ absl::StatusOr<DefaultPlacement> ChooseDefaultPlacement(const DefaultPlacementOp
     d.budget = o.vram_budget;
     d.budget_source = "--vram-budget";
   } else {
-    absl::StatusOr<DeviceMemory> m = ProbeDeviceMemory(o.gpu_worker_path);
+    TC_ASSIGN_OR_RETURN(const std::string bindir,
+                        o.bindir.empty() ? SelfBinDir() : absl::StatusOr<std::string>(o.bindir));
+    absl::StatusOr<DeviceMemory> m =
+        ProbeDeviceMemory(bindir + "/" + ipc::WorkerProgram(ipc::WorkerKind::kGpu));
     if (!m.ok()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "--backend ", o.gpu_backend, " without --plan or --hot-fraction plans from the "

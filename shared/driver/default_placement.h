@@ -44,7 +44,7 @@ struct DefaultPlacementOptions {
   int64_t context = 0;
   int32_t kv_slots = 4;
   std::string kv_type = "f32";
-  std::string gpu_worker_path;  // for the probe
+  std::string bindir;  // where thermocline-gpu-worker is, for the probe ("": this executable's)
   // Where a planned placement is written; empty: a new private directory under $TMPDIR (or
   // /tmp), which RemoveDefaultPlan deletes.
   std::string plan_path;
