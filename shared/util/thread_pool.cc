@@ -1,5 +1,7 @@
 #include "shared/util/thread_pool.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <chrono>
 
@@ -192,6 +194,8 @@ uint32_t ThreadPool::WaitForRegion(uint32_t seen, int64_t spin_ns) const {
 }
 
 void ThreadPool::WorkerLoop(int index) {
+  // Named so that top -H, a debugger or a test can tell the pool's threads apart.
+  pthread_setname_np(pthread_self(), "tc-pool");
   uint32_t seen = 0;
   int64_t spin_ns = kMaxSpinNs;
   for (;;) {

@@ -1,12 +1,9 @@
 #include "shared/util/thread_pool.h"
 
 #include <dirent.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -233,7 +230,7 @@ TEST(ThreadPoolTest, ClaimedAndBarrierRegionsInterleave) {
     ThreadPool pool(n);
     std::vector<std::atomic<int>> run_calls(n);
     // Barriers with 8 threads on a busy 2-core machine wait for time slices: fewer rounds.
-    const int reps = n > 3 ? 200 : 500;
+    const int reps = n > 3 ? 100 : 300;
     for (int rep = 0; rep < reps; ++rep) {
       const int64_t items = 1 + rep % 97;
       std::vector<std::atomic<int>> hits(items);
@@ -250,16 +247,20 @@ TEST(ThreadPoolTest, ClaimedAndBarrierRegionsInterleave) {
   }
 }
 
-// The scheduler's state of every thread of this process but the calling one ('R' running, 'S'
-// sleeping, ...), from /proc/self/task/*/stat.
-std::vector<char> OtherThreadStates() {
+// The scheduler's state of every pool worker of this process ('R' running, 'S' sleeping,
+// ...), from /proc/self/task/*/stat; workers are the threads named "tc-pool".
+std::vector<char> PoolThreadStates() {
   std::vector<char> states;
-  const long self = syscall(SYS_gettid);
   DIR* dir = opendir("/proc/self/task");
   if (dir == nullptr) return states;
   while (dirent* d = readdir(dir)) {
-    if (d->d_name[0] == '.' || std::atol(d->d_name) == self) continue;
-    std::ifstream stat(std::string("/proc/self/task/") + d->d_name + "/stat");
+    if (d->d_name[0] == '.') continue;
+    const std::string task = std::string("/proc/self/task/") + d->d_name;
+    std::ifstream comm(task + "/comm");
+    std::string name;
+    std::getline(comm, name);
+    if (name != "tc-pool") continue;
+    std::ifstream stat(task + "/stat");
     std::string line;
     std::getline(stat, line);
     const size_t close = line.rfind(')');
@@ -280,7 +281,7 @@ TEST(ThreadPoolTest, IdleWorkersSleepAndWakeForTheNextRegion) {
   bool all_asleep = false;
   for (int poll = 0; poll < 1000 && !all_asleep; ++poll) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    const std::vector<char> states = OtherThreadStates();
+    const std::vector<char> states = PoolThreadStates();
     ASSERT_EQ(states.size(), 3u);
     all_asleep = true;
     for (char s : states) all_asleep &= s == 'S';
