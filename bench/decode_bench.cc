@@ -4,6 +4,9 @@
 //   read bandwidth / bytes read per token.
 // For each model and thread count this prints the measured read bandwidth, the floor it implies,
 // the measured decode tokens/s, and their ratio (the figure of merit; raw tokens/s are noisy here).
+// The load average (/proc/loadavg: 1-minute average and threads runnable at that moment) is
+// printed at the start and end of every measurement: on a busy machine the 1- vs 2-thread
+// figures mean little without it.
 //
 // Usage: decode_bench --model M.gguf [--model M2.gguf ...] [--threads 1,2] [--tokens 32]
 #include <algorithm>
@@ -18,9 +21,23 @@
 #include "shared/model/model.h"
 #include "shared/runtime/forward.h"
 #include "shared/util/cpu_features.h"
+#include "shared/util/load_average.h"
 #include "shared/util/membw.h"
 
 using namespace thermocline;
+
+namespace {
+
+// "1-minute average/runnable now", e.g. "3.52/5".
+std::string LoadNow() {
+  absl::StatusOr<LoadAverage> l = ReadLoadAverage();
+  if (!l.ok()) return "?";
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f/%d", l->one, l->runnable);
+  return buf;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> models;
@@ -56,9 +73,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "decode_bench: give at least one --model\n");
     return 2;
   }
-  std::printf("kernels: %s\n", SimdLevelName(DetectSimdLevel()));
-  std::printf("%-28s %7s %8s %12s %10s %10s %10s %7s\n", "model", "type", "threads", "MB/token",
-              "read GB/s", "floor t/s", "tok/s", "ratio");
+  std::printf("kernels: %s, cpus %d; load = 1-minute average/threads runnable\n",
+              SimdLevelName(DetectSimdLevel()), UsableCpus());
+  std::printf("%-28s %7s %8s %12s %10s %10s %10s %7s %11s %11s\n", "model", "type", "threads",
+              "MB/token", "read GB/s", "floor t/s", "tok/s", "ratio", "load start", "load end");
   for (const std::string& path : models) {
     auto model = Model::Load(path);
     if (!model.ok()) {
@@ -87,16 +105,19 @@ int main(int argc, char** argv) {
       // Attention also reads the KV cache: on average half the positions of the run.
       const double kv_bytes = 2.0 * c.n_layers * c.kv_dim * 4 * (prompt + tokens / 2.0);
       const double bytes = static_cast<double>((*model)->decode_bytes_per_token()) + kv_bytes;
+      const std::string load_start = LoadNow();
       const auto t0 = std::chrono::steady_clock::now();
       for (int i = 0; i < tokens; ++i) {
         BatchEntry e{0, prompt + i, 3 + (i % 200), true};
         if (!pass.Run(std::span<const BatchEntry>(&e, 1), logits).ok()) return 1;
       }
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const std::string load_end = LoadNow();
       const double tps = tokens / s, floor = bw * 1e9 / bytes;
       std::string name = path.substr(path.find_last_of('/') + 1);
-      std::printf("%-28s %7s %8d %12.1f %10.2f %10.2f %10.2f %7.3f\n", name.c_str(),
-                  (*model)->weight_type_name().c_str(), nt, bytes / 1e6, bw, floor, tps, tps / floor);
+      std::printf("%-28s %7s %8d %12.1f %10.2f %10.2f %10.2f %7.3f %11s %11s\n", name.c_str(),
+                  (*model)->weight_type_name().c_str(), nt, bytes / 1e6, bw, floor, tps,
+                  tps / floor, load_start.c_str(), load_end.c_str());
       std::fflush(stdout);
     }
   }

@@ -83,13 +83,13 @@ absl::Status ColdExecutor::Compute(const ipc::ActivationView& a, std::span<float
           lanes_[0].neurons.Compute(w, h + r * dim, ids, filter, out + r * dim, pool_);
     }
   } else {
-    pool_.Run([&](int tid, int nth) {
+    // Rows are claimed one at a time (their candidate lists differ in length), each by one
+    // thread with that thread's lane; a row's result does not depend on the thread.
+    pool_.ForEachPiece(n_rows, [&](int tid, int64_t r) {
+      std::span<const int32_t> ids = row_ids(r);
+      if (ids.empty()) return;
       Lane& lane = lanes_[tid];
-      for (int64_t r = tid; r < n_rows; r += nth) {
-        std::span<const int32_t> ids = row_ids(r);
-        if (ids.empty()) continue;
-        lane.active += lane.neurons.Compute(w, h + r * dim, ids, filter, out + r * dim, *lane.solo);
-      }
+      lane.active += lane.neurons.Compute(w, h + r * dim, ids, filter, out + r * dim, *lane.solo);
     });
   }
   last_active_ = 0;
@@ -146,10 +146,8 @@ absl::Status ColdExecutor::ComputeRouted(const ipc::ActivationView& a, std::span
       ComputeRoutedRow(a, r, lanes_[0], pool_, y.data() + r * a.dim);
     }
   } else {
-    pool_.Run([&](int tid, int nth) {
-      for (int64_t r = tid; r < n_rows; r += nth) {
-        ComputeRoutedRow(a, r, lanes_[tid], *lanes_[tid].solo, y.data() + r * a.dim);
-      }
+    pool_.ForEachPiece(n_rows, [&](int tid, int64_t r) {
+      ComputeRoutedRow(a, r, lanes_[tid], *lanes_[tid].solo, y.data() + r * a.dim);
     });
   }
   last_active_ = last_candidates_ = 0;

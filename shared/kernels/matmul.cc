@@ -32,22 +32,19 @@ const KernelSet& Kernels() {
              : matmul_internal::PortableKernels();
 }
 
-// Chunk boundaries stay multiples of this so threads rarely end on a partial tile.
+// Piece boundaries stay multiples of this so threads rarely end on a partial tile.
 constexpr int64_t kRowGrain = 16;
-// Below this much weight traffic per thread, waking another thread costs more than it saves.
-constexpr int64_t kMinBytesPerThread = 64 << 10;
 // Element-wise passes (activation quantization, partial-sum reduction) at or above this size
 // are split over the pool.
 constexpr int64_t kParallelMinElems = 1 << 16;
 
-int64_t RowGrain(const MatrixView& w, int64_t n_tokens) {
-  const int64_t work_per_row = std::max<int64_t>(1, w.row_bytes * std::max<int64_t>(1, n_tokens));
-  const int64_t min_rows = (kMinBytesPerThread + work_per_row - 1) / work_per_row;
-  return (std::max(min_rows, kRowGrain) + kRowGrain - 1) / kRowGrain * kRowGrain;
+// Weight bytes one row costs for n_tokens tokens: what the pool balances pieces by.
+int64_t RowCost(const MatrixView& w, int64_t n_tokens) {
+  return std::max<int64_t>(1, w.row_bytes * std::max<int64_t>(1, n_tokens));
 }
 
 // Scratch owned by the calling thread: quantized activations and AxpyRows partial sums. Pool
-// workers only read or write it inside a Run that the owner is blocked in.
+// workers only read or write it inside a region that the owner is blocked in.
 struct Scratch {
   std::vector<uint8_t> q8;
   std::vector<float> partials;
@@ -133,13 +130,13 @@ void MatMul(const MatrixView& w, const float* x, int64_t n_tokens, int64_t x_str
   const KernelSet& k = Kernels();
   const PreparedInput in = PrepareInput(k, w, x, n_tokens, x_stride, &pool);
   const auto dot = k.For(w.type).dot;
-  pool.ParallelFor(
-      w.rows,
+  pool.ParallelForBytes(
+      w.rows, RowCost(w, n_tokens),
       [&](int64_t r0, int64_t r1) {
         dot(RowSource{w.row(r0), w.row_bytes, nullptr}, r1 - r0, w.cols, in.data, in.stride,
             n_tokens, y + r0, y_stride);
       },
-      RowGrain(w, n_tokens));
+      kRowGrain);
 }
 
 void MatMulRows(const MatrixView& w, const float* x, int64_t n_tokens, int64_t x_stride, float* y,
@@ -162,38 +159,41 @@ void GatherMatMul(const MatrixView& w, const int32_t* row_ids, int64_t n_ids, co
   const KernelSet& k = Kernels();
   const PreparedInput in = PrepareInput(k, w, x, 1, w.cols, nullptr);
   const auto dot = k.For(w.type).dot;
-  pool.ParallelFor(
-      n_ids,
+  pool.ParallelForBytes(
+      n_ids, RowCost(w, 1),
       [&](int64_t i0, int64_t i1) {
         dot(RowSource{w.data, w.row_bytes, row_ids + i0}, i1 - i0, w.cols, in.data, in.stride, 1,
             y + i0, 0);
       },
-      RowGrain(w, 1));
+      kRowGrain);
 }
 
 void AxpyRows(const MatrixView& w, const int32_t* row_ids, const float* coeffs, int64_t n_ids,
               float* y, ThreadPool& pool) {
   if (n_ids <= 0) return;
   const auto axpy = Kernels().For(w.type).axpy;
-  const int64_t ids_per_thread = RowGrain(w, 1);
-  const int nth = static_cast<int>(
-      std::min<int64_t>(pool.size(), (n_ids + ids_per_thread - 1) / ids_per_thread));
+  // One share per thread when there is enough work (fixed by the sizes and the thread count, so
+  // the sum's rounding is too), each at least half of the parallel threshold and kRowGrain ids.
+  const int64_t bytes = n_ids * RowCost(w, 1);
+  const int nth = static_cast<int>(std::max<int64_t>(
+      1, std::min({int64_t{pool.size()}, bytes / (ThreadPool::kMinParallelBytes / 2),
+                   n_ids / kRowGrain})));
   if (nth <= 1) {
     axpy(RowSource{w.data, w.row_bytes, row_ids}, coeffs, n_ids, w.cols, y);
     return;
   }
-  // Thread 0 adds straight into y, the others into private partial sums that are added to y
-  // afterwards, in thread order, so the result depends only on the thread count.
+  // Share 0 adds straight into y, the others into private partial sums that are added to y
+  // afterwards, in share order, so the result depends only on the thread count. Shares are
+  // claimed: whichever thread runs one, a thread the machine does not schedule holds up none.
   std::vector<float>& partials = ThreadScratch().partials;
   const int64_t cols = w.cols;
   if (partials.size() < static_cast<size_t>((nth - 1) * cols)) partials.resize((nth - 1) * cols);
   float* part = partials.data();
-  pool.Run([&](int tid, int) {
-    if (tid >= nth) return;
-    const int64_t i0 = n_ids * tid / nth, i1 = n_ids * (tid + 1) / nth;
+  pool.ForEachPiece(nth, [&](int, int64_t s) {
+    const int64_t i0 = n_ids * s / nth, i1 = n_ids * (s + 1) / nth;
     float* acc = y;
-    if (tid > 0) {
-      acc = part + (tid - 1) * cols;
+    if (s > 0) {
+      acc = part + (s - 1) * cols;
       std::fill(acc, acc + cols, 0.0f);
     }
     axpy(RowSource{w.data, w.row_bytes, row_ids + i0}, coeffs + i0, i1 - i0, cols, acc);

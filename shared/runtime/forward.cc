@@ -125,28 +125,32 @@ void ForwardPass::Attention(int64_t layer, std::span<const BatchEntry> batch) {
   const int64_t window = c.layers.empty() ? 0 : c.layers[layer].sliding_window;
   scores_.resize(pool_.size() * cap);
   const bool f16 = kv_.type() == GgmlType::kF16;
-  // (entry, head) jobs are claimed, so a thread the machine does not schedule holds up none.
-  std::atomic<int64_t> next{0};
+  // (entry, head) jobs are claimed one at a time, so jobs of entries at different positions
+  // (different costs) balance, and a thread the machine does not schedule holds up none. Their
+  // cost is the K and V rows they read; a step that reads little runs on this thread alone.
   const int64_t n_jobs = n * c.n_heads;
-  pool_.RunShared([&](int tid, int) {
+  int64_t kv_rows = 0;
+  for (const BatchEntry& entry : batch) {
+    const int64_t n_pos = entry.position + 1;
+    kv_rows += window > 0 ? std::min<int64_t>(n_pos, window) : n_pos;
+  }
+  const int64_t bytes = kv_rows * c.n_heads * 2 * c.head_dim * (f16 ? 2 : 4);
+  pool_.ForEachPieceBytes(n_jobs, bytes, [&](int tid, int64_t job) {
     float* scores = scores_.data() + tid * cap;
-    for (int64_t job = next.fetch_add(1, std::memory_order_relaxed); job < n_jobs;
-         job = next.fetch_add(1, std::memory_order_relaxed)) {
-      const int64_t e = job / c.n_heads, h = job % c.n_heads;
-      const BatchEntry& entry = batch[e];
-      const float* q = q_.data() + e * c.q_dim + h * c.head_dim;
-      float* out = att_.data() + e * c.q_dim + h * c.head_dim;
-      const int64_t kv_offset = (h / group) * c.head_dim;
-      const int64_t n_pos = entry.position + 1;
-      // A sliding-window layer sees the last `window` positions, itself included.
-      const int64_t first = window > 0 ? std::max<int64_t>(0, n_pos - window) : 0;
-      if (f16) {
-        AttendHead<uint16_t>(kv_, layer, entry.slot, first, n_pos, kv_offset, c.head_dim,
-                             c.attn_scale, c.attn_softcap, q, scores, out);
-      } else {
-        AttendHead<float>(kv_, layer, entry.slot, first, n_pos, kv_offset, c.head_dim,
-                          c.attn_scale, c.attn_softcap, q, scores, out);
-      }
+    const int64_t e = job / c.n_heads, h = job % c.n_heads;
+    const BatchEntry& entry = batch[e];
+    const float* q = q_.data() + e * c.q_dim + h * c.head_dim;
+    float* out = att_.data() + e * c.q_dim + h * c.head_dim;
+    const int64_t kv_offset = (h / group) * c.head_dim;
+    const int64_t n_pos = entry.position + 1;
+    // A sliding-window layer sees the last `window` positions, itself included.
+    const int64_t first = window > 0 ? std::max<int64_t>(0, n_pos - window) : 0;
+    if (f16) {
+      AttendHead<uint16_t>(kv_, layer, entry.slot, first, n_pos, kv_offset, c.head_dim,
+                           c.attn_scale, c.attn_softcap, q, scores, out);
+    } else {
+      AttendHead<float>(kv_, layer, entry.slot, first, n_pos, kv_offset, c.head_dim,
+                        c.attn_scale, c.attn_softcap, q, scores, out);
     }
   });
 }

@@ -35,12 +35,10 @@ std::string TypeName(GgmlType t) { return std::string(TypeTraits(t).name); }
 
 bool IsBlockQuantized(GgmlType t) { return TypeTraits(t).block_size > 1; }
 
-// Below this much weight traffic a share is not worth waking another thread for.
-constexpr int64_t kMinShareBytes = 64 << 10;
-
-// How many of the pool's threads take a share of n items (at least one, none empty).
+// How many shares n items are cut into (at least one, none empty, at most one per thread): two
+// shares need the pool's parallel threshold of weight traffic, so each has at least half of it.
 int SharesFor(int64_t n, int64_t bytes_per_item, int n_threads) {
-  const int64_t by_bytes = n * bytes_per_item / kMinShareBytes;
+  const int64_t by_bytes = n * bytes_per_item / (ThreadPool::kMinParallelBytes / 2);
   return static_cast<int>(std::max<int64_t>(1, std::min({by_bytes, int64_t{n_threads}, n})));
 }
 
@@ -148,9 +146,9 @@ int64_t NeuronFfn::Compute(const NeuronWeights& w, const float* h,
   if (shares == 1) {
     run_share(0);
   } else {
-    pool.Run([&](int tid, int) {
-      if (tid < shares) run_share(tid);
-    });
+    // Shares are claimed (each has its own lane, whichever thread runs it), so a thread the
+    // machine does not schedule holds up none.
+    pool.ForEachPiece(shares, [&](int, int64_t s) { run_share(static_cast<int>(s)); });
     AddPartials(shares, w.dim(), out);
   }
   // Close the gaps between the shares' survivors, for survivors().
@@ -234,9 +232,7 @@ void NeuronFfn::RunSurvivors(const NeuronWeights& w, const float* h, float coeff
   if (shares == 1) {
     run_share(0);
   } else {
-    pool.Run([&](int tid, int) {
-      if (tid < shares) run_share(tid);
-    });
+    pool.ForEachPiece(shares, [&](int, int64_t s) { run_share(static_cast<int>(s)); });
     AddPartials(shares, w.dim(), out);
   }
   for (int s = 0; s < shares; ++s) down_rows_ += static_cast<int64_t>(lanes_[s].down_kept);

@@ -91,8 +91,10 @@ class ProfileObserver final : public FfnObserver {
     L.observed += n_tokens;
     const int64_t nf = config_.ffn_dim;
     std::vector<int64_t> bad(pool_.size(), 0);
-    auto work = [&](int tid, int nt) {
-      const int64_t begin = nf * tid / nt, end = nf * (tid + 1) / nt;
+    // Neuron range `share` of `shares`, counted into thread tid's scratch (counts merge in any
+    // order, so which thread runs a share does not matter).
+    auto work = [&](int tid, int64_t share, int64_t shares) {
+      const int64_t begin = nf * share / shares, end = nf * (share + 1) / shares;
       if (begin == end) return;
       if (second_pass_) {
         const float cut = cuts_[layer][group];
@@ -134,9 +136,10 @@ class ProfileObserver final : public FfnObserver {
       }
     };
     if (n_tokens * nf < kMinParallelValues || pool_.size() == 1) {
-      work(0, 1);
+      work(0, 0, 1);
     } else {
-      pool_.Run(work);
+      const int64_t shares = pool_.size();
+      pool_.ForEachPiece(shares, [&](int tid, int64_t share) { work(tid, share, shares); });
     }
     if (second_pass_) return;
     // Per-thread counts merge into the layer's histogram over the range they touched only, which

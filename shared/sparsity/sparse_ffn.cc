@@ -122,11 +122,12 @@ void SparseFfn::Compute(int64_t layer, const float* h, const float* predictor_in
                token_gate(t), out + t * c.dim);
     }
   } else {
-    pool_.Run([&](int tid, int nth) {
-      for (int64_t t = tid; t < n_tokens; t += nth) {
-        RunToken(workers_[tid], *workers_[tid].solo, layer, h + t * c.dim,
-                 predictor_input + t * c.dim, token_gate(t), out + t * c.dim);
-      }
+    // Tokens are claimed one at a time, each by one thread with that thread's scratch: a token
+    // is a whole FFN, so claiming balances tokens of different sparsity, and a thread the
+    // machine does not schedule holds up none. A token's result does not depend on the thread.
+    pool_.ForEachPiece(n_tokens, [&](int tid, int64_t t) {
+      RunToken(workers_[tid], *workers_[tid].solo, layer, h + t * c.dim,
+               predictor_input + t * c.dim, token_gate(t), out + t * c.dim);
     });
   }
   // The down bias is one vector per layer, not per neuron: added once to the sum.

@@ -40,8 +40,6 @@ LayerMatrix MatrixOf(const Model& model, int64_t layer, Projection p) {
   return {};
 }
 
-// Below this many weight bytes a product runs on one thread (a region costs more than it saves).
-constexpr int64_t kMinSplitBytes = 64 << 10;
 
 }  // namespace
 
@@ -129,11 +127,8 @@ int64_t InputSparseMatVec(const MatrixView& wt, const float* x, float cut,
   const int64_t bs = TypeTraits(wt.type).block_size;
   const int64_t chunk = std::max<int64_t>(64, bs);
   const int64_t n_chunks = (wt.cols + chunk - 1) / chunk;
-  if (pool.size() == 1 || n_chunks == 1 || k * wt.row_bytes < kMinSplitBytes) {
-    AxpyRows(wt, ids.data(), coeffs.data(), k, y, solo);
-    return k;
-  }
-  pool.ParallelFor(n_chunks, [&](int64_t b, int64_t e) {
+  // A chunk costs its slice of every kept row; below the pool's threshold all run here.
+  pool.ParallelForBytes(n_chunks, k * RowBytes(wt.type, chunk), [&](int64_t b, int64_t e) {
     const int64_t c0 = b * chunk, c1 = std::min(wt.cols, e * chunk);
     MatrixView slice = wt;
     slice.cols = c1 - c0;

@@ -36,6 +36,9 @@ double TimeParallelRead(ThreadPool& pool, const void* data, size_t bytes) {
   // Publishing every thread's sum keeps the reads from being optimized away.
   std::atomic<uint64_t> sink{0};
   const auto start = std::chrono::steady_clock::now();
+  // A barrier on purpose: the figure is the bandwidth of all threads reading at once, so every
+  // thread must stream its share at the same time (claimed pieces would let one thread read
+  // everything and measure one thread's bandwidth).
   pool.Run([&](int tid, int nth) {
     // Shares start on 32-byte boundaries (4 words) for the aligned vector loads.
     const size_t w0 = n_words * tid / nth / 4 * 4;
