@@ -149,10 +149,13 @@ class Model {
   // Bytes of weights one decode step reads (all matrices, one embedding row; in MoE layers the
   // router and n_experts_used experts).
   int64_t decode_bytes_per_token() const;
+  // Bytes of the interleaved copies made at load (MatrixView::interleaved; THERMOCLINE_REPACK).
+  int64_t interleaved_bytes() const;
 
  private:
   Model() = default;
   absl::Status Init();
+  void InterleaveDenseMatrices();
 
   std::unique_ptr<GgufFile> file_;
   ModelConfig config_;
@@ -161,6 +164,8 @@ class Model {
   bool output_tied_ = false;
   std::vector<float> output_norm_, output_norm_b_, rope_freqs_;
   std::vector<LayerWeights> layers_;
+  // Owned interleaved copies (a separate buffer: the file stays mapped read-only and clean).
+  std::vector<std::vector<uint8_t>> interleaved_;
 };
 
 }  // namespace thermocline
