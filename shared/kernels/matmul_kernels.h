@@ -109,6 +109,10 @@ constexpr std::array<TypeKernels, kTypeSlots> MakeTypeTable(const TypeEntry (&en
 inline constexpr int64_t kQ4_0x8InputBlockBytes = 40;
 int64_t Q4_0x8InputBytes(int64_t cols);
 void PrepareQ4_0x8(const float* x, int64_t cols, uint8_t* out);
+// The same bytes, rounded by the AVX2 set's Q8_0 quantizer (bit-identical to QuantizeRow).
+void PrepareQ4_0x8Avx2(const float* x, int64_t cols, uint8_t* out);
+// Writes the prepared form of n_blocks Q8_0 blocks (shared by both preparations).
+void PackQ4_0x8Input(const BlockQ8_0* q, int64_t n_blocks, uint8_t* out);
 void DotQ4_0x8Portable(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
                        int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
 void DotQ4_0x8Avx2(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
@@ -116,7 +120,7 @@ void DotQ4_0x8Avx2(const RowSource& groups, int64_t n_groups, int64_t cols, cons
 inline constexpr TypeKernels kQ4_0x8Portable = {&DotQ4_0x8Portable, nullptr, nullptr,
                                                 &Q4_0x8InputBytes, &PrepareQ4_0x8};
 inline constexpr TypeKernels kQ4_0x8Avx2 = {&DotQ4_0x8Avx2, nullptr, nullptr, &Q4_0x8InputBytes,
-                                            &PrepareQ4_0x8};
+                                            &PrepareQ4_0x8Avx2};
 template <const TypeKernels& kQ4_0>
 constexpr std::array<TypeKernels, kTypeSlots> Interleaved8Table() {
   std::array<TypeKernels, kTypeSlots> table{};

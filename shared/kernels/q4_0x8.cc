@@ -16,12 +16,7 @@ namespace thermocline::matmul_internal {
 
 int64_t Q4_0x8InputBytes(int64_t cols) { return cols / kQK * kQ4_0x8InputBlockBytes; }
 
-void PrepareQ4_0x8(const float* x, int64_t cols, uint8_t* out) {
-  // ggml's reference rounding (QuantizeRow), then per block [f32 d][int32 bias][32 x int8].
-  const int64_t n_blocks = cols / kQK;
-  thread_local std::vector<BlockQ8_0> q;
-  q.resize(n_blocks);
-  QuantizeRow(GgmlType::kQ8_0, x, q.data(), cols);
+void PackQ4_0x8Input(const BlockQ8_0* q, int64_t n_blocks, uint8_t* out) {
   for (int64_t b = 0; b < n_blocks; ++b) {
     uint8_t* blk = out + b * kQ4_0x8InputBlockBytes;
     const float d = Fp16ToFp32(q[b].d);
@@ -32,6 +27,14 @@ void PrepareQ4_0x8(const float* x, int64_t cols, uint8_t* out) {
     std::memcpy(blk + 4, &bias, 4);
     std::memcpy(blk + 8, q[b].qs, kQK);
   }
+}
+
+void PrepareQ4_0x8(const float* x, int64_t cols, uint8_t* out) {
+  // ggml's reference rounding (QuantizeRow), then per block [f32 d][int32 bias][32 x int8].
+  thread_local std::vector<BlockQ8_0> q;
+  q.resize(cols / kQK);
+  QuantizeRow(GgmlType::kQ8_0, x, q.data(), cols);
+  PackQ4_0x8Input(q.data(), cols / kQK, out);
 }
 
 void DotQ4_0x8Portable(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
