@@ -535,25 +535,38 @@ absl::Status Model::Init() {
   return absl::OkStatus();
 }
 
+void Model::Interleave(MatrixView& m) {
+  if (m.type != GgmlType::kQ4_0 || m.rows == 0 || m.cols == 0 || m.interleaved != nullptr) return;
+  std::vector<uint8_t>& buf =
+      interleaved_.emplace_back(Q4_0x8Groups(m.rows) * Q4_0x8GroupBytes(m.cols));
+  InterleaveQ4_0x8(m.data, m.row_bytes, m.rows, m.cols, buf.data());
+  m.interleaved = buf.data();
+}
+
 void Model::InterleaveDenseMatrices() {
   // Only matrices no path ever reads by single rows: attention's projections are multiplied
   // whole (TEAL's input-sparse products read columns of the row layout, which stays), and the
   // output head unless it is the embedding table. The FFN is gathered by neuron in the sparse
-  // modes, which the model does not know at load, so it keeps the row layout only.
-  auto add = [&](MatrixView& m) {
-    if (m.type != GgmlType::kQ4_0 || m.rows == 0 || m.cols == 0) return;
-    std::vector<uint8_t>& buf =
-        interleaved_.emplace_back(Q4_0x8Groups(m.rows) * Q4_0x8GroupBytes(m.cols));
-    InterleaveQ4_0x8(m.data, m.row_bytes, m.rows, m.cols, buf.data());
-    m.interleaved = buf.data();
-  };
+  // modes, which the model does not know at load: InterleaveDenseFfn, on request.
   for (LayerWeights& w : layers_) {
-    add(w.wq);
-    add(w.wk);
-    add(w.wv);
-    add(w.wo);
+    Interleave(w.wq);
+    Interleave(w.wk);
+    Interleave(w.wv);
+    Interleave(w.wo);
   }
-  if (!output_tied_) add(output_);
+  if (!output_tied_) Interleave(output_);
+}
+
+absl::Status Model::InterleaveDenseFfn() {
+  TC_ASSIGN_OR_RETURN(const bool repack, RepackFromEnvironment());
+  if (!repack) return absl::OkStatus();
+  for (LayerWeights& w : layers_) {
+    if (!w.experts.empty()) continue;
+    Interleave(w.gate);
+    Interleave(w.up);
+    if (!w.has_down_t) Interleave(w.down);
+  }
+  return absl::OkStatus();
 }
 
 int64_t Model::interleaved_bytes() const {

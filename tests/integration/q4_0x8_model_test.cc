@@ -71,6 +71,8 @@ std::vector<int32_t> PromptIds() {
   return ids;
 }
 
+void CompareWithRowLayout(const std::string& path, bool ffn);
+
 class Q4_0x8ModelTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override { THERMOCLINE_REQUIRE_SHARED_DATA(); }
@@ -95,7 +97,7 @@ TEST_P(Q4_0x8ModelTest, OnlyDenseQ4_0MatricesAreInterleaved) {
     check(w.wk, true, p + " wk");
     check(w.wv, true, p + " wv");
     check(w.wo, true, p + " wo");
-    // The FFN is gathered by neuron in the sparse modes: never interleaved.
+    // The FFN is gathered by neuron in the sparse modes: not at load (InterleaveDenseFfn).
     check(w.gate, false, p + " gate");
     check(w.up, false, p + " up");
     check(w.down, false, p + " down");
@@ -106,12 +108,51 @@ TEST_P(Q4_0x8ModelTest, OnlyDenseQ4_0MatricesAreInterleaved) {
   EXPECT_EQ(on->interleaved_bytes(), expected);
 }
 
-TEST_P(Q4_0x8ModelTest, LogitsAndGreedyPicksMatchTheRowLayout) {
+TEST_P(Q4_0x8ModelTest, DenseFfnIsInterleavedOnRequest) {
   const std::string path = testing::ModelPath("quants/" + GetParam() + ".gguf");
+  const std::unique_ptr<Model> on = LoadWithRepack(path, "1");
+  ASSERT_TRUE(on);
+  const int64_t at_load = on->interleaved_bytes();
+  ASSERT_TRUE(on->InterleaveDenseFfn().ok());
+  int64_t ffn = 0;
+  for (int64_t l = 0; l < on->config().n_layers; ++l) {
+    for (const MatrixView* m : {&on->layer(l).gate, &on->layer(l).up, &on->layer(l).down}) {
+      EXPECT_EQ(m->interleaved != nullptr, m->type == GgmlType::kQ4_0) << "layer " << l;
+      if (m->type == GgmlType::kQ4_0) ffn += Q4_0x8Groups(m->rows) * Q4_0x8GroupBytes(m->cols);
+    }
+  }
+  EXPECT_GT(ffn, 0);
+  EXPECT_EQ(on->interleaved_bytes(), at_load + ffn);
+  ASSERT_TRUE(on->InterleaveDenseFfn().ok());  // once only
+  EXPECT_EQ(on->interleaved_bytes(), at_load + ffn);
+
+  const std::unique_ptr<Model> off = LoadWithRepack(path, "0");
+  ASSERT_TRUE(off);
+  setenv("THERMOCLINE_REPACK", "0", 1);
+  EXPECT_TRUE(off->InterleaveDenseFfn().ok());
+  setenv("THERMOCLINE_REPACK", "maybe", 1);
+  EXPECT_FALSE(off->InterleaveDenseFfn().ok());
+  unsetenv("THERMOCLINE_REPACK");
+  EXPECT_EQ(off->interleaved_bytes(), 0);
+}
+
+// With the attention and output copies of the load, and with the dense FFN's as well.
+TEST_P(Q4_0x8ModelTest, LogitsAndGreedyPicksMatchTheRowLayout) {
+  for (bool ffn : {false, true}) {
+    SCOPED_TRACE(ffn ? "attention, output and FFN interleaved" : "attention and output");
+    CompareWithRowLayout(testing::ModelPath("quants/" + GetParam() + ".gguf"), ffn);
+  }
+}
+
+void CompareWithRowLayout(const std::string& path, bool ffn) {
   const std::unique_ptr<Model> rows = LoadWithRepack(path, "0");
   const std::unique_ptr<Model> packed = LoadWithRepack(path, "1");
   ASSERT_TRUE(rows && packed);
+  if (ffn) {
+    ASSERT_TRUE(packed->InterleaveDenseFfn().ok());
+  }
   ASSERT_GT(packed->interleaved_bytes(), 0);
+  const std::string name = path.substr(path.rfind('/') + 1) + (ffn ? " +ffn" : "");
   const std::vector<int32_t> ids = PromptIds();
   ASSERT_EQ(ids.size(), 32u);
   const int64_t vocab = rows->config().vocab_size;
@@ -153,7 +194,7 @@ TEST_P(Q4_0x8ModelTest, LogitsAndGreedyPicksMatchTheRowLayout) {
     EXPECT_LE(steps, kQ8ActivationBound) << "threads " << threads;
     std::printf("%s threads=%d: max|logit diff| row 0 %.3g, prompt %.3g, 16 steps %.3g; "
                 "%d of 16 picks equal, %d decided\n",
-                GetParam().c_str(), threads, row0, prompt, steps, equal, decided);
+                name.c_str(), threads, row0, prompt, steps, equal, decided);
   }
 }
 
