@@ -5,6 +5,10 @@
 //   gemv_bench [--threads=1,2] [--working_set_mib=1024] [--rounds=4] [--types=f16,q8_0]
 //              [--cols=4096] [--matrix_mib=64] [--gemm_tokens=64] [--sparse_fraction=0.25]
 //
+// Type q4_0x8 is Q4_0 with the 8-row interleaved copy that the model makes at load for its
+// dense-only matrices (shared/gguf/q4_0x8.h): its GEMV and GEMM read that copy, its sparse
+// kernels the row layout as always. With q4_0 in the same run the ratio of the two is printed.
+//
 // Each type gets copies of one matrix adding up to the working set, and successive GEMVs walk
 // through them like the layers of a model, so the weights come from DRAM, not from the
 // last-level cache (which is larger than one matrix on current server parts).
@@ -22,6 +26,7 @@
 
 #include "shared/kernels/matmul.h"
 #include "shared/gguf/ggml_type.h"
+#include "shared/gguf/q4_0x8.h"
 #include "shared/gguf/quant.h"
 #include "shared/util/cpu_features.h"
 #include "shared/util/membw.h"
@@ -30,13 +35,23 @@
 namespace thermocline {
 namespace {
 
+// A weight type, and for Q4_0 whether the GEMVs read the interleaved copy.
+struct BenchType {
+  GgmlType type;
+  bool interleaved = false;
+  std::string name() const {
+    return interleaved ? "q4_0x8" : std::string(TypeTraits(type).name);
+  }
+};
+
 struct Options {
   std::vector<int> threads = {1, 2};
   int64_t working_set_mib = 1024;
   int rounds = 4;
-  std::vector<GgmlType> types = {GgmlType::kF32,  GgmlType::kF16,   GgmlType::kBF16,
-                                 GgmlType::kQ8_0, GgmlType::kQ4_0,  GgmlType::kQ4_K,
-                                 GgmlType::kQ5_K, GgmlType::kQ6_K,  GgmlType::kIQ4_XS};
+  std::vector<BenchType> types = {{GgmlType::kF32},  {GgmlType::kF16},  {GgmlType::kBF16},
+                                  {GgmlType::kQ8_0}, {GgmlType::kQ4_0}, {GgmlType::kQ4_0, true},
+                                  {GgmlType::kQ4_K}, {GgmlType::kQ5_K}, {GgmlType::kQ6_K},
+                                  {GgmlType::kIQ4_XS}};
   int64_t cols = 4096;
   int64_t matrix_mib = 64;
   int64_t gemm_tokens = 64;
@@ -70,9 +85,13 @@ bool ParseFlags(int argc, char** argv, Options& o) {
     } else if (key == "types") {
       o.types.clear();
       for (std::string_view t : Split(value)) {
+        if (t == "q4_0x8") {
+          o.types.push_back({GgmlType::kQ4_0, true});
+          continue;
+        }
         auto type = TypeFromName(t);
         if (!type || !IsMatrixType(*type)) return false;
-        o.types.push_back(*type);
+        o.types.push_back({*type});
       }
     } else if (key == "working_set_mib") {
       o.working_set_mib = std::atoll(value.c_str());
@@ -93,8 +112,8 @@ bool ParseFlags(int argc, char** argv, Options& o) {
   for (int t : o.threads) {
     if (t < 1) return false;
   }
-  for (GgmlType t : o.types) {
-    if (o.cols % TypeTraits(t).block_size != 0) return false;
+  for (const BenchType& t : o.types) {
+    if (o.cols % TypeTraits(t.type).block_size != 0) return false;
   }
   return o.rounds >= 1 && o.cols >= 32 && o.cols % 32 == 0 && o.matrix_mib >= 1 &&
          o.gemm_tokens >= 1 && o.sparse_fraction > 0 && o.sparse_fraction <= 1 &&
@@ -125,11 +144,20 @@ double Median(std::vector<double> v) {
 // a few hundred distinct random rows are quantized and tiled over the rows.
 struct Weights {
   std::vector<Buffer> copies;
-  MatrixView view;  // of copies[0]
+  std::vector<Buffer> interleaved;  // q4_0x8: each copy interleaved (the same bytes)
+  MatrixView view;  // of copies[0] (and interleaved[0])
   int64_t bytes = 0;
+  // The view of copy k, as the GEMVs read it.
+  MatrixView Copy(size_t k) const {
+    MatrixView v = view;
+    v.data = copies[k].get();
+    if (!interleaved.empty()) v.interleaved = interleaved[k].get();
+    return v;
+  }
 };
 
-Weights MakeWeights(GgmlType type, const Options& o) {
+Weights MakeWeights(BenchType bench_type, const Options& o) {
+  const GgmlType type = bench_type.type;
   Weights w;
   const int64_t row_bytes = RowBytes(type, o.cols);
   int64_t rows = ((o.matrix_mib << 20) + row_bytes - 1) / row_bytes;
@@ -162,9 +190,15 @@ Weights MakeWeights(GgmlType type, const Options& o) {
       std::memcpy(b.get() + r * row_bytes, distinct.data() + (r % kDistinctRows) * row_bytes,
                   row_bytes);
     }
+    if (bench_type.interleaved) {
+      Buffer q = Allocate(Q4_0x8Groups(rows) * Q4_0x8GroupBytes(o.cols));
+      InterleaveQ4_0x8(b.get(), row_bytes, rows, o.cols, q.get());
+      w.interleaved.push_back(std::move(q));
+    }
     w.copies.push_back(std::move(b));
   }
   w.view = MatrixView{type, rows, o.cols, w.copies[0].get(), row_bytes};
+  if (!w.interleaved.empty()) w.view.interleaved = w.interleaved[0].get();
   return w;
 }
 
@@ -182,10 +216,9 @@ struct GemvResult {
 // neither finds the other's data in the cache.
 GemvResult TimeGemv(const Weights& w, const std::vector<float>& x, std::vector<float>& y,
                     int rounds, ThreadPool& pool) {
-  MatrixView v = w.view;
   const size_t n = w.copies.size();
   auto gemv = [&](size_t k) {
-    v.data = w.copies[k].get();
+    const MatrixView v = w.Copy(k);
     MatMul(v, x.data(), 1, v.cols, y.data(), v.rows, pool);
   };
   for (size_t k = 0; k < n; ++k) gemv(k);  // warm up: page tables, thread wakeup
@@ -227,6 +260,7 @@ SparseResult TimeSparse(const Weights& w, double fraction, int rounds, ThreadPoo
   const int64_t bytes = n * w.view.row_bytes;
   std::vector<float> x(w.view.cols, 0.5f), y(n), coeffs(n, 0.25f), acc(w.view.cols, 0.0f);
   MatrixView v = w.view;
+  v.interleaved = nullptr;  // never read by the sparse kernels anyway
   double gather = 1e30, axpy = 1e30, read = 1e30;
   std::vector<double> gather_pairs, axpy_pairs;
   const size_t n_copies = w.copies.size();
@@ -321,8 +355,13 @@ int Main(int argc, char** argv) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (float& f : x) f = normal(rng);
   std::vector<std::string> sparse_lines;
-  for (GgmlType type : o.types) {
-    const Weights w = MakeWeights(type, o);
+  // GEMV GB/s and GEMM GFLOP/s of q4_0 and q4_0x8 per thread count, for the ratio lines.
+  std::vector<double> row_gemv(o.threads.size()), row_gemm(o.threads.size());
+  std::vector<double> x8_gemv(o.threads.size()), x8_gemm(o.threads.size());
+  for (const BenchType& bench_type : o.types) {
+    const GgmlType type = bench_type.type;
+    const std::string name = bench_type.name();
+    const Weights w = MakeWeights(bench_type, o);
     std::vector<float> y(w.view.rows);
     for (size_t i = 0; i < o.threads.size(); ++i) {
       ThreadPool pool(o.threads[i]);
@@ -333,7 +372,7 @@ int Main(int argc, char** argv) {
       char line[256];
       std::snprintf(
           line, sizeof line, "%-6s %3d %8lld %7.1f %7.1f %6.0f%% %6.0f%% %7.1f %6.0f%% %6.0f%%",
-          std::string(TypeTraits(type).name).c_str(), o.threads[i],
+          name.c_str(), o.threads[i],
           static_cast<long long>(sp.bytes / w.view.row_bytes), sp.bytes / sp.read_best_s / 1e9,
           sp.bytes / sp.gather_best_s / 1e9, 100.0 * sp.read_best_s / sp.gather_best_s,
           100.0 * sp.gather_paired, sp.bytes / sp.axpy_best_s / 1e9,
@@ -343,13 +382,17 @@ int Main(int argc, char** argv) {
       std::printf(
           "%-6s %6lld x %-5lld %4.0f %3d %8.3f %8.3f %7.1f %7.1f %6.0f%% %6.0f%% %6.0f%% %7.1f "
           "%6.0f%% %9.1f\n",
-          std::string(TypeTraits(type).name).c_str(), static_cast<long long>(w.view.rows),
+          name.c_str(), static_cast<long long>(w.view.rows),
           static_cast<long long>(w.view.cols), w.bytes / 1048576.0, o.threads[i],
           g.gemv_best_s * 1e3, g.gemv_median_s * 1e3, gb / g.gemv_best_s, gb / g.read_best_s,
           100.0 * g.read_best_s / g.gemv_best_s, 100.0 * g.read_median_s / g.gemv_median_s,
           100.0 * g.paired_ratio, in_cache, 100.0 * o.threads[i] * in_cache * g.read_best_s / gb,
           gemm);
       std::fflush(stdout);
+      if (type == GgmlType::kQ4_0) {
+        (bench_type.interleaved ? x8_gemv : row_gemv)[i] = gb / g.gemv_best_s;
+        (bench_type.interleaved ? x8_gemm : row_gemm)[i] = gemm;
+      }
     }
   }
   std::printf(
@@ -372,6 +415,12 @@ int Main(int argc, char** argv) {
               "best", "paired", "axpy", "best", "paired");
   for (const std::string& line : sparse_lines) std::printf("%s\n", line.c_str());
   std::printf("\n");
+  for (size_t i = 0; i < o.threads.size(); ++i) {
+    if (row_gemv[i] > 0 && x8_gemv[i] > 0) {
+      std::printf("q4_0x8 / q4_0 with %d thread(s): GEMV %.2fx, GEMM %.2fx\n", o.threads[i],
+                  x8_gemv[i] / row_gemv[i], x8_gemm[i] / row_gemm[i]);
+    }
+  }
   for (size_t i = 0; i < o.threads.size(); ++i) {
     ThreadPool pool(o.threads[i]);
     std::printf("hardware floor re-measured at the end: %.1f GB/s with %d thread(s)\n",

@@ -461,6 +461,12 @@ int RunGenerate(const std::vector<std::string>& args) {
   }
   auto plan = SparsityPlanFromFlags(model, sf);
   if (!plan.ok()) return fail(std::string(plan.status().message()));
+  // The FFN multiplied whole in this process: its Q4_0 matrices get the interleaved copy too.
+  if (!split && plan->AllDense() && !(*teal_plan && (*teal_plan)->ffn)) {
+    if (absl::Status s = (*model_or)->InterleaveDenseFfn(); !s.ok()) {
+      return fail(std::string(s.message()));
+    }
+  }
 
   GenerationRequest req;
   // BOS (and EOS) as the vocabulary says, as llama.cpp does (gpt-2-style BPE adds none).

@@ -7,6 +7,7 @@
 
 #include "shared/kernels/dispatch.h"
 #include "shared/kernels/matmul_kernels.h"
+#include "shared/gguf/q4_0x8.h"
 #include "shared/gguf/quant.h"
 #include "shared/util/cpu_features.h"
 
@@ -61,9 +62,8 @@ struct PreparedInput {
   int64_t stride;  // bytes between tokens
 };
 
-PreparedInput PrepareInput(const KernelSet& k, const MatrixView& w, const float* x,
-                           int64_t n_tokens, int64_t x_stride, ThreadPool* pool) {
-  const matmul_internal::TypeKernels& tk = k.For(w.type);
+PreparedInput PrepareInput(const matmul_internal::TypeKernels& tk, const MatrixView& w,
+                           const float* x, int64_t n_tokens, int64_t x_stride, ThreadPool* pool) {
   if (tk.prepare_input == nullptr) {
     return {reinterpret_cast<const uint8_t*>(x), x_stride * static_cast<int64_t>(sizeof(float))};
   }
@@ -83,6 +83,45 @@ PreparedInput PrepareInput(const KernelSet& k, const MatrixView& w, const float*
     quantize(0, n_tokens);
   }
   return {dst, row_bytes};
+}
+
+// The interleaved copy is used when there is one and the active family has its kernels.
+const matmul_internal::TypeKernels* InterleavedKernels(const KernelSet& k, const MatrixView& w) {
+  if (w.interleaved == nullptr || !k.HasInterleaved8(w.type)) return nullptr;
+  return &k.interleaved8[static_cast<size_t>(w.type)];
+}
+
+// Rows [r0, r1) from the interleaved groups: whole groups straight into y, a group only partly
+// in the range through a scratch tile (the rows a group computes are fixed, so its results do
+// not depend on the range).
+void InterleavedRows(const matmul_internal::TypeKernels& tk, const MatrixView& w,
+                     const PreparedInput& in, int64_t n_tokens, float* y, int64_t y_stride,
+                     int64_t r0, int64_t r1) {
+  const int64_t group_bytes = Q4_0x8GroupBytes(w.cols);
+  auto groups = [&](int64_t g) { return RowSource{w.interleaved + g * group_bytes, group_bytes}; };
+  const int64_t f0 = (r0 + kQ4_0x8Rows - 1) / kQ4_0x8Rows, f1 = r1 / kQ4_0x8Rows;
+  if (f0 < f1) {
+    tk.dot(groups(f0), f1 - f0, w.cols, in.data, in.stride, n_tokens, y + f0 * kQ4_0x8Rows,
+           y_stride);
+  }
+  auto partial = [&](int64_t g) {
+    std::vector<float> tile(kQ4_0x8Rows * n_tokens);
+    tk.dot(groups(g), 1, w.cols, in.data, in.stride, n_tokens, tile.data(), kQ4_0x8Rows);
+    const int64_t a = std::max(r0, g * kQ4_0x8Rows), e = std::min(r1, (g + 1) * kQ4_0x8Rows);
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      for (int64_t r = a; r < e; ++r) {
+        y[t * y_stride + r] = tile[t * kQ4_0x8Rows + r - g * kQ4_0x8Rows];
+      }
+    }
+  };
+  const int64_t first = r0 / kQ4_0x8Rows, last = (r1 - 1) / kQ4_0x8Rows;
+  if (f0 >= f1) {
+    partial(first);
+    if (last != first) partial(last);
+    return;
+  }
+  if (r0 % kQ4_0x8Rows != 0) partial(first);
+  if (r1 % kQ4_0x8Rows != 0) partial(last);
 }
 
 }  // namespace
@@ -128,7 +167,15 @@ void MatMul(const MatrixView& w, const float* x, int64_t n_tokens, int64_t x_str
             int64_t y_stride, ThreadPool& pool) {
   if (w.rows <= 0 || n_tokens <= 0) return;
   const KernelSet& k = Kernels();
-  const PreparedInput in = PrepareInput(k, w, x, n_tokens, x_stride, &pool);
+  if (const auto* tk = InterleavedKernels(k, w)) {
+    const PreparedInput in = PrepareInput(*tk, w, x, n_tokens, x_stride, &pool);
+    pool.ParallelFor(
+        w.rows,
+        [&](int64_t r0, int64_t r1) { InterleavedRows(*tk, w, in, n_tokens, y, y_stride, r0, r1); },
+        RowGrain(w, n_tokens));
+    return;
+  }
+  const PreparedInput in = PrepareInput(k.For(w.type), w, x, n_tokens, x_stride, &pool);
   const auto dot = k.For(w.type).dot;
   pool.ParallelForBytes(
       w.rows, RowCost(w, n_tokens),
@@ -143,7 +190,12 @@ void MatMulRows(const MatrixView& w, const float* x, int64_t n_tokens, int64_t x
                 int64_t y_stride, int64_t row_begin, int64_t row_end) {
   if (row_end <= row_begin || n_tokens <= 0) return;
   const KernelSet& k = Kernels();
-  const PreparedInput in = PrepareInput(k, w, x, n_tokens, x_stride, nullptr);
+  if (const auto* tk = InterleavedKernels(k, w)) {
+    const PreparedInput in = PrepareInput(*tk, w, x, n_tokens, x_stride, nullptr);
+    InterleavedRows(*tk, w, in, n_tokens, y, y_stride, row_begin, row_end);
+    return;
+  }
+  const PreparedInput in = PrepareInput(k.For(w.type), w, x, n_tokens, x_stride, nullptr);
   k.For(w.type).dot(RowSource{w.row(row_begin), w.row_bytes, nullptr}, row_end - row_begin, w.cols,
                     in.data, in.stride, n_tokens, y + row_begin, y_stride);
 }
@@ -157,7 +209,7 @@ void GatherMatMul(const MatrixView& w, const int32_t* row_ids, int64_t n_ids, co
                   float* y, ThreadPool& pool) {
   if (n_ids <= 0) return;
   const KernelSet& k = Kernels();
-  const PreparedInput in = PrepareInput(k, w, x, 1, w.cols, nullptr);
+  const PreparedInput in = PrepareInput(k.For(w.type), w, x, 1, w.cols, nullptr);
   const auto dot = k.For(w.type).dot;
   pool.ParallelForBytes(
       n_ids, RowCost(w, 1),

@@ -66,7 +66,17 @@ struct KernelSet {
   // QuantizeRow); bit-identical to QuantizeRow(kQ8_0) for finite input. (The Q8_K types'
   // prepare_input writes plain block_q8_K in every set, bit-identical to QuantizeRowQ8_K.)
   void (*quantize_q8_0)(const float* x, uint8_t* blocks, int64_t n);
+  // Kernels over the 8-row interleaved layout of MatrixView::interleaved (q4_0x8.h), a table of
+  // its own so that a view's layout, not its type alone, picks the kernel. Only dot,
+  // input_bytes and prepare_input are set; dot's RowSource addresses groups (row_bytes: one
+  // group's bytes, never ids), n_rows counts groups and group g writes y[t * y_stride + 8g + i]
+  // for its rows i < 8.
+  std::array<TypeKernels, kTypeSlots> interleaved8{};
 
+  bool HasInterleaved8(GgmlType type) const {
+    const size_t i = static_cast<size_t>(type);
+    return i < kTypeSlots && interleaved8[i].dot != nullptr;
+  }
   bool Has(GgmlType type) const {
     const size_t i = static_cast<size_t>(type);
     return i < kTypeSlots && by_type[i].dot != nullptr;
@@ -88,6 +98,33 @@ template <size_t N>
 constexpr std::array<TypeKernels, kTypeSlots> MakeTypeTable(const TypeEntry (&entries)[N]) {
   std::array<TypeKernels, kTypeSlots> table{};
   for (const TypeEntry& e : entries) table[static_cast<size_t>(e.type)] = e.kernels;
+  return table;
+}
+
+// Q4_0 in the interleaved layout (q4_0x8.cc, q4_0x8_avx2.cc). Activations: per block the f32
+// of the fp16 Q8_0 scale, the int32 -8 * sum(q) that takes the nibbles' offset back out, and the
+// 32 quants (ggml's reference rounding, as every Q8_0 input). Per row and block the integer sum
+// is exact and added as acc = fma(fl(d_w * d_x), sum, acc), blocks in order, in both families:
+// portable and AVX2 agree bit for bit.
+inline constexpr int64_t kQ4_0x8InputBlockBytes = 40;
+int64_t Q4_0x8InputBytes(int64_t cols);
+void PrepareQ4_0x8(const float* x, int64_t cols, uint8_t* out);
+// The same bytes, rounded by the AVX2 set's Q8_0 quantizer (bit-identical to QuantizeRow).
+void PrepareQ4_0x8Avx2(const float* x, int64_t cols, uint8_t* out);
+// Writes the prepared form of n_blocks Q8_0 blocks (shared by both preparations).
+void PackQ4_0x8Input(const BlockQ8_0* q, int64_t n_blocks, uint8_t* out);
+void DotQ4_0x8Portable(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+                       int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
+void DotQ4_0x8Avx2(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+                   int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
+inline constexpr TypeKernels kQ4_0x8Portable = {&DotQ4_0x8Portable, nullptr, nullptr,
+                                                &Q4_0x8InputBytes, &PrepareQ4_0x8};
+inline constexpr TypeKernels kQ4_0x8Avx2 = {&DotQ4_0x8Avx2, nullptr, nullptr, &Q4_0x8InputBytes,
+                                            &PrepareQ4_0x8Avx2};
+template <const TypeKernels& kQ4_0>
+constexpr std::array<TypeKernels, kTypeSlots> Interleaved8Table() {
+  std::array<TypeKernels, kTypeSlots> table{};
+  table[static_cast<size_t>(GgmlType::kQ4_0)] = kQ4_0;
   return table;
 }
 

@@ -428,7 +428,8 @@ constexpr TypeEntry kEntries[] = {
     Q8KInput<T::kIQ4_XS, Iq4xsInts, kQK_K>(),
 };
 
-constexpr KernelSet kPortable = {"portable", MakeTypeTable(kEntries), &QuantizeQ8_0};
+constexpr KernelSet kPortable = {"portable", MakeTypeTable(kEntries), &QuantizeQ8_0,
+                                  Interleaved8Table<kQ4_0x8Portable>()};
 
 }  // namespace
 

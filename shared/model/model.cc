@@ -3,12 +3,14 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "shared/gguf/q4_0x8.h"
 #include "shared/gguf/quant.h"
 #include "shared/util/status_macros.h"
 
@@ -451,6 +453,17 @@ absl::Status CheckMatricesFinite(const GgufFile& f) {
   return absl::OkStatus();
 }
 
+// THERMOCLINE_REPACK: unset or "1" interleaves the dense-only Q4_0 matrices at load, "0" keeps
+// the file's layout alone (for A/B runs).
+absl::StatusOr<bool> RepackFromEnvironment() {
+  const char* v = std::getenv("THERMOCLINE_REPACK");
+  if (v == nullptr || std::string_view(v) == "1") return true;
+  if (std::string_view(v) == "0") return false;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "THERMOCLINE_REPACK must be 0 (keep the file's row layout) or 1 (interleave Q4_0 "
+      "matrices that are only used densely), got '", v, "'"));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path, TensorCheck check) {
@@ -517,7 +530,49 @@ absl::Status Model::Init() {
         absl::StrJoin(unused.begin(), unused.begin() + shown, ", "),
         unused.size() > shown ? ", ..." : ""));
   }
+  TC_ASSIGN_OR_RETURN(const bool repack, RepackFromEnvironment());
+  if (repack) InterleaveDenseMatrices();
   return absl::OkStatus();
+}
+
+void Model::Interleave(MatrixView& m) {
+  if (m.type != GgmlType::kQ4_0 || m.rows == 0 || m.cols == 0 || m.interleaved != nullptr) return;
+  std::vector<uint8_t>& buf =
+      interleaved_.emplace_back(Q4_0x8Groups(m.rows) * Q4_0x8GroupBytes(m.cols));
+  InterleaveQ4_0x8(m.data, m.row_bytes, m.rows, m.cols, buf.data());
+  m.interleaved = buf.data();
+}
+
+void Model::InterleaveDenseMatrices() {
+  // Only matrices no path ever reads by single rows: attention's projections are multiplied
+  // whole (TEAL's input-sparse products read columns of the row layout, which stays), and the
+  // output head unless it is the embedding table. The FFN is gathered by neuron in the sparse
+  // modes, which the model does not know at load: InterleaveDenseFfn, on request.
+  for (LayerWeights& w : layers_) {
+    Interleave(w.wq);
+    Interleave(w.wk);
+    Interleave(w.wv);
+    Interleave(w.wo);
+  }
+  if (!output_tied_) Interleave(output_);
+}
+
+absl::Status Model::InterleaveDenseFfn() {
+  TC_ASSIGN_OR_RETURN(const bool repack, RepackFromEnvironment());
+  if (!repack) return absl::OkStatus();
+  for (LayerWeights& w : layers_) {
+    if (!w.experts.empty()) continue;
+    Interleave(w.gate);
+    Interleave(w.up);
+    if (!w.has_down_t) Interleave(w.down);
+  }
+  return absl::OkStatus();
+}
+
+int64_t Model::interleaved_bytes() const {
+  int64_t total = 0;
+  for (const std::vector<uint8_t>& b : interleaved_) total += static_cast<int64_t>(b.size());
+  return total;
 }
 
 std::string Model::weight_type_name() const {

@@ -149,10 +149,20 @@ class Model {
   // Bytes of weights one decode step reads (all matrices, one embedding row; in MoE layers the
   // router and n_experts_used experts).
   int64_t decode_bytes_per_token() const;
+  // Bytes of the interleaved copies made at load (MatrixView::interleaved; THERMOCLINE_REPACK).
+  int64_t interleaved_bytes() const;
+  // Interleaves the dense FFN's Q4_0 matrices too (gate, up, down of non-MoE layers; never
+  // down_t), for a caller that multiplies the FFN whole: the `dense` sparsity mode without TEAL
+  // on the FFN. The row layout stays, so anything built later that gathers rows still works
+  // (the copy's memory is then wasted). Nothing happens with THERMOCLINE_REPACK=0; an invalid
+  // value is an error, as at load.
+  absl::Status InterleaveDenseFfn();
 
  private:
   Model() = default;
   absl::Status Init();
+  void InterleaveDenseMatrices();
+  void Interleave(MatrixView& m);  // adds m's Q4_0 interleaved copy, once
 
   std::unique_ptr<GgufFile> file_;
   ModelConfig config_;
@@ -161,6 +171,8 @@ class Model {
   bool output_tied_ = false;
   std::vector<float> output_norm_, output_norm_b_, rope_freqs_;
   std::vector<LayerWeights> layers_;
+  // Owned interleaved copies (a separate buffer: the file stays mapped read-only and clean).
+  std::vector<std::vector<uint8_t>> interleaved_;
 };
 
 }  // namespace thermocline
