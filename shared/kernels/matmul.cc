@@ -169,10 +169,12 @@ void MatMul(const MatrixView& w, const float* x, int64_t n_tokens, int64_t x_str
   const KernelSet& k = Kernels();
   if (const auto* tk = InterleavedKernels(k, w)) {
     const PreparedInput in = PrepareInput(*tk, w, x, n_tokens, x_stride, &pool);
-    pool.ParallelFor(
-        w.rows,
+    // kRowGrain is a multiple of kQ4_0x8Rows: pieces start on group boundaries.
+    static_assert(kRowGrain % kQ4_0x8Rows == 0);
+    pool.ParallelForBytes(
+        w.rows, RowCost(w, n_tokens),
         [&](int64_t r0, int64_t r1) { InterleavedRows(*tk, w, in, n_tokens, y, y_stride, r0, r1); },
-        RowGrain(w, n_tokens));
+        kRowGrain);
     return;
   }
   const PreparedInput in = PrepareInput(k.For(w.type), w, x, n_tokens, x_stride, &pool);
