@@ -363,8 +363,11 @@ TEST_P(KernelTest, MatMulMatchesDoubleReference) {
 TEST_P(KernelTest, BatchThreadsAndRowSplitsAreBitIdentical) {
   std::mt19937 rng(99);
   for (GgmlType type : kAllTypes) {
-    const int64_t rows = 77, cols = BlockSize(type) > 1 ? RoundUp(300, type) : 300, n_tokens = 17;
+    // Rows enough that every type's product is above the pool's single-thread threshold
+    // (ThreadPool::kMinParallelBytes), so that 2 and 3 threads do split it.
+    const int64_t rows = 301, cols = BlockSize(type) > 1 ? RoundUp(300, type) : 300, n_tokens = 17;
     TestMatrix m = MakeMatrix(type, rows, cols, rng);
+    ASSERT_GE(m.view.row_bytes * n_tokens * rows, ThreadPool::kMinParallelBytes) << TypeName(type);
     std::vector<float> x = RandomVector(n_tokens * cols, rng);
     ThreadPool pool1(1);
     std::vector<float> batched(n_tokens * rows);
