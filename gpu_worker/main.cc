@@ -110,13 +110,27 @@ int main(int argc, char** argv) {
   auto loaded = ipc::LoadWorkerModel(flags);
   if (!loaded.ok()) s.Fail(loaded.status());
   const ModelConfig& config = loaded->model->config();
+  // The gateway's default on the host backend: every layer dense and wholly here. Nothing then
+  // reads the FFN by neuron, so its Q4_0 matrices may take the interleaved copy the dense
+  // products read (docs/performance.md, "Q4_0 interleaved 8 rows"; THERMOCLINE_REPACK=0: off).
+  if (backend_name == "host") {
+    bool dense_all_hot = true;
+    for (int64_t l = 0; l < config.n_layers; ++l) {
+      dense_all_hot = dense_all_hot && loaded->plan.mode(l) == SparsityMode::kDense &&
+                      loaded->partition.layers[l].cold.empty();
+    }
+    if (dense_all_hot) {
+      if (absl::Status st = loaded->model->InterleaveDenseFfn(); !st.ok()) s.Fail(st);
+    }
+  }
   int64_t hot = 0, neurons = 0;
   for (const LayerPartition& l : loaded->partition.layers) hot += static_cast<int64_t>(l.hot.size());
   for (int64_t l = 0; l < config.n_layers; ++l) neurons += LayerNeurons(config, l);
   s.Log(Level::kInfo, "loaded",
         {{"model", flags.model_path}, {"layers", static_cast<long long>(config.n_layers)},
          {"hot_neurons", static_cast<long long>(hot)}, {"neurons", static_cast<long long>(neurons)},
-         {"sparsity", flags.sparsity.mode}, {"threads", flags.threads}});
+         {"sparsity", flags.sparsity.mode}, {"threads", flags.threads},
+         {"interleaved_bytes", static_cast<long long>(loaded->model->interleaved_bytes())}});
   absl::StatusOr<std::unique_ptr<gpu_worker::Backend>> backend;
   if (loaded->teal && backend_name != "host") {
     s.Fail(absl::InvalidArgumentError("TEAL (--teal-sparsity) runs on the host backend only"));

@@ -1,0 +1,77 @@
+// The interleaved Q4_0 copy in the split engine (gpu_worker/main.cc): the gpu worker's host
+// backend interleaves the FFN too when every layer is dense and wholly hot (the gateway's
+// default), and says how much it interleaved in its `loaded` line; the text equals the local
+// dense generation's, which interleaves the same matrices; a split FFN keeps the row layout
+// (only attention and the head are interleaved, as at load); THERMOCLINE_REPACK=0 interleaves
+// nothing, and the texts still agree with each other.
+#include <stdlib.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "shared/model/model.h"
+#include "tests/test_support.h"
+
+namespace thermocline {
+namespace {
+
+std::string Q4_0() { return testing::ModelPath("quants/Q4_0.gguf"); }
+
+struct Generated {
+  std::string text;
+  std::string worker_log;
+};
+
+Generated Generate(const std::vector<std::string>& extra) {
+  const std::string log = testing::TempDir() + "/workers.log";
+  std::vector<std::string> argv = {testing::BinDir() + "/thermocline", "generate", "--model", Q4_0(),
+                                   "--prompt", "One day, a little boy", "--max-new-tokens", "24",
+                                   "--temperature", "0"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  const bool split = std::find(extra.begin(), extra.end(), "--split") != extra.end();
+  if (split) argv.insert(argv.end(), {"--worker-log", log});
+  const testing::CommandResult r = testing::RunCommand(argv);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return Generated{r.out, split ? testing::ReadFileOrDie(log) : ""};
+}
+
+// The gpu worker's `loaded` line's interleaved_bytes, or -1.
+int64_t InterleavedBytes(const std::string& log) {
+  const size_t at = log.find("component=gpu_worker event=loaded");
+  if (at == std::string::npos) return -1;
+  const size_t key = log.find("interleaved_bytes=", at);
+  if (key == std::string::npos || log.find('\n', at) < key) return -1;
+  return std::stoll(log.substr(key + std::string("interleaved_bytes=").size()));
+}
+
+TEST(Q4_0x8SplitTest, TheGpuWorkerInterleavesTheDenseFfnAndAgreesWithTheLocalRun) {
+  THERMOCLINE_REQUIRE_SHARED_DATA();
+  auto model = Model::Load(Q4_0());
+  ASSERT_TRUE(model.ok()) << model.status();
+  const int64_t at_load = (*model)->interleaved_bytes();
+  ASSERT_TRUE((*model)->InterleaveDenseFfn().ok());
+  const int64_t with_ffn = (*model)->interleaved_bytes();
+  ASSERT_GT(at_load, 0);
+  ASSERT_GT(with_ffn, at_load);
+
+  const Generated local = Generate({});
+  const Generated split = Generate({"--split"});
+  EXPECT_EQ(InterleavedBytes(split.worker_log), with_ffn) << split.worker_log;
+  EXPECT_EQ(split.text, local.text);
+  // Half the neurons on each side: the FFN is read by neuron, so only the at-load copy.
+  const Generated half = Generate({"--split", "--hot-fraction", "0.5"});
+  EXPECT_EQ(InterleavedBytes(half.worker_log), at_load) << half.worker_log;
+
+  setenv("THERMOCLINE_REPACK", "0", 1);
+  const Generated local_rows = Generate({});
+  const Generated split_rows = Generate({"--split"});
+  unsetenv("THERMOCLINE_REPACK");
+  EXPECT_EQ(InterleavedBytes(split_rows.worker_log), 0) << split_rows.worker_log;
+  EXPECT_EQ(split_rows.text, local_rows.text);
+}
+
+}  // namespace
+}  // namespace thermocline
