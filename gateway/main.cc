@@ -39,7 +39,6 @@
 #include "shared/gguf/gguf.h"
 #include "shared/model/model.h"
 #include "shared/sparsity/placement.h"
-#include "shared/sparsity/planner.h"
 #include "shared/sparsity/sparsity_options.h"
 #include "shared/tokenizer/chat_prompt.h"
 #include "shared/util/version.h"
@@ -166,14 +165,11 @@ int Main(int argc, char** argv) {
                 "spawns; with --workers attach give them to thermocline-gpu-worker "
                 "(THERMOCLINE_GPU_WORKER_ARGS in deploy/thermocline.env.example)");
   }
-  if (absl::Status s = driver::ApplyGpuBackendFlags(
-          backend,
-          vm.count("vram-budget") ? std::optional(vm["vram-budget"].as<std::string>())
-                                  : std::nullopt,
-          so);
-      !s.ok()) {
-    return Fail(std::string(s.message()));
-  }
+  const absl::StatusOr<int64_t> vram_budget = driver::ApplyGpuBackendFlags(
+      backend,
+      vm.count("vram-budget") ? std::optional(vm["vram-budget"].as<std::string>()) : std::nullopt,
+      so);
+  if (!vram_budget.ok()) return Fail(std::string(vram_budget.status().message()));
   if (vm.count("hot-fraction") && vm.count("plan")) {
     return Fail("give one of --hot-fraction F and --plan PLAN, not both");
   }
@@ -303,7 +299,7 @@ int Main(int argc, char** argv) {
     dp.model_path = model_path;
     dp.stats_path = sf.stats_path;
     dp.predictor_path = sf.predictor_path;
-    if (vm.count("vram-budget")) dp.vram_budget = *ParseByteSize(vm["vram-budget"].as<std::string>());
+    dp.vram_budget = *vram_budget;
     dp.context = context;
     dp.kv_slots = sched.kv_slots;
     dp.kv_type = so.kv_type;

@@ -114,12 +114,9 @@ int main(int argc, char** argv) {
   // reads the FFN by neuron, so its Q4_0 matrices may take the interleaved copy the dense
   // products read (docs/performance.md, "Q4_0 interleaved 8 rows"; THERMOCLINE_REPACK=0: off).
   if (backend_name == "host") {
-    bool dense_all_hot = true;
-    for (int64_t l = 0; l < config.n_layers; ++l) {
-      dense_all_hot = dense_all_hot && loaded->plan.mode(l) == SparsityMode::kDense &&
-                      loaded->partition.layers[l].cold.empty();
-    }
-    if (dense_all_hot) {
+    bool all_hot = true;
+    for (const LayerPartition& l : loaded->partition.layers) all_hot = all_hot && l.cold.empty();
+    if (loaded->plan.AllDense() && all_hot) {
       if (absl::Status st = loaded->model->InterleaveDenseFfn(); !st.ok()) s.Fail(st);
     }
   }

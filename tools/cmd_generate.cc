@@ -32,7 +32,6 @@
 #include "shared/grammar/token_mask.h"
 #include "shared/model/model.h"
 #include "shared/runtime/generate.h"
-#include "shared/sparsity/planner.h"
 #include "shared/sparsity/sparse_ffn.h"
 #include "shared/sparsity/sparsity_mode.h"
 #include "shared/sparsity/sparsity_options.h"
@@ -431,15 +430,13 @@ int RunGenerate(const std::vector<std::string>& args) {
     if (vm.count("hot-fraction") && vm.count("plan")) {
       return fail("--split takes one of --hot-fraction F and --plan PLAN.gguf, not both");
     }
-    if (absl::Status s = driver::ApplyGpuBackendFlags(
-            backend,
-            vm.count("vram-budget") ? std::optional<std::string>(vram_budget) : std::nullopt, so);
-        !s.ok()) {
-      return fail(std::string(s.message()));
-    }
+    const absl::StatusOr<int64_t> budget = driver::ApplyGpuBackendFlags(
+        backend, vm.count("vram-budget") ? std::optional<std::string>(vram_budget) : std::nullopt,
+        so);
+    if (!budget.ok()) return fail(std::string(budget.status().message()));
+    vram_budget_bytes = *budget;
     if (vm.count("hot-fraction")) so.hot_fraction = hot_fraction;
     // Neither given: RunSplit chooses, as the gateway does (shared/driver/default_placement.h).
-    if (vm.count("vram-budget")) vram_budget_bytes = *ParseByteSize(vram_budget);
     if (vm.count("numa-node")) so.numa_node = numa_node;
   }
 

@@ -10,7 +10,7 @@
 
 namespace thermocline::driver {
 
-absl::Status ApplyGpuBackendFlags(const std::string& backend,
+absl::StatusOr<int64_t> ApplyGpuBackendFlags(const std::string& backend,
                                   const std::optional<std::string>& vram_budget,
                                   SplitEngineOptions& o) {
   if (std::find(std::begin(kGpuBackends), std::end(kGpuBackends), backend) ==
@@ -39,7 +39,7 @@ absl::Status ApplyGpuBackendFlags(const std::string& backend,
   if (vram_budget.has_value()) {
     o.extra_gpu_args.insert(o.extra_gpu_args.end(), {"--vram-budget", absl::StrCat(budget)});
   }
-  return absl::OkStatus();
+  return budget;
 }
 
 }  // namespace thermocline::driver

@@ -6,10 +6,12 @@
 // --backend cuda without one by exiting with the reason, which the driver passes on.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "shared/driver/split_engine.h"
 
 namespace thermocline::driver {
@@ -22,7 +24,8 @@ inline constexpr const char* kGpuBackends[] = {"host", "cuda"};
 // --vram-budget is: 6G, 6GiB, 1.5GiB, 512M, 4096; 0 = the device's free memory). Refused, with
 // o unchanged: a backend not in kGpuBackends (the message names them), a size that does not
 // parse (the message says why), a budget with the host backend (which uses no device memory).
-absl::Status ApplyGpuBackendFlags(const std::string& backend,
+// Returns the budget in bytes (0 when not given), for a caller that plans for it.
+absl::StatusOr<int64_t> ApplyGpuBackendFlags(const std::string& backend,
                                   const std::optional<std::string>& vram_budget,
                                   SplitEngineOptions& o);
 

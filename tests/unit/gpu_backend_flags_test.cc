@@ -62,7 +62,7 @@ TEST(GpuBackendFlags, DefaultsLeaveTheWorkerItsOwn) {
 void ExpectRefused(const std::string& backend, const std::optional<std::string>& budget,
                    const std::string& message) {
   SplitEngineOptions o = Base();
-  const absl::Status s = ApplyGpuBackendFlags(backend, budget, o);
+  const absl::Status s = ApplyGpuBackendFlags(backend, budget, o).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << backend;
   EXPECT_NE(s.message().find(message), std::string::npos) << s.message();
   EXPECT_EQ(o.gpu_backend, "host") << "refused, yet changed";
