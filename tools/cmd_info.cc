@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "shared/gguf/gguf.h"
 #include "shared/model/quantize.h"
+#include "shared/util/escape.h"
 #include "tools/command.h"
 
 namespace thermocline::tools {
@@ -24,33 +25,7 @@ struct Limits {
 // terminal; long strings (chat templates) are cut.
 std::string Escape(std::string_view s, int64_t max_len) {
   std::string out;
-  const size_t n = max_len > 0 ? std::min(s.size(), static_cast<size_t>(max_len)) : s.size();
-  for (size_t i = 0; i < n; ++i) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      default:
-        if (c < 0x20 || c == 0x7F) {
-          absl::StrAppendFormat(&out, "\\x%02x", c);
-        } else {
-          out.push_back(static_cast<char>(c));  // UTF-8 passes through (e.g. U+2581)
-        }
-    }
-  }
+  AppendEscaped(max_len > 0 ? s.substr(0, static_cast<size_t>(max_len)) : s, &out);
   return out;
 }
 

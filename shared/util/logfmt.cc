@@ -8,6 +8,8 @@
 #include <ctime>
 #include <mutex>
 
+#include "shared/util/escape.h"
+
 namespace thermocline {
 namespace {
 
@@ -60,33 +62,7 @@ std::string_view LevelName(Level level) {
 std::string LogfmtValue(std::string_view v) {
   if (!NeedsQuotes(v)) return std::string(v);
   std::string out = "\"";
-  for (unsigned char c : v) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (c < 0x20 || c == 0x7f) {
-          char esc[8];
-          std::snprintf(esc, sizeof(esc), "\\x%02x", c);
-          out += esc;
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
+  AppendEscaped(v, &out);
   out += '"';
   return out;
 }
