@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <functional>
@@ -265,6 +266,35 @@ inline double Gateway::Metric(const std::string& name) const {
     if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
   }
   return std::nan("");
+}
+
+// The worker whose pid is `pid_key` (gpu_pid / cpu_pid) of the gateway's workers_ready line,
+// SIGKILLed while every request streams: the requests run concurrently and the kill lands when
+// stream 0 has received `at_token` tokens (the others have started by then). The completions,
+// in request order; `*killed` says whether the kill happened at all.
+inline std::vector<Completion> GenerateKillingWorker(Gateway& gw,
+                                                     const std::vector<v1::GenerateRequest>& reqs,
+                                                     const std::string& pid_key, bool* killed,
+                                                     int at_token = 20) {
+  *killed = false;
+  pid_t pid = 0;
+  if (!absl::SimpleAtoi(gw.LogValue("workers_ready", pid_key), &pid) || pid <= 0) {
+    ADD_FAILURE() << "no " << pid_key << " in workers_ready; log:\n" << gw.Log();
+    return {};
+  }
+  std::vector<Completion> got(reqs.size());
+  std::vector<std::thread> threads;
+  std::atomic<bool> done{false};
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    threads.emplace_back([&, i] {
+      got[i] = gw.Generate(reqs[i], {}, [&](grpc::ClientContext&, int n) {
+        if (i == 0 && n == at_token && !done.exchange(true)) kill(pid, SIGKILL);
+      });
+    });
+  }
+  for (auto& t : threads) t.join();
+  *killed = done.load();
+  return got;
 }
 
 // A greedy request for `prompt` and `n` tokens.

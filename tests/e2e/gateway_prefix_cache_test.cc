@@ -110,21 +110,9 @@ TEST(GatewayPrefixCache, GpuWorkerKilledWhileStreamsShareBlocks) {
   for (const auto& r : reqs) undisturbed.push_back(gw.Generate(r));
   EXPECT_EQ(Hits(gw), 2 * 96);
 
-  const std::string pid_text = gw.LogValue("workers_ready", "gpu_pid");
-  pid_t pid = 0;
-  ASSERT_TRUE(absl::SimpleAtoi(pid_text, &pid)) << gw.Log();
-  std::vector<Completion> got(reqs.size());
-  std::vector<std::thread> threads;
-  std::atomic<bool> killed{false};
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    threads.emplace_back([&, i] {
-      got[i] = gw.Generate(reqs[i], {}, [&](grpc::ClientContext&, int n) {
-        if (i == 0 && n == 20 && !killed.exchange(true)) kill(pid, SIGKILL);
-      });
-    });
-  }
-  for (auto& t : threads) t.join();
-  ASSERT_TRUE(killed.load());
+  bool killed = false;
+  const std::vector<Completion> got = GenerateKillingWorker(gw, reqs, "gpu_pid", &killed);
+  ASSERT_TRUE(killed);
   for (size_t i = 0; i < reqs.size(); ++i) {
     SCOPED_TRACE(i);
     ASSERT_TRUE(got[i].status.ok()) << got[i].status.error_message();

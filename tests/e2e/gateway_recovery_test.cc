@@ -36,24 +36,10 @@ void KillWorkerMidStreams(const std::string& role) {
   std::vector<Completion> undisturbed;
   for (const auto& r : reqs) undisturbed.push_back(gw.Generate(r));
 
-  const std::string pid_text = gw.LogValue("workers_ready", role == "gpu_worker" ? "gpu_pid" : "cpu_pid");
-  pid_t pid = 0;
-  ASSERT_TRUE(absl::SimpleAtoi(pid_text, &pid)) << gw.Log();
-  ASSERT_GT(pid, 0);
-
-  std::vector<Completion> got(reqs.size());
-  std::vector<std::thread> threads;
-  std::atomic<bool> killed{false};
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    threads.emplace_back([&, i] {
-      got[i] = gw.Generate(reqs[i], {}, [&](grpc::ClientContext&, int n) {
-        // Mid-stream: every stream has started (stream 0 is 20 tokens in).
-        if (i == 0 && n == 20 && !killed.exchange(true)) kill(pid, SIGKILL);
-      });
-    });
-  }
-  for (auto& t : threads) t.join();
-  ASSERT_TRUE(killed.load());
+  bool killed = false;
+  const std::vector<Completion> got = GenerateKillingWorker(
+      gw, reqs, role == "gpu_worker" ? "gpu_pid" : "cpu_pid", &killed);
+  ASSERT_TRUE(killed);
   for (size_t i = 0; i < reqs.size(); ++i) {
     SCOPED_TRACE(kPrompts[i]);
     ASSERT_TRUE(got[i].status.ok()) << got[i].status.error_message();
