@@ -714,8 +714,9 @@ inline uint32_t LoadU32(const uint8_t* p) {
 // Q4_1, Q5_0, Q5_1: element j < 16 is the low nibble of qs[j], j >= 16 the high nibble of
 // qs[j - 16]; Q5 adds bit j of qh as bit 4.
 template <bool kHasMin, bool kHasHigh>
-void DequantizeRowLegacy(const uint8_t* x, float* y, int64_t n, int64_t block_bytes) {
+void DequantizeRowLegacy(const uint8_t* x, float* y, int64_t n) {
   const int64_t qs_at = 2 + (kHasMin ? 2 : 0) + (kHasHigh ? 4 : 0);
+  const int64_t block_bytes = qs_at + kQK / 2;
   for (int64_t i = 0; i < n / kQK; ++i) {
     const uint8_t* b = x + i * block_bytes;
     const float d = LoadScale(b);
@@ -955,198 +956,95 @@ int32_t FloatToI32(float x) {
   return static_cast<int32_t>(std::nearbyint(x));
 }
 
+void DequantizeRowF32(const uint8_t* x, float* y, int64_t n) {
+  std::memcpy(y, x, static_cast<size_t>(n) * sizeof(float));
+}
+void QuantizeRowF32(const float* x, uint8_t* y, int64_t n) {
+  std::memcpy(y, x, static_cast<size_t>(n) * sizeof(float));
+}
+
+// 16-bit floats and int32, element by element through the scalar conversions.
+template <typename T, float (*ToFloat)(T)>
+void DequantizeRowScalar(const uint8_t* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    T v;
+    std::memcpy(&v, x + sizeof(T) * i, sizeof(T));
+    y[i] = ToFloat(v);
+  }
+}
+template <typename T, T (*FromFloat)(float)>
+void QuantizeRowScalar(const float* x, uint8_t* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T v = FromFloat(x[i]);
+    std::memcpy(y + sizeof(T) * i, &v, sizeof(T));
+  }
+}
+float I32ToFloat(int32_t v) { return static_cast<float>(v); }
+
+// Every type's row conversions, one row per type; nullptr where a direction does not exist
+// (Q8_K is an activation type: llama.cpp never stores weights in it, so it has no quantizer here).
+struct RowCodec {
+  GgmlType type;
+  void (*dequantize)(const uint8_t* x, float* y, int64_t n);
+  void (*quantize)(const float* x, uint8_t* y, int64_t n);
+};
+constexpr RowCodec kRowCodecs[] = {
+    {GgmlType::kF32, DequantizeRowF32, QuantizeRowF32},
+    {GgmlType::kF16, DequantizeRowScalar<uint16_t, Fp16ToFp32>,
+     QuantizeRowScalar<uint16_t, Fp32ToFp16>},
+    {GgmlType::kBF16, DequantizeRowScalar<uint16_t, Bf16ToFp32>,
+     QuantizeRowScalar<uint16_t, Fp32ToBf16>},
+    {GgmlType::kQ8_0, DequantizeRowQ8_0, QuantizeRowQ8_0},
+    {GgmlType::kQ4_0, DequantizeRowQ4_0, QuantizeRowLegacy<false, false>},
+    {GgmlType::kQ4_1, DequantizeRowLegacy<true, false>, QuantizeRowLegacy<true, false>},
+    {GgmlType::kQ5_0, DequantizeRowLegacy<false, true>, QuantizeRowLegacy<false, true>},
+    {GgmlType::kQ5_1, DequantizeRowLegacy<true, true>, QuantizeRowLegacy<true, true>},
+    {GgmlType::kQ2_K, DequantizeRowQ2_K, QuantizeRowQ2_K},
+    {GgmlType::kQ3_K, DequantizeRowQ3_K, QuantizeRowQ3_K},
+    {GgmlType::kQ4_K, DequantizeRowQ45_K<false>, QuantizeRowQ45_K<false>},
+    {GgmlType::kQ5_K, DequantizeRowQ45_K<true>, QuantizeRowQ45_K<true>},
+    {GgmlType::kQ6_K, DequantizeRowQ6_K, QuantizeRowQ6_K},
+    {GgmlType::kQ8_K, DequantizeRowQ8_K, nullptr},
+    {GgmlType::kIQ4_NL, DequantizeRowIQ4_NL, QuantizeRowIQ4_NL},
+    {GgmlType::kIQ4_XS, DequantizeRowIQ4_XS, QuantizeRowIQ4_XS},
+    {GgmlType::kI32, DequantizeRowScalar<int32_t, I32ToFloat>,
+     QuantizeRowScalar<int32_t, FloatToI32>},
+};
+
+const RowCodec* FindRowCodec(GgmlType type) {
+  for (const RowCodec& c : kRowCodecs) {
+    if (c.type == type) return &c;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 bool HasDequantizer(GgmlType type) {
-  switch (type) {
-    case GgmlType::kF32:
-    case GgmlType::kF16:
-    case GgmlType::kBF16:
-    case GgmlType::kQ8_0:
-    case GgmlType::kQ4_0:
-    case GgmlType::kQ4_1:
-    case GgmlType::kQ5_0:
-    case GgmlType::kQ5_1:
-    case GgmlType::kQ2_K:
-    case GgmlType::kQ3_K:
-    case GgmlType::kQ4_K:
-    case GgmlType::kQ5_K:
-    case GgmlType::kQ6_K:
-    case GgmlType::kQ8_K:
-    case GgmlType::kIQ4_NL:
-    case GgmlType::kIQ4_XS:
-    case GgmlType::kI32:
-      return true;
-    default:
-      return false;
-  }
+  const RowCodec* c = FindRowCodec(type);
+  return c != nullptr && c->dequantize != nullptr;
 }
 
 bool HasQuantizer(GgmlType type) {
-  switch (type) {
-    case GgmlType::kF32:
-    case GgmlType::kF16:
-    case GgmlType::kBF16:
-    case GgmlType::kQ8_0:
-    case GgmlType::kQ4_0:
-    case GgmlType::kQ4_1:
-    case GgmlType::kQ5_0:
-    case GgmlType::kQ5_1:
-    case GgmlType::kQ2_K:
-    case GgmlType::kQ3_K:
-    case GgmlType::kQ4_K:
-    case GgmlType::kQ5_K:
-    case GgmlType::kQ6_K:
-    case GgmlType::kIQ4_NL:
-    case GgmlType::kIQ4_XS:
-    case GgmlType::kI32:
-      return true;
-    default:
-      return false;
-  }
+  const RowCodec* c = FindRowCodec(type);
+  return c != nullptr && c->quantize != nullptr;
 }
 
 void DequantizeRow(GgmlType type, const void* src, float* dst, int64_t n) {
   if (n <= 0) return;  // empty rows may come with null pointers, which memcpy must not see
-  // Byte-wise loads: tensor data in a mapped file is only guaranteed the file's alignment.
-  const uint8_t* s = static_cast<const uint8_t*>(src);
-  switch (type) {
-    case GgmlType::kF32:
-      std::memcpy(dst, s, static_cast<size_t>(n) * sizeof(float));
-      return;
-    case GgmlType::kF16:
-      for (int64_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, s + 2 * i, 2);
-        dst[i] = Fp16ToFp32(h);
-      }
-      return;
-    case GgmlType::kBF16:
-      for (int64_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, s + 2 * i, 2);
-        dst[i] = Bf16ToFp32(h);
-      }
-      return;
-    case GgmlType::kQ8_0:
-      DequantizeRowQ8_0(s, dst, n);
-      return;
-    case GgmlType::kQ4_0:
-      DequantizeRowQ4_0(s, dst, n);
-      return;
-    case GgmlType::kQ4_1:
-      DequantizeRowLegacy<true, false>(s, dst, n, 20);
-      return;
-    case GgmlType::kQ5_0:
-      DequantizeRowLegacy<false, true>(s, dst, n, 22);
-      return;
-    case GgmlType::kQ5_1:
-      DequantizeRowLegacy<true, true>(s, dst, n, 24);
-      return;
-    case GgmlType::kQ2_K:
-      DequantizeRowQ2_K(s, dst, n);
-      return;
-    case GgmlType::kQ3_K:
-      DequantizeRowQ3_K(s, dst, n);
-      return;
-    case GgmlType::kQ4_K:
-      DequantizeRowQ45_K<false>(s, dst, n);
-      return;
-    case GgmlType::kQ5_K:
-      DequantizeRowQ45_K<true>(s, dst, n);
-      return;
-    case GgmlType::kQ6_K:
-      DequantizeRowQ6_K(s, dst, n);
-      return;
-    case GgmlType::kQ8_K:
-      DequantizeRowQ8_K(s, dst, n);
-      return;
-    case GgmlType::kIQ4_NL:
-      DequantizeRowIQ4_NL(s, dst, n);
-      return;
-    case GgmlType::kIQ4_XS:
-      DequantizeRowIQ4_XS(s, dst, n);
-      return;
-    case GgmlType::kI32:
-      for (int64_t i = 0; i < n; ++i) {
-        int32_t v;
-        std::memcpy(&v, s + 4 * i, 4);
-        dst[i] = static_cast<float>(v);
-      }
-      return;
-    default:
-      break;
-  }
+  const RowCodec* c = FindRowCodec(type);
   // Callers check HasDequantizer first; reaching here is a programming error.
-  std::abort();
+  if (c == nullptr || c->dequantize == nullptr) std::abort();
+  // Byte-wise loads inside: tensor data in a mapped file is only guaranteed the file's alignment.
+  c->dequantize(static_cast<const uint8_t*>(src), dst, n);
 }
 
 void QuantizeRow(GgmlType type, const float* src, void* dst, int64_t n) {
-  if (n <= 0) return;  // empty rows may come with null pointers, which memcpy must not see
-  uint8_t* d = static_cast<uint8_t*>(dst);
-  switch (type) {
-    case GgmlType::kF32:
-      std::memcpy(d, src, static_cast<size_t>(n) * sizeof(float));
-      return;
-    case GgmlType::kF16:
-      for (int64_t i = 0; i < n; ++i) {
-        const uint16_t h = Fp32ToFp16(src[i]);
-        std::memcpy(d + 2 * i, &h, 2);
-      }
-      return;
-    case GgmlType::kBF16:
-      for (int64_t i = 0; i < n; ++i) {
-        const uint16_t h = Fp32ToBf16(src[i]);
-        std::memcpy(d + 2 * i, &h, 2);
-      }
-      return;
-    case GgmlType::kQ8_0:
-      QuantizeRowQ8_0(src, d, n);
-      return;
-    case GgmlType::kQ4_0:
-      QuantizeRowLegacy<false, false>(src, d, n);
-      return;
-    case GgmlType::kQ4_1:
-      QuantizeRowLegacy<true, false>(src, d, n);
-      return;
-    case GgmlType::kQ5_0:
-      QuantizeRowLegacy<false, true>(src, d, n);
-      return;
-    case GgmlType::kQ5_1:
-      QuantizeRowLegacy<true, true>(src, d, n);
-      return;
-    case GgmlType::kQ2_K:
-      QuantizeRowQ2_K(src, d, n);
-      return;
-    case GgmlType::kQ3_K:
-      QuantizeRowQ3_K(src, d, n);
-      return;
-    case GgmlType::kQ4_K:
-      QuantizeRowQ45_K<false>(src, d, n);
-      return;
-    case GgmlType::kQ5_K:
-      QuantizeRowQ45_K<true>(src, d, n);
-      return;
-    case GgmlType::kQ6_K:
-      QuantizeRowQ6_K(src, d, n);
-      return;
-    case GgmlType::kIQ4_NL:
-      QuantizeRowIQ4_NL(src, d, n);
-      return;
-    case GgmlType::kIQ4_XS:
-      QuantizeRowIQ4_XS(src, d, n);
-      return;
-    case GgmlType::kI32:
-      for (int64_t i = 0; i < n; ++i) {
-        const int32_t v = FloatToI32(src[i]);
-        std::memcpy(d + 4 * i, &v, 4);
-      }
-      return;
-    default:
-      break;
-  }
+  if (n <= 0) return;
+  const RowCodec* c = FindRowCodec(type);
   // Callers check HasQuantizer first; reaching here is a programming error.
-  std::abort();
+  if (c == nullptr || c->quantize == nullptr) std::abort();
+  c->quantize(src, static_cast<uint8_t*>(dst), n);
 }
 
 }  // namespace thermocline
