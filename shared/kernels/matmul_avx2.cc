@@ -1045,12 +1045,11 @@ void RunTiles(const RowSource& rows, int64_t n_rows, int64_t cols, const uint8_t
               int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
   static constexpr auto kTable =
       MakeTileTable<K, kMaxR, kMaxT>(std::make_index_sequence<kMaxR * kMaxT>());
-  ForEachTile<kMaxR, kMaxT>(rows, n_rows, n_tokens,
+  ForEachTile<kMaxR, kMaxT>(rows, n_rows, n_tokens, y, y_stride,
                             [&](const uint8_t* const* w, const uint8_t* const* next, int nr, int nt,
-                                int64_t i0, int64_t t0) {
+                                int64_t t0, float* yt, int64_t yt_stride) {
                               kTable[(nr - 1) * kMaxT + (nt - 1)](w, next, cols, x + t0 * x_stride,
-                                                                  x_stride, y + t0 * y_stride + i0,
-                                                                  y_stride);
+                                                                  x_stride, yt, yt_stride);
                             });
 }
 

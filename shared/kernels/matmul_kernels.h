@@ -144,33 +144,60 @@ const float* HalfToFloatTable();
 // tokens each weight byte comes from memory once (the activations of a token tile stay in L1).
 inline constexpr int64_t kRowBlockBytes = 256 << 10;
 
-// Walks the n_rows x n_tokens output in tiles of at most R rows by T tokens and calls
-// tile(row_ptrs, next_ptrs, n_tile_rows, n_tile_tokens, first_row, first_token) for each. With
-// one token tile the rows simply stream; otherwise rows go in L2-sized blocks, all tokens per
-// block. While the weights still come from memory (the first token tile) next_ptrs holds the R
-// rows of the following row tile for the kernel to prefetch: a whole tile ahead hides DRAM
-// latency even for short or gathered (scattered) rows, where the hardware prefetcher has no
-// long stream to follow. Elsewhere it is nullptr.
+// Walks the n_rows x n_tokens output y (y[t * y_stride + i]) in tiles of at most R rows by T
+// tokens and calls tile(row_ptrs, next_ptrs, n_tile_rows, n_tile_tokens, first_token, y_tile,
+// y_tile_stride) for each; the tile writes its output for (row r, token t) to
+// y_tile[t * y_tile_stride + r].
+//
+// One token tile (decode), contiguous rows: a tile takes row i of each of R equal slices of the
+// range, not R neighbouring rows, so the kernel reads R long sequential streams, which the
+// hardware prefetcher follows across pages, instead of R streams that end after one row (a row
+// of 2048 f16 weights is one 4 KiB page, where the prefetcher starts over). Measured on one core
+// from DRAM, f16 rows of 2048 columns: 20.2-20.5 GB/s against 15.8-16.0 for neighbouring rows,
+// the 8-stream read floor at 23-24 (rows of 5504 columns: the same 19.3 either way). Which rows
+// share a tile does not change any row's arithmetic: the output is the same bit for bit.
+//
+// Otherwise rows go in L2-sized blocks, all tokens per block; gathered rows (ids) and many tokens
+// keep neighbouring rows. While the weights still come from memory (the first token tile)
+// next_ptrs holds the R rows of the following row tile for the kernel to prefetch: a whole tile
+// ahead hides DRAM latency for short or gathered (scattered) rows. Elsewhere it is nullptr.
 template <int R, int T, class TileFn>
-inline void ForEachTile(const RowSource& rows, int64_t n_rows, int64_t n_tokens, TileFn&& tile) {
-  int64_t block = n_rows;
+inline void ForEachTile(const RowSource& rows, int64_t n_rows, int64_t n_tokens, float* y,
+                        int64_t y_stride, TileFn&& tile) {
+  int64_t i = 0;
+  if (n_tokens <= T && rows.ids == nullptr && R > 1 && n_rows >= 2 * R) {
+    const int nt = static_cast<int>(n_tokens);
+    const int64_t slice = n_rows / R;
+    float out[T * R];
+    for (; i < slice; ++i) {
+      const uint8_t* ptrs[R];
+      for (int k = 0; k < R; ++k) ptrs[k] = rows.row(k * slice + i);
+      tile(ptrs, nullptr, R, nt, int64_t{0}, out, int64_t{R});
+      for (int t = 0; t < nt; ++t) {
+        for (int k = 0; k < R; ++k) y[t * y_stride + k * slice + i] = out[t * R + k];
+      }
+    }
+    i = slice * R;  // the n_rows % R rows left go below, as neighbours
+  }
+  const int64_t first = i;
+  int64_t block = n_rows - first;
   if (n_tokens > T) {
     block = std::max<int64_t>(R, kRowBlockBytes / std::max<int64_t>(1, rows.row_bytes) / R * R);
   }
-  for (int64_t b0 = 0; b0 < n_rows; b0 += block) {
+  for (int64_t b0 = first; b0 < n_rows; b0 += block) {
     const int64_t b1 = std::min(n_rows, b0 + block);
     for (int64_t t0 = 0; t0 < n_tokens; t0 += T) {
       const int nt = static_cast<int>(std::min<int64_t>(T, n_tokens - t0));
-      for (int64_t i = b0; i < b1; i += R) {
-        const int nr = static_cast<int>(std::min<int64_t>(R, b1 - i));
+      for (int64_t r = b0; r < b1; r += R) {
+        const int nr = static_cast<int>(std::min<int64_t>(R, b1 - r));
         const uint8_t* ptrs[R];
         const uint8_t* next[R];
-        for (int k = 0; k < nr; ++k) ptrs[k] = rows.row(i + k);
-        const bool prefetch = t0 == 0 && i + R < n_rows;
+        for (int k = 0; k < nr; ++k) ptrs[k] = rows.row(r + k);
+        const bool prefetch = t0 == 0 && r + R < n_rows;
         if (prefetch) {
-          for (int k = 0; k < R; ++k) next[k] = rows.row(std::min(i + R + k, n_rows - 1));
+          for (int k = 0; k < R; ++k) next[k] = rows.row(std::min(r + R + k, n_rows - 1));
         }
-        tile(ptrs, prefetch ? next : nullptr, nr, nt, i, t0);
+        tile(ptrs, prefetch ? next : nullptr, nr, nt, t0, y + t0 * y_stride + r, y_stride);
       }
     }
   }

@@ -337,15 +337,14 @@ struct BlockType {
 template <class K>
 void DotRows(const RowSource& rows, int64_t n_rows, int64_t cols, const uint8_t* x,
              int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
-  ForEachTile<4, 4>(
-      rows, n_rows, n_tokens,
-      [&](const uint8_t* const* w, const uint8_t* const*, int nr, int nt, int64_t i0, int64_t t0) {
-        for (int t = 0; t < nt; ++t) {
-          const uint8_t* xt = x + (t0 + t) * x_stride;
-          float* yt = y + (t0 + t) * y_stride + i0;
-          for (int r = 0; r < nr; ++r) yt[r] = K::Dot(w[r], xt, cols);
-        }
-      });
+  ForEachTile<4, 4>(rows, n_rows, n_tokens, y, y_stride,
+                    [&](const uint8_t* const* w, const uint8_t* const*, int nr, int nt, int64_t t0,
+                        float* yt, int64_t yt_stride) {
+                      for (int t = 0; t < nt; ++t) {
+                        const uint8_t* xt = x + (t0 + t) * x_stride;
+                        for (int r = 0; r < nr; ++r) yt[t * yt_stride + r] = K::Dot(w[r], xt, cols);
+                      }
+                    });
 }
 
 template <class K>
