@@ -7,6 +7,7 @@
 //   teal: 1024 of 2048 rows of 5504 (the transposed gate/up at TEAL 50%), one
 //         InputSparseMatVec: threads split the output columns, each running AxpyRows over
 //         every kept row's slice of its columns.
+//   teal2k: the same over 2048 rows of 2048 (the transposed q, k, v, o at TEAL 50%).
 //
 //   axpy_bench [--threads=1,2] [--rounds=5] [--types=f16,q8_0,q4_0] [--working_set_mib=256]
 //
@@ -56,7 +57,8 @@ struct Shape {
   int64_t rows, cols, n_ids;
 };
 constexpr Shape kShapes[] = {{"ffn", Caller::kFfn, 5504, 2048, 550},
-                             {"teal", Caller::kTeal, 2048, 5504, 1024}};
+                             {"teal", Caller::kTeal, 2048, 5504, 1024},
+                             {"teal2k", Caller::kTeal, 2048, 2048, 1024}};
 
 std::vector<std::string_view> Split(std::string_view s) {
   std::vector<std::string_view> out;
@@ -269,9 +271,9 @@ int Main(int argc, char** argv) {
     std::printf("hardware floor: read bandwidth %.1f GB/s with %d thread(s)\n",
                 MeasureReadBandwidthGBs(pool, static_cast<size_t>(o.working_set_mib) << 20), t);
   }
-  std::printf("\n%-5s %-5s %3s %11s %6s %7s %7s %6s %7s %7s %7s\n", "shape", "type", "thr",
+  std::printf("\n%-6s %-5s %3s %11s %6s %7s %7s %6s %7s %7s %7s\n", "shape", "type", "thr",
               "rows", "MB", "axpy", "read", "best", "paired", "in L2", "ceiling");
-  std::printf("%-5s %-5s %3s %11s %6s %7s %7s %6s %7s %7s %7s\n", "", "", "", "", "/call", "GB/s",
+  std::printf("%-6s %-5s %3s %11s %6s %7s %7s %6s %7s %7s %7s\n", "", "", "", "", "/call", "GB/s",
               "GB/s", "ratio", "ratio", "GB/s", "ratio");
   for (const Shape& s : kShapes) {
     for (GgmlType type : o.types) {
@@ -284,7 +286,7 @@ int Main(int argc, char** argv) {
         char rows[32];
         std::snprintf(rows, sizeof rows, "%lld/%lld", static_cast<long long>(s.n_ids),
                       static_cast<long long>(s.rows));
-        std::printf("%-5s %-5s %3d %11s %6.2f %7.1f %7.1f %5.0f%% %6.0f%% %7.1f %6.0f%%\n", s.name,
+        std::printf("%-6s %-5s %3d %11s %6.2f %7.1f %7.1f %5.0f%% %6.0f%% %7.1f %6.0f%%\n", s.name,
                     std::string(TypeTraits(type).name).c_str(), t, rows, r.bytes / 1e6, r.bytes / r.call_best_s / 1e9,
                     r.bytes / r.read_best_s / 1e9, 100.0 * r.read_best_s / r.call_best_s,
                     100.0 * r.paired, r.in_l2_gbs,
