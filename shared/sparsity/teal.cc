@@ -122,10 +122,17 @@ int64_t InputSparseMatVec(const MatrixView& wt, const float* x, float cut,
   if (k == 0) return 0;
   // Threads split the outputs, not the inputs: each adds every kept row's slice of its columns
   // in input order, so no partial sums are added afterwards, each output's sum order is the
-  // same for any pool size, and the pieces are claimed (a descheduled thread stalls nothing).
+  // same for any pool size, and the pieces are claimed (one a thread has not started yet is
+  // taken by whichever thread is free). A slice of a row is one short run of bytes at a
+  // scattered address, and short runs leave the memory latency exposed (bench/axpy_bench,
+  // teal2k: at Q4_0, slices of 256 of 2048 columns, what four pieces per thread made of a
+  // 2048-wide output at two threads, streamed at about half the rate of 1024), so slices are
+  // kMinSliceCols wide, or one per thread where the outputs are fewer.
+  constexpr int64_t kMinSliceCols = 1024;
   thread_local ThreadPool solo(1);
-  const int64_t bs = TypeTraits(wt.type).block_size;
-  const int64_t chunk = std::max<int64_t>(64, bs);
+  const int64_t unit = std::max<int64_t>(64, TypeTraits(wt.type).block_size);
+  const int64_t per_thread = (wt.cols + pool.size() - 1) / pool.size();
+  const int64_t chunk = (std::min(per_thread, kMinSliceCols) + unit - 1) / unit * unit;
   const int64_t n_chunks = (wt.cols + chunk - 1) / chunk;
   // A chunk costs its slice of every kept row; below the pool's threshold all run here.
   pool.ParallelForBytes(n_chunks, k * RowBytes(wt.type, chunk), [&](int64_t b, int64_t e) {

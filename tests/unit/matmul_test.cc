@@ -1,5 +1,6 @@
 #include "shared/kernels/matmul.h"
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -471,6 +472,83 @@ TEST_P(KernelTest, AxpyRowsMatchesDoubleReference) {
               << " threads=" << threads << " c=" << c;
         }
         EXPECT_EQ(y[cols], -7.0f);
+      }
+    }
+  }
+}
+
+// AxpyRows at the edges of its row and column loops, for every type: no ids, one, every row in
+// order, counts that fill no whole group of rows, shuffled and repeated ids; rows of one block,
+// two, three, seven and 4096 + 32 columns (plus 3 for the float types, a ragged end); random
+// coefficients, zeros mixed with negatives, and huge ones (1e30: the products stay finite);
+// 1-3 threads. Against the double sum over the dequantized rows, within the bound of
+// AxpyRowsMatchesDoubleReference. And on one thread bit for bit the same as one call per id in
+// the same order: TypeKernels::axpy adds the rows in order into each output, whichever rows it
+// shares a pass over y with.
+TEST_P(KernelTest, AxpyRowsEdgeCases) {
+  std::mt19937 rng(23);
+  constexpr int64_t kRows = 70;
+  const int64_t widths[] = {32, 64, 96, 224, 4096 + 32};
+  for (GgmlType type : kAllTypes) {
+    std::vector<int64_t> done;  // the K-quants round several widths up to one block
+    for (int64_t width : widths) {
+      const int64_t cols = BlockSize(type) > 1 ? RoundUp(width, type) : width + 3;
+      if (std::find(done.begin(), done.end(), cols) != done.end()) continue;
+      done.push_back(cols);
+      TestMatrix m = MakeMatrix(type, kRows, cols, rng);
+      std::vector<std::vector<int32_t>> id_sets = {{}, {5}};
+      id_sets.emplace_back(kRows);
+      for (int64_t i = 0; i < kRows; ++i) id_sets.back()[i] = static_cast<int32_t>(i);
+      std::vector<int32_t> shuffled = id_sets.back();
+      std::shuffle(shuffled.begin(), shuffled.end(), rng);
+      id_sets.emplace_back(shuffled.begin(), shuffled.begin() + 17);
+      id_sets.emplace_back(shuffled.begin(), shuffled.begin() + 9);
+      std::uniform_int_distribution<int32_t> pick(0, kRows - 1);
+      for (int64_t n : {33, 240}) {  // with repeats; 240 rows are split by 2 and 3 threads
+        id_sets.emplace_back(n);
+        for (int32_t& id : id_sets.back()) id = pick(rng);
+      }
+      for (const std::vector<int32_t>& ids : id_sets) {
+        const int64_t n_ids = static_cast<int64_t>(ids.size());
+        for (int pattern = 0; pattern < 3; ++pattern) {
+          std::vector<float> coeffs = RandomVector(n_ids, rng);
+          for (int64_t i = 0; i < n_ids; ++i) {
+            if (pattern == 1) coeffs[i] = i % 3 == 0 ? 0.0f : -std::fabs(coeffs[i]);
+            if (pattern == 2) coeffs[i] = coeffs[i] < 0 ? -1e30f : 1e30f;
+          }
+          const std::vector<float> y0 = RandomVector(cols, rng);
+          std::vector<double> ref(y0.begin(), y0.end()), sum_abs(cols);
+          for (int64_t c = 0; c < cols; ++c) sum_abs[c] = std::fabs(y0[c]);
+          for (int64_t i = 0; i < n_ids; ++i) {
+            for (int64_t c = 0; c < cols; ++c) {
+              const double p = static_cast<double>(coeffs[i]) * m.deq[ids[i] * cols + c];
+              ref[c] += p;
+              sum_abs[c] += std::fabs(p);
+            }
+          }
+          ThreadPool pool1(1);
+          std::vector<float> one_by_one = y0;
+          for (int64_t i = 0; i < n_ids; ++i) {
+            AxpyRows(m.view, ids.data() + i, coeffs.data() + i, 1, one_by_one.data(), pool1);
+          }
+          for (int threads : {1, 2, 3}) {
+            ThreadPool pool(threads);
+            std::vector<float> y = y0;
+            y.push_back(-7.0f);
+            AxpyRows(m.view, ids.data(), coeffs.data(), n_ids, y.data(), pool);
+            for (int64_t c = 0; c < cols; ++c) {
+              ASSERT_NEAR(y[c], ref[c], Tolerance(n_ids + 1, sum_abs[c]))
+                  << TypeName(type) << " cols=" << cols << " n_ids=" << n_ids
+                  << " pattern=" << pattern << " threads=" << threads << " c=" << c;
+            }
+            ASSERT_EQ(y[cols], -7.0f) << "wrote past the row";
+            if (threads == 1) {
+              ASSERT_EQ(std::memcmp(y.data(), one_by_one.data(), cols * sizeof(float)), 0)
+                  << TypeName(type) << " cols=" << cols << " n_ids=" << n_ids
+                  << " pattern=" << pattern << ": not the rows added one by one";
+            }
+          }
+        }
       }
     }
   }
