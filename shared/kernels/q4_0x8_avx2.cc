@@ -21,7 +21,6 @@
 // rounding only (the bound is derived in tests/unit/q4_0x8_test.cc).
 #include <immintrin.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -95,20 +94,10 @@ void PrepareQ4_0x8Avx2(const float* x, int64_t cols, uint8_t* out) {
 void DotQ4_0x8Avx2(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
                    int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
   const int64_t n_blocks = cols / kQK;
-  // With more tokens than one tile, groups go in L2-sized blocks that every token tile passes
-  // over, so each weight byte comes from memory once (as ForEachTile does for rows).
-  const int64_t block =
-      n_tokens > kMaxTokens ? std::max<int64_t>(1, kRowBlockBytes / groups.row_bytes) : n_groups;
-  for (int64_t g0 = 0; g0 < n_groups; g0 += block) {
-    const int64_t g1 = std::min(n_groups, g0 + block);
-    for (int64_t t0 = 0; t0 < n_tokens; t0 += kMaxTokens) {
-      const int nt = static_cast<int>(std::min<int64_t>(kMaxTokens, n_tokens - t0));
-      for (int64_t g = g0; g < g1; ++g) {
-        kGroupTiles[nt - 1](groups.base + g * groups.row_bytes, n_blocks, x + t0 * x_stride,
-                            x_stride, y + t0 * y_stride + g * kQ4_0x8Rows, y_stride);
-      }
-    }
-  }
+  ForEachGroupTile<kMaxTokens>(groups, n_groups, n_tokens, [&](int64_t g, int64_t t0, int nt) {
+    kGroupTiles[nt - 1](groups.base + g * groups.row_bytes, n_blocks, x + t0 * x_stride, x_stride,
+                        y + t0 * y_stride + g * kQ4_0x8Rows, y_stride);
+  });
 }
 
 }  // namespace thermocline::matmul_internal
