@@ -458,8 +458,8 @@ int RunGenerate(const std::vector<std::string>& args) {
   }
   auto plan = SparsityPlanFromFlags(model, sf);
   if (!plan.ok()) return fail(std::string(plan.status().message()));
-  // The FFN multiplied whole in this process: its Q4_0 and Q4_K matrices get the interleaved
-  // copy too.
+  // The FFN multiplied whole in this process: its Q4_0, Q4_K and Q6_K matrices get the
+  // interleaved copy too.
   if (!split && plan->AllDense() && !(*teal_plan && (*teal_plan)->ffn)) {
     if (absl::Status s = (*model_or)->InterleaveDenseFfn(); !s.ok()) {
       return fail(std::string(s.message()));

@@ -4,6 +4,7 @@
 
 #include "shared/gguf/q4_0x8.h"
 #include "shared/gguf/q4_kx8.h"
+#include "shared/gguf/q6_kx8.h"
 
 namespace thermocline {
 namespace {
@@ -14,11 +15,13 @@ struct Layout {
   void (*interleave)(const uint8_t*, int64_t, int64_t, int64_t, uint8_t*);
   void (*extract)(const uint8_t*, int64_t, int64_t, uint8_t*);
 };
-static_assert(kQ4_0x8Rows == kInterleaved8Rows && kQ4_Kx8Rows == kInterleaved8Rows);
+static_assert(kQ4_0x8Rows == kInterleaved8Rows && kQ4_Kx8Rows == kInterleaved8Rows &&
+              kQ6_Kx8Rows == kInterleaved8Rows);
 
 constexpr Layout kLayouts[] = {
     {GgmlType::kQ4_0, &Q4_0x8GroupBytes, &InterleaveQ4_0x8, &ExtractQ4_0x8Row},
     {GgmlType::kQ4_K, &Q4_Kx8GroupBytes, &InterleaveQ4_Kx8, &ExtractQ4_Kx8Row},
+    {GgmlType::kQ6_K, &Q6_Kx8GroupBytes, &InterleaveQ6_Kx8, &ExtractQ6_Kx8Row},
 };
 
 const Layout* Find(GgmlType type) {

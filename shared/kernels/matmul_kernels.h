@@ -146,11 +146,29 @@ inline constexpr TypeKernels kQ4_Kx8Portable = {&DotQ4_Kx8Portable, nullptr, nul
 inline constexpr TypeKernels kQ4_Kx8Avx2 = {&DotQ4_Kx8Avx2, nullptr, nullptr, &Q4_Kx8InputBytes,
                                             &PrepareQ4_Kx8Avx2};
 
-template <const TypeKernels& kQ4_0, const TypeKernels& kQ4_K>
+// Q6_K in the interleaved layout (q6_kx8.cc, q6_kx8_avx2.cc). Activations: plain block_q8_K
+// (the row kernels' preparation; its bsums pairs are what the scale pairs meet). Per row and
+// super-block I = sum_s sc_s * sum_{l in s} (q_l - 32) xq_l is an exact int32, added as
+// acc = fma(fl(d * xd), fl(I), acc), super-blocks in order, in both families: portable and AVX2
+// agree bit for bit.
+int64_t Q6_Kx8InputBytes(int64_t cols);
+void PrepareQ6_Kx8(const float* x, int64_t cols, uint8_t* out);
+void PrepareQ6_Kx8Avx2(const float* x, int64_t cols, uint8_t* out);
+void DotQ6_Kx8Portable(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+                       int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
+void DotQ6_Kx8Avx2(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+                   int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
+inline constexpr TypeKernels kQ6_Kx8Portable = {&DotQ6_Kx8Portable, nullptr, nullptr,
+                                                &Q6_Kx8InputBytes, &PrepareQ6_Kx8};
+inline constexpr TypeKernels kQ6_Kx8Avx2 = {&DotQ6_Kx8Avx2, nullptr, nullptr, &Q6_Kx8InputBytes,
+                                            &PrepareQ6_Kx8Avx2};
+
+template <const TypeKernels& kQ4_0, const TypeKernels& kQ4_K, const TypeKernels& kQ6_K>
 constexpr std::array<TypeKernels, kTypeSlots> Interleaved8Table() {
   std::array<TypeKernels, kTypeSlots> table{};
   table[static_cast<size_t>(GgmlType::kQ4_0)] = kQ4_0;
   table[static_cast<size_t>(GgmlType::kQ4_K)] = kQ4_K;
+  table[static_cast<size_t>(GgmlType::kQ6_K)] = kQ6_K;
   return table;
 }
 

@@ -17,7 +17,7 @@
 // Arithmetic. Per row the sums I and M of a super-block are exact int32 (|I| <= 8 x 63 x 32 x
 // 15 x 127 < 2^25, |M| <= 8 x 63 x 32 x 127 < 2^21) and are added as DotQ4_Kx8Portable adds
 // them: bit-identical to it. The row kernel keeps 8 partial lanes per row and sums them at the
-// end, so the two differ by rounding only (the bound is derived in tests/unit/q4_kx8_test.cc).
+// end, so the two differ by rounding only (the bound is derived in tests/unit/kquant_x8_test.cc).
 #include <immintrin.h>
 
 #include <cstdint>

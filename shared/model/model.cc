@@ -453,15 +453,15 @@ absl::Status CheckMatricesFinite(const GgufFile& f) {
   return absl::OkStatus();
 }
 
-// THERMOCLINE_REPACK: unset or "1" interleaves the dense-only Q4_0 and Q4_K matrices at load,
-// "0" keeps the file's layout alone (for A/B runs).
+// THERMOCLINE_REPACK: unset or "1" interleaves the dense-only matrices of the types with an
+// interleaved layout (interleaved8.h) at load, "0" keeps the file's layout alone (for A/B runs).
 absl::StatusOr<bool> RepackFromEnvironment() {
   const char* v = std::getenv("THERMOCLINE_REPACK");
   if (v == nullptr || std::string_view(v) == "1") return true;
   if (std::string_view(v) == "0") return false;
   return absl::InvalidArgumentError(absl::StrCat(
-      "THERMOCLINE_REPACK must be 0 (keep the file's row layout) or 1 (interleave Q4_0 and "
-      "Q4_K matrices that are only used densely), got '", v, "'"));
+      "THERMOCLINE_REPACK must be 0 (keep the file's row layout) or 1 (interleave the Q4_0, "
+      "Q4_K and Q6_K matrices that are only used densely), got '", v, "'"));
 }
 
 }  // namespace

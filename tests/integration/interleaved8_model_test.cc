@@ -1,14 +1,14 @@
-// The interleaved Q4_0 and Q4_K copies at load (THERMOCLINE_REPACK,
+// The interleaved Q4_0, Q4_K and Q6_K copies at load (THERMOCLINE_REPACK,
 // Model::InterleaveDenseMatrices, shared/gguf/interleaved8.h) on llama.cpp's own Q4_0, Q4_K_M
 // and Q4_K_S files of ../shared/models/quants/: which matrices get them, and that the model's
 // logits and greedy picks with them are those without them, up to the bounds below.
 //
 // The bounds are quant_models_test.cc's, for the same reason: both runs multiply the same
 // operands (Q8_0- or Q8_K-rounded activations, exact integer block sums) and differ only in f32
-// summation order (q4_0x8_test.cc and q4_kx8_test.cc bound one product), which the network
-// passes on at well below 1e-4 per logit (kExactBound); except that an f32 difference of ~1e-7 relative can move an activation
-// lying at a .5 boundary of its int8 rounding onto the other integer, after which the logits
-// differ by up to a few 1e-2 (kQ8ActivationBound). The first prompt row, whose attention sees one
+// summation order (q4_0x8_test.cc and kquant_x8_test.cc bound one product), which the network
+// passes on at well below 1e-4 per logit (kExactBound); except that an f32 difference of ~1e-7
+// relative can move an activation lying at a .5 boundary of its int8 rounding onto the other
+// integer, after which the logits differ by up to a few 1e-2 (kQ8ActivationBound). The first prompt row, whose attention sees one
 // position, must agree to kExactBound; greedy picks must agree wherever the row layout's top-2
 // gap exceeds twice the wider bound (both runs are fed the row layout's picks, so every step
 // stays comparable).
