@@ -86,7 +86,11 @@ void GroupTile(const uint8_t* group, int64_t n_blocks, const uint8_t* x, int64_t
       xb[t] = x + t * x_stride + b * kQ8KBlockBytes;
       isum[t] = offset[t] = _mm256_setzero_si256();
     }
+    // Unrolled, so that the element range j picks its shifts at compile time (GCC otherwise keeps
+    // these loops and branches on j inside them).
+#pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
+#pragma GCC unroll 4
       for (int j = 0; j < 4; ++j) {
         // Elements 128h + 32j .. + 31: sub-blocks 8h + 2j (chunk lanes c < 4) and 8h + 2j + 1.
         const int p = 4 * h + j;
@@ -100,9 +104,11 @@ void GroupTile(const uint8_t* group, int64_t n_blocks, const uint8_t* x, int64_t
                                      _mm256_shuffle_epi8(sc, second)};
         const uint8_t* ql = wb + kQ6_Kx8QlAt + 32 * (16 * h + 8 * (j % 2));
         const uint8_t* qh = wb + kQ6_Kx8QhAt + 32 * (8 * h);
+#pragma GCC unroll 4
         for (int m = 0; m < 4; ++m) {
           __m256i s16[T];
           for (int t = 0; t < T; ++t) s16[t] = _mm256_setzero_si256();
+#pragma GCC unroll 2
           for (int c = 2 * m; c < 2 * m + 2; ++c) {
             const __m256i v = Load32(ql + 32 * c);
             const __m256i nib =
