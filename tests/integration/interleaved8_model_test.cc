@@ -8,10 +8,10 @@
 // summation order (q4_0x8_test.cc and kquant_x8_test.cc bound one product), which the network
 // passes on at well below 1e-4 per logit (kExactBound); except that an f32 difference of ~1e-7
 // relative can move an activation lying at a .5 boundary of its int8 rounding onto the other
-// integer, after which the logits differ by up to a few 1e-2 (kQ8ActivationBound). The first prompt row, whose attention sees one
-// position, must agree to kExactBound; greedy picks must agree wherever the row layout's top-2
-// gap exceeds twice the wider bound (both runs are fed the row layout's picks, so every step
-// stays comparable).
+// integer, after which the logits differ by up to a few 1e-2 (kQ8ActivationBound). The first
+// prompt row, whose attention sees one position, must agree to kExactBound; greedy picks must
+// agree wherever the row layout's top-2 gap exceeds twice the wider bound (both runs are fed the
+// row layout's picks, so every step stays comparable).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
