@@ -31,6 +31,14 @@
 namespace thermocline::matmul_internal {
 namespace {
 
+// A group's blocks are one sequential stream, which the hardware prefetcher alone does not keep
+// far enough ahead at one thread: every 4 blocks (576 bytes, 9 lines) the 4 blocks 16 ahead are
+// prefetched into L2. In a standalone loop over 4 x 108 MiB (load ~2) that took the 1-thread
+// DRAM GEMV from 12.2-12.6 to 16.6-18.4 GB/s (1152 and 4608 bytes ahead did no better). Past
+// the matrix it is a harmless hint.
+constexpr int64_t kPrefetchEvery = 4;
+constexpr int64_t kPrefetchAhead = 16 * kQ4_0x8BlockBytes;
+
 inline __m256i Broadcast4(const uint8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -47,6 +55,11 @@ void GroupTile(const uint8_t* group, int64_t n_blocks, const uint8_t* x, int64_t
   for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < n_blocks; ++b) {
     const uint8_t* wb = group + b * kQ4_0x8BlockBytes;
+    if (b % kPrefetchEvery == 0) {
+      for (int64_t at = 0; at < kPrefetchEvery * kQ4_0x8BlockBytes; at += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchAhead + at), _MM_HINT_T1);
+      }
+    }
     const __m256 wd = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb)));
     __m256i lo[4], hi[4];
     for (int k = 0; k < 4; ++k) {
