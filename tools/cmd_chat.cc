@@ -213,8 +213,9 @@ int RunChat(const std::vector<std::string>& args) {
   }
   absl::StatusOr<std::unique_ptr<Model>> model_or = Model::Load(model_path);
   if (!model_or.ok()) return Fail(std::string(model_or.status().message()));
-  // Chat runs the dense FFN whole in this process, as `generate` in dense mode: its Q4_0, Q4_K
-  // and Q6_K matrices get the interleaved copy too (THERMOCLINE_REPACK=0 turns it off).
+  // Chat runs the dense FFN whole in this process, as `generate` in dense mode: its Q4_0 and
+  // K-quant (Q4_K, Q5_K, Q6_K) matrices get the interleaved copy too (THERMOCLINE_REPACK=0
+  // turns it off).
   if (absl::Status s = (*model_or)->InterleaveDenseFfn(); !s.ok()) {
     return Fail(std::string(s.message()));
   }

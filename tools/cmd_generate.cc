@@ -458,7 +458,7 @@ int RunGenerate(const std::vector<std::string>& args) {
   }
   auto plan = SparsityPlanFromFlags(model, sf);
   if (!plan.ok()) return fail(std::string(plan.status().message()));
-  // The FFN multiplied whole in this process: its Q4_0, Q4_K and Q6_K matrices get the
+  // The FFN multiplied whole in this process: its Q4_0 and K-quant matrices get the
   // interleaved copy too.
   if (!split && plan->AllDense() && !(*teal_plan && (*teal_plan)->ffn)) {
     if (absl::Status s = (*model_or)->InterleaveDenseFfn(); !s.ok()) {

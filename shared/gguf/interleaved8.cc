@@ -21,6 +21,7 @@ static_assert(kQ4_0x8Rows == kInterleaved8Rows && kQ4_Kx8Rows == kInterleaved8Ro
 constexpr Layout kLayouts[] = {
     {GgmlType::kQ4_0, &Q4_0x8GroupBytes, &InterleaveQ4_0x8, &ExtractQ4_0x8Row},
     {GgmlType::kQ4_K, &Q4_Kx8GroupBytes, &InterleaveQ4_Kx8, &ExtractQ4_Kx8Row},
+    {GgmlType::kQ5_K, &Q5_Kx8GroupBytes, &InterleaveQ5_Kx8, &ExtractQ5_Kx8Row},
     {GgmlType::kQ6_K, &Q6_Kx8GroupBytes, &InterleaveQ6_Kx8, &ExtractQ6_Kx8Row},
 };
 

@@ -16,7 +16,7 @@ struct MatrixView {
   const uint8_t* data = nullptr;
   int64_t row_bytes = 0;  // RowBytes(type, cols) for a packed tensor
   // Optional second copy of the same weights in a layout made for dense products (Q4_0, Q4_K,
-  // Q6_K: the 8-row interleaved groups of interleaved8.h), set at load for matrices that are
+  // Q5_K, Q6_K: the 8-row interleaved groups of interleaved8.h), set at load for matrices that are
   // only ever used densely. MatMul reads it when the kernels have that layout; everything that
   // needs single rows (GatherMatMul, AxpyRows, dequantization, other backends) keeps reading
   // `data`.

@@ -1,4 +1,5 @@
-// Q4_K weights interleaved 8 rows at a time, for dense products that never need a single row.
+// Q4_K (and Q5_K) weights interleaved 8 rows at a time, for dense products that never need a
+// single row.
 //
 // Layout. Rows are taken in groups of 8 (the last group padded with zero rows: d = dmin = 0
 // makes every product 0). A group holds, for each 256-column super-block b in order, 1184 bytes:
@@ -23,6 +24,11 @@
 // Size. A row's 12 packed bytes of scales and mins become 16: 148 bytes per row and super-block
 // instead of 144, +2.8% (1184 = 8 x 148). The 6-bit packing uses every bit of its 12 bytes, so
 // any row can be read back byte for byte (ExtractQ4_Kx8Row) by packing them again.
+//
+// Q5_K is Q4_K plus a fifth bit per quant (bit e/32 of its qh[e % 32]): its groups are Q4_K's
+// with the 8 rows' qh inserted before the nibbles, 8 chunks of 32 bytes (chunk k holding row r's
+// qh[4k..4k+3] at 4r), the nibble chunks following at 416; 1440 bytes per super-block, 180 per
+// row against 176 (+2.3%). A qh chunk k serves the nibble chunks 8g + k of every g.
 //
 // This is llama.cpp's Q4_K_8x8 idea (rows interleaved so that scales and byte products are
 // shared across rows), written here from the Q4_K block format; the byte order within a group
@@ -54,6 +60,12 @@ inline constexpr int64_t kQ4_Kx8MinsAt = 96;
 inline constexpr int64_t kQ4_Kx8QsAt = 160;
 inline constexpr int64_t kQ4_Kx8BlockBytes = 1184;
 static_assert(kQ4_Kx8BlockBytes == kQ4_Kx8QsAt + kQ4_Kx8Rows * kQK_K / 2);
+// Q5_K: d, dmin, scales and mins at Q4_K's offsets, then qh and the nibbles.
+inline constexpr int64_t kQ5_KRowBlockBytes = 176;  // block_q5_K
+inline constexpr int64_t kQ5_Kx8QhAt = 160;
+inline constexpr int64_t kQ5_Kx8QsAt = 416;
+inline constexpr int64_t kQ5_Kx8BlockBytes = 1440;
+static_assert(kQ5_Kx8BlockBytes == kQ5_Kx8QsAt + kQ4_Kx8Rows * kQK_K / 2);
 
 // Groups of an interleaved matrix of `rows` rows, and bytes of one group of `cols` columns.
 inline int64_t Q4_Kx8Groups(int64_t rows) { return (rows + kQ4_Kx8Rows - 1) / kQ4_Kx8Rows; }
@@ -66,5 +78,11 @@ void InterleaveQ4_Kx8(const uint8_t* src, int64_t row_bytes, int64_t rows, int64
 
 // Row r of an interleaved matrix, back in the row layout (RowBytes(kQ4_K, cols) bytes).
 void ExtractQ4_Kx8Row(const uint8_t* interleaved, int64_t cols, int64_t r, uint8_t* row_out);
+
+// The same for Q5_K (groups of Q5_Kx8GroupBytes, rows of RowBytes(kQ5_K, cols) bytes).
+inline int64_t Q5_Kx8GroupBytes(int64_t cols) { return cols / kQK_K * kQ5_Kx8BlockBytes; }
+void InterleaveQ5_Kx8(const uint8_t* src, int64_t row_bytes, int64_t rows, int64_t cols,
+                      uint8_t* out);
+void ExtractQ5_Kx8Row(const uint8_t* interleaved, int64_t cols, int64_t r, uint8_t* row_out);
 
 }  // namespace thermocline

@@ -145,6 +145,15 @@ inline constexpr TypeKernels kQ4_Kx8Portable = {&DotQ4_Kx8Portable, nullptr, nul
                                                 &Q4_Kx8InputBytes, &PrepareQ4_Kx8};
 inline constexpr TypeKernels kQ4_Kx8Avx2 = {&DotQ4_Kx8Avx2, nullptr, nullptr, &Q4_Kx8InputBytes,
                                             &PrepareQ4_Kx8Avx2};
+// Q5_K in its interleaved layout (q4_kx8.h): the same activations and arithmetic as Q4_K.
+void DotQ5_Kx8Portable(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+                       int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
+void DotQ5_Kx8Avx2(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+                   int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
+inline constexpr TypeKernels kQ5_Kx8Portable = {&DotQ5_Kx8Portable, nullptr, nullptr,
+                                                &Q4_Kx8InputBytes, &PrepareQ4_Kx8};
+inline constexpr TypeKernels kQ5_Kx8Avx2 = {&DotQ5_Kx8Avx2, nullptr, nullptr, &Q4_Kx8InputBytes,
+                                            &PrepareQ4_Kx8Avx2};
 
 // Q6_K in the interleaved layout (q6_kx8.cc, q6_kx8_avx2.cc). Activations: plain block_q8_K
 // (the row kernels' preparation; its bsums pairs are what the scale pairs meet). Per row and
@@ -163,11 +172,13 @@ inline constexpr TypeKernels kQ6_Kx8Portable = {&DotQ6_Kx8Portable, nullptr, nul
 inline constexpr TypeKernels kQ6_Kx8Avx2 = {&DotQ6_Kx8Avx2, nullptr, nullptr, &Q6_Kx8InputBytes,
                                             &PrepareQ6_Kx8Avx2};
 
-template <const TypeKernels& kQ4_0, const TypeKernels& kQ4_K, const TypeKernels& kQ6_K>
+template <const TypeKernels& kQ4_0, const TypeKernels& kQ4_K, const TypeKernels& kQ5_K,
+          const TypeKernels& kQ6_K>
 constexpr std::array<TypeKernels, kTypeSlots> Interleaved8Table() {
   std::array<TypeKernels, kTypeSlots> table{};
   table[static_cast<size_t>(GgmlType::kQ4_0)] = kQ4_0;
   table[static_cast<size_t>(GgmlType::kQ4_K)] = kQ4_K;
+  table[static_cast<size_t>(GgmlType::kQ5_K)] = kQ5_K;
   table[static_cast<size_t>(GgmlType::kQ6_K)] = kQ6_K;
   return table;
 }

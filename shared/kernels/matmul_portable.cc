@@ -430,7 +430,7 @@ constexpr TypeEntry kEntries[] = {
 
 constexpr KernelSet kPortable = {
     "portable", MakeTypeTable(kEntries), &QuantizeQ8_0,
-    Interleaved8Table<kQ4_0x8Portable, kQ4_Kx8Portable, kQ6_Kx8Portable>()};
+    Interleaved8Table<kQ4_0x8Portable, kQ4_Kx8Portable, kQ5_Kx8Portable, kQ6_Kx8Portable>()};
 
 }  // namespace
 

@@ -1,5 +1,5 @@
-// Activation preparation and the portable dot product for Q4_K in the 8-row interleaved layout
-// (shared/gguf/q4_kx8.h); the AVX2 kernel is q4_kx8_avx2.cc. Both compute, per row and
+// Activation preparation and the portable dot product for Q4_K and Q5_K in the 8-row interleaved
+// layouts (shared/gguf/q4_kx8.h); the AVX2 kernel is q4_kx8_avx2.cc. Both compute, per row and
 // super-block, the exact integer sums I = sum_s sc_s * sum_{l in s} q_l xq_l and
 // M = sum_s mn_s * xsum_s, and add them as acc = fma(fl(d * xd), fl(I), acc), then
 // acc = fma(-fl(dmin * xd), fl(M), acc): the same operations in the same order, hence the same
@@ -42,8 +42,14 @@ void PrepareQ4_Kx8(const float* x, int64_t cols, uint8_t* out) {
   PackQ4_Kx8Input(q.data(), cols / kQK_K, out);
 }
 
-void DotQ4_Kx8Portable(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
-                       int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
+namespace {
+
+// kHigh: Q5_K, whose quants take bit s of their qh byte as bit 4 (s the sub-block).
+template <bool kHigh>
+void Dot(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+         int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
+  constexpr int64_t kBlock = kHigh ? kQ5_Kx8BlockBytes : kQ4_Kx8BlockBytes;
+  constexpr int64_t kQs = kHigh ? kQ5_Kx8QsAt : kQ4_Kx8QsAt;
   const int64_t n_blocks = cols / kQK_K;
   for (int64_t g = 0; g < n_groups; ++g) {
     const uint8_t* group = groups.base + g * groups.row_bytes;
@@ -51,7 +57,7 @@ void DotQ4_Kx8Portable(const RowSource& groups, int64_t n_groups, int64_t cols, 
       const uint8_t* xt = x + t * x_stride;
       float acc[kQ4_Kx8Rows] = {};
       for (int64_t b = 0; b < n_blocks; ++b) {
-        const uint8_t* wb = group + b * kQ4_Kx8BlockBytes;
+        const uint8_t* wb = group + b * kBlock;
         const uint8_t* xb = xt + b * kQ4_Kx8InputBlockBytes;
         const int8_t* xq = reinterpret_cast<const int8_t*>(xb);
         float xd;
@@ -64,9 +70,11 @@ void DotQ4_Kx8Portable(const RowSource& groups, int64_t n_groups, int64_t cols, 
             const int g64 = s / 2, high = s % 2;
             int32_t p = 0;
             for (int k = 0; k < 8; ++k) {
-              const uint8_t* q = wb + kQ4_Kx8QsAt + 32 * (8 * g64 + k) + 4 * r;
+              const uint8_t* q = wb + kQs + 32 * (8 * g64 + k) + 4 * r;
+              const uint8_t* qh = wb + kQ5_Kx8QhAt + 32 * k + 4 * r;
               for (int i = 0; i < 4; ++i) {
-                const int v = high ? q[i] >> 4 : q[i] & 0x0F;
+                int v = high ? q[i] >> 4 : q[i] & 0x0F;
+                if constexpr (kHigh) v |= ((qh[i] >> s) & 1) << 4;
                 p += v * xq[64 * g64 + 32 * high + 4 * k + i];
               }
             }
@@ -84,6 +92,18 @@ void DotQ4_Kx8Portable(const RowSource& groups, int64_t n_groups, int64_t cols, 
       std::memcpy(y + t * y_stride + g * kQ4_Kx8Rows, acc, sizeof acc);
     }
   }
+}
+
+}  // namespace
+
+void DotQ4_Kx8Portable(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+                       int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
+  Dot<false>(groups, n_groups, cols, x, x_stride, n_tokens, y, y_stride);
+}
+
+void DotQ5_Kx8Portable(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+                       int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
+  Dot<true>(groups, n_groups, cols, x, x_stride, n_tokens, y, y_stride);
 }
 
 }  // namespace thermocline::matmul_internal

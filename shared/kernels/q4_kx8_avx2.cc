@@ -1,5 +1,7 @@
-// AVX2 dot product of Q4_K weights in the 8-row interleaved layout (shared/gguf/q4_kx8.h)
-// against the activations of PrepareQ4_Kx8Avx2 (layout in matmul_kernels.h).
+// AVX2 dot product of Q4_K (and Q5_K) weights in the 8-row interleaved layouts
+// (shared/gguf/q4_kx8.h) against the activations of PrepareQ4_Kx8Avx2 (layout in
+// matmul_kernels.h). Q5_K adds to each nibble register its fifth bits (a shift and a mask from
+// the qh chunk) and sums 4 byte products in int16 before a madd instead of 8.
 //
 // Why. The row kernel (KQuantKernel<Q45KInt<false>> in matmul_avx2.cc) spends, per row and
 // 256-column super-block (144 bytes), ~60 vector operations: the scalar-word unpack of the 6-bit
@@ -54,10 +56,25 @@ inline __m256i WidenPair(const uint8_t* p) {
   return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-// y[t * y_stride + i] for the group's 8 rows i and T tokens.
-template <int T>
+// Bit `bit` of every byte of v moved to bit 4 (the fifth quant bit of Q5_K), other bits zero.
+// A 16-bit shift by at most 4 keeps each byte's own bit there.
+template <int kBit>
+inline __m256i BitTo4(__m256i v) {
+  const __m256i mask = _mm256_set1_epi8(0x10);
+  if constexpr (kBit < 4) return _mm256_and_si256(_mm256_slli_epi16(v, 4 - kBit), mask);
+  if constexpr (kBit == 4) return _mm256_and_si256(v, mask);
+  if constexpr (kBit > 4) return _mm256_and_si256(_mm256_srli_epi16(v, kBit - 4), mask);
+}
+
+// y[t * y_stride + i] for the group's 8 rows i and T tokens; kHigh: Q5_K.
+template <bool kHigh, int T>
 void GroupTile(const uint8_t* group, int64_t n_blocks, const uint8_t* x, int64_t x_stride,
                float* y, int64_t y_stride) {
+  constexpr int64_t kBlock = kHigh ? kQ5_Kx8BlockBytes : kQ4_Kx8BlockBytes;
+  constexpr int64_t kQs = kHigh ? kQ5_Kx8QsAt : kQ4_Kx8QsAt;
+  // Byte-product pairs summed in int16 before a madd: at most 8 x 2 x 15 x 127 = 30480 for 4-bit
+  // quants, 4 x 2 x 31 x 127 = 31496 for 5-bit ones: exact.
+  constexpr int kSumsPerMadd = kHigh ? 4 : 8;
   const __m256i low = _mm256_set1_epi8(0x0F);
   // From a widened pair (lane r: int16 s0, s1), the int16 pairs (s0, s0) and (s1, s1) that madd
   // multiplies a sub-block's int16 pair sums by.
@@ -68,39 +85,51 @@ void GroupTile(const uint8_t* group, int64_t n_blocks, const uint8_t* x, int64_t
   __m256 acc[T];
   for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < n_blocks; ++b) {
-    const uint8_t* wb = group + b * kQ4_Kx8BlockBytes;
-    for (int64_t at = 0; at < kQ4_Kx8BlockBytes; at += 64) {
+    const uint8_t* wb = group + b * kBlock;
+    for (int64_t at = 0; at < kBlock; at += 64) {
       _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchAhead + at), _MM_HINT_T1);
     }
     const uint8_t* xb[T];
     for (int t = 0; t < T; ++t) xb[t] = x + t * x_stride + b * kQ4_Kx8InputBlockBytes;
     __m256i isum[T];
     for (int t = 0; t < T; ++t) isum[t] = _mm256_setzero_si256();
-    for (int g = 0; g < 4; ++g) {
-      // Sub-blocks 2g (low nibbles) and 2g + 1 (high nibbles).
-      __m256i s_lo[T], s_hi[T];
-      for (int t = 0; t < T; ++t) s_lo[t] = s_hi[t] = _mm256_setzero_si256();
-      for (int k = 0; k < 8; ++k) {
-        const __m256i v = Load32(wb + kQ4_Kx8QsAt + 32 * (8 * g + k));
-        const __m256i lo = _mm256_and_si256(v, low);
-        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-        for (int t = 0; t < T; ++t) {
-          const uint8_t* xq = xb[t] + 64 * g + 4 * k;
-          const __m256i pl = _mm256_maddubs_epi16(lo, Broadcast4(xq));
-          const __m256i ph = _mm256_maddubs_epi16(hi, Broadcast4(xq + 32));
-          s_lo[t] = _mm256_add_epi16(s_lo[t], pl);
-          s_hi[t] = _mm256_add_epi16(s_hi[t], ph);
-        }
-      }
-      const __m256i sc = WidenPair(wb + kQ4_Kx8ScalesAt + 16 * g);
+    // Sub-blocks 2G (low nibbles) and 2G + 1 (high nibbles); G a template parameter so that
+    // Q5_K's bit shifts are immediates.
+    auto sub_block_pair = [&]<int G>() {
+      const __m256i sc = WidenPair(wb + kQ4_Kx8ScalesAt + 16 * G);
       const __m256i sc_lo = _mm256_shuffle_epi8(sc, first);
       const __m256i sc_hi = _mm256_shuffle_epi8(sc, second);
-      for (int t = 0; t < T; ++t) {
-        const __m256i part = _mm256_add_epi32(_mm256_madd_epi16(s_lo[t], sc_lo),
-                                              _mm256_madd_epi16(s_hi[t], sc_hi));
-        isum[t] = _mm256_add_epi32(isum[t], part);
+      for (int k0 = 0; k0 < 8; k0 += kSumsPerMadd) {
+        __m256i s_lo[T], s_hi[T];
+        for (int t = 0; t < T; ++t) s_lo[t] = s_hi[t] = _mm256_setzero_si256();
+        for (int k = k0; k < k0 + kSumsPerMadd; ++k) {
+          const __m256i v = Load32(wb + kQs + 32 * (8 * G + k));
+          __m256i lo = _mm256_and_si256(v, low);
+          __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+          if constexpr (kHigh) {
+            const __m256i qh = Load32(wb + kQ5_Kx8QhAt + 32 * k);
+            lo = _mm256_or_si256(lo, BitTo4<2 * G>(qh));
+            hi = _mm256_or_si256(hi, BitTo4<2 * G + 1>(qh));
+          }
+          for (int t = 0; t < T; ++t) {
+            const uint8_t* xq = xb[t] + 64 * G + 4 * k;
+            const __m256i pl = _mm256_maddubs_epi16(lo, Broadcast4(xq));
+            const __m256i ph = _mm256_maddubs_epi16(hi, Broadcast4(xq + 32));
+            s_lo[t] = _mm256_add_epi16(s_lo[t], pl);
+            s_hi[t] = _mm256_add_epi16(s_hi[t], ph);
+          }
+        }
+        for (int t = 0; t < T; ++t) {
+          const __m256i part = _mm256_add_epi32(_mm256_madd_epi16(s_lo[t], sc_lo),
+                                                _mm256_madd_epi16(s_hi[t], sc_hi));
+          isum[t] = _mm256_add_epi32(isum[t], part);
+        }
       }
-    }
+    };
+    sub_block_pair.template operator()<0>();
+    sub_block_pair.template operator()<1>();
+    sub_block_pair.template operator()<2>();
+    sub_block_pair.template operator()<3>();
     __m256i mins[4];
     for (int p = 0; p < 4; ++p) mins[p] = WidenPair(wb + kQ4_Kx8MinsAt + 16 * p);
     const __m256 d =
@@ -124,8 +153,19 @@ void GroupTile(const uint8_t* group, int64_t n_blocks, const uint8_t* x, int64_t
 
 using GroupFn = void (*)(const uint8_t*, int64_t, const uint8_t*, int64_t, float*, int64_t);
 constexpr int kMaxTokens = 4;
-constexpr GroupFn kGroupTiles[kMaxTokens] = {&GroupTile<1>, &GroupTile<2>, &GroupTile<3>,
-                                             &GroupTile<4>};
+template <bool kHigh>
+constexpr GroupFn kGroupTiles[kMaxTokens] = {&GroupTile<kHigh, 1>, &GroupTile<kHigh, 2>,
+                                             &GroupTile<kHigh, 3>, &GroupTile<kHigh, 4>};
+
+template <bool kHigh>
+void Dot(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+         int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
+  const int64_t n_blocks = cols / kQK_K;
+  ForEachGroupTile<kMaxTokens>(groups, n_groups, n_tokens, [&](int64_t g, int64_t t0, int nt) {
+    kGroupTiles<kHigh>[nt - 1](groups.base + g * groups.row_bytes, n_blocks, x + t0 * x_stride,
+                               x_stride, y + t0 * y_stride + g * kQ4_Kx8Rows, y_stride);
+  });
+}
 
 }  // namespace
 
@@ -141,11 +181,12 @@ void PrepareQ4_Kx8Avx2(const float* x, int64_t cols, uint8_t* out) {
 
 void DotQ4_Kx8Avx2(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
                    int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
-  const int64_t n_blocks = cols / kQK_K;
-  ForEachGroupTile<kMaxTokens>(groups, n_groups, n_tokens, [&](int64_t g, int64_t t0, int nt) {
-    kGroupTiles[nt - 1](groups.base + g * groups.row_bytes, n_blocks, x + t0 * x_stride, x_stride,
-                        y + t0 * y_stride + g * kQ4_Kx8Rows, y_stride);
-  });
+  Dot<false>(groups, n_groups, cols, x, x_stride, n_tokens, y, y_stride);
+}
+
+void DotQ5_Kx8Avx2(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+                   int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
+  Dot<true>(groups, n_groups, cols, x, x_stride, n_tokens, y, y_stride);
 }
 
 }  // namespace thermocline::matmul_internal

@@ -2,7 +2,7 @@
 // and each reply is exactly what `thermocline generate` prints (greedy) for the prompt that
 // `thermocline render-template` gives for the conversation so far; /exit ends it; a model
 // without a template is refused naming it. Like `generate` in dense mode, chat multiplies the
-// FFN whole, so its Q4_0 / Q4_K / Q6_K matrices get the interleaved copy (THERMOCLINE_REPACK).
+// FFN whole, so its Q4_0 / K-quant matrices get the interleaved copy (THERMOCLINE_REPACK).
 #include <cctype>
 #include <cstdint>
 #include <cstdio>

@@ -21,7 +21,7 @@
 // from the embedding alone and whose attention sees one position, must still reproduce llama.cpp
 // to kExactBound: a kernel error would show there at once (measured: every file <= 1.2e-6 on it,
 // and every row of Q8_0, Q4_K_M, Q5_K_M, Q6_K, pure-Q2_K and pure-Q4_K with THERMOCLINE_REPACK=0;
-// with the interleaved Q4_K / Q6_K copies, which sum in another order than llama.cpp's kernel,
+// with the interleaved K-quant copies, which sum in another order than llama.cpp's kernel,
 // Q4_K_M and pure-Q4_K flip a few int8 roundings: prompt up to 0.035, 11 and 13 of 32 rows
 // within 1e-4).
 //

@@ -1,4 +1,4 @@
-// Q4_K and Q6_K in the 8-row interleaved layouts (shared/gguf/q4_kx8.h, q6_kx8.h): the copy
+// Q4_K, Q5_K and Q6_K in the 8-row interleaved layouts (shared/gguf/q4_kx8.h, q6_kx8.h): the copy
 // gives every row back byte for byte, MatMul over it matches a double-precision reference and
 // the row-layout kernel within bounds derived below, its two families agree bit for bit, and its
 // results do not depend on threads, token batching or row ranges. The sparse paths keep reading
@@ -6,7 +6,7 @@
 //
 // The bounds. Both layouts multiply the same operands: K-quant weights against Q8_K-rounded
 // activations (QuantizeRowQ8_K). Per row and 256-column super-block the kernels form exact int32
-// sums: for Q4_K I = sum_s sc_s * sum_{l in s} q_l xq_l and M = sum_s mn_s * sum_{l in s} xq_l,
+// sums: for Q4_K / Q5_K I = sum_s sc_s * sum_{l in s} q_l xq_l and M = sum_s mn_s * sum xq_l,
 // the block's value d xd I - dmin xd M (k = 2 terms); for Q6_K I = sum_s sc_s * sum_{l in s}
 // (q_l - 32) xq_l, the value d xd I (k = 1). The interleaved kernel adds the k nb terms (nb =
 // cols / 256) with one FMA each into one f32 accumulator after rounding fl(d * xd) and fl(I)
@@ -95,11 +95,14 @@ std::vector<float> Activations(int64_t n, uint32_t seed) {
 
 // The exact product of one row with the Q8_K-rounded activations, in double (every term
 // d * sc * q * xd * xq fits a double's mantissa), and P, the sum of the terms' magnitudes.
-void ReferenceQ4_K(const uint8_t* row, const uint8_t* q8k, int64_t cols, double* ref, double* p) {
+// kHigh: Q5_K (block_q5_K: d, dmin, scales[12], qh[32], qs[128]), else Q4_K (no qh).
+template <bool kHigh>
+void ReferenceQ45_K(const uint8_t* row, const uint8_t* q8k, int64_t cols, double* ref,
+                    double* p) {
   *ref = 0;
   *p = 0;
   for (int64_t b = 0; b < cols / kQK_K; ++b) {
-    const uint8_t* w = row + b * 144;  // block_q4_K: d, dmin, scales[12], qs[128]
+    const uint8_t* w = row + b * (kHigh ? 176 : 144);
     const uint8_t* x = q8k + b * kQ8KBlockBytes;
     uint16_t dh, mh;
     std::memcpy(&dh, w, 2);
@@ -111,8 +114,9 @@ void ReferenceQ4_K(const uint8_t* row, const uint8_t* q8k, int64_t cols, double*
     for (int e = 0; e < kQK_K; ++e) {
       int sc, mn;
       Q4KScaleMin(w + 4, e / 32, &sc, &mn);
-      const uint8_t v = w[16 + 32 * (e / 64) + e % 32];
-      const int q = (e / 32) % 2 ? v >> 4 : v & 0x0F;
+      const uint8_t v = w[(kHigh ? 48 : 16) + 32 * (e / 64) + e % 32];
+      int q = (e / 32) % 2 ? v >> 4 : v & 0x0F;
+      if (kHigh) q |= ((w[16 + e % 32] >> (e / 32)) & 1) << 4;
       const double a = d * sc * q * xd * xq[e], c = dmin * mn * xd * xq[e];
       *ref += a - c;
       *p += std::fabs(a) + std::fabs(c);
@@ -151,8 +155,10 @@ struct KType {
   int64_t row_block_bytes;   // per row and super-block, in the interleaved layout
   void (*reference)(const uint8_t*, const uint8_t*, int64_t, double*, double*);
 };
-// Q4_K's scales and mins, unpacked to bytes, make 148 bytes of 144; Q6_K's are bytes already.
-constexpr KType kTypes[] = {{GgmlType::kQ4_K, "q4_K", 2, 148, &ReferenceQ4_K},
+// Q4_K's and Q5_K's scales and mins, unpacked to bytes, make 148 bytes of 144 and 180 of 176;
+// Q6_K's are bytes already.
+constexpr KType kTypes[] = {{GgmlType::kQ4_K, "q4_K", 2, 148, &ReferenceQ45_K<false>},
+                            {GgmlType::kQ5_K, "q5_K", 2, 180, &ReferenceQ45_K<true>},
                             {GgmlType::kQ6_K, "q6_K", 1, 210, &ReferenceQ6_K}};
 
 std::string Shape(const KType& kt, int64_t rows, int64_t cols) {
