@@ -96,8 +96,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "decode_bench: %s\n", std::string(model.status().message()).c_str());
       return 1;
     }
-    // Dense decode: the FFN is multiplied whole, so it gets the interleaved Q4_0 copy too
-    // (THERMOCLINE_REPACK=0 for the row layout).
+    // Dense decode: the FFN is multiplied whole, so it gets the interleaved Q4_0 / K-quant
+    // copy too (THERMOCLINE_REPACK=0 for the row layout).
     if (absl::Status s = (*model)->InterleaveDenseFfn(); !s.ok()) {
       std::fprintf(stderr, "decode_bench: %s\n", std::string(s.message()).c_str());
       return 1;

@@ -5,9 +5,12 @@
 //   gemv_bench [--threads=1,2] [--working_set_mib=1024] [--rounds=4] [--types=f16,q8_0]
 //              [--cols=4096] [--matrix_mib=64] [--gemm_tokens=64] [--sparse_fraction=0.25]
 //
-// Type q4_0x8 is Q4_0 with the 8-row interleaved copy that the model makes at load for its
-// dense-only matrices (shared/gguf/q4_0x8.h): its GEMV and GEMM read that copy, its sparse
-// kernels the row layout as always. With q4_0 in the same run the ratio of the two is printed.
+// Types q4_0x8, q4_Kx8, q5_Kx8 and q6_Kx8 are Q4_0, Q4_K, Q5_K and Q6_K with the 8-row
+// interleaved copy that the model makes at load for its dense-only matrices
+// (shared/gguf/interleaved8.h): their GEMV and GEMM read that copy, their sparse kernels the row
+// layout as always. GB/s counts the row layout's bytes (the weights' size in the file; the Q4_K
+// and Q5_K copies are 2.8% and 2.3% larger). With the row type in the same run the ratio of the
+// two is printed.
 //
 // Each type gets copies of one matrix adding up to the working set, and successive GEMVs walk
 // through them like the layers of a model, so the weights come from DRAM, not from the
@@ -26,7 +29,7 @@
 
 #include "shared/kernels/matmul.h"
 #include "shared/gguf/ggml_type.h"
-#include "shared/gguf/q4_0x8.h"
+#include "shared/gguf/interleaved8.h"
 #include "shared/gguf/quant.h"
 #include "shared/util/cpu_features.h"
 #include "shared/util/membw.h"
@@ -35,12 +38,12 @@
 namespace thermocline {
 namespace {
 
-// A weight type, and for Q4_0 whether the GEMVs read the interleaved copy.
+// A weight type, and for types with an interleaved layout whether the GEMVs read it.
 struct BenchType {
   GgmlType type;
   bool interleaved = false;
   std::string name() const {
-    return interleaved ? "q4_0x8" : std::string(TypeTraits(type).name);
+    return std::string(TypeTraits(type).name) + (interleaved ? "x8" : "");
   }
 };
 
@@ -50,7 +53,9 @@ struct Options {
   int rounds = 4;
   std::vector<BenchType> types = {{GgmlType::kF32},  {GgmlType::kF16},  {GgmlType::kBF16},
                                   {GgmlType::kQ8_0}, {GgmlType::kQ4_0}, {GgmlType::kQ4_0, true},
-                                  {GgmlType::kQ4_K}, {GgmlType::kQ5_K}, {GgmlType::kQ6_K},
+                                  {GgmlType::kQ4_K}, {GgmlType::kQ4_K, true},
+                                  {GgmlType::kQ5_K}, {GgmlType::kQ5_K, true},
+                                  {GgmlType::kQ6_K}, {GgmlType::kQ6_K, true},
                                   {GgmlType::kIQ4_XS}};
   int64_t cols = 4096;
   int64_t matrix_mib = 64;
@@ -85,8 +90,10 @@ bool ParseFlags(int argc, char** argv, Options& o) {
     } else if (key == "types") {
       o.types.clear();
       for (std::string_view t : Split(value)) {
-        if (t == "q4_0x8") {
-          o.types.push_back({GgmlType::kQ4_0, true});
+        if (t.size() > 2 && t.substr(t.size() - 2) == "x8") {
+          auto type = TypeFromName(t.substr(0, t.size() - 2));
+          if (!type || !HasInterleaved8Layout(*type)) return false;
+          o.types.push_back({*type, true});
           continue;
         }
         auto type = TypeFromName(t);
@@ -144,7 +151,7 @@ double Median(std::vector<double> v) {
 // a few hundred distinct random rows are quantized and tiled over the rows.
 struct Weights {
   std::vector<Buffer> copies;
-  std::vector<Buffer> interleaved;  // q4_0x8: each copy interleaved (the same bytes)
+  std::vector<Buffer> interleaved;  // q4_0x8, q4_Kx8, q6_Kx8: each copy interleaved
   MatrixView view;  // of copies[0] (and interleaved[0])
   int64_t bytes = 0;
   // The view of copy k, as the GEMVs read it.
@@ -191,8 +198,8 @@ Weights MakeWeights(BenchType bench_type, const Options& o) {
                   row_bytes);
     }
     if (bench_type.interleaved) {
-      Buffer q = Allocate(Q4_0x8Groups(rows) * Q4_0x8GroupBytes(o.cols));
-      InterleaveQ4_0x8(b.get(), row_bytes, rows, o.cols, q.get());
+      Buffer q = Allocate(Interleaved8Bytes(type, rows, o.cols));
+      Interleave8(type, b.get(), row_bytes, rows, o.cols, q.get());
       w.interleaved.push_back(std::move(q));
     }
     w.copies.push_back(std::move(b));
@@ -355,9 +362,18 @@ int Main(int argc, char** argv) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (float& f : x) f = normal(rng);
   std::vector<std::string> sparse_lines;
-  // GEMV GB/s and GEMM GFLOP/s of q4_0 and q4_0x8 per thread count, for the ratio lines.
-  std::vector<double> row_gemv(o.threads.size()), row_gemm(o.threads.size());
-  std::vector<double> x8_gemv(o.threads.size()), x8_gemm(o.threads.size());
+  // GEMV GB/s and GEMM GFLOP/s per thread count of each type with an interleaved layout, in
+  // the row layout and interleaved, for the ratio lines.
+  struct Pair {
+    GgmlType type;
+    std::vector<double> row_gemv, row_gemm, x8_gemv, x8_gemm;
+  };
+  std::vector<Pair> pairs;
+  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K}) {
+    const size_t n = o.threads.size();
+    pairs.push_back({t, std::vector<double>(n), std::vector<double>(n), std::vector<double>(n),
+                     std::vector<double>(n)});
+  }
   for (const BenchType& bench_type : o.types) {
     const GgmlType type = bench_type.type;
     const std::string name = bench_type.name();
@@ -389,9 +405,10 @@ int Main(int argc, char** argv) {
           100.0 * g.paired_ratio, in_cache, 100.0 * o.threads[i] * in_cache * g.read_best_s / gb,
           gemm);
       std::fflush(stdout);
-      if (type == GgmlType::kQ4_0) {
-        (bench_type.interleaved ? x8_gemv : row_gemv)[i] = gb / g.gemv_best_s;
-        (bench_type.interleaved ? x8_gemm : row_gemm)[i] = gemm;
+      for (Pair& p : pairs) {
+        if (p.type != type) continue;
+        (bench_type.interleaved ? p.x8_gemv : p.row_gemv)[i] = gb / g.gemv_best_s;
+        (bench_type.interleaved ? p.x8_gemm : p.row_gemm)[i] = gemm;
       }
     }
   }
@@ -415,10 +432,14 @@ int Main(int argc, char** argv) {
               "best", "paired", "axpy", "best", "paired");
   for (const std::string& line : sparse_lines) std::printf("%s\n", line.c_str());
   std::printf("\n");
-  for (size_t i = 0; i < o.threads.size(); ++i) {
-    if (row_gemv[i] > 0 && x8_gemv[i] > 0) {
-      std::printf("q4_0x8 / q4_0 with %d thread(s): GEMV %.2fx, GEMM %.2fx\n", o.threads[i],
-                  x8_gemv[i] / row_gemv[i], x8_gemm[i] / row_gemm[i]);
+  for (const Pair& p : pairs) {
+    const std::string row = BenchType{p.type}.name(), x8 = BenchType{p.type, true}.name();
+    for (size_t i = 0; i < o.threads.size(); ++i) {
+      if (p.row_gemv[i] > 0 && p.x8_gemv[i] > 0) {
+        std::printf("%s / %s with %d thread(s): GEMV %.2fx, GEMM %.2fx\n", x8.c_str(),
+                    row.c_str(), o.threads[i], p.x8_gemv[i] / p.row_gemv[i],
+                    p.x8_gemm[i] / p.row_gemm[i]);
+      }
     }
   }
   for (size_t i = 0; i < o.threads.size(); ++i) {

@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
 #include "shared/chat/chat_template.h"
 #include "shared/model/model.h"
@@ -212,7 +213,15 @@ int RunChat(const std::vector<std::string>& args) {
   }
   absl::StatusOr<std::unique_ptr<Model>> model_or = Model::Load(model_path);
   if (!model_or.ok()) return Fail(std::string(model_or.status().message()));
+  // Chat runs the dense FFN whole in this process, as `generate` in dense mode: its Q4_0 and
+  // K-quant (Q4_K, Q5_K, Q6_K) matrices get the interleaved copy too (THERMOCLINE_REPACK=0
+  // turns it off).
+  if (absl::Status s = (*model_or)->InterleaveDenseFfn(); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
   const Model& model = **model_or;
+  std::cerr << absl::StrFormat("thermocline chat: %s weights, %d bytes in interleaved copies\n",
+                               model.weight_type_name(), model.interleaved_bytes());
   ModelChatTemplate specials = ReadModelChatTemplate(model.file());
   if (!template_source.has_value()) {
     if (!specials.source.has_value()) {

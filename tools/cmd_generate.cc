@@ -458,7 +458,8 @@ int RunGenerate(const std::vector<std::string>& args) {
   }
   auto plan = SparsityPlanFromFlags(model, sf);
   if (!plan.ok()) return fail(std::string(plan.status().message()));
-  // The FFN multiplied whole in this process: its Q4_0 matrices get the interleaved copy too.
+  // The FFN multiplied whole in this process: its Q4_0 and K-quant matrices get the
+  // interleaved copy too.
   if (!split && plan->AllDense() && !(*teal_plan && (*teal_plan)->ffn)) {
     if (absl::Status s = (*model_or)->InterleaveDenseFfn(); !s.ok()) {
       return fail(std::string(s.message()));
@@ -510,11 +511,11 @@ int RunGenerate(const std::vector<std::string>& args) {
   if (!stats.ok()) return fail(std::string(stats.status().message()));
   std::cerr << absl::StrFormat(
       "prompt: %d tokens in %.3f s (%.1f tok/s); decode: %d tokens, %.1f tok/s; %d threads, %s "
-      "kernels, %s weights\n",
+      "kernels, %s weights, %d bytes in interleaved copies\n",
       stats->prompt_tokens, stats->prefill_seconds,
       stats->prompt_tokens / std::max(1e-9, stats->prefill_seconds), stats->generated_tokens,
       stats->decode_steps / std::max(1e-9, stats->decode_seconds), n_threads,
-      SimdLevelName(DetectSimdLevel()), model.weight_type_name());
+      SimdLevelName(DetectSimdLevel()), model.weight_type_name(), model.interleaved_bytes());
   if (teal) {
     std::cerr << absl::StrFormat("teal: %.1f%% of the projection weights skipped per decode "
                                  "token (prompt positions dense)\n",

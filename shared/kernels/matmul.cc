@@ -6,9 +6,9 @@
 #include <vector>
 
 #include "shared/kernels/dispatch.h"
-#include "shared/kernels/matmul_kernels.h"
-#include "shared/gguf/q4_0x8.h"
+#include "shared/gguf/interleaved8.h"
 #include "shared/gguf/quant.h"
+#include "shared/kernels/matmul_kernels.h"
 #include "shared/util/cpu_features.h"
 
 namespace thermocline {
@@ -97,31 +97,29 @@ const matmul_internal::TypeKernels* InterleavedKernels(const KernelSet& k, const
 void InterleavedRows(const matmul_internal::TypeKernels& tk, const MatrixView& w,
                      const PreparedInput& in, int64_t n_tokens, float* y, int64_t y_stride,
                      int64_t r0, int64_t r1) {
-  const int64_t group_bytes = Q4_0x8GroupBytes(w.cols);
+  constexpr int64_t kG = kInterleaved8Rows;
+  const int64_t group_bytes = Interleaved8GroupBytes(w.type, w.cols);
   auto groups = [&](int64_t g) { return RowSource{w.interleaved + g * group_bytes, group_bytes}; };
-  const int64_t f0 = (r0 + kQ4_0x8Rows - 1) / kQ4_0x8Rows, f1 = r1 / kQ4_0x8Rows;
+  const int64_t f0 = (r0 + kG - 1) / kG, f1 = r1 / kG;
   if (f0 < f1) {
-    tk.dot(groups(f0), f1 - f0, w.cols, in.data, in.stride, n_tokens, y + f0 * kQ4_0x8Rows,
-           y_stride);
+    tk.dot(groups(f0), f1 - f0, w.cols, in.data, in.stride, n_tokens, y + f0 * kG, y_stride);
   }
   auto partial = [&](int64_t g) {
-    std::vector<float> tile(kQ4_0x8Rows * n_tokens);
-    tk.dot(groups(g), 1, w.cols, in.data, in.stride, n_tokens, tile.data(), kQ4_0x8Rows);
-    const int64_t a = std::max(r0, g * kQ4_0x8Rows), e = std::min(r1, (g + 1) * kQ4_0x8Rows);
+    std::vector<float> tile(kG * n_tokens);
+    tk.dot(groups(g), 1, w.cols, in.data, in.stride, n_tokens, tile.data(), kG);
+    const int64_t a = std::max(r0, g * kG), e = std::min(r1, (g + 1) * kG);
     for (int64_t t = 0; t < n_tokens; ++t) {
-      for (int64_t r = a; r < e; ++r) {
-        y[t * y_stride + r] = tile[t * kQ4_0x8Rows + r - g * kQ4_0x8Rows];
-      }
+      for (int64_t r = a; r < e; ++r) y[t * y_stride + r] = tile[t * kG + r - g * kG];
     }
   };
-  const int64_t first = r0 / kQ4_0x8Rows, last = (r1 - 1) / kQ4_0x8Rows;
+  const int64_t first = r0 / kG, last = (r1 - 1) / kG;
   if (f0 >= f1) {
     partial(first);
     if (last != first) partial(last);
     return;
   }
-  if (r0 % kQ4_0x8Rows != 0) partial(first);
-  if (r1 % kQ4_0x8Rows != 0) partial(last);
+  if (r0 % kG != 0) partial(first);
+  if (r1 % kG != 0) partial(last);
 }
 
 }  // namespace
@@ -169,8 +167,8 @@ void MatMul(const MatrixView& w, const float* x, int64_t n_tokens, int64_t x_str
   const KernelSet& k = Kernels();
   if (const auto* tk = InterleavedKernels(k, w)) {
     const PreparedInput in = PrepareInput(*tk, w, x, n_tokens, x_stride, &pool);
-    // kRowGrain is a multiple of kQ4_0x8Rows: pieces start on group boundaries.
-    static_assert(kRowGrain % kQ4_0x8Rows == 0);
+    // kRowGrain is a multiple of kInterleaved8Rows: pieces start on group boundaries.
+    static_assert(kRowGrain % kInterleaved8Rows == 0);
     pool.ParallelForBytes(
         w.rows, RowCost(w, n_tokens),
         [&](int64_t r0, int64_t r1) { InterleavedRows(*tk, w, in, n_tokens, y, y_stride, r0, r1); },

@@ -1292,10 +1292,10 @@ constexpr KernelSet MakeKernelSet() {
       Q8KInput<T::kQ6_K, Q6KInt, Q6KDecode>(),
       Q8KInput<T::kIQ4_XS, Iq4xsInt, Iq4xsDecode>(),
   };
-  // The interleaved Q4_0 kernel forms its exact block sums with maddubs in both sets (VNNI
-  // would give the same integers).
+  // The interleaved Q4_0 and K-quant kernels form their exact sums with maddubs in both sets
+  // (VNNI would give the same integers).
   return {kVnni ? "avx2+vnni" : "avx2", MakeTypeTable(kEntries), &QuantizeQ8_0,
-          Interleaved8Table<kQ4_0x8Avx2>()};
+          Interleaved8Table<kQ4_0x8Avx2, kQ4_Kx8Avx2, kQ5_Kx8Avx2, kQ6_Kx8Avx2>()};
 }
 
 constexpr KernelSet kAvx2 = MakeKernelSet<false>();

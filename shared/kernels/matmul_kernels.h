@@ -121,10 +121,65 @@ inline constexpr TypeKernels kQ4_0x8Portable = {&DotQ4_0x8Portable, nullptr, nul
                                                 &Q4_0x8InputBytes, &PrepareQ4_0x8};
 inline constexpr TypeKernels kQ4_0x8Avx2 = {&DotQ4_0x8Avx2, nullptr, nullptr, &Q4_0x8InputBytes,
                                             &PrepareQ4_0x8Avx2};
-template <const TypeKernels& kQ4_0>
+// Q4_K in the interleaved layout (q4_kx8.cc, q4_kx8_avx2.cc). Activations: per super-block
+// the 256 Q8_K quants (QuantizeRowQ8_K's rounding, as every Q8_K input), its f32 d and the 8
+// int16 sums of each 32 quants (two of Q8_K's bsums each), which the mins meet; 288 bytes. Per
+// row and super-block the integer sums I (quants times scales) and M (mins times sums) are
+// exact int32 and added as acc = fma(fl(d * xd), fl(I), acc), then
+// acc = fma(-fl(dmin * xd), fl(M), acc), super-blocks in order, in both families: portable and
+// AVX2 agree bit for bit.
+inline constexpr int64_t kQ4_Kx8InputBlockBytes = 288;
+inline constexpr int64_t kQ4_Kx8InputDAt = 256;
+inline constexpr int64_t kQ4_Kx8InputSumsAt = 260;
+int64_t Q4_Kx8InputBytes(int64_t cols);
+void PrepareQ4_Kx8(const float* x, int64_t cols, uint8_t* out);
+// The same bytes, rounded by the AVX2 set's Q8_K quantizer (bit-identical to QuantizeRowQ8_K).
+void PrepareQ4_Kx8Avx2(const float* x, int64_t cols, uint8_t* out);
+// Writes the prepared form of n_blocks block_q8_K (shared by both preparations).
+void PackQ4_Kx8Input(const uint8_t* q8k, int64_t n_blocks, uint8_t* out);
+void DotQ4_Kx8Portable(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+                       int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
+void DotQ4_Kx8Avx2(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+                   int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
+inline constexpr TypeKernels kQ4_Kx8Portable = {&DotQ4_Kx8Portable, nullptr, nullptr,
+                                                &Q4_Kx8InputBytes, &PrepareQ4_Kx8};
+inline constexpr TypeKernels kQ4_Kx8Avx2 = {&DotQ4_Kx8Avx2, nullptr, nullptr, &Q4_Kx8InputBytes,
+                                            &PrepareQ4_Kx8Avx2};
+// Q5_K in its interleaved layout (q4_kx8.h): the same activations and arithmetic as Q4_K.
+void DotQ5_Kx8Portable(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+                       int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
+void DotQ5_Kx8Avx2(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+                   int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
+inline constexpr TypeKernels kQ5_Kx8Portable = {&DotQ5_Kx8Portable, nullptr, nullptr,
+                                                &Q4_Kx8InputBytes, &PrepareQ4_Kx8};
+inline constexpr TypeKernels kQ5_Kx8Avx2 = {&DotQ5_Kx8Avx2, nullptr, nullptr, &Q4_Kx8InputBytes,
+                                            &PrepareQ4_Kx8Avx2};
+
+// Q6_K in the interleaved layout (q6_kx8.cc, q6_kx8_avx2.cc). Activations: plain block_q8_K
+// (the row kernels' preparation; its bsums pairs are what the scale pairs meet). Per row and
+// super-block I = sum_s sc_s * sum_{l in s} (q_l - 32) xq_l is an exact int32, added as
+// acc = fma(fl(d * xd), fl(I), acc), super-blocks in order, in both families: portable and AVX2
+// agree bit for bit.
+int64_t Q6_Kx8InputBytes(int64_t cols);
+void PrepareQ6_Kx8(const float* x, int64_t cols, uint8_t* out);
+void PrepareQ6_Kx8Avx2(const float* x, int64_t cols, uint8_t* out);
+void DotQ6_Kx8Portable(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+                       int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
+void DotQ6_Kx8Avx2(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+                   int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
+inline constexpr TypeKernels kQ6_Kx8Portable = {&DotQ6_Kx8Portable, nullptr, nullptr,
+                                                &Q6_Kx8InputBytes, &PrepareQ6_Kx8};
+inline constexpr TypeKernels kQ6_Kx8Avx2 = {&DotQ6_Kx8Avx2, nullptr, nullptr, &Q6_Kx8InputBytes,
+                                            &PrepareQ6_Kx8Avx2};
+
+template <const TypeKernels& kQ4_0, const TypeKernels& kQ4_K, const TypeKernels& kQ5_K,
+          const TypeKernels& kQ6_K>
 constexpr std::array<TypeKernels, kTypeSlots> Interleaved8Table() {
   std::array<TypeKernels, kTypeSlots> table{};
   table[static_cast<size_t>(GgmlType::kQ4_0)] = kQ4_0;
+  table[static_cast<size_t>(GgmlType::kQ4_K)] = kQ4_K;
+  table[static_cast<size_t>(GgmlType::kQ5_K)] = kQ5_K;
+  table[static_cast<size_t>(GgmlType::kQ6_K)] = kQ6_K;
   return table;
 }
 
@@ -199,6 +254,24 @@ inline void ForEachTile(const RowSource& rows, int64_t n_rows, int64_t n_tokens,
         }
         tile(ptrs, prefetch ? next : nullptr, nr, nt, t0, y + t0 * y_stride + r, y_stride);
       }
+    }
+  }
+}
+
+// Walks the groups x tokens of an interleaved product in tiles of one group by at most T tokens
+// and calls tile(g, t0, n_tile_tokens) for each. With more tokens than one tile, groups go in
+// L2-sized blocks that every token tile passes over, so each weight byte comes from memory once
+// (as ForEachTile does for rows).
+template <int T, class TileFn>
+inline void ForEachGroupTile(const RowSource& groups, int64_t n_groups, int64_t n_tokens,
+                             TileFn&& tile) {
+  const int64_t block =
+      n_tokens > T ? std::max<int64_t>(1, kRowBlockBytes / groups.row_bytes) : n_groups;
+  for (int64_t g0 = 0; g0 < n_groups; g0 += block) {
+    const int64_t g1 = std::min(n_groups, g0 + block);
+    for (int64_t t0 = 0; t0 < n_tokens; t0 += T) {
+      const int nt = static_cast<int>(std::min<int64_t>(T, n_tokens - t0));
+      for (int64_t g = g0; g < g1; ++g) tile(g, t0, nt);
     }
   }
 }

@@ -427,8 +427,9 @@ constexpr TypeEntry kEntries[] = {
     Q8KInput<T::kIQ4_XS, Iq4xsInts, kQK_K>(),
 };
 
-constexpr KernelSet kPortable = {"portable", MakeTypeTable(kEntries), &QuantizeQ8_0,
-                                  Interleaved8Table<kQ4_0x8Portable>()};
+constexpr KernelSet kPortable = {
+    "portable", MakeTypeTable(kEntries), &QuantizeQ8_0,
+    Interleaved8Table<kQ4_0x8Portable, kQ4_Kx8Portable, kQ5_Kx8Portable, kQ6_Kx8Portable>()};
 
 }  // namespace
 

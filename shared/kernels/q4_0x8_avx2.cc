@@ -21,7 +21,6 @@
 // rounding only (the bound is derived in tests/unit/q4_0x8_test.cc).
 #include <immintrin.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -31,6 +30,14 @@
 
 namespace thermocline::matmul_internal {
 namespace {
+
+// A group's blocks are one sequential stream, which the hardware prefetcher alone does not keep
+// far enough ahead at one thread: every 4 blocks (576 bytes, 9 lines) the 4 blocks 16 ahead are
+// prefetched into L2. In a standalone loop over 4 x 108 MiB (load ~2) that took the 1-thread
+// DRAM GEMV from 12.2-12.6 to 16.6-18.4 GB/s (1152 and 4608 bytes ahead did no better). Past
+// the matrix it is a harmless hint.
+constexpr int64_t kPrefetchEvery = 4;
+constexpr int64_t kPrefetchAhead = 16 * kQ4_0x8BlockBytes;
 
 inline __m256i Broadcast4(const uint8_t* p) {
   int32_t v;
@@ -48,6 +55,11 @@ void GroupTile(const uint8_t* group, int64_t n_blocks, const uint8_t* x, int64_t
   for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < n_blocks; ++b) {
     const uint8_t* wb = group + b * kQ4_0x8BlockBytes;
+    if (b % kPrefetchEvery == 0) {
+      for (int64_t at = 0; at < kPrefetchEvery * kQ4_0x8BlockBytes; at += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchAhead + at), _MM_HINT_T1);
+      }
+    }
     const __m256 wd = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb)));
     __m256i lo[4], hi[4];
     for (int k = 0; k < 4; ++k) {
@@ -95,20 +107,10 @@ void PrepareQ4_0x8Avx2(const float* x, int64_t cols, uint8_t* out) {
 void DotQ4_0x8Avx2(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
                    int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
   const int64_t n_blocks = cols / kQK;
-  // With more tokens than one tile, groups go in L2-sized blocks that every token tile passes
-  // over, so each weight byte comes from memory once (as ForEachTile does for rows).
-  const int64_t block =
-      n_tokens > kMaxTokens ? std::max<int64_t>(1, kRowBlockBytes / groups.row_bytes) : n_groups;
-  for (int64_t g0 = 0; g0 < n_groups; g0 += block) {
-    const int64_t g1 = std::min(n_groups, g0 + block);
-    for (int64_t t0 = 0; t0 < n_tokens; t0 += kMaxTokens) {
-      const int nt = static_cast<int>(std::min<int64_t>(kMaxTokens, n_tokens - t0));
-      for (int64_t g = g0; g < g1; ++g) {
-        kGroupTiles[nt - 1](groups.base + g * groups.row_bytes, n_blocks, x + t0 * x_stride,
-                            x_stride, y + t0 * y_stride + g * kQ4_0x8Rows, y_stride);
-      }
-    }
-  }
+  ForEachGroupTile<kMaxTokens>(groups, n_groups, n_tokens, [&](int64_t g, int64_t t0, int nt) {
+    kGroupTiles[nt - 1](groups.base + g * groups.row_bytes, n_blocks, x + t0 * x_stride, x_stride,
+                        y + t0 * y_stride + g * kQ4_0x8Rows, y_stride);
+  });
 }
 
 }  // namespace thermocline::matmul_internal

@@ -10,7 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "shared/gguf/q4_0x8.h"
+#include "shared/gguf/interleaved8.h"
 #include "shared/gguf/quant.h"
 #include "shared/util/status_macros.h"
 
@@ -453,15 +453,15 @@ absl::Status CheckMatricesFinite(const GgufFile& f) {
   return absl::OkStatus();
 }
 
-// THERMOCLINE_REPACK: unset or "1" interleaves the dense-only Q4_0 matrices at load, "0" keeps
-// the file's layout alone (for A/B runs).
+// THERMOCLINE_REPACK: unset or "1" interleaves the dense-only matrices of the types with an
+// interleaved layout (interleaved8.h) at load, "0" keeps the file's layout alone (for A/B runs).
 absl::StatusOr<bool> RepackFromEnvironment() {
   const char* v = std::getenv("THERMOCLINE_REPACK");
   if (v == nullptr || std::string_view(v) == "1") return true;
   if (std::string_view(v) == "0") return false;
   return absl::InvalidArgumentError(absl::StrCat(
-      "THERMOCLINE_REPACK must be 0 (keep the file's row layout) or 1 (interleave Q4_0 "
-      "matrices that are only used densely), got '", v, "'"));
+      "THERMOCLINE_REPACK must be 0 (keep the file's row layout) or 1 (interleave the Q4_0 "
+      "and K-quant matrices that are only used densely), got '", v, "'"));
 }
 
 }  // namespace
@@ -536,10 +536,11 @@ absl::Status Model::Init() {
 }
 
 void Model::Interleave(MatrixView& m) {
-  if (m.type != GgmlType::kQ4_0 || m.rows == 0 || m.cols == 0 || m.interleaved != nullptr) return;
-  std::vector<uint8_t>& buf =
-      interleaved_.emplace_back(Q4_0x8Groups(m.rows) * Q4_0x8GroupBytes(m.cols));
-  InterleaveQ4_0x8(m.data, m.row_bytes, m.rows, m.cols, buf.data());
+  if (!HasInterleaved8Layout(m.type) || m.rows == 0 || m.cols == 0 || m.interleaved != nullptr) {
+    return;
+  }
+  std::vector<uint8_t>& buf = interleaved_.emplace_back(Interleaved8Bytes(m.type, m.rows, m.cols));
+  Interleave8(m.type, m.data, m.row_bytes, m.rows, m.cols, buf.data());
   m.interleaved = buf.data();
 }
 

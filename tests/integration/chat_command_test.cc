@@ -1,14 +1,19 @@
 // `thermocline chat --model` driven through a pipe (and through a terminal): each line of standard input is a user turn,
 // and each reply is exactly what `thermocline generate` prints (greedy) for the prompt that
 // `thermocline render-template` gives for the conversation so far; /exit ends it; a model
-// without a template is refused naming it.
+// without a template is refused naming it. Like `generate` in dense mode, chat multiplies the
+// FFN whole, so its Q4_0 / K-quant matrices get the interleaved copy (THERMOCLINE_REPACK).
+#include <cctype>
+#include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "shared/model/model.h"
 #include "tests/test_support.h"
 
 namespace thermocline {
@@ -32,8 +37,12 @@ constexpr char kTemplate[] =
 
 // What `thermocline generate` prints (greedy, 24 tokens) as the replies to `lines`, each on
 // the conversation so far rendered by `render-template`, one per line.
+// generate_err collects generate's standard error per reply; generate_env, if not empty, is one
+// NAME=VALUE for generate's environment.
 std::vector<std::string> ExpectedReplies(const std::string& model, const std::string& dir,
-                                         const std::vector<std::string>& lines) {
+                                         const std::vector<std::string>& lines,
+                                         std::vector<std::string>* generate_err = nullptr,
+                                         const std::string& generate_env = "") {
   nlohmann::ordered_json messages = {{{"role", "system"}, {"content", "You tell stories."}}};
   std::vector<std::string> want;
   for (const std::string& line : lines) {
@@ -44,10 +53,17 @@ std::vector<std::string> ExpectedReplies(const std::string& model, const std::st
                     dir + "/chat.jinja", "--messages", dir + "/messages.json",
                     "--add-generation-prompt"});
     EXPECT_EQ(prompt.exit_code, 0) << prompt.err;
-    const testing::CommandResult gen =
-        RunCommand({BinDir() + "/thermocline", "generate", "-m", model, "-p", prompt.out, "-n",
-                    "24", "-t", "0", "--threads", "1"});
+    std::vector<std::string> argv = {"/usr/bin/env"};
+    if (!generate_env.empty()) argv.push_back(generate_env);
+    for (const std::string& a : {BinDir() + "/thermocline", std::string("generate"),
+                                 std::string("-m"), model, std::string("-p"), prompt.out,
+                                 std::string("-n"), std::string("24"), std::string("-t"),
+                                 std::string("0"), std::string("--threads"), std::string("1")}) {
+      argv.push_back(a);
+    }
+    const testing::CommandResult gen = RunCommand(argv);
     EXPECT_EQ(gen.exit_code, 0) << gen.err;
+    if (generate_err != nullptr) generate_err->push_back(gen.err);
     // generate prints the prompt, the completion and a newline.
     EXPECT_EQ(gen.out.rfind(prompt.out, 0), 0u) << gen.out;
     if (gen.out.size() < prompt.out.size() + 1) return want;
@@ -78,6 +94,53 @@ TEST(ChatCommand, RepliesEqualGenerateOnTheRenderedConversation) {
     want += reply + "\n";
   }
   EXPECT_EQ(chat.out, want);
+}
+
+// The number before " bytes in interleaved copies" in a command's standard error, or -1.
+int64_t InterleavedBytes(const std::string& err) {
+  const std::string key = " bytes in interleaved copies";
+  const size_t at = err.find(key);
+  if (at == std::string::npos) return -1;
+  size_t begin = at;
+  while (begin > 0 && std::isdigit(static_cast<unsigned char>(err[begin - 1]))) --begin;
+  return begin == at ? -1 : std::stoll(err.substr(begin, at - begin));
+}
+
+// Chat multiplies the FFN whole, as generate does in dense mode: both report the interleaved
+// copies of attention, output and FFN (what Model::InterleaveDenseFfn makes after the load, more
+// than the load alone), and their replies are equal (the same matrices in the same layouts give
+// the same bits). With THERMOCLINE_REPACK=0 both report none.
+TEST(ChatCommand, DenseFfnIsInterleavedAsInGenerate) {
+  THERMOCLINE_REQUIRE_SHARED_DATA();
+  const std::string model = testing::ModelPath("quants/Q4_K_M.gguf");
+  auto loaded = Model::Load(model);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const int64_t at_load = (*loaded)->interleaved_bytes();
+  ASSERT_TRUE((*loaded)->InterleaveDenseFfn().ok());
+  const int64_t with_ffn = (*loaded)->interleaved_bytes();
+  ASSERT_GT(with_ffn, at_load);  // the FFN has Q4_K matrices
+  const std::string dir = testing::TempDir();
+  Write(dir + "/chat.jinja", kTemplate);
+  Write(dir + "/turns.txt", "Once upon a time\nThe little dog\n");
+  for (const char* repack : {"1", "0"}) {
+    const std::string env = std::string("THERMOCLINE_REPACK=") + repack;
+    SCOPED_TRACE(env);
+    const testing::CommandResult chat = RunCommand(
+        {"/bin/sh", "-c",
+         absl::StrCat(env, " ", ChatCommand(model, dir), " < ", dir, "/turns.txt")});
+    ASSERT_EQ(chat.exit_code, 0) << chat.err;
+    const int64_t want = repack[0] == '1' ? with_ffn : 0;
+    EXPECT_EQ(InterleavedBytes(chat.err), want) << chat.err;
+    std::vector<std::string> generate_err;
+    std::string replies;
+    for (const std::string& reply : ExpectedReplies(
+             model, dir, {"Once upon a time", "The little dog"}, &generate_err, env)) {
+      replies += reply + "\n";
+    }
+    EXPECT_EQ(chat.out, replies);
+    ASSERT_EQ(generate_err.size(), 2u);
+    for (const std::string& err : generate_err) EXPECT_EQ(InterleavedBytes(err), want) << err;
+  }
 }
 
 // On a terminal (script(1) gives it a pseudo-terminal) the turns are read through libedit:

@@ -1,16 +1,18 @@
-// The interleaved Q4_0 copy at load (THERMOCLINE_REPACK, Model::InterleaveDenseMatrices) on
-// llama.cpp's own Q4_0 files of ../shared/models/quants/: which matrices get it, and that the
-// model's logits and greedy picks with it are those without it, up to the bounds below.
+// The interleaved Q4_0, Q4_K, Q5_K and Q6_K copies at load (THERMOCLINE_REPACK,
+// Model::InterleaveDenseMatrices, shared/gguf/interleaved8.h) on llama.cpp's own Q4_0, Q4_K_M,
+// Q4_K_S, Q5_K_M and Q5_K_S files of ../shared/models/quants/: which matrices get them, and
+// that the model's logits and greedy picks with them are those without them, up to the bounds
+// below.
 //
 // The bounds are quant_models_test.cc's, for the same reason: both runs multiply the same
-// operands (Q8_0-rounded activations, exact integer block sums) and differ only in f32 summation
-// order (q4_0x8_test.cc bounds one product), which the network passes on at well below 1e-4 per
-// logit (kExactBound); except that an f32 difference of ~1e-7 relative can move an activation
-// lying at a .5 boundary of its int8 rounding onto the other integer, after which the logits
-// differ by up to a few 1e-2 (kQ8ActivationBound). The first prompt row, whose attention sees one
-// position, must agree to kExactBound; greedy picks must agree wherever the row layout's top-2
-// gap exceeds twice the wider bound (both runs are fed the row layout's picks, so every step
-// stays comparable).
+// operands (Q8_0- or Q8_K-rounded activations, exact integer block sums) and differ only in f32
+// summation order (q4_0x8_test.cc and kquant_x8_test.cc bound one product), which the network
+// passes on at well below 1e-4 per logit (kExactBound); except that an f32 difference of ~1e-7
+// relative can move an activation lying at a .5 boundary of its int8 rounding onto the other
+// integer, after which the logits differ by up to a few 1e-2 (kQ8ActivationBound). The first
+// prompt row, whose attention sees one position, must agree to kExactBound; greedy picks must
+// agree wherever the row layout's top-2 gap exceeds twice the wider bound (both runs are fed the
+// row layout's picks, so every step stays comparable).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -21,7 +23,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "shared/gguf/q4_0x8.h"
+#include "shared/gguf/interleaved8.h"
 #include "shared/model/model.h"
 #include "shared/runtime/forward.h"
 #include "shared/runtime/kv_cache.h"
@@ -73,12 +75,12 @@ std::vector<int32_t> PromptIds() {
 
 void CompareWithRowLayout(const std::string& path, bool ffn);
 
-class Q4_0x8ModelTest : public ::testing::TestWithParam<std::string> {
+class Interleaved8ModelTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override { THERMOCLINE_REQUIRE_SHARED_DATA(); }
 };
 
-TEST_P(Q4_0x8ModelTest, OnlyDenseQ4_0MatricesAreInterleaved) {
+TEST_P(Interleaved8ModelTest, OnlyDenseMatricesOfInterleavedTypesAreInterleaved) {
   const std::string path = testing::ModelPath("quants/" + GetParam() + ".gguf");
   const std::unique_ptr<Model> off = LoadWithRepack(path, "0");
   const std::unique_ptr<Model> on = LoadWithRepack(path, "1");
@@ -86,9 +88,9 @@ TEST_P(Q4_0x8ModelTest, OnlyDenseQ4_0MatricesAreInterleaved) {
   EXPECT_EQ(off->interleaved_bytes(), 0);
   int64_t expected = 0;
   auto check = [&](const MatrixView& m, bool dense_only, const std::string& what) {
-    const bool want = dense_only && m.type == GgmlType::kQ4_0;
+    const bool want = dense_only && HasInterleaved8Layout(m.type);
     EXPECT_EQ(m.interleaved != nullptr, want) << what;
-    if (want) expected += Q4_0x8Groups(m.rows) * Q4_0x8GroupBytes(m.cols);
+    if (want) expected += Interleaved8Bytes(m.type, m.rows, m.cols);
   };
   for (int64_t l = 0; l < on->config().n_layers; ++l) {
     const LayerWeights& w = on->layer(l);
@@ -108,7 +110,7 @@ TEST_P(Q4_0x8ModelTest, OnlyDenseQ4_0MatricesAreInterleaved) {
   EXPECT_EQ(on->interleaved_bytes(), expected);
 }
 
-TEST_P(Q4_0x8ModelTest, DenseFfnIsInterleavedOnRequest) {
+TEST_P(Interleaved8ModelTest, DenseFfnIsInterleavedOnRequest) {
   const std::string path = testing::ModelPath("quants/" + GetParam() + ".gguf");
   const std::unique_ptr<Model> on = LoadWithRepack(path, "1");
   ASSERT_TRUE(on);
@@ -117,8 +119,9 @@ TEST_P(Q4_0x8ModelTest, DenseFfnIsInterleavedOnRequest) {
   int64_t ffn = 0;
   for (int64_t l = 0; l < on->config().n_layers; ++l) {
     for (const MatrixView* m : {&on->layer(l).gate, &on->layer(l).up, &on->layer(l).down}) {
-      EXPECT_EQ(m->interleaved != nullptr, m->type == GgmlType::kQ4_0) << "layer " << l;
-      if (m->type == GgmlType::kQ4_0) ffn += Q4_0x8Groups(m->rows) * Q4_0x8GroupBytes(m->cols);
+      const bool want = HasInterleaved8Layout(m->type);
+      EXPECT_EQ(m->interleaved != nullptr, want) << "layer " << l;
+      if (want) ffn += Interleaved8Bytes(m->type, m->rows, m->cols);
     }
   }
   EXPECT_GT(ffn, 0);
@@ -137,7 +140,7 @@ TEST_P(Q4_0x8ModelTest, DenseFfnIsInterleavedOnRequest) {
 }
 
 // With the attention and output copies of the load, and with the dense FFN's as well.
-TEST_P(Q4_0x8ModelTest, LogitsAndGreedyPicksMatchTheRowLayout) {
+TEST_P(Interleaved8ModelTest, LogitsAndGreedyPicksMatchTheRowLayout) {
   for (bool ffn : {false, true}) {
     SCOPED_TRACE(ffn ? "attention, output and FFN interleaved" : "attention and output");
     CompareWithRowLayout(testing::ModelPath("quants/" + GetParam() + ".gguf"), ffn);
@@ -198,14 +201,16 @@ void CompareWithRowLayout(const std::string& path, bool ffn) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Files, Q4_0x8ModelTest, ::testing::Values("Q4_0", "pure-Q4_0"),
+INSTANTIATE_TEST_SUITE_P(Files, Interleaved8ModelTest,
+                         ::testing::Values("Q4_0", "pure-Q4_0", "Q4_K_M", "Q4_K_S", "Q5_K_M",
+                                           "Q5_K_S"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string n = info.param;
                            std::replace(n.begin(), n.end(), '-', '_');
                            return n;
                          });
 
-TEST(Q4_0x8EnvironmentTest, RejectsAnUnknownValue) {
+TEST(Interleaved8EnvironmentTest, RejectsAnUnknownValue) {
   THERMOCLINE_REQUIRE_SHARED_DATA();
   setenv("THERMOCLINE_REPACK", "yes", 1);
   auto model = Model::Load(testing::ModelPath("quants/Q4_0.gguf"));
