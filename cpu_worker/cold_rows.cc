@@ -26,8 +26,11 @@ absl::StatusOr<ColdRows> ColdRows::Build(const Model& model, const Partition& pa
   if (static_cast<int64_t>(partition.layers.size()) != c.n_layers) {
     return absl::InvalidArgumentError("cold rows: partition and model disagree on layers");
   }
-  // down_t row bytes per layer: the model's ffn_down_t, or DownRows' type for the transpose
-  // (the model's own type, so the same as the gate's row bytes for every supported type).
+  // down_t row bytes per layer: the model's ffn_down_t, or those of the type DownRows gives the
+  // transpose, which need not be the up rows' (Q4_K_M: Q4_K up, Q6_K down -> Q8_0 down_t).
+  auto down_t_row_bytes = [&](const MatrixView& down) {
+    return RowBytes(DownRows::TransposedType(down.type, std::nullopt), c.dim);
+  };
   int64_t total = 0;
   auto bytes = [](const FfnWeights& f, int64_t n, int64_t down_row) {
     return AlignUp(n * f.gate.row_bytes) + AlignUp(n * f.up.row_bytes) + AlignUp(n * down_row);
@@ -39,11 +42,11 @@ absl::StatusOr<ColdRows> ColdRows::Build(const Model& model, const Partition& pa
       for (size_t e = 0; e < w.experts.size(); ++e) {
         const int64_t n = static_cast<int64_t>(
             ExpertSlice(cold, static_cast<int64_t>(e), c.ffn_dim).size());
-        total += bytes(w.experts[e], n, w.experts[e].up.row_bytes);
+        total += bytes(w.experts[e], n, down_t_row_bytes(w.experts[e].down));
       }
       continue;
     }
-    const int64_t down_row = w.has_down_t ? w.down_t.row_bytes : w.up.row_bytes;
+    const int64_t down_row = w.has_down_t ? w.down_t.row_bytes : down_t_row_bytes(w.down);
     total += bytes(FfnWeights{w.gate, w.up, {}}, partition.layers[l].n_cold(), down_row);
   }
   ColdRows rows;
@@ -64,15 +67,16 @@ absl::StatusOr<ColdRows> ColdRows::Build(const Model& model, const Partition& pa
     p += AlignUp(nw.up.rows * nw.up.row_bytes);
   };
   // The down rows `ids` of `down` ([dim][ffn_dim]) via one transposed copy, dropped after.
-  auto gather_down = [&](const MatrixView& down, const MatrixView& up,
-                         const std::vector<int32_t>& ids, NeuronWeights& nw) -> absl::Status {
+  auto gather_down = [&](const MatrixView& down, const std::vector<int32_t>& ids,
+                         NeuronWeights& nw) -> absl::Status {
     if (ids.empty()) {
-      nw.down_t = MatrixView{up.type, 0, c.dim, p, up.row_bytes};
+      const GgmlType type = DownRows::TransposedType(down.type, std::nullopt);
+      nw.down_t = MatrixView{type, 0, c.dim, p, RowBytes(type, c.dim)};
       return absl::OkStatus();
     }
     TC_ASSIGN_OR_RETURN(DownRows t, DownRows::ForMatrix(down, std::nullopt, pool));
-    if (t.view().row_bytes != up.row_bytes) {
-      return absl::InternalError("cold rows: transposed down rows differ from the gate rows");
+    if (t.view().row_bytes != down_t_row_bytes(down)) {
+      return absl::InternalError("cold rows: transposed down rows are not the size reserved");
     }
     nw.down_t = Gather(t.view(), ids, p);
     p += AlignUp(nw.down_t.rows * nw.down_t.row_bytes);
@@ -95,7 +99,7 @@ absl::StatusOr<ColdRows> ColdRows::Build(const Model& model, const Partition& pa
         }
         NeuronWeights x;
         gather_ffn(w.experts[e].gate, w.experts[e].up, local, x);
-        TC_RETURN_IF_ERROR(gather_down(w.experts[e].down, w.experts[e].up, local, x));
+        TC_RETURN_IF_ERROR(gather_down(w.experts[e].down, local, x));
         rows.experts_[l].push_back(x);
       }
       continue;
@@ -110,7 +114,7 @@ absl::StatusOr<ColdRows> ColdRows::Build(const Model& model, const Partition& pa
       p += AlignUp(nw.down_t.rows * nw.down_t.row_bytes);
       if (!cold.empty()) TC_RETURN_IF_ERROR(ValidateNeuronWeights(nw));
     } else {
-      TC_RETURN_IF_ERROR(gather_down(w.down, w.up, cold, nw));
+      TC_RETURN_IF_ERROR(gather_down(w.down, cold, nw));
     }
   }
   return rows;

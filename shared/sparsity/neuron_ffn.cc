@@ -250,20 +250,19 @@ absl::StatusOr<DownRows> DownRows::ForLayer(const Model& model, int64_t layer,
   return ForMatrix(w.down, quantized_type, pool);
 }
 
+GgmlType DownRows::TransposedType(GgmlType down_type, std::optional<GgmlType> quantized_type) {
+  if (!IsBlockQuantized(down_type)) return down_type;
+  if (quantized_type) return *quantized_type;
+  // Other block types than Q8_0/Q4_0 (K-quants, i-quants, q4_1, q5_x) are stored as Q8_0:
+  // most have no quantizer, and the K-quant ones search every sub-block (slow at load).
+  if (down_type != GgmlType::kQ8_0 && down_type != GgmlType::kQ4_0) return GgmlType::kQ8_0;
+  return down_type;
+}
+
 absl::StatusOr<DownRows> DownRows::ForMatrix(const MatrixView& down,
                                              std::optional<GgmlType> quantized_type,
                                              ThreadPool& pool) {
-  GgmlType type = down.type;
-  if (IsBlockQuantized(type)) {
-    // Other block types than Q8_0/Q4_0 (K-quants, i-quants, q4_1, q5_x) are stored as Q8_0:
-    // most have no quantizer, and the K-quant ones search every sub-block (slow at load).
-    if (quantized_type) {
-      type = *quantized_type;
-    } else if (type != GgmlType::kQ8_0 && type != GgmlType::kQ4_0) {
-      type = GgmlType::kQ8_0;
-    }
-  }
-  return Transpose(down, type, pool);
+  return Transpose(down, TransposedType(down.type, quantized_type), pool);
 }
 
 absl::StatusOr<DownRows> DownRows::Transpose(const MatrixView& down, GgmlType type,

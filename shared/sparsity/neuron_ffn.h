@@ -168,6 +168,9 @@ class DownRows {
   static absl::StatusOr<DownRows> ForMatrix(const MatrixView& down,
                                             std::optional<GgmlType> quantized_type,
                                             ThreadPool& pool);
+  // The type ForMatrix gives the transposed copy of a `down_type` matrix (so that callers can
+  // size storage for it before building it).
+  static GgmlType TransposedType(GgmlType down_type, std::optional<GgmlType> quantized_type);
   // The transposed copy of `down` ([dim][ffn_dim]) as [ffn_dim][dim] rows of `type` (the same
   // rules as above; float types must equal down's type).
   static absl::StatusOr<DownRows> Transpose(const MatrixView& down, GgmlType type,

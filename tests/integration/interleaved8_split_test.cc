@@ -63,14 +63,14 @@ TEST_P(Interleaved8SplitTest, TheGpuWorkerInterleavesTheDenseFfnAndAgreesWithThe
   const Generated split = Generate(path, {"--split"});
   EXPECT_EQ(InterleavedBytes(split.worker_log), with_ffn) << split.worker_log;
   EXPECT_EQ(split.text, local.text);
-  // Half the neurons on each side: the FFN is read by neuron, so only the at-load copy. (Not
-  // on Q4_K_M: the cpu worker cannot split an FFN whose down matrix has another type than its
-  // gate, Q6_K against Q4_K there, and stops with "transposed down rows differ from the gate
-  // rows", with or without the copies.)
-  if (GetParam() == "Q4_0") {
-    const Generated half = Generate(path, {"--split", "--hot-fraction", "0.5"});
-    EXPECT_EQ(InterleavedBytes(half.worker_log), at_load) << half.worker_log;
-  }
+  // Half the neurons on each side: the FFN is read by neuron, so only the at-load copy. On
+  // Q4_K_M the down matrices (Q6_K / Q4_K) are transposed to Q8_0 rows of another size than the
+  // up rows (the cpu worker once refused exactly that, exiting at start). Its text is not
+  // compared with the local run's: the local FFN is interleaved, the split one read by rows and
+  // summed per side, and on these tiny files' near-tied picks that order shows;
+  // split_equivalence_test holds split == local where the picks are decided.
+  const Generated half = Generate(path, {"--split", "--hot-fraction", "0.5"});
+  EXPECT_EQ(InterleavedBytes(half.worker_log), at_load) << half.worker_log;
 
   setenv("THERMOCLINE_REPACK", "0", 1);
   const Generated local_rows = Generate(path, {});
