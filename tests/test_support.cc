@@ -1,8 +1,6 @@
 #include "tests/test_support.h"
 
-#include <fcntl.h>
 #include <poll.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,8 +11,7 @@
 #include <sstream>
 
 #include "gtest/gtest.h"
-
-extern char** environ;
+#include "tests/process_spawn.h"
 
 namespace thermocline::testing {
 
@@ -105,27 +102,12 @@ std::vector<float> ReadF32File(const std::string& path) {
 
 CommandResult RunCommand(const std::vector<std::string>& argv) {
   CommandResult result;
-  int out_pipe[2], err_pipe[2];
-  if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) return result;
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
-  posix_spawn_file_actions_adddup2(&actions, err_pipe[1], 2);
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid;
-  int rc = posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  close(out_pipe[1]);
-  close(err_pipe[1]);
-  if (rc != 0) {
-    close(out_pipe[0]);
-    close(err_pipe[0]);
-    result.err = std::string("spawn failed: ") + std::strerror(rc);
+  auto child = SpawnProcess(argv, {.stdout_pipe = true, .stderr_pipe = true});
+  if (!child.ok()) {
+    result.err = std::string(child.status().message());
     return result;
   }
-  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
+  pollfd fds[2] = {{child->stdout_fd, POLLIN, 0}, {child->stderr_fd, POLLIN, 0}};
   std::string* sinks[2] = {&result.out, &result.err};
   int open_fds = 2;
   char buf[65536];
@@ -144,7 +126,7 @@ CommandResult RunCommand(const std::vector<std::string>& argv) {
     }
   }
   int status = 0;
-  waitpid(pid, &status, 0);
+  waitpid(child->pid, &status, 0);
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return result;
 }

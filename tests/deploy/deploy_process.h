@@ -4,9 +4,7 @@
 // assumes nothing about the channel, so TLS and token tests can build their own.
 #pragma once
 
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -24,35 +22,22 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "tests/process_spawn.h"
 #include "tests/test_support.h"
-
-extern char** environ;
 
 namespace thermocline::testing {
 
 class Process {
  public:
   // Starts argv; `log` receives stderr. The first stdout line is read only by FirstLine().
-  Process(std::vector<std::string> argv, std::string log) : log_(std::move(log)) {
-    int out[2];
-    if (pipe2(out, O_CLOEXEC) != 0) ADD_FAILURE() << "pipe";
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-    posix_spawn_file_actions_addopen(&fa, 2, log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    std::vector<char*> c;
-    for (auto& a : argv) c.push_back(a.data());
-    c.push_back(nullptr);
-    const int rc = posix_spawn(&pid_, c[0], &fa, nullptr, c.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    close(out[1]);
-    if (rc != 0) {
-      ADD_FAILURE() << "posix_spawn " << argv[0] << ": " << rc;
-      pid_ = -1;
-      close(out[0]);
+  Process(const std::vector<std::string>& argv, std::string log) : log_(std::move(log)) {
+    auto child = SpawnProcess(argv, {.stdout_pipe = true, .stderr_file = log_});
+    if (!child.ok()) {
+      ADD_FAILURE() << child.status();
       return;
     }
-    out_ = out[0];
+    pid_ = child->pid;
+    out_ = child->stdout_fd;
   }
   ~Process() {
     if (out_ >= 0) close(out_);

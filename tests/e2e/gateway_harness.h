@@ -5,10 +5,8 @@
 #pragma once
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -32,10 +30,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "tests/process_spawn.h"
 #include "tests/test_support.h"
 #include "thermocline/v1/generation.grpc.pb.h"
-
-extern char** environ;
 
 namespace thermocline::testing {
 
@@ -68,29 +65,17 @@ class Gateway {
       extra.insert(extra.end(), {"--context", "256"});
     }
     argv.insert(argv.end(), extra.begin(), extra.end());
-    int out[2];
-    if (pipe(out) != 0) ADD_FAILURE() << "pipe";
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-    posix_spawn_file_actions_addclose(&fa, out[0]);
-    posix_spawn_file_actions_addopen(&fa, 2, log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    std::vector<char*> cargv;
-    for (auto& a : argv) cargv.push_back(a.data());
-    cargv.push_back(nullptr);
-    const int rc = posix_spawn(&pid_, cargv[0], &fa, nullptr, cargv.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    close(out[1]);
-    if (rc != 0) {
-      ADD_FAILURE() << "posix_spawn " << argv[0] << ": " << rc;
-      close(out[0]);
+    auto child = SpawnProcess(argv, {.stdout_pipe = true, .stderr_file = log_path_});
+    if (!child.ok()) {
+      ADD_FAILURE() << child.status();
       return;
     }
+    pid_ = child->pid;
     // The first stdout line: "listening grpc=HOST:PORT metrics=HOST:PORT".
     std::string line;
     char c;
-    while (read(out[0], &c, 1) == 1 && c != '\n') line.push_back(c);
-    close(out[0]);
+    while (read(child->stdout_fd, &c, 1) == 1 && c != '\n') line.push_back(c);
+    close(child->stdout_fd);
     std::istringstream words(line);
     std::string w;
     while (words >> w) {

@@ -2,9 +2,7 @@
 // workers) on stories260K: greedy output through the gateway equals local generation byte for
 // byte; a stop string ends the text right before it (the local text cut at the same place);
 // logprobs are printed; a bad request and an unreachable server exit 1 naming the status code.
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,9 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/process_spawn.h"
 #include "tests/test_support.h"
-
-extern char** environ;
 
 namespace thermocline {
 namespace {
@@ -45,26 +42,20 @@ class Gateway {
  private:
   Gateway() {
     log_ = testing::TempDir() + "/gateway.log";
-    int out[2];
-    if (pipe(out) != 0) return;
     std::vector<std::string> args = {
         testing::BinDir() + "/thermocline-gateway", "--model", Stories(), "--hot-fraction", "0.5",
         "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--instance",
         absl::StrCat("gstest-", getpid())};
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-    posix_spawn_file_actions_addclose(&fa, out[0]);
-    posix_spawn_file_actions_addopen(&fa, 2, log_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ) != 0) pid_ = 0;
-    posix_spawn_file_actions_destroy(&fa);
-    close(out[1]);
+    auto child = testing::SpawnProcess(
+        args, {.stdout_pipe = true, .stderr_file = log_, .stderr_append = true});
+    if (!child.ok()) {
+      ADD_FAILURE() << child.status();
+      return;
+    }
+    pid_ = child->pid;
     // The first stdout line: "listening grpc=127.0.0.1:PORT metrics=127.0.0.1:PORT" (EOF if the
     // gateway fails to start; the tests then report its log).
-    FILE* f = fdopen(out[0], "r");
+    FILE* f = fdopen(child->stdout_fd, "r");
     char line[512];
     if (f != nullptr && std::fgets(line, sizeof(line), f) != nullptr) {
       const std::string s(line);

@@ -2,10 +2,8 @@
 // tests/helpers/ipc_peer is spawned as the gpu_worker or as a rival owner. Checks every byte of
 // 100000 messages each way, that a producer killed between Reserve and Commit never hands over
 // a torn message, and that no segment is left in /dev/shm.
-#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,9 +18,8 @@
 #include "shared/ipc/ring.h"
 #include "shared/ipc/transport.h"
 #include "tests/helpers/ipc_payload.h"
+#include "tests/process_spawn.h"
 #include "tests/test_support.h"
-
-extern char** environ;
 
 namespace thermocline::ipc {
 namespace {
@@ -39,25 +36,15 @@ class Peer {
   explicit Peer(const std::vector<std::string>& args) {
     std::vector<std::string> argv = {thermocline::testing::BinDir() + "/ipc_peer"};
     argv.insert(argv.end(), args.begin(), args.end());
-    int in[2], out[2];
-    if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) return;
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, in[0], 0);
-    posix_spawn_file_actions_adddup2(&actions, out[1], 1);
-    std::vector<char*> cargs;
-    for (auto& a : argv) cargs.push_back(a.data());
-    cargs.push_back(nullptr);
-    int rc = posix_spawn(&pid_, cargs[0], &actions, nullptr, cargs.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    close(in[0]);
-    close(out[1]);
-    stdin_ = in[1];
-    stdout_ = out[0];
-    if (rc != 0) {
-      ADD_FAILURE() << "cannot spawn " << argv[0] << ": " << std::strerror(rc);
-      pid_ = -1;
+    auto child =
+        thermocline::testing::SpawnProcess(argv, {.stdin_pipe = true, .stdout_pipe = true});
+    if (!child.ok()) {
+      ADD_FAILURE() << child.status();
+      return;
     }
+    pid_ = child->pid;
+    stdin_ = child->stdin_fd;
+    stdout_ = child->stdout_fd;
   }
   ~Peer() {
     Kill();

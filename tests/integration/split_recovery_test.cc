@@ -15,10 +15,8 @@
 // independently with the same kernels, so the rows are expected bit-identical, but the test
 // holds them only to the split bound of split_equivalence_test.cc (1e-4 * max(1, RMS)) and
 // the tokens to exact equality: the requirement is the output, not the arithmetic.
-#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -41,9 +39,8 @@
 #include "shared/runtime/generate.h"
 #include "shared/runtime/kv_cache.h"
 #include "tests/fault_injection.h"
+#include "tests/process_spawn.h"
 #include "tests/test_support.h"
-
-extern char** environ;
 
 namespace thermocline {
 namespace {
@@ -385,21 +382,14 @@ class DriverProcess {
                                      Stories(), "-p", kPromptText, "-n", "400", "-t", "0",
                                      "--ignore-eos", "--split", "--hot-fraction", "0.5",
                                      "--instance", instance};
-    int out[2], err[2];
-    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) return;
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-    posix_spawn_file_actions_adddup2(&fa, err[1], 2);
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    if (posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ) != 0) pid_ = 0;
-    posix_spawn_file_actions_destroy(&fa);
-    close(out[1]);
-    close(err[1]);
-    out_ = out[0];
-    err_ = err[0];
+    auto child = testing::SpawnProcess(args, {.stdout_pipe = true, .stderr_pipe = true});
+    if (!child.ok()) {
+      ADD_FAILURE() << child.status();
+      return;
+    }
+    pid_ = child->pid;
+    out_ = child->stdout_fd;
+    err_ = child->stderr_fd;
   }
   ~DriverProcess() {
     if (pid_ > 0) {

@@ -4,9 +4,7 @@
 // sent, every layer has time on both sides, the active-neuron ratios are in [0, 1] (exactly 1
 // in dense mode), the predictor's recall is sampled in predicted mode, and a segment created
 // after the workers started is picked up by them.
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,9 +17,8 @@
 #include "shared/ipc/messages.h"
 #include "shared/ipc/transport.h"
 #include "shared/ipc/worker_metrics.h"
+#include "tests/process_spawn.h"
 #include "tests/test_support.h"
-
-extern char** environ;
 
 namespace thermocline {
 namespace {
@@ -112,16 +109,14 @@ class Instance {
  private:
   pid_t Spawn(const std::string& binary, std::vector<std::string> args) {
     args.insert(args.begin(), {testing::BinDir() + "/" + binary, "--instance", name_});
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
     log_ = testing::TempDir() + "/" + name_ + ".log";
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 2, log_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     pid_t pid = 0;
-    EXPECT_EQ(posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ), 0) << argv[0];
-    posix_spawn_file_actions_destroy(&fa);
+    auto child = testing::SpawnProcess(args, {.stderr_file = log_, .stderr_append = true});
+    if (child.ok()) {
+      pid = child->pid;
+    } else {
+      ADD_FAILURE() << child.status();
+    }
     pids_.push_back(pid);
     return pid;
   }

@@ -20,9 +20,7 @@
 //     order 1) that is ~1e-5 of an FFN output; through 5 layers and the head it stays well under
 //     1e-4 of the logits' RMS, so the bound is 1e-4 * max(1, RMS). Measured on these cases:
 //     at most 1e-6 * max(1, RMS), a margin of 100.
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -41,9 +39,8 @@
 #include "shared/runtime/kv_cache.h"
 #include "shared/sparsity/sparse_ffn.h"
 #include "shared/sparsity/sparsity_mode.h"
+#include "tests/process_spawn.h"
 #include "tests/test_support.h"
-
-extern char** environ;
 
 namespace thermocline {
 namespace {
@@ -116,17 +113,14 @@ class Instance {
   // Spawns a worker with stderr to a log file; returns its pid.
   pid_t Spawn(const std::string& binary, std::vector<std::string> args) {
     args.insert(args.begin(), {testing::BinDir() + "/" + binary, "--instance", name_});
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
     log_ = testing::TempDir() + "/" + name_ + ".log";
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 2, log_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     pid_t pid = 0;
-    const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    EXPECT_EQ(rc, 0) << argv[0];
+    auto child = testing::SpawnProcess(args, {.stderr_file = log_, .stderr_append = true});
+    if (child.ok()) {
+      pid = child->pid;
+    } else {
+      ADD_FAILURE() << child.status();
+    }
     pids_.push_back(pid);
     return pid;
   }
