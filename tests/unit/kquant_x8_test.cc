@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/kernel_families.h"
 #include "absl/strings/str_cat.h"
 #include "shared/gguf/ggml_type.h"
 #include "shared/gguf/interleaved8.h"
@@ -165,17 +166,6 @@ std::string Shape(const KType& kt, int64_t rows, int64_t cols) {
   return absl::StrCat(kt.name, " ", rows, "x", cols);
 }
 
-std::vector<float> Multiply(const MatrixView& w, const std::vector<float>& x, int64_t n_tokens,
-                            int threads) {
-  ThreadPool pool(threads);
-  std::vector<float> y(n_tokens * w.rows, -1.0f);
-  MatMul(w, x.data(), n_tokens, w.cols, y.data(), w.rows, pool);
-  return y;
-}
-
-bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
 TEST(KQuantX8LayoutTest, EveryRowComesBackByteForByte) {
   for (const KType& kt : kTypes) {
@@ -208,30 +198,8 @@ TEST(KQuantX8LayoutTest, EveryRowComesBackByteForByte) {
   }
 }
 
-struct Family {
-  SimdLevel level;
-  bool vnni;
-  const char* name;
-};
-constexpr Family kFamilies[] = {{SimdLevel::kPortable, false, "portable"},
-                                {SimdLevel::kAvx2, false, "avx2"},
-                                {SimdLevel::kAvx2, true, "avx2_vnni"}};
 
-class KQuantX8KernelTest : public ::testing::TestWithParam<Family> {
- protected:
-  void SetUp() override {
-    saved_level_ = ActiveKernelSimdLevel();
-    saved_vnni_ = ActiveKernelUsesVnni();
-    if (!SetSimdLevelForTesting(GetParam().level, GetParam().vnni)) {
-      GTEST_SKIP() << "this CPU cannot run " << GetParam().name;
-    }
-  }
-  void TearDown() override { SetSimdLevelForTesting(saved_level_, saved_vnni_); }
-
- private:
-  SimdLevel saved_level_ = SimdLevel::kPortable;
-  bool saved_vnni_ = false;
-};
+class KQuantX8KernelTest : public testing::KernelFamilyTest {};
 
 TEST_P(KQuantX8KernelTest, MatchesDoubleReferenceAndRowLayout) {
   for (const KType& kt : kTypes) {
@@ -240,8 +208,8 @@ TEST_P(KQuantX8KernelTest, MatchesDoubleReferenceAndRowLayout) {
         const KMatrix m = MakeMatrix(kt.type, rows, cols, static_cast<uint32_t>(rows * 7 + cols));
         const int64_t n_tokens = 3;
         const std::vector<float> x = Activations(n_tokens * cols, static_cast<uint32_t>(cols));
-        const std::vector<float> y = Multiply(m.packed, x, n_tokens, 2);
-        const std::vector<float> y_rows = Multiply(m.view, x, n_tokens, 2);
+        const std::vector<float> y = testing::MultiplyOnPool(m.packed, x, n_tokens, 2);
+        const std::vector<float> y_rows = testing::MultiplyOnPool(m.view, x, n_tokens, 2);
         const double knb = static_cast<double>(kt.terms * (cols / kQK_K));
         std::vector<uint8_t> q8k(cols / kQK_K * kQ8KBlockBytes);
         for (int64_t t = 0; t < n_tokens; ++t) {
@@ -270,14 +238,14 @@ TEST_P(KQuantX8KernelTest, ThreadsBatchesAndRangesAreBitIdentical) {
         const std::string what = Shape(kt, rows, cols);
         const int64_t n_tokens = 6;  // a full 4-token tile and a partial one
         const std::vector<float> x = Activations(n_tokens * cols, 5);
-        const std::vector<float> base = Multiply(m.packed, x, n_tokens, 1);
+        const std::vector<float> base = testing::MultiplyOnPool(m.packed, x, n_tokens, 1);
         for (int threads : {2, 3}) {
-          EXPECT_TRUE(SameBits(Multiply(m.packed, x, n_tokens, threads), base))
+          EXPECT_TRUE(testing::SameBits(testing::MultiplyOnPool(m.packed, x, n_tokens, threads), base))
               << what << " threads " << threads;
         }
         for (int64_t t = 0; t < n_tokens; ++t) {
           const std::vector<float> one(x.begin() + t * cols, x.begin() + (t + 1) * cols);
-          const std::vector<float> y1 = Multiply(m.packed, one, 1, 1);
+          const std::vector<float> y1 = testing::MultiplyOnPool(m.packed, one, 1, 1);
           EXPECT_EQ(std::memcmp(y1.data(), base.data() + t * rows, rows * sizeof(float)), 0)
               << what << " token " << t << " alone";
         }
@@ -311,8 +279,8 @@ TEST_P(KQuantX8KernelTest, GatherAndAxpyKeepTheRowLayout) {
     std::vector<float> a(ids.size()), b(ids.size());
     GatherMatMul(m.packed, ids.data(), n, x.data(), a.data(), pool);
     GatherMatMul(m.view, ids.data(), n, x.data(), b.data(), pool);
-    EXPECT_TRUE(SameBits(a, b)) << kt.name;
-    const std::vector<float> rows_y = Multiply(m.view, x, 1, 1);
+    EXPECT_TRUE(testing::SameBits(a, b)) << kt.name;
+    const std::vector<float> rows_y = testing::MultiplyOnPool(m.view, x, 1, 1);
     for (size_t i = 0; i < ids.size(); ++i) {
       EXPECT_EQ(std::memcmp(&a[i], &rows_y[ids[i]], sizeof(float)), 0)
           << kt.name << " id " << ids[i];
@@ -320,14 +288,12 @@ TEST_P(KQuantX8KernelTest, GatherAndAxpyKeepTheRowLayout) {
     std::vector<float> ya(512, 0.25f), yb(512, 0.25f);
     AxpyRows(m.packed, ids.data(), x.data(), n, ya.data(), pool);
     AxpyRows(m.view, ids.data(), x.data(), n, yb.data(), pool);
-    EXPECT_TRUE(SameBits(ya, yb)) << kt.name;
+    EXPECT_TRUE(testing::SameBits(ya, yb)) << kt.name;
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, KQuantX8KernelTest, ::testing::ValuesIn(kFamilies),
-                         [](const ::testing::TestParamInfo<Family>& info) {
-                           return std::string(info.param.name);
-                         });
+INSTANTIATE_TEST_SUITE_P(Families, KQuantX8KernelTest, ::testing::ValuesIn(testing::kKernelFamilies),
+                         testing::KernelFamilyName);
 
 // Same operations in the same order (q4_kx8.cc / q4_kx8_avx2.cc, q6_kx8.cc / q6_kx8_avx2.cc):
 // the same bits, GEMV and GEMM.
@@ -343,10 +309,10 @@ TEST(KQuantX8FamiliesTest, PortableAndAvx2AgreeBitForBit) {
         for (int64_t n_tokens : {1, 5}) {
           const std::vector<float> x = Activations(n_tokens * cols, 11);
           ASSERT_TRUE(SetSimdLevelForTesting(SimdLevel::kPortable));
-          const std::vector<float> portable = Multiply(m.packed, x, n_tokens, 2);
+          const std::vector<float> portable = testing::MultiplyOnPool(m.packed, x, n_tokens, 2);
           ASSERT_TRUE(SetSimdLevelForTesting(SimdLevel::kAvx2));
-          const std::vector<float> avx2 = Multiply(m.packed, x, n_tokens, 2);
-          EXPECT_TRUE(SameBits(portable, avx2))
+          const std::vector<float> avx2 = testing::MultiplyOnPool(m.packed, x, n_tokens, 2);
+          EXPECT_TRUE(testing::SameBits(portable, avx2))
               << Shape(kt, rows, cols) << " tokens " << n_tokens;
         }
       }

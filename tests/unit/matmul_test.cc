@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/kernel_families.h"
 #include "shared/kernels/dispatch.h"
 #include "shared/kernels/matmul_kernels.h"
 #include "shared/gguf/ggml_type.h"
@@ -23,17 +24,6 @@ namespace thermocline {
 
 namespace {
 
-// A kernel family: SIMD level plus, for AVX2, whether quantized block sums use AVX-VNNI.
-struct Family {
-  SimdLevel level;
-  bool vnni;
-  const char* name;
-};
-constexpr Family kFamilies[] = {{SimdLevel::kPortable, false, "portable"},
-                                {SimdLevel::kAvx2, false, "avx2"},
-                                {SimdLevel::kAvx2, true, "avx2_vnni"}};
-
-void PrintTo(const Family& f, std::ostream* os) { *os << f.name; }
 
 constexpr GgmlType kAllTypes[] = {
     GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ8_0,   GgmlType::kQ4_0,
@@ -260,21 +250,8 @@ double Q8_1Tolerance(int64_t cols, double parts_abs) {
   return 2.0 * (static_cast<double>(cols / kQK) + 4.0) * FLT_EPSILON * parts_abs + 1e-30;
 }
 
-class KernelTest : public ::testing::TestWithParam<Family> {
- protected:
-  void SetUp() override {
-    saved_level_ = ActiveKernelSimdLevel();
-    saved_vnni_ = ActiveKernelUsesVnni();
-    if (!SetSimdLevelForTesting(GetParam().level, GetParam().vnni)) {
-      GTEST_SKIP() << "this CPU cannot run " << GetParam().name;
-    }
-  }
-  void TearDown() override { SetSimdLevelForTesting(saved_level_, saved_vnni_); }
 
- private:
-  SimdLevel saved_level_ = SimdLevel::kPortable;
-  bool saved_vnni_ = false;
-};
+class KernelTest : public testing::KernelFamilyTest {};
 
 std::string TypeName(GgmlType t) { return std::string(TypeTraits(t).name); }
 
@@ -590,10 +567,8 @@ TEST_P(KernelTest, BlockTypeAxpyEqualsF32KernelOnDequantizedMatrix) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, KernelTest, ::testing::ValuesIn(kFamilies),
-                         [](const ::testing::TestParamInfo<Family>& info) {
-                           return std::string(info.param.name);
-                         });
+INSTANTIATE_TEST_SUITE_P(Families, KernelTest, ::testing::ValuesIn(testing::kKernelFamilies),
+                         testing::KernelFamilyName);
 
 // AVX-VNNI only changes how the exact integer block sums are formed (see matmul_avx2.cc), so
 // both AVX2 variants must agree bit for bit.

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/kernel_families.h"
 #include "shared/gguf/ggml_type.h"
 #include "shared/gguf/quant.h"
 #include "shared/kernels/dispatch.h"
@@ -87,17 +88,6 @@ std::vector<float> Q8Rounded(const float* x, int64_t cols) {
   return out;
 }
 
-std::vector<float> Multiply(const MatrixView& w, const std::vector<float>& x, int64_t n_tokens,
-                       int threads) {
-  ThreadPool pool(threads);
-  std::vector<float> y(n_tokens * w.rows, -1.0f);
-  MatMul(w, x.data(), n_tokens, w.cols, y.data(), w.rows, pool);
-  return y;
-}
-
-bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
 TEST(Q4_0x8LayoutTest, EveryRowComesBackByteForByte) {
   for (int64_t rows : kRows) {
@@ -122,27 +112,8 @@ TEST(Q4_0x8LayoutTest, EveryRowComesBackByteForByte) {
   }
 }
 
-struct Family {
-  SimdLevel level;
-  const char* name;
-};
-constexpr Family kFamilies[] = {{SimdLevel::kPortable, "portable"}, {SimdLevel::kAvx2, "avx2"}};
 
-class Q4_0x8KernelTest : public ::testing::TestWithParam<Family> {
- protected:
-  void SetUp() override {
-    saved_level_ = ActiveKernelSimdLevel();
-    saved_vnni_ = ActiveKernelUsesVnni();
-    if (!SetSimdLevelForTesting(GetParam().level)) {
-      GTEST_SKIP() << "this CPU cannot run " << GetParam().name;
-    }
-  }
-  void TearDown() override { SetSimdLevelForTesting(saved_level_, saved_vnni_); }
-
- private:
-  SimdLevel saved_level_ = SimdLevel::kPortable;
-  bool saved_vnni_ = false;
-};
+class Q4_0x8KernelTest : public testing::KernelFamilyTest {};
 
 TEST_P(Q4_0x8KernelTest, MatchesDoubleReferenceAndRowLayout) {
   for (int64_t rows : kRows) {
@@ -150,8 +121,8 @@ TEST_P(Q4_0x8KernelTest, MatchesDoubleReferenceAndRowLayout) {
       const Q4Matrix m = MakeMatrix(rows, cols, static_cast<uint32_t>(rows * 7 + cols));
       const int64_t n_tokens = 3;
       const std::vector<float> x = Activations(n_tokens * cols, static_cast<uint32_t>(cols));
-      const std::vector<float> y = Multiply(m.packed, x, n_tokens, 2);
-      const std::vector<float> y_rows = Multiply(m.view, x, n_tokens, 2);
+      const std::vector<float> y = testing::MultiplyOnPool(m.packed, x, n_tokens, 2);
+      const std::vector<float> y_rows = testing::MultiplyOnPool(m.view, x, n_tokens, 2);
       const double nb = static_cast<double>(cols / kQK);
       for (int64_t t = 0; t < n_tokens; ++t) {
         const std::vector<float> xq = Q8Rounded(x.data() + t * cols, cols);
@@ -180,14 +151,14 @@ TEST_P(Q4_0x8KernelTest, ThreadsBatchesAndRangesAreBitIdentical) {
       const Q4Matrix m = MakeMatrix(rows, cols, static_cast<uint32_t>(rows + cols));
       const int64_t n_tokens = 6;  // a full 4-token tile and a partial one
       const std::vector<float> x = Activations(n_tokens * cols, 5);
-      const std::vector<float> base = Multiply(m.packed, x, n_tokens, 1);
+      const std::vector<float> base = testing::MultiplyOnPool(m.packed, x, n_tokens, 1);
       for (int threads : {2, 3}) {
-        EXPECT_TRUE(SameBits(Multiply(m.packed, x, n_tokens, threads), base))
+        EXPECT_TRUE(testing::SameBits(testing::MultiplyOnPool(m.packed, x, n_tokens, threads), base))
             << rows << "x" << cols << " threads " << threads;
       }
       for (int64_t t = 0; t < n_tokens; ++t) {
         const std::vector<float> one(x.begin() + t * cols, x.begin() + (t + 1) * cols);
-        const std::vector<float> y1 = Multiply(m.packed, one, 1, 1);
+        const std::vector<float> y1 = testing::MultiplyOnPool(m.packed, one, 1, 1);
         EXPECT_EQ(std::memcmp(y1.data(), base.data() + t * rows, rows * sizeof(float)), 0)
             << rows << "x" << cols << " token " << t << " alone";
       }
@@ -218,24 +189,22 @@ TEST_P(Q4_0x8KernelTest, GatherAndAxpyKeepTheRowLayout) {
   std::vector<float> a(ids.size()), b(ids.size());
   GatherMatMul(m.packed, ids.data(), static_cast<int64_t>(ids.size()), x.data(), a.data(), pool);
   GatherMatMul(m.view, ids.data(), static_cast<int64_t>(ids.size()), x.data(), b.data(), pool);
-  EXPECT_TRUE(SameBits(a, b));
-  const std::vector<float> rows_y = Multiply(m.view, x, 1, 1);
+  EXPECT_TRUE(testing::SameBits(a, b));
+  const std::vector<float> rows_y = testing::MultiplyOnPool(m.view, x, 1, 1);
   for (size_t i = 0; i < ids.size(); ++i) {
     EXPECT_EQ(std::memcmp(&a[i], &rows_y[ids[i]], sizeof(float)), 0) << "id " << ids[i];
   }
   std::vector<float> ya(64, 0.25f), yb(64, 0.25f);
   AxpyRows(m.packed, ids.data(), x.data(), static_cast<int64_t>(ids.size()), ya.data(), pool);
   AxpyRows(m.view, ids.data(), x.data(), static_cast<int64_t>(ids.size()), yb.data(), pool);
-  EXPECT_TRUE(SameBits(ya, yb));
+  EXPECT_TRUE(testing::SameBits(ya, yb));
   // A sub-range of rows drops the copy (a group may straddle it) and computes from rows.
   const MatrixView sub = m.packed.RowRange(3, 20);
   EXPECT_EQ(sub.interleaved, nullptr);
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, Q4_0x8KernelTest, ::testing::ValuesIn(kFamilies),
-                         [](const ::testing::TestParamInfo<Family>& info) {
-                           return std::string(info.param.name);
-                         });
+INSTANTIATE_TEST_SUITE_P(Families, Q4_0x8KernelTest, ::testing::ValuesIn(testing::kKernelFamilies),
+                         testing::KernelFamilyName);
 
 // Same operations in the same order (q4_0x8.cc, q4_0x8_avx2.cc): the same bits.
 TEST(Q4_0x8FamiliesTest, PortableAndAvx2AgreeBitForBit) {
@@ -247,10 +216,10 @@ TEST(Q4_0x8FamiliesTest, PortableAndAvx2AgreeBitForBit) {
       const Q4Matrix m = MakeMatrix(rows, cols, static_cast<uint32_t>(3 * rows + cols));
       const std::vector<float> x = Activations(5 * cols, 11);
       ASSERT_TRUE(SetSimdLevelForTesting(SimdLevel::kPortable));
-      const std::vector<float> portable = Multiply(m.packed, x, 5, 2);
+      const std::vector<float> portable = testing::MultiplyOnPool(m.packed, x, 5, 2);
       ASSERT_TRUE(SetSimdLevelForTesting(SimdLevel::kAvx2));
-      const std::vector<float> avx2 = Multiply(m.packed, x, 5, 2);
-      EXPECT_TRUE(SameBits(portable, avx2)) << rows << "x" << cols;
+      const std::vector<float> avx2 = testing::MultiplyOnPool(m.packed, x, 5, 2);
+      EXPECT_TRUE(testing::SameBits(portable, avx2)) << rows << "x" << cols;
     }
   }
   SetSimdLevelForTesting(saved, saved_vnni);
