@@ -30,6 +30,7 @@
 #include <string_view>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "shared/gguf/ggml_type.h"
 #include "shared/gguf/matrix_view.h"
 #include "shared/gguf/quant.h"
@@ -109,24 +110,10 @@ bool ParseFlags(int argc, char** argv, Options& o) {
   return o.rounds >= 1 && o.working_set_mib >= 1 && !o.types.empty() && !o.threads.empty();
 }
 
-struct AlignedFree {
-  void operator()(void* p) const { std::free(p); }
-};
-using Buffer = std::unique_ptr<uint8_t, AlignedFree>;
-
-Buffer Allocate(size_t bytes) {
-  return Buffer(static_cast<uint8_t*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096)));
-}
-
-double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using bench::Allocate;
+using bench::Buffer;
+using bench::Median;
+using bench::Seconds;
 
 // One quantized matrix copied to fill the working set (a few hundred distinct random rows tiled
 // over the rows: content does not change the speed).

@@ -27,6 +27,7 @@
 #include <string_view>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "shared/kernels/matmul.h"
 #include "shared/gguf/ggml_type.h"
 #include "shared/gguf/interleaved8.h"
@@ -127,25 +128,10 @@ bool ParseFlags(int argc, char** argv, Options& o) {
          !o.types.empty() && !o.threads.empty();
 }
 
-struct AlignedFree {
-  void operator()(void* p) const { std::free(p); }
-};
-using Buffer = std::unique_ptr<uint8_t, AlignedFree>;
-
-Buffer Allocate(size_t bytes) {
-  return Buffer(static_cast<uint8_t*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096)));
-}
-
-double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0.0;  // e.g. no axpy rounds with a single copy
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using bench::Allocate;
+using bench::Buffer;
+using bench::Median;
+using bench::Seconds;
 
 // One quantized matrix replicated to fill the working set. Content does not affect speed, so
 // a few hundred distinct random rows are quantized and tiled over the rows.

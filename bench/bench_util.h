@@ -1,0 +1,37 @@
+// Small pieces the kernel benchmarks (gemv_bench, axpy_bench) share: page-aligned buffers for
+// the weight copies, seconds between two clock readings, and the median of a sample.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <vector>
+
+namespace thermocline::bench {
+
+struct AlignedFree {
+  void operator()(void* p) const { std::free(p); }
+};
+using Buffer = std::unique_ptr<uint8_t, AlignedFree>;
+
+// `bytes` rounded up to whole pages, page-aligned (the floor reads use aligned vector loads).
+inline Buffer Allocate(size_t bytes) {
+  return Buffer(static_cast<uint8_t*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096)));
+}
+
+inline double Seconds(std::chrono::steady_clock::time_point a,
+                      std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// 0 for an empty sample (e.g. no axpy rounds with a single copy).
+inline double Median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace thermocline::bench
