@@ -6,14 +6,17 @@
 #include <cstdint>
 #include <cstring>
 #include <ostream>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "shared/gguf/ggml_type.h"
 #include "shared/gguf/matrix_view.h"
 #include "shared/kernels/dispatch.h"
 #include "shared/kernels/matmul.h"
 #include "shared/util/cpu_features.h"
+#include "shared/util/fp16.h"
 #include "shared/util/thread_pool.h"
 
 namespace thermocline::testing {
@@ -26,7 +29,8 @@ struct KernelFamily {
 };
 inline constexpr KernelFamily kKernelFamilies[] = {{SimdLevel::kPortable, false, "portable"},
                                                    {SimdLevel::kAvx2, false, "avx2"},
-                                                   {SimdLevel::kAvx2, true, "avx2_vnni"}};
+                                                   {SimdLevel::kAvx2, true, "avx2_vnni"},
+                                                   {SimdLevel::kAvx512, false, "avx512"}};
 
 inline void PrintTo(const KernelFamily& f, std::ostream* os) { *os << f.name; }
 
@@ -63,6 +67,45 @@ inline std::vector<float> MultiplyOnPool(const MatrixView& w, const std::vector<
 
 inline bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Where the fp16 scales sit in a block of the types we cannot quantize yet (ggml_type.h).
+inline std::vector<int> HalfOffsets(GgmlType t) {
+  switch (t) {
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_1:
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
+      return {0, 2};
+    case GgmlType::kQ5_0:
+    case GgmlType::kIQ4_NL:
+    case GgmlType::kIQ4_XS:
+      return {0};
+    case GgmlType::kQ2_K:
+      return {80, 82};
+    case GgmlType::kQ3_K:
+      return {108};
+    case GgmlType::kQ6_K:
+      return {208};
+    default:
+      return {};
+  }
+}
+
+// Random bytes in every field (all nibble, bit-plane and packed-scale patterns occur) with
+// finite fp16 scales of the row's magnitude.
+inline void RandomBlocks(GgmlType type, int64_t cols, float magnitude, std::mt19937& rng, uint8_t* dst) {
+  const GgmlTypeTraits& t = TypeTraits(type);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> unit(0.25f, 1.0f);
+  for (int64_t b = 0; b < cols / t.block_size; ++b) {
+    uint8_t* blk = dst + b * t.block_bytes;
+    for (int64_t i = 0; i < t.block_bytes; ++i) blk[i] = static_cast<uint8_t>(byte(rng));
+    for (int at : HalfOffsets(type)) {
+      const uint16_t h = Fp32ToFp16(magnitude * unit(rng) * (byte(rng) % 2 ? 1.0f : -1.0f));
+      std::memcpy(blk + at, &h, 2);
+    }
+  }
 }
 
 }  // namespace thermocline::testing

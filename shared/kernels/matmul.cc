@@ -28,9 +28,15 @@ std::atomic<bool>& VnniSlot() {
 }
 
 const KernelSet& Kernels() {
-  return LevelSlot().load(std::memory_order_relaxed) == SimdLevel::kAvx2
-             ? matmul_internal::Avx2Kernels(VnniSlot().load(std::memory_order_relaxed))
-             : matmul_internal::PortableKernels();
+  switch (LevelSlot().load(std::memory_order_relaxed)) {
+    case SimdLevel::kAvx512:
+      return matmul_internal::Avx512Kernels();
+    case SimdLevel::kAvx2:
+      return matmul_internal::Avx2Kernels(VnniSlot().load(std::memory_order_relaxed));
+    case SimdLevel::kPortable:
+      break;
+  }
+  return matmul_internal::PortableKernels();
 }
 
 // Piece boundaries stay multiples of this so threads rarely end on a partial tile.
@@ -131,7 +137,7 @@ bool ActiveKernelUsesVnni() {
 }
 
 bool SetSimdLevelForTesting(SimdLevel level, bool vnni) {
-  if (level == SimdLevel::kAvx2 && !matmul_internal::CpuHasAvx2()) return false;
+  if (level > CpuSimdLevel()) return false;
   if (vnni && (level != SimdLevel::kAvx2 || !matmul_internal::CpuHasAvxVnni())) return false;
   LevelSlot().store(level, std::memory_order_relaxed);
   VnniSlot().store(vnni, std::memory_order_relaxed);
@@ -140,15 +146,7 @@ bool SetSimdLevelForTesting(SimdLevel level, bool vnni) {
 
 namespace matmul_internal {
 
-bool CpuHasAvx2() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("f16c");
-#else
-  return false;
-#endif
-}
+bool CpuHasAvx2() { return CpuSimdLevel() >= SimdLevel::kAvx2; }
 
 bool CpuHasAvxVnni() {
 #if defined(__x86_64__) || defined(__i386__)

@@ -1,5 +1,5 @@
 // Internal interface between matmul.cc (threading, activation quantization, dispatch) and the
-// per-ISA kernel files (matmul_portable.cc, matmul_avx2.cc). Not for use outside shared/kernels/
+// per-ISA kernel files (matmul_portable.cc, matmul_avx2.cc, *_avx512.cc). Not for use outside shared/kernels/
 // and its tests.
 #pragma once
 
@@ -189,6 +189,9 @@ const KernelSet& PortableKernels();
 const KernelSet& Avx2Kernels(bool vnni);
 bool CpuHasAvx2();
 bool CpuHasAvxVnni();
+// Only valid where CpuSimdLevel() is kAvx512 (avx512_set.cc assembles it from the
+// *_avx512.cc files, each of which fills the slots it has kernels for).
+const KernelSet& Avx512Kernels();
 
 // f32 value of every fp16 bit pattern (256 KiB, built on first use). A lookup is cheaper than
 // the arithmetic conversion in portable code and than F16C's insert-convert-broadcast for a

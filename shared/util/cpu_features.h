@@ -3,11 +3,17 @@
 
 namespace thermocline {
 
-enum class SimdLevel { kPortable, kAvx2 };
+// Ordered: each level needs everything the one below it needs.
+enum class SimdLevel { kPortable, kAvx2, kAvx512 };
 
-// kAvx2 needs AVX2, FMA and F16C. Setting THERMOCLINE_SIMD=portable in the environment forces
-// the portable kernels (tests use it to check both paths on one machine).
+// kAvx2 needs AVX2, FMA and F16C; kAvx512 adds AVX-512 F, BW, VL, DQ and VNNI (the extensions
+// the *_avx512.cc files are compiled for). THERMOCLINE_SIMD=portable|avx2|avx512 in the
+// environment caps the level (tests and benchmarks use it to run several families on one
+// machine); a value that is not one of those, or a level this CPU lacks, is reported once on
+// stderr and the best level the CPU has (at most the one asked for) is used.
 SimdLevel DetectSimdLevel();
+// The best level this CPU has, ignoring THERMOCLINE_SIMD.
+SimdLevel CpuSimdLevel();
 const char* SimdLevelName(SimdLevel level);
 
 }  // namespace thermocline

@@ -65,44 +65,8 @@ int64_t RoundUp(int64_t n, GgmlType t) {
   return (n + BlockSize(t) - 1) / BlockSize(t) * BlockSize(t);
 }
 
-// Where the fp16 scales sit in a block of the types we cannot quantize yet (ggml_type.h).
-std::vector<int> HalfOffsets(GgmlType t) {
-  switch (t) {
-    case GgmlType::kQ4_1:
-    case GgmlType::kQ5_1:
-    case GgmlType::kQ4_K:
-    case GgmlType::kQ5_K:
-      return {0, 2};
-    case GgmlType::kQ5_0:
-    case GgmlType::kIQ4_NL:
-    case GgmlType::kIQ4_XS:
-      return {0};
-    case GgmlType::kQ2_K:
-      return {80, 82};
-    case GgmlType::kQ3_K:
-      return {108};
-    case GgmlType::kQ6_K:
-      return {208};
-    default:
-      return {};
-  }
-}
-
-// Random bytes in every field (all nibble, bit-plane and packed-scale patterns occur) with
-// finite fp16 scales of the row's magnitude.
-void RandomBlocks(GgmlType type, int64_t cols, float magnitude, std::mt19937& rng, uint8_t* dst) {
-  const GgmlTypeTraits& t = TypeTraits(type);
-  std::uniform_int_distribution<int> byte(0, 255);
-  std::uniform_real_distribution<float> unit(0.25f, 1.0f);
-  for (int64_t b = 0; b < cols / t.block_size; ++b) {
-    uint8_t* blk = dst + b * t.block_bytes;
-    for (int64_t i = 0; i < t.block_bytes; ++i) blk[i] = static_cast<uint8_t>(byte(rng));
-    for (int at : HalfOffsets(type)) {
-      const uint16_t h = Fp32ToFp16(magnitude * unit(rng) * (byte(rng) % 2 ? 1.0f : -1.0f));
-      std::memcpy(blk + at, &h, 2);
-    }
-  }
-}
+using testing::HalfOffsets;
+using testing::RandomBlocks;
 
 // A random matrix quantized with the reference QuantizeRow, plus its dequantized values: the
 // exact operands the kernels multiply.
