@@ -192,6 +192,9 @@ bool CpuHasAvxVnni();
 // Only valid where CpuSimdLevel() is kAvx512 (avx512_set.cc assembles it from the
 // *_avx512.cc files, each of which fills the slots it has kernels for).
 const KernelSet& Avx512Kernels();
+// Overwrite the set's Q2_K..Q6_K and IQ4_XS row-layout slots with AVX-512 kernels
+// (kquant_avx512.cc).
+void FillKQuantAvx512(KernelSet& set);
 
 // f32 value of every fp16 bit pattern (256 KiB, built on first use). A lookup is cheaper than
 // the arithmetic conversion in portable code and than F16C's insert-convert-broadcast for a

@@ -78,7 +78,7 @@ std::vector<float> Normal(int64_t n, std::mt19937& rng) {
 }
 
 std::string Shape(GgmlType type, int64_t rows, int64_t cols) {
-  return std::string(TypeName(type)) + " " + std::to_string(rows) + "x" + std::to_string(cols);
+  return std::string(TypeTraits(type).name) + " " + std::to_string(rows) + "x" + std::to_string(cols);
 }
 
 class Avx512Test : public ::testing::Test {
