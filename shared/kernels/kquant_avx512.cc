@@ -55,17 +55,15 @@ inline __m128i Load16(const uint8_t* p) {
 inline __m256i Load32(const uint8_t* p) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }
-// Bytes at..at+31 of row a's block in the low half, of row b's in the high.
+// Bytes at..at+31 of row a's block in the low half, of row b's in the high (a broadcast load
+// and a masked one: no shuffle).
 inline __m512i LoadPair(const uint8_t* a, const uint8_t* b, int64_t at) {
-  return _mm512_inserti64x4(_mm512_castsi256_si512(Load32(a + at)), Load32(b + at), 1);
-}
-inline __m512i Halves(__m256i a, __m256i b) {
-  return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+  return _mm512_mask_broadcast_i64x4(_mm512_broadcast_i64x4(Load32(a + at)), 0xF0, Load32(b + at));
 }
 // The token's 32 quants at p in both halves.
 inline __m512i Broadcast32(const uint8_t* p) { return _mm512_broadcast_i64x4(Load32(p)); }
 inline __m512 PairScale(float a, float b) {
-  return _mm512_insertf32x8(_mm512_set1_ps(a), _mm256_set1_ps(b), 1);
+  return _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(a), _mm512_set1_ps(b));
 }
 // v shifted left by s bits (right by -s) in 16-bit lanes; s is a constant after unrolling.
 inline __m512i Shift16(__m512i v, int s) {
@@ -115,6 +113,13 @@ inline __m512i AddProducts(__m512i acc, __m512i q, __m512i x, __m512i sc) {
   return _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(q, x), sc);
 }
 
+// What Dot reads of a token's block: its quants as stored, unless a type rearranges them once
+// per block for all its pairs (its own X and LoadX).
+struct PlainX {
+  using X = const uint8_t*;
+  static void LoadX(const uint8_t* xq, X* x) { *x = xq; }
+};
+
 struct PairWeights {
   __m512i scales, scales_hi;  // int16 scales as above (scales_hi: 16-sub-block types, 8..15)
   __m512i mins;               // int16 mins that madd with the bsums into M (kHasMin)
@@ -126,7 +131,7 @@ struct PairWeights {
 // on the 32-bit words u0..u2 of both rows at once: bytes 0..7 of each row's 128 bits become the
 // scales, 8..15 the mins.
 template <bool kHigh>
-struct Q45KInt {
+struct Q45KInt : PlainX {
   static constexpr int64_t kBytes = kHigh ? 176 : 144;
   static constexpr bool kHasMin = true;
   static void Prepare(const uint8_t* a, const uint8_t* b, const float* half, PairWeights* w) {
@@ -181,7 +186,7 @@ struct Q45KInt {
 
 // q6_K: q + 32 in 0..63 as stored; I takes 32 * sum_g sc_g bsum_g back out (exact int32, here
 // as one vpdpwssd with -32 * sc).
-struct Q6KInt {
+struct Q6KInt : PlainX {
   static constexpr int64_t kBytes = 210;
   static constexpr bool kHasMin = false;
   static void Prepare(const uint8_t* a, const uint8_t* b, const float* half, PairWeights* w) {
@@ -217,7 +222,7 @@ struct Q6KInt {
 };
 
 // q2_K: 2-bit q, 4-bit scale and min per sub-block of 16.
-struct Q2KInt {
+struct Q2KInt : PlainX {
   static constexpr int64_t kBytes = 84;
   static constexpr bool kHasMin = true;
   static void Prepare(const uint8_t* a, const uint8_t* b, const float* half, PairWeights* w) {
@@ -251,7 +256,7 @@ struct Q2KInt {
 // q3_K: q + 4 = two low bits | high bit << 2, in 0..7; I takes 4 * sum_g sc_g bsum_g back out.
 // The 16 signed 6-bit scales: low nibbles in bytes 0..7 (sub-blocks 0..7 low, 8..15 high
 // nibble), two high bits of sub-block 4k + i in bits 2k of byte 8 + i; both rows in one ymm.
-struct Q3KInt {
+struct Q3KInt : PlainX {
   static constexpr int64_t kBytes = 110;
   static constexpr bool kHasMin = false;
   static void Prepare(const uint8_t* a, const uint8_t* b, const float* half, PairWeights* w) {
@@ -302,59 +307,92 @@ struct Q3KInt {
 
 // iq4_xs: 8 sub-blocks of 32 whose 16 bytes hold elements 0..15 (low nibbles) and 16..31
 // (high); values from the signed IQ4_NL table. AVX2 forms each sub-block's products as
-// |w| x (x with w's sign); here |w| comes from a table of magnitudes and the sign from the
-// index (the table's first 8 values are the negative ones), which negates x where w < 0.
+// |w| x (x with w's sign) and lane j of its sum covers elements 4j..4j+3 of every sub-block
+// (j < 4: low nibbles; j >= 4: high nibbles 16 + 4(j - 4)..), under the sub-block's scale.
+// Here the 32 bytes of sub-blocks 2k, 2k + 1 are used as loaded: their low nibbles meet the
+// token's elements 0..15 of both sub-blocks (X::lo), the high nibbles elements 16..31 (X::hi),
+// with scale 2k in quarters 0 and 2 and 2k + 1 in 1 and 3. Then a half's low-nibble lanes
+// 0..3 and 4..7 both belong to AVX2's lanes 0..3, its high-nibble lanes to 4..7: adding the
+// quarters pairwise gives AVX2's lanes exactly (int32). |w| comes from a table of magnitudes,
+// the sign from the index (the table's first 8 values are the negative ones), which picks x or
+// -x.
 struct Iq4xsInt {
   static constexpr int64_t kBytes = 136;
   static constexpr bool kHasMin = false;
-  static void Prepare(const uint8_t* a, const uint8_t* b, const float* half, PairWeights* w) {
-    w->d = PairScale(half[LoadHalf(a)], half[LoadHalf(b)]);
-    uint32_t la, lb;
-    std::memcpy(&la, a + 4, 4);
-    std::memcpy(&lb, b + 4, 4);
-    const __m128i l = _mm_setr_epi32(static_cast<int>(la), static_cast<int>(lb), 0, 0);
-    const __m128i nib = _mm_set1_epi8(0x0F);
-    // Sub-block j's low four bits: nibble j % 2 of byte j / 2; rows a, b in bytes 0..7, 8..15.
-    const __m128i lows =
-        _mm_unpacklo_epi8(_mm_and_si128(l, nib), _mm_and_si128(_mm_srli_epi16(l, 4), nib));
-    const __m512i sh =
-        _mm512_mask_set1_epi32(_mm512_set1_epi32(LoadHalf(a + 2)), 0xFF00, LoadHalf(b + 2));
-    const __m512i highs = _mm512_and_si512(
-        _mm512_srlv_epi32(sh,
-                          _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14)),
-        _mm512_set1_epi32(3));
-    const __m512i s32 =
-        _mm512_sub_epi32(_mm512_or_si512(_mm512_cvtepu8_epi32(lows), _mm512_slli_epi32(highs, 4)),
-                         _mm512_set1_epi32(32));
-    const __m512i s16 = _mm512_castsi256_si512(_mm512_cvtepi32_epi16(s32));
-    w->scales = _mm512_shuffle_i64x2(s16, s16, _MM_SHUFFLE(1, 1, 0, 0));
+  struct X {
+    __m512i lo[4], lo_neg[4], hi[4], hi_neg[4];
+  };
+  static void LoadX(const uint8_t* xq, X* x) {
+    for (int k = 0; k < 4; ++k) {
+      const __m512i v = _mm512_loadu_si512(xq + 64 * k);
+      x->lo[k] = _mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(2, 0, 2, 0));
+      x->hi[k] = _mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(3, 1, 3, 1));
+      x->lo_neg[k] = _mm512_sub_epi8(_mm512_setzero_si512(), x->lo[k]);
+      x->hi_neg[k] = _mm512_sub_epi8(_mm512_setzero_si512(), x->hi[k]);
+    }
   }
-  // Sub-block indices: the 16 bytes at `at` of each row in both quarters of its half, low
-  // nibbles in quarters 0 and 2, high in 1 and 3 (AVX2's 32 values of the sub-block).
-  static __m512i Indices(const uint8_t* a, const uint8_t* b, int64_t at) {
-    const __m512i both = Halves(_mm256_broadcastsi128_si256(Load16(a + at)),
-                                _mm256_broadcastsi128_si256(Load16(b + at)));
-    const __m512i shift =
-        _mm512_broadcast_i64x4(_mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4));
-    return _mm512_and_si512(_mm512_srlv_epi16(both, shift), _mm512_set1_epi8(0x0F));
+  // Scale j of a row: (nibble j of scales_l) | (bits 2j, 2j + 1 of scales_h) << 4, minus 32,
+  // formed in the int16 lane that uses it (lanes 0..15 row a, 16..31 row b; j = lane % 8) from
+  // the words d, scales_h, scales_l low, scales_l high of each row.
+  static void Prepare(const uint8_t* a, const uint8_t* b, const float* half, PairWeights* w) {
+    alignas(64) static constexpr int16_t kNibbleWord[32] = {2, 2, 2, 2, 3, 3, 3, 3, 2, 2, 2,
+                                                            2, 3, 3, 3, 3, 6, 6, 6, 6, 7, 7,
+                                                            7, 7, 6, 6, 6, 6, 7, 7, 7, 7};
+    alignas(64) static constexpr int16_t kNibbleShift[32] = {0,  4,  8, 12, 0,  4,  8, 12, 0,  4, 8,
+                                                             12, 0,  4, 8,  12, 0,  4, 8,  12, 0, 4,
+                                                             8,  12, 0, 4,  8,  12, 0, 4,  8,  12};
+    alignas(64) static constexpr int16_t kHighWord[32] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                          1, 1, 1, 1, 1, 5, 5, 5, 5, 5, 5,
+                                                          5, 5, 5, 5, 5, 5, 5, 5, 5, 5};
+    alignas(64) static constexpr int16_t kHighShift[32] = {
+        0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14,
+        0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14};
+    w->d = PairScale(half[LoadHalf(a)], half[LoadHalf(b)]);
+    const __m512i words = _mm512_castsi128_si512(_mm_castpd_si128(
+        _mm_loadh_pd(_mm_castsi128_pd(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a))),
+                     reinterpret_cast<const double*>(b))));
+    const __m512i nib = _mm512_and_si512(
+        _mm512_srlv_epi16(_mm512_permutexvar_epi16(_mm512_load_si512(kNibbleWord), words),
+                          _mm512_load_si512(kNibbleShift)),
+        _mm512_set1_epi16(0x0F));
+    const __m512i high = _mm512_and_si512(
+        _mm512_srlv_epi16(_mm512_permutexvar_epi16(_mm512_load_si512(kHighWord), words),
+                          _mm512_load_si512(kHighShift)),
+        _mm512_set1_epi16(3));
+    w->scales =
+        _mm512_sub_epi16(_mm512_or_si512(nib, _mm512_slli_epi16(high, 4)), _mm512_set1_epi16(32));
   }
   template <int T>
-  static void Dot(const uint8_t* a, const uint8_t* b, const PairWeights& w,
-                  const uint8_t* const* xq, const __m512i*, __m512i* isum) {
+  static void Dot(const uint8_t* a, const uint8_t* b, const PairWeights& w, const X* xs,
+                  const __m512i*, __m512i* isum) {
     const __m512i magnitudes = _mm512_broadcast_i32x4(
         _mm_abs_epi8(Load16(reinterpret_cast<const uint8_t*>(kIq4nlValues))));
-    const __m512i eight = _mm512_set1_epi8(8), zero = _mm512_setzero_si512();
-    for (int t = 0; t < T; ++t) isum[t] = _mm512_setzero_si512();
-#pragma GCC unroll 8
-    for (int s = 0; s < 8; ++s) {
-      const __m512i idx = Indices(a, b, 8 + 16 * s);
-      const __m512i q = _mm512_shuffle_epi8(magnitudes, idx);
-      const __mmask64 negative = _mm512_testn_epi8_mask(idx, eight);
-      const __m512i sc = BroadcastPair(w.scales, s);
+    const __m512i low = _mm512_set1_epi8(0x0F), bit3 = _mm512_set1_epi8(0x08);
+    __m512i lo_sum[T], hi_sum[T];
+    for (int t = 0; t < T; ++t) lo_sum[t] = hi_sum[t] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) {
+      const __m512i v = LoadPair(a, b, 8 + 32 * k);
+      const __m512i q_lo = _mm512_shuffle_epi8(magnitudes, _mm512_and_si512(v, low));
+      const __m512i q_hi =
+          _mm512_shuffle_epi8(magnitudes, _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
+      const __mmask64 lo_negative = _mm512_testn_epi8_mask(v, bit3);
+      const __mmask64 hi_positive = _mm512_movepi8_mask(v);
+      const __m512i sc = ScalePair(w.scales, k);
       for (int t = 0; t < T; ++t) {
-        const __m512i x = Broadcast32(xq[t] + 32 * s);
-        isum[t] = AddProducts(isum[t], q, _mm512_mask_sub_epi8(x, negative, zero, x), sc);
+        const X& x = xs[t];
+        lo_sum[t] = AddProducts(lo_sum[t], q_lo,
+                                _mm512_mask_blend_epi8(lo_negative, x.lo[k], x.lo_neg[k]), sc);
+        hi_sum[t] = AddProducts(hi_sum[t], q_hi,
+                                _mm512_mask_blend_epi8(hi_positive, x.hi_neg[k], x.hi[k]), sc);
       }
+    }
+    // Per half: (lo quarter 0 + lo quarter 1, hi quarter 0 + hi quarter 1).
+    const __m512i first = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+    const __m512i second = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    for (int t = 0; t < T; ++t) {
+      isum[t] = _mm512_add_epi32(_mm512_permutex2var_epi64(lo_sum[t], first, hi_sum[t]),
+                                 _mm512_permutex2var_epi64(lo_sum[t], second, hi_sum[t]));
     }
   }
 };
@@ -382,13 +420,13 @@ struct KQuantKernel {
           for (int64_t at = 0; at < B::kBytes; at += 64) Prefetch(next[r] + blk * B::kBytes + at);
         }
       }
-      const uint8_t* xq[T];
+      typename B::X xq[T];
       __m512i bsums[T];
       __m512 xd[T];
       for (int t = 0; t < T; ++t) {
         const uint8_t* xt = xb + t * x_stride + blk * kQ8KBlockBytes;
         xd[t] = _mm512_set1_ps(*reinterpret_cast<const float*>(xt));
-        xq[t] = xt + kQ8KQs;
+        B::LoadX(xt + kQ8KQs, &xq[t]);
         bsums[t] = Broadcast32(xt + kQ8KSums);
       }
       for (int p = 0; p < P; ++p) {
