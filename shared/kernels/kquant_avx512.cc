@@ -33,15 +33,17 @@
 namespace thermocline::matmul_internal {
 namespace {
 
-using TileFn = void (*)(const uint8_t* const* rows, const uint8_t* const* next, int64_t cols,
-                        const uint8_t* x, int64_t x_stride, float* y, int64_t y_stride);
-
 constexpr int64_t kQ8KQs = 4;
 constexpr int64_t kQ8KSums = 4 + kQK_K;
 
-// To L2: a tile ahead can be more than L1 holds.
-inline void Prefetch(const uint8_t* p) {
-  _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1);
+// Block `blk` of each of the R rows, to L2 (a tile ahead can be more than L1 holds).
+template <int64_t kBytes>
+inline void PrefetchBlock(const uint8_t* const* rows, int R, int64_t blk) {
+  for (int r = 0; r < R; ++r) {
+    for (int64_t at = 0; at < kBytes; at += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(rows[r] + blk * kBytes + at), _MM_HINT_T1);
+    }
+  }
 }
 
 inline uint16_t LoadHalf(const uint8_t* p) {
@@ -101,12 +103,6 @@ inline __m512i ScalePair(__m512i dup, int k) {
                                        _mm_set1_epi16(static_cast<int16_t>(0x0100 + 0x0404 * k)));
   return _mm512_shuffle_epi8(dup, _mm512_broadcast_i64x4(idx));
 }
-// From 32 int16 (row a's 16, then row b's): sub-blocks 0..7 and 8..15 of each row, each set in
-// both quarters of its row's half.
-inline void SplitScales16(__m512i s16, __m512i* lo, __m512i* hi) {
-  *lo = _mm512_shuffle_i64x2(s16, s16, _MM_SHUFFLE(2, 2, 0, 0));
-  *hi = _mm512_shuffle_i64x2(s16, s16, _MM_SHUFFLE(3, 3, 1, 1));
-}
 
 // One maddubs of weights q (unsigned) and a token's quants x (signed) into acc with scales sc.
 inline __m512i AddProducts(__m512i acc, __m512i q, __m512i x, __m512i sc) {
@@ -126,6 +122,35 @@ struct PairWeights {
   __m512i bias;               // int16 factors that madd with the bsums into an offset of I
   __m512 d, dmin;             // per half
 };
+
+// From 32 int16 scales (row a's 16, then row b's): sub-blocks 0..7 and 8..15 of each row, each
+// set in both quarters of its row's half; with `offset`, the factors offset * sc that madd with
+// the bsums into the term that takes a weight offset back out of I.
+inline void SetScales16(__m512i s16, int16_t offset, PairWeights* w) {
+  w->scales = _mm512_shuffle_i64x2(s16, s16, _MM_SHUFFLE(2, 2, 0, 0));
+  w->scales_hi = _mm512_shuffle_i64x2(s16, s16, _MM_SHUFFLE(3, 3, 1, 1));
+  w->bias = _mm512_mullo_epi16(s16, _mm512_set1_epi16(static_cast<int16_t>(-offset)));
+}
+
+// Types with 16 sub-blocks of 16: the T tokens' lanes of I, from the offset term (w.bias) and
+// group k (32 elements, sub-blocks 2k, 2k + 1) of each half h of the block, whose quants
+// quants(h, k) gives.
+template <int T, class Quants>
+inline void Groups16(const PairWeights& w, const uint8_t* const* xq, const __m512i* bsums,
+                     __m512i* isum, Quants&& quants) {
+  for (int t = 0; t < T; ++t) isum[t] = _mm512_madd_epi16(w.bias, bsums[t]);
+  for (int h = 0; h < 2; ++h) {
+    const __m512i& dup = h == 0 ? w.scales : w.scales_hi;
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) {
+      const __m512i q = quants(h, k);
+      const __m512i sc = ScalePair(dup, k);
+      for (int t = 0; t < T; ++t) {
+        isum[t] = AddProducts(isum[t], q, Broadcast32(xq[t] + 128 * h + 32 * k), sc);
+      }
+    }
+  }
+}
 
 // q4_K / q5_K: 8 sub-blocks of 32 with 6-bit scales and mins (ggml's get_scale_min_k4), unpacked
 // on the 32-bit words u0..u2 of both rows at once: bytes 0..7 of each row's 128 bits become the
@@ -193,35 +218,24 @@ struct Q6KInt : PlainX {
     w->d = PairScale(half[LoadHalf(a + 208)], half[LoadHalf(b + 208)]);
     const __m512i s16 = _mm512_cvtepi8_epi16(
         _mm256_inserti128_si256(_mm256_castsi128_si256(Load16(a + 192)), Load16(b + 192), 1));
-    SplitScales16(s16, &w->scales, &w->scales_hi);
-    w->bias = _mm512_mullo_epi16(s16, _mm512_set1_epi16(-32));
+    SetScales16(s16, 32, w);
   }
   template <int T>
   static void Dot(const uint8_t* a, const uint8_t* b, const PairWeights& w,
                   const uint8_t* const* xq, const __m512i* bsums, __m512i* isum) {
     const __m512i low = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
-    for (int t = 0; t < T; ++t) isum[t] = _mm512_madd_epi16(w.bias, bsums[t]);
-    for (int h = 0; h < 2; ++h) {
-      const __m512i ql0 = LoadPair(a, b, 64 * h), ql1 = LoadPair(a, b, 64 * h + 32);
-      const __m512i qh = LoadPair(a, b, 128 + 32 * h);
-      const __m512i parts[4] = {_mm512_and_si512(ql0, low), _mm512_and_si512(ql1, low),
-                                _mm512_and_si512(_mm512_srli_epi16(ql0, 4), low),
-                                _mm512_and_si512(_mm512_srli_epi16(ql1, 4), low)};
-      const __m512i& dup = h == 0 ? w.scales : w.scales_hi;
-#pragma GCC unroll 4
-      for (int k = 0; k < 4; ++k) {
-        // Bits 2k, 2k + 1 of qh[l] are bits 4, 5 of element l of group k.
-        const __m512i q = OrMasked(parts[k], Shift16(qh, 4 - 2 * k), bits45);
-        const __m512i sc = ScalePair(dup, k);
-        for (int t = 0; t < T; ++t) {
-          isum[t] = AddProducts(isum[t], q, Broadcast32(xq[t] + 128 * h + 32 * k), sc);
-        }
-      }
-    }
+    Groups16<T>(w, xq, bsums, isum, [&](int h, int k) {
+      // Group k of half h: nibble k / 2 of ql[64h + 32 (k % 2) + l], and bits 2k, 2k + 1 of
+      // qh[32h + l] as bits 4, 5.
+      const __m512i ql = LoadPair(a, b, 64 * h + 32 * (k % 2));
+      const __m512i nibble = k < 2 ? ql : _mm512_srli_epi16(ql, 4);
+      return OrMasked(_mm512_and_si512(nibble, low),
+                      Shift16(LoadPair(a, b, 128 + 32 * h), 4 - 2 * k), bits45);
+    });
   }
 };
 
-// q2_K: 2-bit q, 4-bit scale and min per sub-block of 16.
+// q2_K: 2-bit q, 4-bit scale and min per sub-block of 16 (no offset: its bias is zero).
 struct Q2KInt : PlainX {
   static constexpr int64_t kBytes = 84;
   static constexpr bool kHasMin = true;
@@ -230,26 +244,16 @@ struct Q2KInt : PlainX {
     w->dmin = PairScale(half[LoadHalf(a + 82)], half[LoadHalf(b + 82)]);
     const __m256i sc = _mm256_inserti128_si256(_mm256_castsi128_si256(Load16(a)), Load16(b), 1);
     const __m256i low = _mm256_set1_epi8(0x0F);
-    SplitScales16(_mm512_cvtepu8_epi16(_mm256_and_si256(sc, low)), &w->scales, &w->scales_hi);
+    SetScales16(_mm512_cvtepu8_epi16(_mm256_and_si256(sc, low)), 0, w);
     w->mins = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(sc, 4), low));
   }
   template <int T>
   static void Dot(const uint8_t* a, const uint8_t* b, const PairWeights& w,
-                  const uint8_t* const* xq, const __m512i*, __m512i* isum) {
+                  const uint8_t* const* xq, const __m512i* bsums, __m512i* isum) {
     const __m512i three = _mm512_set1_epi8(3);
-    for (int t = 0; t < T; ++t) isum[t] = _mm512_setzero_si512();
-    for (int h = 0; h < 2; ++h) {
-      const __m512i v = LoadPair(a, b, 16 + 32 * h);
-      const __m512i& dup = h == 0 ? w.scales : w.scales_hi;
-#pragma GCC unroll 4
-      for (int k = 0; k < 4; ++k) {
-        const __m512i q = _mm512_and_si512(_mm512_srli_epi16(v, 2 * k), three);
-        const __m512i sc = ScalePair(dup, k);
-        for (int t = 0; t < T; ++t) {
-          isum[t] = AddProducts(isum[t], q, Broadcast32(xq[t] + 128 * h + 32 * k), sc);
-        }
-      }
-    }
+    Groups16<T>(w, xq, bsums, isum, [&](int h, int k) {
+      return _mm512_and_si512(_mm512_srli_epi16(LoadPair(a, b, 16 + 32 * h), 2 * k), three);
+    });
   }
 };
 
@@ -279,29 +283,19 @@ struct Q3KInt : PlainX {
         _mm256_set1_epi8(3));
     const __m512i s16 = _mm512_cvtepi8_epi16(
         _mm256_sub_epi8(_mm256_or_si256(lows, _mm256_slli_epi16(highs, 4)), _mm256_set1_epi8(32)));
-    SplitScales16(s16, &w->scales, &w->scales_hi);
-    w->bias = _mm512_mullo_epi16(s16, _mm512_set1_epi16(-4));
+    SetScales16(s16, 4, w);
   }
   template <int T>
   static void Dot(const uint8_t* a, const uint8_t* b, const PairWeights& w,
                   const uint8_t* const* xq, const __m512i* bsums, __m512i* isum) {
     const __m512i three = _mm512_set1_epi8(3), bit2 = _mm512_set1_epi8(4);
     const __m512i hmask = LoadPair(a, b, 0);
-    for (int t = 0; t < T; ++t) isum[t] = _mm512_madd_epi16(w.bias, bsums[t]);
-    for (int h = 0; h < 2; ++h) {
+    Groups16<T>(w, xq, bsums, isum, [&](int h, int k) {
+      // Bit 4h + k of hmask[l] is bit 2 of element l of the group.
       const __m512i v = LoadPair(a, b, 32 + 32 * h);
-      const __m512i& dup = h == 0 ? w.scales : w.scales_hi;
-#pragma GCC unroll 4
-      for (int k = 0; k < 4; ++k) {
-        // Bit 4h + k of hmask[l] is bit 2 of element l of the group.
-        const __m512i q = OrMasked(_mm512_and_si512(_mm512_srli_epi16(v, 2 * k), three),
-                                   Shift16(hmask, 2 - (4 * h + k)), bit2);
-        const __m512i sc = ScalePair(dup, k);
-        for (int t = 0; t < T; ++t) {
-          isum[t] = AddProducts(isum[t], q, Broadcast32(xq[t] + 128 * h + 32 * k), sc);
-        }
-      }
-    }
+      return OrMasked(_mm512_and_si512(_mm512_srli_epi16(v, 2 * k), three),
+                      Shift16(hmask, 2 - (4 * h + k)), bit2);
+    });
   }
 };
 
@@ -422,15 +416,9 @@ struct KQuantKernel {
     const int64_t n_blocks = cols / kQK_K;
     for (int64_t blk = 0; blk < n_blocks; ++blk) {
       if (next != nullptr) {
-        for (int r = 0; r < R; ++r) {
-          for (int64_t at = 0; at < B::kBytes; at += 64) Prefetch(next[r] + blk * B::kBytes + at);
-        }
+        PrefetchBlock<B::kBytes>(next, R, blk);
       } else if (T == 1 && blk + kAhead < n_blocks) {
-        for (int r = 0; r < R; ++r) {
-          for (int64_t at = 0; at < B::kBytes; at += 64) {
-            Prefetch(rows[r] + (blk + kAhead) * B::kBytes + at);
-          }
-        }
+        PrefetchBlock<B::kBytes>(rows, R, blk + kAhead);
       }
       typename B::X xq[T];
       __m512i bsums[T];
@@ -628,11 +616,7 @@ struct BlockKernel {
     for (int r = 0; r < R; ++r) cv[r] = _mm512_set1_ps(coeffs[r]);
     alignas(64) float w[R][kBlock];
     for (int64_t blk = 0; blk < cols / kBlock; ++blk) {
-      if (next != nullptr) {
-        for (int r = 0; r < R; ++r) {
-          for (int64_t at = 0; at < kBytes; at += 64) Prefetch(next[r] + blk * kBytes + at);
-        }
-      }
+      if (next != nullptr) PrefetchBlock<kBytes>(next, R, blk);
       for (int r = 0; r < R; ++r) D::Decode(rows[r] + blk * kBytes, w[r]);
       float* yb = y + blk * kBlock;
       for (int c = 0; c < kBlock; c += 16) {
@@ -648,58 +632,6 @@ struct BlockKernel {
       D::Decode(row + blk * kBytes, out + blk * kBlock);
   }
 };
-
-// ---- Drivers. ----
-
-template <class K, int kMaxR, int kMaxT, size_t... I>
-constexpr std::array<TileFn, sizeof...(I)> MakeTileTable(std::index_sequence<I...>) {
-  return {&K::template Tile<static_cast<int>(I) / kMaxT + 1, static_cast<int>(I) % kMaxT + 1>...};
-}
-
-template <class K, int kMaxR, int kMaxT>
-void RunTiles(const RowSource& rows, int64_t n_rows, int64_t cols, const uint8_t* x,
-              int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
-  static constexpr auto kTable =
-      MakeTileTable<K, kMaxR, kMaxT>(std::make_index_sequence<kMaxR * kMaxT>());
-  ForEachTile<kMaxR, kMaxT>(rows, n_rows, n_tokens, y, y_stride,
-                            [&](const uint8_t* const* w, const uint8_t* const* next, int nr, int nt,
-                                int64_t t0, float* yt, int64_t yt_stride) {
-                              kTable[(nr - 1) * kMaxT + (nt - 1)](w, next, cols, x + t0 * x_stride,
-                                                                  x_stride, yt, yt_stride);
-                            });
-}
-
-template <class K>
-void DotRows(const RowSource& rows, int64_t n_rows, int64_t cols, const uint8_t* x,
-             int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
-  if (n_tokens == 1) {
-    RunTiles<K, K::kGemvRows, 1>(rows, n_rows, cols, x, x_stride, 1, y, y_stride);
-  } else {
-    RunTiles<K, K::kRows, K::kTokens>(rows, n_rows, cols, x, x_stride, n_tokens, y, y_stride);
-  }
-}
-
-// Four rows per pass over y (a quarter of the loads and stores of y per FMA); the next four
-// (scattered, for the sparse FFN) are prefetched meanwhile. Any grouping adds the rows in the
-// same order, so the grouping does not change a bit.
-template <class K>
-void AxpyRows(const RowSource& rows, const float* coeffs, int64_t n_rows, int64_t cols, float* y) {
-  constexpr int kR = 4;
-  int64_t i = 0;
-  for (; i + kR <= n_rows; i += kR) {
-    const uint8_t* w[kR];
-    const uint8_t* next[kR];
-    for (int k = 0; k < kR; ++k) {
-      w[k] = rows.row(i + k);
-      next[k] = rows.row(std::min(i + kR + k, n_rows - 1));
-    }
-    K::template AxpyTile<kR>(w, i + kR < n_rows ? next : nullptr, coeffs + i, cols, y);
-  }
-  for (; i < n_rows; ++i) {
-    const uint8_t* w[1] = {rows.row(i)};
-    K::template AxpyTile<1>(w, nullptr, coeffs + i, cols, y);
-  }
-}
 
 // ---- Q8_K activations: ggml's quantize_row_q8_K_ref (QuantizeRowQ8_K), 16 values a step. ----
 //
@@ -752,7 +684,7 @@ void PrepareQ8K(const float* x, int64_t cols, uint8_t* out) {
 template <GgmlType kType, class B, class D>
 void Fill(KernelSet& set) {
   using F = BlockKernel<D>;
-  set.by_type[static_cast<size_t>(kType)] = {&DotRows<KQuantKernel<B>>, &AxpyRows<F>,
+  set.by_type[static_cast<size_t>(kType)] = {&TiledDotRows<KQuantKernel<B>>, &TiledAxpyRows<F>,
                                              &F::Dequantize, &Q8KInputBytes, &PrepareQ8K};
 }
 
