@@ -14,6 +14,7 @@
 // axpy and dequantize decode each block to the exact f32 values of DequantizeRow, 16 at a
 // time (a multiply, then a separate subtract: intrinsics are never contracted into FMAs), and
 // add rows into y with one FMA per row and element in row order, as AVX2 does 8 at a time.
+
 // GCC 12's AVX-512 headers start many intrinsics from a self-initialized "undefined" register,
 // which -W(maybe-)uninitialized reports wherever they are inlined (GCC bug 105593); the pragmas
 // must cover the header's lines, so they come before the include.
@@ -124,8 +125,8 @@ struct PairWeights {
 };
 
 // From 32 int16 scales (row a's 16, then row b's): sub-blocks 0..7 and 8..15 of each row, each
-// set in both quarters of its row's half; with `offset`, the factors offset * sc that madd with
-// the bsums into the term that takes a weight offset back out of I.
+// set in both quarters of its row's half; and the factors -offset * sc that madd with the bsums
+// into the term that takes the weights' offset back out of I (zero without one).
 inline void SetScales16(__m512i s16, int16_t offset, PairWeights* w) {
   w->scales = _mm512_shuffle_i64x2(s16, s16, _MM_SHUFFLE(2, 2, 0, 0));
   w->scales_hi = _mm512_shuffle_i64x2(s16, s16, _MM_SHUFFLE(3, 3, 1, 1));
