@@ -13,16 +13,12 @@
 #include <type_traits>
 #include <utility>
 
-#include "shared/kernels/matmul_kernels.h"
 #include "shared/gguf/quant.h"
+#include "shared/kernels/matmul_kernels.h"
 #include "shared/util/fp16.h"
 
 namespace thermocline::matmul_internal {
 namespace {
-
-// rows: the tile's weight rows; next: rows to prefetch meanwhile, or nullptr (see ForEachTile).
-using TileFn = void (*)(const uint8_t* const* rows, const uint8_t* const* next, int64_t cols,
-                        const uint8_t* x, int64_t x_stride, float* y, int64_t y_stride);
 
 // To L2: a tile ahead can be more than L1 holds.
 inline void Prefetch(const uint8_t* p) {
@@ -1033,57 +1029,6 @@ struct KQuantKernel {
   }
 };
 
-// ---- Drivers shared by all types. ----
-
-template <class K, int kMaxR, int kMaxT, size_t... I>
-constexpr std::array<TileFn, sizeof...(I)> MakeTileTable(std::index_sequence<I...>) {
-  return {&K::template Tile<static_cast<int>(I) / kMaxT + 1, static_cast<int>(I) % kMaxT + 1>...};
-}
-
-template <class K, int kMaxR, int kMaxT>
-void RunTiles(const RowSource& rows, int64_t n_rows, int64_t cols, const uint8_t* x,
-              int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
-  static constexpr auto kTable =
-      MakeTileTable<K, kMaxR, kMaxT>(std::make_index_sequence<kMaxR * kMaxT>());
-  ForEachTile<kMaxR, kMaxT>(rows, n_rows, n_tokens, y, y_stride,
-                            [&](const uint8_t* const* w, const uint8_t* const* next, int nr, int nt,
-                                int64_t t0, float* yt, int64_t yt_stride) {
-                              kTable[(nr - 1) * kMaxT + (nt - 1)](w, next, cols, x + t0 * x_stride,
-                                                                  x_stride, yt, yt_stride);
-                            });
-}
-
-template <class K>
-void DotRows(const RowSource& rows, int64_t n_rows, int64_t cols, const uint8_t* x,
-             int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
-  if (n_tokens == 1) {
-    RunTiles<K, K::kGemvRows, 1>(rows, n_rows, cols, x, x_stride, 1, y, y_stride);
-  } else {
-    RunTiles<K, K::kRows, K::kTokens>(rows, n_rows, cols, x, x_stride, n_tokens, y, y_stride);
-  }
-}
-
-template <class K>
-void AxpyRows(const RowSource& rows, const float* coeffs, int64_t n_rows, int64_t cols, float* y) {
-  // Four rows per pass over y keep y's loads and stores to a quarter of the FMAs; the next four
-  // rows (scattered, for the sparse FFN) are prefetched meanwhile.
-  constexpr int kR = 4;
-  int64_t i = 0;
-  for (; i + kR <= n_rows; i += kR) {
-    const uint8_t* w[kR];
-    const uint8_t* next[kR];
-    for (int k = 0; k < kR; ++k) {
-      w[k] = rows.row(i + k);
-      next[k] = rows.row(std::min(i + kR + k, n_rows - 1));
-    }
-    K::template AxpyTile<kR>(w, i + kR < n_rows ? next : nullptr, coeffs + i, cols, y);
-  }
-  for (; i < n_rows; ++i) {
-    const uint8_t* w[1] = {rows.row(i)};
-    K::template AxpyTile<1>(w, nullptr, coeffs + i, cols, y);
-  }
-}
-
 template <GgmlType kType>
 void ReferenceDequantize(const uint8_t* row, int64_t cols, float* out) {
   DequantizeRow(kType, row, out, cols);
@@ -1161,8 +1106,8 @@ void PrepareQ8K(const float* x, int64_t cols, uint8_t* out) {
     float max = 0.0f;
     for (int k = 0; k < kQK_K / 8; ++k) {
       const __m256 v = _mm256_loadu_ps(xb + 8 * k);
-      const int hit = _mm256_movemask_ps(
-          _mm256_cmp_ps(_mm256_andnot_ps(sign_mask, v), amaxv, _CMP_EQ_OQ));
+      const int hit =
+          _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign_mask, v), amaxv, _CMP_EQ_OQ));
       if (hit != 0) {
         max = xb[8 * k + __builtin_ctz(static_cast<unsigned>(hit))];
         break;
@@ -1239,12 +1184,12 @@ void PrepareFor(const float* x, int64_t cols, uint8_t* out) {
 
 template <GgmlType kType, class K>
 constexpr TypeEntry Float() {
-  return {kType, {&DotRows<K>, &AxpyRows<K>, &ReferenceDequantize<kType>}};
+  return {kType, {&TiledDotRows<K>, &TiledAxpyRows<K>, &ReferenceDequantize<kType>}};
 }
 template <GgmlType kType, class K>
 constexpr TypeEntry Q8Input() {
   return {kType,
-          {&DotRows<K>, &AxpyRows<K>, &ReferenceDequantize<kType>,
+          {&TiledDotRows<K>, &TiledAxpyRows<K>, &ReferenceDequantize<kType>,
            &InputBytes<typename K::Loader>, &PrepareFor<typename K::Loader>}};
 }
 // Dot through the integer kernel against Q8_K activations; axpy and dequantize through the
@@ -1253,14 +1198,15 @@ template <GgmlType kType, class B, class D>
 constexpr TypeEntry Q8KInput() {
   using F = BlockKernel<D>;
   return {kType,
-          {&DotRows<KQuantKernel<B>>, &AxpyRows<F>, &F::Dequantize, &Q8KInputBytes, &PrepareQ8K}};
+          {&TiledDotRows<KQuantKernel<B>>, &TiledAxpyRows<F>, &F::Dequantize, &Q8KInputBytes,
+           &PrepareQ8K}};
 }
 // Dot through the Q8_0 integer kernel, axpy and dequantize through the f32 decode.
 template <GgmlType kType, class K, class D>
 constexpr TypeEntry Q8InputDecoded() {
   using F = BlockKernel<D>;
   return {kType,
-          {&DotRows<K>, &AxpyRows<F>, &F::Dequantize, &InputBytes<typename K::Loader>,
+          {&TiledDotRows<K>, &TiledAxpyRows<F>, &F::Dequantize, &InputBytes<typename K::Loader>,
            &PrepareFor<typename K::Loader>}};
 }
 template <bool kVnni>

@@ -1,12 +1,13 @@
 // Internal interface between matmul.cc (threading, activation quantization, dispatch) and the
-// per-ISA kernel files (matmul_portable.cc, matmul_avx2.cc, *_avx512.cc). Not for use outside shared/kernels/
-// and its tests.
+// per-ISA kernel files (matmul_portable.cc, matmul_avx2.cc, *_avx512.cc). Not for use outside
+// shared/kernels/ and its tests.
 #pragma once
 
 #include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstdlib>
+#include <utility>
 
 #include "shared/gguf/ggml_type.h"
 
@@ -192,6 +193,9 @@ bool CpuHasAvxVnni();
 // Only valid where CpuSimdLevel() is kAvx512 (avx512_set.cc assembles it from the
 // *_avx512.cc files, each of which fills the slots it has kernels for).
 const KernelSet& Avx512Kernels();
+// Overwrite the set's Q2_K..Q6_K and IQ4_XS row-layout slots with AVX-512 kernels
+// (kquant_avx512.cc).
+void FillKQuantAvx512(KernelSet& set);
 
 // f32 value of every fp16 bit pattern (256 KiB, built on first use). A lookup is cheaper than
 // the arithmetic conversion in portable code and than F16C's insert-convert-broadcast for a
@@ -258,6 +262,68 @@ inline void ForEachTile(const RowSource& rows, int64_t n_rows, int64_t n_tokens,
         tile(ptrs, prefetch ? next : nullptr, nr, nt, t0, y + t0 * y_stride + r, y_stride);
       }
     }
+  }
+}
+
+// Drivers of the SIMD families' row kernels (matmul_avx2.cc, *_avx512.cc), over any kernel K
+// with tiles K::Tile<R, T> (R <= K::kGemvRows for one token, R <= K::kRows and T <= K::kTokens
+// otherwise) and axpy tiles K::AxpyTile<R> for R = 1 and 4. Each file instantiates them with its
+// own kernels, compiled with its own flags.
+//
+// A tile: rows, the rows to prefetch meanwhile or nullptr (see ForEachTile), the columns, the
+// tile's first token's activations and their stride, and its output y[t * y_stride + r].
+using RowTileFn = void (*)(const uint8_t* const* rows, const uint8_t* const* next, int64_t cols,
+                           const uint8_t* x, int64_t x_stride, float* y, int64_t y_stride);
+
+template <class K, int kMaxR, int kMaxT, size_t... I>
+constexpr std::array<RowTileFn, sizeof...(I)> MakeRowTileTable(std::index_sequence<I...>) {
+  return {&K::template Tile<static_cast<int>(I) / kMaxT + 1, static_cast<int>(I) % kMaxT + 1>...};
+}
+
+template <class K, int kMaxR, int kMaxT>
+void RunRowTiles(const RowSource& rows, int64_t n_rows, int64_t cols, const uint8_t* x,
+                 int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
+  static constexpr auto kTable =
+      MakeRowTileTable<K, kMaxR, kMaxT>(std::make_index_sequence<kMaxR * kMaxT>());
+  ForEachTile<kMaxR, kMaxT>(rows, n_rows, n_tokens, y, y_stride,
+                            [&](const uint8_t* const* w, const uint8_t* const* next, int nr, int nt,
+                                int64_t t0, float* yt, int64_t yt_stride) {
+                              kTable[(nr - 1) * kMaxT + (nt - 1)](w, next, cols, x + t0 * x_stride,
+                                                                  x_stride, yt, yt_stride);
+                            });
+}
+
+// TypeKernels::dot through K's tiles.
+template <class K>
+void TiledDotRows(const RowSource& rows, int64_t n_rows, int64_t cols, const uint8_t* x,
+                  int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
+  if (n_tokens == 1) {
+    RunRowTiles<K, K::kGemvRows, 1>(rows, n_rows, cols, x, x_stride, 1, y, y_stride);
+  } else {
+    RunRowTiles<K, K::kRows, K::kTokens>(rows, n_rows, cols, x, x_stride, n_tokens, y, y_stride);
+  }
+}
+
+// TypeKernels::axpy through K's axpy tiles. Four rows per pass over y keep y's loads and stores
+// to a quarter of the FMAs; the next four rows (scattered, for the sparse FFN) are prefetched
+// meanwhile. A tile adds its rows into y in order, so the grouping never changes a bit.
+template <class K>
+void TiledAxpyRows(const RowSource& rows, const float* coeffs, int64_t n_rows, int64_t cols,
+                   float* y) {
+  constexpr int kR = 4;
+  int64_t i = 0;
+  for (; i + kR <= n_rows; i += kR) {
+    const uint8_t* w[kR];
+    const uint8_t* next[kR];
+    for (int k = 0; k < kR; ++k) {
+      w[k] = rows.row(i + k);
+      next[k] = rows.row(std::min(i + kR + k, n_rows - 1));
+    }
+    K::template AxpyTile<kR>(w, i + kR < n_rows ? next : nullptr, coeffs + i, cols, y);
+  }
+  for (; i < n_rows; ++i) {
+    const uint8_t* w[1] = {rows.row(i)};
+    K::template AxpyTile<1>(w, nullptr, coeffs + i, cols, y);
   }
 }
 

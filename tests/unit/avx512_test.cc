@@ -85,7 +85,8 @@ std::vector<float> Normal(int64_t n, std::mt19937& rng) {
 }
 
 std::string Shape(GgmlType type, int64_t rows, int64_t cols) {
-  return std::string(TypeTraits(type).name) + " " + std::to_string(rows) + "x" + std::to_string(cols);
+  return std::string(TypeTraits(type).name) + " " + std::to_string(rows) + "x" +
+         std::to_string(cols);
 }
 
 class Avx512Test : public ::testing::Test {
@@ -208,6 +209,22 @@ TEST_F(Avx512Test, DequantizeSameBitsAsAvx2) {
       for (int64_t r = 0; r < rows; ++r) DequantizeMatrixRow(m.rows, r, out.data() + r * cols);
       return out;
     });
+  }
+}
+
+// The K-quant row kernels' token tiles (up to 6 tokens per pair of rows): every tile width,
+// full and ragged, with an odd row left over.
+TEST_F(Avx512Test, KQuantTokenTilesSameBitsAsAvx2) {
+  std::mt19937 rng(9);
+  for (GgmlType type : {GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K,
+                        GgmlType::kQ6_K, GgmlType::kIQ4_XS}) {
+    const int64_t rows = 5, cols = 2 * kQK_K;
+    Matrix m = MakeMatrix(type, rows, cols, rng);
+    for (int64_t n_tokens : {4, 6, 7, 12, 13}) {
+      const std::vector<float> x = Normal(n_tokens * cols, rng);
+      ExpectSameBits(Shape(type, rows, cols) + " tokens " + std::to_string(n_tokens),
+                     [&] { return testing::MultiplyOnPool(m.rows, x, n_tokens, 1); });
+    }
   }
 }
 
