@@ -192,6 +192,18 @@ bool CpuHasAvxVnni();
 // Only valid where CpuSimdLevel() is kAvx512 (avx512_set.cc assembles it from the
 // *_avx512.cc files, each of which fills the slots it has kernels for).
 const KernelSet& Avx512Kernels();
+// The interleaved layouts' AVX-512 dot products (q4_0x8_avx512.cc, q4_kx8_avx512.cc,
+// q6_kx8_avx512.cc: the avx2 kernels' bits, two groups per zmm) and the slots they fill
+// (interleaved8_avx512.cc), with the AVX2 preparations.
+void DotQ4_0x8Avx512(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+                     int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
+void DotQ4_Kx8Avx512(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+                     int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
+void DotQ5_Kx8Avx512(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+                     int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
+void DotQ6_Kx8Avx512(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+                     int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
+void FillInterleavedAvx512(KernelSet& set);
 
 // f32 value of every fp16 bit pattern (256 KiB, built on first use). A lookup is cheaper than
 // the arithmetic conversion in portable code and than F16C's insert-convert-broadcast for a

@@ -78,7 +78,7 @@ std::vector<float> Normal(int64_t n, std::mt19937& rng) {
 }
 
 std::string Shape(GgmlType type, int64_t rows, int64_t cols) {
-  return std::string(TypeName(type)) + " " + std::to_string(rows) + "x" + std::to_string(cols);
+  return std::string(TypeTraits(type).name) + " " + std::to_string(rows) + "x" + std::to_string(cols);
 }
 
 class Avx512Test : public ::testing::Test {
@@ -201,6 +201,24 @@ TEST_F(Avx512Test, DequantizeSameBitsAsAvx2) {
       for (int64_t r = 0; r < rows; ++r) DequantizeMatrixRow(m.rows, r, out.data() + r * cols);
       return out;
     });
+  }
+}
+
+// The interleaved layouts' tiles (two groups per zmm, up to 8 tokens): matrices of several L2
+// blocks of groups with an odd group left, token counts that end full and partial tiles.
+TEST_F(Avx512Test, InterleavedTilesSameBitsAsAvx2) {
+  std::mt19937 rng(9);
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K}) {
+    const int64_t rows = 8 * 61 + 5, cols = 2048;
+    Matrix m = MakeMatrix(type, rows, cols, rng);
+    for (int64_t n_tokens : {1, 8, 17, 30}) {
+      const std::vector<float> x = Normal(n_tokens * cols, rng);
+      for (int threads : {1, 2}) {
+        ExpectSameBits(Shape(type, rows, cols) + " tokens " + std::to_string(n_tokens) +
+                           " threads " + std::to_string(threads),
+                       [&] { return testing::MultiplyOnPool(m.packed, x, n_tokens, threads); });
+      }
+    }
   }
 }
 
