@@ -1,13 +1,18 @@
-// Small pieces the kernel benchmarks (gemv_bench, axpy_bench) share: page-aligned buffers for
-// the weight copies, seconds between two clock readings, and the median of a sample.
+// Small pieces the benchmarks share: page-aligned buffers for the weight copies, seconds between
+// two clock readings, the median of a sample, and the machine's load to print beside results.
 #pragma once
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <string>
 #include <vector>
+
+#include "absl/status/statusor.h"
+#include "shared/util/load_average.h"
 
 namespace thermocline::bench {
 
@@ -32,6 +37,15 @@ inline double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// "1-minute average/runnable now", e.g. "3.52/5".
+inline std::string LoadNow() {
+  absl::StatusOr<LoadAverage> l = ReadLoadAverage();
+  if (!l.ok()) return "?";
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f/%d", l->one, l->runnable);
+  return buf;
 }
 
 }  // namespace thermocline::bench

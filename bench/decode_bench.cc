@@ -23,6 +23,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "bench/bench_util.h"
 #include "shared/model/model.h"
 #include "shared/runtime/forward.h"
 #include "shared/util/cpu_features.h"
@@ -33,14 +34,7 @@ using namespace thermocline;
 
 namespace {
 
-// "1-minute average/runnable now", e.g. "3.52/5".
-std::string LoadNow() {
-  absl::StatusOr<LoadAverage> l = ReadLoadAverage();
-  if (!l.ok()) return "?";
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.2f/%d", l->one, l->runnable);
-  return buf;
-}
+using bench::LoadNow;
 
 }  // namespace
 
@@ -87,9 +81,9 @@ int main(int argc, char** argv) {
   }
   std::printf("kernels: %s, cpus %d; load = 1-minute average/threads runnable\n",
               SimdLevelName(DetectSimdLevel()), UsableCpus());
-  std::printf("%-28s %7s %8s %12s %10s %10s %10s %7s %11s %11s %12s\n", "model", "type",
-              "threads", "MB/token", "read GB/s", "floor t/s", "tok/s", "ratio", "load start",
-              "load end", "prompt t/s");
+  std::printf("%-28s %7s %8s %12s %10s %10s %10s %7s %11s %11s %12s\n", "model", "type", "threads",
+              "MB/token", "read GB/s", "floor t/s", "tok/s", "ratio", "load start", "load end",
+              "prompt t/s");
   for (const std::string& path : models) {
     auto model = Model::Load(path);
     if (!model.ok()) {

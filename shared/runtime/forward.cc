@@ -7,6 +7,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "shared/kernels/attention.h"
 #include "shared/kernels/matmul.h"
 #include "shared/runtime/ops.h"
 #include "shared/util/fp16.h"
@@ -14,33 +15,25 @@
 namespace thermocline {
 namespace {
 
-// Loads element i of a cached key/value row stored as T (float or fp16 bits).
-inline float LoadKv(const float* p, int64_t i) { return p[i]; }
-inline float LoadKv(const uint16_t* p, int64_t i) { return Fp16ToFp32(p[i]); }
-
-// One query head attending over positions [first, n_pos) of one slot: scores in run.c's order,
-// then gemma2's soft cap when set.
-template <typename T>
+// One query head attending over positions [first, n_pos) of one slot: the scores, gemma2's soft
+// cap when set, the softmax and the mix of the value rows (shared/kernels/attention.h).
+// rows: scratch for 2 * (n_pos - first) row pointers.
 void AttendHead(const KvCache& kv, int64_t layer, int64_t slot, int64_t first, int64_t n_pos,
                 int64_t kv_offset, int64_t head_dim, float scale, float softcap, const float* q,
-                float* scores, float* out) {
+                float* scores, const uint8_t** rows, float* out) {
   const int64_t n = n_pos - first;
+  const int64_t offset_bytes = kv_offset * (kv.type() == GgmlType::kF16 ? 2 : 4);
+  const uint8_t** k_rows = rows;
+  const uint8_t** v_rows = rows + n;
   for (int64_t t = first; t < n_pos; ++t) {
-    const T* k = reinterpret_cast<const T*>(kv.key(layer, slot, t)) + kv_offset;
-    float s = 0.0f;
-    for (int64_t i = 0; i < head_dim; ++i) s += q[i] * LoadKv(k, i);
-    scores[t - first] = s * scale;
+    k_rows[t - first] = kv.key(layer, slot, t) + offset_bytes;
+    v_rows[t - first] = kv.value(layer, slot, t) + offset_bytes;
   }
+  AttentionScores(kv.type(), q, k_rows, n, head_dim, scale, scores);
   if (softcap > 0.0f) SoftCap(scores, n, softcap);
   Softmax(scores, n);
-  std::memset(out, 0, head_dim * sizeof(float));
-  for (int64_t t = first; t < n_pos; ++t) {
-    const T* v = reinterpret_cast<const T*>(kv.value(layer, slot, t)) + kv_offset;
-    const float a = scores[t - first];
-    for (int64_t i = 0; i < head_dim; ++i) out[i] += a * LoadKv(v, i);
-  }
+  AttentionMix(kv.type(), scores, v_rows, n, head_dim, out);
 }
-
 
 }  // namespace
 
@@ -124,6 +117,7 @@ void ForwardPass::Attention(int64_t layer, std::span<const BatchEntry> batch) {
   const int64_t cap = kv_.capacity();
   const int64_t window = c.layers.empty() ? 0 : c.layers[layer].sliding_window;
   scores_.resize(pool_.size() * cap);
+  kv_rows_.resize(pool_.size() * 2 * cap);
   const bool f16 = kv_.type() == GgmlType::kF16;
   // (entry, head) jobs are claimed one at a time, so jobs of entries at different positions
   // (different costs) balance, and a thread the machine does not schedule holds up none. Their
@@ -145,13 +139,8 @@ void ForwardPass::Attention(int64_t layer, std::span<const BatchEntry> batch) {
     const int64_t n_pos = entry.position + 1;
     // A sliding-window layer sees the last `window` positions, itself included.
     const int64_t first = window > 0 ? std::max<int64_t>(0, n_pos - window) : 0;
-    if (f16) {
-      AttendHead<uint16_t>(kv_, layer, entry.slot, first, n_pos, kv_offset, c.head_dim,
-                           c.attn_scale, c.attn_softcap, q, scores, out);
-    } else {
-      AttendHead<float>(kv_, layer, entry.slot, first, n_pos, kv_offset, c.head_dim,
-                        c.attn_scale, c.attn_softcap, q, scores, out);
-    }
+    AttendHead(kv_, layer, entry.slot, first, n_pos, kv_offset, c.head_dim, c.attn_scale,
+               c.attn_softcap, q, scores, kv_rows_.data() + tid * 2 * cap, out);
   });
 }
 

@@ -74,6 +74,7 @@ class ForwardPass {
   std::vector<uint8_t> decode_;  // [n_entries] for linear_->BeginBatch
   // Scratch, [n_tokens][...]; kept between calls to avoid reallocating every step.
   std::vector<float> x_, xb_, q_, k_, v_, att_, proj_, ffn_out_, scores_;
+  std::vector<const uint8_t*> kv_rows_;  // AttendHead's row pointers, 2 * capacity per thread
   RopeParams rope_;  // the model's RoPE; base and position set per layer and entry
 };
 

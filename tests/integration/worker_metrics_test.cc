@@ -214,9 +214,13 @@ TEST(WorkerMetricsTest, WorkersPickUpASegmentCreatedLater) {
   ASSERT_TRUE(inst.StartWorkers(Flags("dense"))) << inst.Log();
   ASSERT_TRUE(inst.Step(1, 0)) << inst.Log();  // served without metrics
   inst.CreateMetrics();
-  // The workers retry once a second; steps keep being served meanwhile.
+  // The workers retry once a second, each on its own clock; steps keep being served meanwhile
+  // until both report (on a loaded machine one may attach a step or more after the other).
   uint64_t step = 2;
-  for (int i = 0; i < 100 && inst.Read(Role::kGpuWorker).steps == 0; ++i) {
+  auto both_report = [&] {
+    return inst.Read(Role::kGpuWorker).steps > 0 && inst.Read(Role::kCpuWorker).steps > 0;
+  };
+  for (int i = 0; i < 100 && !both_report(); ++i) {
     ASSERT_TRUE(inst.Step(step, static_cast<int32_t>(step - 1))) << inst.Log();
     ++step;
     if (step >= 60) break;  // the context is 64 positions

@@ -58,6 +58,13 @@ Matrix MakeMatrix(GgmlType type, int64_t rows, int64_t cols, std::mt19937& rng) 
       }
     } else {
       testing::RandomBlocks(type, cols, 1.0f / 64, rng, row);
+      // Q8_0 quants are in [-127, 127] as ggml's quantizer writes them: avx2's sign-trick
+      // engine, like ggml's own AVX2 kernel, cannot negate -128.
+      if (type == GgmlType::kQ8_0) {
+        for (int64_t i = 0; i < row_bytes; ++i) {
+          if (i % t.block_bytes >= 2 && row[i] == 0x80) row[i] = 0x81;
+        }
+      }
     }
   }
   m.rows = MatrixView{type, rows, cols, m.bytes.data(), row_bytes};
