@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "shared/kernels/immintrin_avx512.h"
+#include <immintrin.h>
 #include "shared/kernels/matmul_kernels.h"
 
 namespace thermocline::matmul_internal::avx512 {
