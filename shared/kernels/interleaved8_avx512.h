@@ -4,11 +4,12 @@
 // row and the results are the avx2 family's bits. Include only from *_avx512.cc files.
 #pragma once
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 
-#include <immintrin.h>
 #include "shared/kernels/matmul_kernels.h"
 
 namespace thermocline::matmul_internal::avx512 {
@@ -48,9 +49,24 @@ inline __m512 BroadcastF32(const uint8_t* p) {
   return _mm512_set1_ps(v);
 }
 
-inline void StoreGroups(__m512 acc, float* ya, float* yb) {
-  _mm256_storeu_ps(ya, _mm512_castps512_ps256(acc));
-  if (yb != nullptr) _mm256_storeu_ps(yb, _mm512_extractf32x8_ps(acc, 1));
+// The lines of [a + ahead, a + ahead + bytes) and the same of b (unless b is a) into L2: each
+// group is a sequential stream that the hardware prefetcher alone does not keep far enough ahead
+// at one thread (the AVX2 kernels' measurements). Past the matrix it is a harmless hint.
+inline void PrefetchPair(const uint8_t* a, const uint8_t* b, int64_t ahead, int64_t bytes) {
+  for (int64_t at = ahead; at < ahead + bytes; at += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(a + at), _MM_HINT_T1);
+    if (b != a) _mm_prefetch(reinterpret_cast<const char*>(b + at), _MM_HINT_T1);
+  }
+}
+
+// acc[t]'s low half to ya + t * y_stride, its high half to yb + t * y_stride (none if yb is
+// nullptr).
+template <int T>
+inline void StoreTile(const __m512 (&acc)[T], float* ya, float* yb, int64_t y_stride) {
+  for (int t = 0; t < T; ++t) {
+    _mm512_mask_storeu_ps(ya + t * y_stride, 0x00FF, acc[t]);  // the low 8 lanes
+    if (yb != nullptr) _mm256_storeu_ps(yb + t * y_stride, _mm512_extractf32x8_ps(acc[t], 1));
+  }
 }
 
 // A tile of two groups: group a's results go to ya, b's to yb (y[t * y_stride + i] for its

@@ -22,16 +22,9 @@ namespace {
 
 using avx512::Broadcast4;
 
-// As in q4_0x8_avx2.cc: each group stream prefetches, every 4 blocks, the 4 blocks 16 ahead
-// into L2.
+// As in q4_0x8_avx2.cc: every 4 blocks, the 4 blocks 16 ahead.
 constexpr int64_t kPrefetchEvery = 4;
 constexpr int64_t kPrefetchAhead = 16 * kQ4_0x8BlockBytes;
-
-inline void Prefetch(const uint8_t* wb) {
-  for (int64_t at = 0; at < kPrefetchEvery * kQ4_0x8BlockBytes; at += 64) {
-    _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchAhead + at), _MM_HINT_T1);
-  }
-}
 
 // Groups a (low half) and b (high half), T tokens (avx512::PairFn).
 template <int T>
@@ -44,8 +37,7 @@ void PairTile(const uint8_t* a, const uint8_t* b, int64_t n_blocks, const uint8_
     const uint8_t* wa = a + k * kQ4_0x8BlockBytes;
     const uint8_t* wb = b + k * kQ4_0x8BlockBytes;
     if (k % kPrefetchEvery == 0) {
-      Prefetch(wa);
-      if (b != a) Prefetch(wb);
+      avx512::PrefetchPair(wa, wb, kPrefetchAhead, kPrefetchEvery * kQ4_0x8BlockBytes);
     }
     const __m512 wd = avx512::Halves2x8(wa, wb);
     __m512i lo[4], hi[4];
@@ -67,9 +59,7 @@ void PairTile(const uint8_t* a, const uint8_t* b, int64_t n_blocks, const uint8_
       acc[t] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s32), acc[t]);
     }
   }
-  for (int t = 0; t < T; ++t) {
-    avx512::StoreGroups(acc[t], ya + t * y_stride, yb == nullptr ? nullptr : yb + t * y_stride);
-  }
+  avx512::StoreTile(acc, ya, yb, y_stride);
 }
 
 template <int... T>

@@ -26,14 +26,6 @@ namespace {
 
 using avx512::Broadcast4;
 
-// As in q4_kx8_avx2.cc: each group stream prefetches two super-blocks ahead into L2.
-template <int64_t kBlock>
-inline void Prefetch(const uint8_t* wb) {
-  for (int64_t at = 0; at < kBlock; at += 64) {
-    _mm_prefetch(reinterpret_cast<const char*>(wb + 2 * kBlock + at), _MM_HINT_T1);
-  }
-}
-
 // Bit kBit of every byte of v moved to bit 4 (Q5_K's fifth quant bit), other bits zero.
 template <int kBit>
 inline __m512i BitTo4(__m512i v) {
@@ -68,8 +60,7 @@ void PairTile(const uint8_t* a, const uint8_t* b, int64_t n_blocks, const uint8_
   for (int64_t k = 0; k < n_blocks; ++k) {
     const uint8_t* wa = a + k * kBlock;
     const uint8_t* wb = b + k * kBlock;
-    Prefetch<kBlock>(wa);
-    if (b != a) Prefetch<kBlock>(wb);
+    avx512::PrefetchPair(wa, wb, 2 * kBlock, kBlock);  // two super-blocks ahead, as AVX2
     const uint8_t* xb[T];
     __m512i isum[T];
     for (int t = 0; t < T; ++t) {
@@ -128,9 +119,7 @@ void PairTile(const uint8_t* a, const uint8_t* b, int64_t n_blocks, const uint8_
       acc[t] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, xd), _mm512_cvtepi32_ps(msum), acc[t]);
     }
   }
-  for (int t = 0; t < T; ++t) {
-    avx512::StoreGroups(acc[t], ya + t * y_stride, yb == nullptr ? nullptr : yb + t * y_stride);
-  }
+  avx512::StoreTile(acc, ya, yb, y_stride);
 }
 
 template <bool kHigh, int... T>

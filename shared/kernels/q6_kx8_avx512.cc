@@ -27,13 +27,6 @@ using avx512::Broadcast4;
 // block_q8_K offsets: f32 d, int8 qs[256], int16 bsums[16].
 constexpr int64_t kXq = 4, kXBsums = 4 + kQK_K;
 
-// As in q6_kx8_avx2.cc: each group stream prefetches two super-blocks ahead into L2.
-inline void Prefetch(const uint8_t* wb) {
-  for (int64_t at = 0; at < kQ6_Kx8BlockBytes; at += 64) {
-    _mm_prefetch(reinterpret_cast<const char*>(wb + 2 * kQ6_Kx8BlockBytes + at), _MM_HINT_T1);
-  }
-}
-
 // Bits 4-5 of every byte: the quant's top 2 bits for element range j (0..3) of a qh chunk, whose
 // bytes hold them in bits 2j, 2j + 1.
 template <int kJ>
@@ -54,8 +47,7 @@ void PairTile(const uint8_t* a, const uint8_t* b, int64_t n_blocks, const uint8_
   for (int64_t k = 0; k < n_blocks; ++k) {
     const uint8_t* wa = a + k * kQ6_Kx8BlockBytes;
     const uint8_t* wb = b + k * kQ6_Kx8BlockBytes;
-    Prefetch(wa);
-    if (b != a) Prefetch(wb);
+    avx512::PrefetchPair(wa, wb, 2 * kQ6_Kx8BlockBytes, kQ6_Kx8BlockBytes);  // as AVX2
     const uint8_t* xb[T];
     __m512i isum[T];
     for (int t = 0; t < T; ++t) {
@@ -110,9 +102,7 @@ void PairTile(const uint8_t* a, const uint8_t* b, int64_t n_blocks, const uint8_
       acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, xd), _mm512_cvtepi32_ps(isum[t]), acc[t]);
     }
   }
-  for (int t = 0; t < T; ++t) {
-    avx512::StoreGroups(acc[t], ya + t * y_stride, yb == nullptr ? nullptr : yb + t * y_stride);
-  }
+  avx512::StoreTile(acc, ya, yb, y_stride);
 }
 
 template <int... T>
