@@ -56,46 +56,52 @@ void PairTile(const uint8_t* a, const uint8_t* b, int64_t n_blocks, const uint8_
     }
     // Elements 128h + 32j .. + 31: sub-blocks 8h + 2j (chunks 0..3) and 8h + 2j + 1 (4..7);
     // h and j template parameters so that the nibble and high-bit shifts are immediates.
-    auto range = [&]<int H, int J>() {
-      constexpr int p = 4 * H + J;
-      const int64_t sc_at = kQ6_Kx8ScalesAt + 16 * p;
-      // Lane r: row r's int16 scale pair; as int32 the first and the second of it; and the pair
+    // Element ranges J and J + 2 of half H (the low and the high nibbles of the same ql chunks,
+    // bit pairs J and J + 2 of the same qh chunks) together, so that each chunk is loaded once;
+    // H and J template parameters so that the shifts are immediates.
+    auto range_pair = [&]<int H, int J>() {
+      // Per range, lane r: row r's int16 scale pair as int32 first and second, and the pair
       // times -32, which meets the bsums pair to take the offset out.
-      const __m512i pair = _mm512_cvtepi8_epi16(avx512::Load2x16(wa + sc_at, wb + sc_at));
-      const __m512i sc[2] = {_mm512_srai_epi32(_mm512_slli_epi32(pair, 16), 16),
-                             _mm512_srai_epi32(pair, 16)};
-      const __m512i offset = _mm512_mullo_epi16(pair, _mm512_set1_epi16(-32));
-      for (int t = 0; t < T; ++t) {
-        isum[t] = _mm512_dpwssd_epi32(isum[t], offset, Broadcast4(xb[t] + kXBsums + 4 * p));
+      __m512i sc[2][2];
+      for (int i = 0; i < 2; ++i) {
+        const int p = 4 * H + J + 2 * i;
+        const int64_t sc_at = kQ6_Kx8ScalesAt + 16 * p;
+        const __m512i pair = _mm512_cvtepi8_epi16(avx512::Load2x16(wa + sc_at, wb + sc_at));
+        sc[i][0] = _mm512_srai_epi32(_mm512_slli_epi32(pair, 16), 16);
+        sc[i][1] = _mm512_srai_epi32(pair, 16);
+        const __m512i offset = _mm512_mullo_epi16(pair, _mm512_set1_epi16(-32));
+        for (int t = 0; t < T; ++t) {
+          isum[t] = _mm512_dpwssd_epi32(isum[t], offset, Broadcast4(xb[t] + kXBsums + 4 * p));
+        }
       }
-      const int64_t ql_at = kQ6_Kx8QlAt + 32 * (16 * H + 8 * (J % 2));
+      const int64_t ql_at = kQ6_Kx8QlAt + 32 * (16 * H + 8 * J);
       const int64_t qh_at = kQ6_Kx8QhAt + 32 * (8 * H);
       for (int s = 0; s < 2; ++s) {
-        __m512i q[4];
+        __m512i q[2][4];
         for (int c = 0; c < 4; ++c) {
           const int64_t at = 32 * (4 * s + c);
           const __m512i v = avx512::Load2x32(wa + ql_at + at, wb + ql_at + at);
-          const __m512i nib =
-              J < 2 ? _mm512_and_si512(v, low) : _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
           const __m512i qh = avx512::Load2x32(wa + qh_at + at, wb + qh_at + at);
-          q[c] = _mm512_or_si512(nib, HighBits<J>(qh));
+          q[0][c] = _mm512_or_si512(_mm512_and_si512(v, low), HighBits<J>(qh));
+          q[1][c] =
+              _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), low), HighBits<J + 2>(qh));
         }
         for (int t = 0; t < T; ++t) {
-          const uint8_t* xq = xb[t] + kXq + 128 * H + 32 * J + 16 * s;
-          __m512i sum = _mm512_setzero_si512();
-          for (int c = 0; c < 4; ++c) sum = _mm512_dpbusd_epi32(sum, q[c], Broadcast4(xq + 4 * c));
-          isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(sum, sc[s]));
+          for (int i = 0; i < 2; ++i) {
+            const uint8_t* xq = xb[t] + kXq + 128 * H + 32 * (J + 2 * i) + 16 * s;
+            __m512i sum = _mm512_setzero_si512();
+            for (int c = 0; c < 4; ++c) {
+              sum = _mm512_dpbusd_epi32(sum, q[i][c], Broadcast4(xq + 4 * c));
+            }
+            isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(sum, sc[i][s]));
+          }
         }
       }
     };
-    range.template operator()<0, 0>();
-    range.template operator()<0, 1>();
-    range.template operator()<0, 2>();
-    range.template operator()<0, 3>();
-    range.template operator()<1, 0>();
-    range.template operator()<1, 1>();
-    range.template operator()<1, 2>();
-    range.template operator()<1, 3>();
+    range_pair.template operator()<0, 0>();
+    range_pair.template operator()<0, 1>();
+    range_pair.template operator()<1, 0>();
+    range_pair.template operator()<1, 1>();
     const __m512 d = avx512::Halves2x8(wa + kQ6_Kx8DAt, wb + kQ6_Kx8DAt);
     for (int t = 0; t < T; ++t) {
       const __m512 xd = avx512::BroadcastF32(xb[t]);
