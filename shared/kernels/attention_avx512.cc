@@ -53,8 +53,8 @@ struct F16Row {
 
 // Four pairs (eight positions) at a time: four FMA chains, as avx2's four single positions.
 template <class L>
-void Scores(const float* q, const uint8_t* const* k_rows, int64_t n, int64_t head_dim,
-            float scale, float* scores) {
+void Scores(const float* q, const uint8_t* const* k_rows, int64_t n, int64_t head_dim, float scale,
+            float* scores) {
   constexpr int kPairs = 4;
   const int64_t full = head_dim / 8 * 8, rest = head_dim - full;
   alignas(32) float q_tail[8] = {};

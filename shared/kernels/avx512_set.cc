@@ -11,6 +11,7 @@ const KernelSet& Avx512Kernels() {
     KernelSet s = Avx2Kernels(CpuHasAvxVnni());
     s.name = "avx512";
     FillKQuantAvx512(s);
+    FillInterleavedAvx512(s);
     return s;
   }();
   return set;

@@ -196,6 +196,18 @@ const KernelSet& Avx512Kernels();
 // Overwrite the set's Q2_K..Q6_K and IQ4_XS row-layout slots with AVX-512 kernels
 // (kquant_avx512.cc).
 void FillKQuantAvx512(KernelSet& set);
+// The interleaved layouts' AVX-512 dot products (q4_0x8_avx512.cc, q4_kx8_avx512.cc,
+// q6_kx8_avx512.cc: the avx2 kernels' bits, two groups per zmm) and the slots they fill
+// (interleaved8_avx512.cc), with the AVX2 preparations.
+void DotQ4_0x8Avx512(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+                     int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
+void DotQ4_Kx8Avx512(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+                     int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
+void DotQ5_Kx8Avx512(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+                     int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
+void DotQ6_Kx8Avx512(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+                     int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
+void FillInterleavedAvx512(KernelSet& set);
 
 // f32 value of every fp16 bit pattern (256 KiB, built on first use). A lookup is cheaper than
 // the arithmetic conversion in portable code and than F16C's insert-convert-broadcast for a

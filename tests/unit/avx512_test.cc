@@ -228,5 +228,23 @@ TEST_F(Avx512Test, KQuantTokenTilesSameBitsAsAvx2) {
   }
 }
 
+// The interleaved layouts' tiles (two groups per zmm, up to 8 tokens): matrices of several L2
+// blocks of groups with an odd group left, token counts that end full and partial tiles.
+TEST_F(Avx512Test, InterleavedTilesSameBitsAsAvx2) {
+  std::mt19937 rng(9);
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K}) {
+    const int64_t rows = 8 * 61 + 5, cols = 2048;
+    Matrix m = MakeMatrix(type, rows, cols, rng);
+    for (int64_t n_tokens : {1, 8, 17, 30}) {
+      const std::vector<float> x = Normal(n_tokens * cols, rng);
+      for (int threads : {1, 2}) {
+        ExpectSameBits(Shape(type, rows, cols) + " tokens " + std::to_string(n_tokens) +
+                           " threads " + std::to_string(threads),
+                       [&] { return testing::MultiplyOnPool(m.packed, x, n_tokens, threads); });
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace thermocline

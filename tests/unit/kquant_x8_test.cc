@@ -295,9 +295,9 @@ TEST_P(KQuantX8KernelTest, GatherAndAxpyKeepTheRowLayout) {
 INSTANTIATE_TEST_SUITE_P(Families, KQuantX8KernelTest, ::testing::ValuesIn(testing::kKernelFamilies),
                          testing::KernelFamilyName);
 
-// Same operations in the same order (q4_kx8.cc / q4_kx8_avx2.cc, q6_kx8.cc / q6_kx8_avx2.cc):
-// the same bits, GEMV and GEMM.
-TEST(KQuantX8FamiliesTest, PortableAndAvx2AgreeBitForBit) {
+// Same operations in the same order (q4_kx8.cc / q4_kx8_avx2.cc / q4_kx8_avx512.cc, q6_kx8.cc /
+// q6_kx8_avx2.cc / q6_kx8_avx512.cc): the same bits, GEMV and GEMM.
+TEST(KQuantX8FamiliesTest, PortableAvx2AndAvx512AgreeBitForBit) {
   if (!matmul_internal::CpuHasAvx2()) GTEST_SKIP() << "no AVX2";
   const SimdLevel saved = ActiveKernelSimdLevel();
   const bool saved_vnni = ActiveKernelUsesVnni();
@@ -306,7 +306,7 @@ TEST(KQuantX8FamiliesTest, PortableAndAvx2AgreeBitForBit) {
       for (int64_t cols : kCols) {
         const KMatrix m =
             MakeMatrix(kt.type, rows, cols, static_cast<uint32_t>(3 * rows + cols));
-        for (int64_t n_tokens : {1, 5}) {
+        for (int64_t n_tokens : {1, 5, 11}) {
           const std::vector<float> x = Activations(n_tokens * cols, 11);
           ASSERT_TRUE(SetSimdLevelForTesting(SimdLevel::kPortable));
           const std::vector<float> portable = testing::MultiplyOnPool(m.packed, x, n_tokens, 2);
@@ -314,6 +314,11 @@ TEST(KQuantX8FamiliesTest, PortableAndAvx2AgreeBitForBit) {
           const std::vector<float> avx2 = testing::MultiplyOnPool(m.packed, x, n_tokens, 2);
           EXPECT_TRUE(testing::SameBits(portable, avx2))
               << Shape(kt, rows, cols) << " tokens " << n_tokens;
+          if (SetSimdLevelForTesting(SimdLevel::kAvx512)) {
+            const std::vector<float> avx512 = testing::MultiplyOnPool(m.packed, x, n_tokens, 2);
+            EXPECT_TRUE(testing::SameBits(avx2, avx512))
+                << Shape(kt, rows, cols) << " tokens " << n_tokens << " avx512";
+          }
         }
       }
     }

@@ -206,8 +206,9 @@ TEST_P(Q4_0x8KernelTest, GatherAndAxpyKeepTheRowLayout) {
 INSTANTIATE_TEST_SUITE_P(Families, Q4_0x8KernelTest, ::testing::ValuesIn(testing::kKernelFamilies),
                          testing::KernelFamilyName);
 
-// Same operations in the same order (q4_0x8.cc, q4_0x8_avx2.cc): the same bits.
-TEST(Q4_0x8FamiliesTest, PortableAndAvx2AgreeBitForBit) {
+// Same operations in the same order (q4_0x8.cc, q4_0x8_avx2.cc, q4_0x8_avx512.cc): the same
+// bits.
+TEST(Q4_0x8FamiliesTest, PortableAvx2AndAvx512AgreeBitForBit) {
   if (!matmul_internal::CpuHasAvx2()) GTEST_SKIP() << "no AVX2";
   const SimdLevel saved = ActiveKernelSimdLevel();
   const bool saved_vnni = ActiveKernelUsesVnni();
@@ -220,6 +221,10 @@ TEST(Q4_0x8FamiliesTest, PortableAndAvx2AgreeBitForBit) {
       ASSERT_TRUE(SetSimdLevelForTesting(SimdLevel::kAvx2));
       const std::vector<float> avx2 = testing::MultiplyOnPool(m.packed, x, 5, 2);
       EXPECT_TRUE(testing::SameBits(portable, avx2)) << rows << "x" << cols;
+      if (SetSimdLevelForTesting(SimdLevel::kAvx512)) {
+        const std::vector<float> avx512 = testing::MultiplyOnPool(m.packed, x, 5, 2);
+        EXPECT_TRUE(testing::SameBits(avx2, avx512)) << rows << "x" << cols << " avx512";
+      }
     }
   }
   SetSimdLevelForTesting(saved, saved_vnni);

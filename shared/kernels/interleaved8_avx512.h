@@ -1,0 +1,117 @@
+// What the AVX-512 kernels of the 8-row interleaved layouts (q4_0x8_avx512.cc, q4_kx8_avx512.cc,
+// q6_kx8_avx512.cc) share: a zmm holds two groups side by side (the low half one group's 8 row
+// lanes, the high half another's), so every lane sees the operations the AVX2 kernel gives its
+// row and the results are the avx2 family's bits. Include only from *_avx512.cc files.
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "shared/kernels/matmul_kernels.h"
+
+namespace thermocline::matmul_internal::avx512 {
+
+inline constexpr int64_t kGroupRows = 8;  // every interleaved layout's rows per group
+
+// 32 bytes at a in the low half, 32 bytes at b in the high half.
+inline __m512i Load2x32(const uint8_t* a, const uint8_t* b) {
+  const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo),
+                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)), 1);
+}
+
+// 16 bytes at a in the low half, 16 bytes at b in the high half.
+inline __m256i Load2x16(const uint8_t* a, const uint8_t* b) {
+  const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a));
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(lo),
+                                 _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1);
+}
+
+// The 8 fp16 values at a (low half) and at b (high half) as f32.
+inline __m512 Halves2x8(const uint8_t* a, const uint8_t* b) {
+  return _mm512_cvtph_ps(Load2x16(a, b));
+}
+
+// 4 bytes at p in every 32-bit lane (a load, no shuffle).
+inline __m512i Broadcast4(const uint8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+// The f32 at p in every lane.
+inline __m512 BroadcastF32(const uint8_t* p) {
+  float v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_ps(v);
+}
+
+// The lines of [a + ahead, a + ahead + bytes) and the same of b (unless b is a) into L2: each
+// group is a sequential stream that the hardware prefetcher alone does not keep far enough ahead
+// at one thread (the AVX2 kernels' measurements). Past the matrix it is a harmless hint.
+inline void PrefetchPair(const uint8_t* a, const uint8_t* b, int64_t ahead, int64_t bytes) {
+  for (int64_t at = ahead; at < ahead + bytes; at += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(a + at), _MM_HINT_T1);
+    if (b != a) _mm_prefetch(reinterpret_cast<const char*>(b + at), _MM_HINT_T1);
+  }
+}
+
+// acc[t]'s low half to ya + t * y_stride, its high half to yb + t * y_stride (none if yb is
+// nullptr).
+template <int T>
+inline void StoreTile(const __m512 (&acc)[T], float* ya, float* yb, int64_t y_stride) {
+  for (int t = 0; t < T; ++t) {
+    _mm512_mask_storeu_ps(ya + t * y_stride, 0x00FF, acc[t]);  // the low 8 lanes
+    if (yb != nullptr) _mm256_storeu_ps(yb + t * y_stride, _mm512_extractf32x8_ps(acc[t], 1));
+  }
+}
+
+// A tile of two groups: group a's results go to ya, b's to yb (y[t * y_stride + i] for its
+// rows i), for n_tokens tokens from x. A group alone is passed as b == a with yb == nullptr:
+// the high half repeats the low half's work and is not stored.
+using PairFn = void (*)(const uint8_t* a, const uint8_t* b, int64_t n_blocks, const uint8_t* x,
+                        int64_t x_stride, float* ya, float* yb, int64_t y_stride);
+
+// Runs tiles[nt - 1] over every group of an interleaved product, two groups per tile. With one
+// token tile (decode) group g goes with group g + n_groups / 2, two sequential streams half the
+// range apart as in q4_0x8_avx2.cc; with more, neighbouring groups pair up and the pairs walk
+// ForEachGroupTile's L2 blocks. Which groups share a tile changes no group's arithmetic.
+template <int T>
+inline void ForEachGroupPair(const PairFn (&tiles)[T], const RowSource& groups, int64_t n_groups,
+                             int64_t n_blocks, const uint8_t* x, int64_t x_stride, int64_t n_tokens,
+                             float* y, int64_t y_stride) {
+  const int64_t gb = groups.row_bytes;
+  auto group = [&](int64_t g) { return groups.base + g * gb; };
+  auto out = [&](int64_t g, int64_t t0) { return y + t0 * y_stride + g * kGroupRows; };
+  if (n_tokens <= T) {
+    const int nt = static_cast<int>(n_tokens);
+    const int64_t half = n_groups / 2;
+    for (int64_t g = 0; g < half; ++g) {
+      tiles[nt - 1](group(g), group(g + half), n_blocks, x, x_stride, out(g, 0), out(g + half, 0),
+                    y_stride);
+    }
+    if (n_groups % 2 != 0) {
+      const int64_t g = n_groups - 1;
+      tiles[nt - 1](group(g), group(g), n_blocks, x, x_stride, out(g, 0), nullptr, y_stride);
+    }
+    return;
+  }
+  const RowSource pairs{groups.base, 2 * gb, nullptr};
+  ForEachGroupTile<T>(pairs, n_groups / 2, n_tokens, [&](int64_t p, int64_t t0, int nt) {
+    tiles[nt - 1](group(2 * p), group(2 * p + 1), n_blocks, x + t0 * x_stride, x_stride,
+                  out(2 * p, t0), out(2 * p + 1, t0), y_stride);
+  });
+  if (n_groups % 2 != 0) {
+    const int64_t g = n_groups - 1;
+    for (int64_t t0 = 0; t0 < n_tokens; t0 += T) {
+      const int nt = static_cast<int>(std::min<int64_t>(T, n_tokens - t0));
+      tiles[nt - 1](group(g), group(g), n_blocks, x + t0 * x_stride, x_stride, out(g, t0), nullptr,
+                    y_stride);
+    }
+  }
+}
+
+}  // namespace thermocline::matmul_internal::avx512
