@@ -10,6 +10,7 @@ const KernelSet& Avx512Kernels() {
     // the slots it has kernels for.
     KernelSet s = Avx2Kernels(CpuHasAvxVnni());
     s.name = "avx512";
+    FillRowAvx512(s);
     return s;
   }();
   return set;

@@ -192,6 +192,9 @@ bool CpuHasAvxVnni();
 // Only valid where CpuSimdLevel() is kAvx512 (avx512_set.cc assembles it from the
 // *_avx512.cc files, each of which fills the slots it has kernels for).
 const KernelSet& Avx512Kernels();
+// Overwrite the avx512 set's slots of F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL
+// (and its quantize_q8_0) with matmul_avx512.cc's kernels.
+void FillRowAvx512(KernelSet& set);
 
 // f32 value of every fp16 bit pattern (256 KiB, built on first use). A lookup is cheaper than
 // the arithmetic conversion in portable code and than F16C's insert-convert-broadcast for a
