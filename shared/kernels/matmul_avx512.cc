@@ -82,10 +82,12 @@ inline __mmask16 FirstN16(int64_t n) { return static_cast<__mmask16>((1u << n) -
 
 struct F32Load {
   static constexpr int kBytes = 4;
-  // Columns c..c+7 of rows a and b (the first n of them where n < 8, the rest zero).
+  // Pair: 8 columns of row a in the low half, of row b in the high one; PairPartial the columns
+  // in mask m, zero elsewhere (a ragged end); Row: 16 columns of one row, zero outside m.
   static __m512 Pair(const uint8_t* a, const uint8_t* b) {
-    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(reinterpret_cast<const float*>(a))),
-                              _mm256_loadu_ps(reinterpret_cast<const float*>(b)), 1);
+    return _mm512_insertf32x8(
+        _mm512_castps256_ps512(_mm256_loadu_ps(reinterpret_cast<const float*>(a))),
+        _mm256_loadu_ps(reinterpret_cast<const float*>(b)), 1);
   }
   static __m512 PairPartial(const uint8_t* a, const uint8_t* b, __mmask8 m) {
     return _mm512_insertf32x8(
@@ -99,11 +101,12 @@ struct F32Load {
 struct F16Load {
   static constexpr int kBytes = 2;
   static __m512 Pair(const uint8_t* a, const uint8_t* b) {
-    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(Load16(a)), Load16(b), 1));
+    return _mm512_cvtph_ps(
+        _mm256_inserti128_si256(_mm256_castsi128_si256(Load16(a)), Load16(b), 1));
   }
   static __m512 PairPartial(const uint8_t* a, const uint8_t* b, __mmask8 m) {
-    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_maskz_loadu_epi16(m, a)),
-                                                   _mm_maskz_loadu_epi16(m, b), 1));
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_maskz_loadu_epi16(m, a)), _mm_maskz_loadu_epi16(m, b), 1));
   }
   static __m512 Row(const uint8_t* p, __mmask16 m) {
     return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
@@ -193,7 +196,8 @@ struct FloatKernel {
     for (int r = 0; r < R; ++r) cv[r] = _mm512_set1_ps(coeffs[r]);
     auto step = [&](int64_t c, __mmask16 m) {
       __m512 yv = _mm512_maskz_loadu_ps(m, y + c);
-      for (int r = 0; r < R; ++r) yv = _mm512_fmadd_ps(cv[r], L::Row(rows[r] + c * L::kBytes, m), yv);
+      for (int r = 0; r < R; ++r)
+        yv = _mm512_fmadd_ps(cv[r], L::Row(rows[r] + c * L::kBytes, m), yv);
       _mm512_mask_storeu_ps(y + c, m, yv);
     };
     int64_t c = 0;
@@ -254,7 +258,8 @@ inline __m512i PairBroadcast16(const uint8_t* a, const uint8_t* b) {
 // Nibbles of 16 bytes as 32 values in element order (low nibbles 0..15, high 16..31), row a's in
 // the low half, row b's in the high half.
 inline __m512i NibblesPair(const uint8_t* a, const uint8_t* b) {
-  const __m512i shifted = _mm512_srlv_epi64(PairBroadcast16(a, b), _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0));
+  const __m512i shifted =
+      _mm512_srlv_epi64(PairBroadcast16(a, b), _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0));
   return _mm512_and_si512(shifted, _mm512_set1_epi8(0x0F));
 }
 // The nibbles left in place: low ones in the first 16 bytes of each half, high ones (16 x their
@@ -323,7 +328,9 @@ struct Q4_1Unsigned {
   static constexpr int kOffset = 0;
   static constexpr int kHighScale = 16;
   static constexpr bool kHasMin = true;
-  static __m512i Load(const uint8_t* a, const uint8_t* b) { return MaskedNibblesPair(a + 4, b + 4); }
+  static __m512i Load(const uint8_t* a, const uint8_t* b) {
+    return MaskedNibblesPair(a + 4, b + 4);
+  }
 };
 struct Q5_1Unsigned {
   static constexpr int64_t kBytes = 24;
@@ -341,9 +348,9 @@ struct Iq4nlOffset {
   static constexpr int kHighScale = 1;
   static constexpr bool kHasMin = false;
   static __m512i Load(const uint8_t* a, const uint8_t* b) {
-    const __m512i table =
-        _mm512_xor_si512(_mm512_broadcast_i32x4(Load16(reinterpret_cast<const uint8_t*>(kIq4nlValues))),
-                         _mm512_set1_epi8(static_cast<char>(0x80)));
+    const __m512i table = _mm512_xor_si512(
+        _mm512_broadcast_i32x4(Load16(reinterpret_cast<const uint8_t*>(kIq4nlValues))),
+        _mm512_set1_epi8(static_cast<char>(0x80)));
     return _mm512_shuffle_epi8(table, NibblesPair(a + kQsOffset, b + kQsOffset));
   }
 };
@@ -379,9 +386,11 @@ struct QuantKernel {
         const uint8_t* xt = xb + t * x_stride + b * kPreparedBytes<L>;
         xq[t] = _mm512_broadcast_i64x4(Load32(xt));
         xbias[t] = _mm512_broadcast_i64x4(Load32(xt + kBiasAt));
-        xd[t] = _mm512_broadcast_f32x8(_mm256_loadu_ps(reinterpret_cast<const float*>(xt + kScaleAt)));
+        xd[t] =
+            _mm512_broadcast_f32x8(_mm256_loadu_ps(reinterpret_cast<const float*>(xt + kScaleAt)));
         if constexpr (L::kHasMin) {
-          xs[t] = _mm512_broadcast_f32x8(_mm256_loadu_ps(reinterpret_cast<const float*>(xt + kSumAt)));
+          xs[t] =
+              _mm512_broadcast_f32x8(_mm256_loadu_ps(reinterpret_cast<const float*>(xt + kSumAt)));
         }
       }
       if (next != nullptr && b % kBlocksPerPrefetch == 0) {
