@@ -24,14 +24,12 @@
 
 #include "shared/gguf/quant.h"
 #include "shared/kernels/matmul_kernels.h"
+#include "shared/kernels/q8_input.h"
+#include "shared/kernels/row_drivers.h"
 #include "shared/util/fp16.h"
 
 namespace thermocline::matmul_internal {
 namespace {
-
-// rows: the tile's weight rows; next: rows to prefetch meanwhile, or nullptr (see ForEachTile).
-using TileFn = void (*)(const uint8_t* const* rows, const uint8_t* const* next, int64_t cols,
-                        const uint8_t* x, int64_t x_stride, float* y, int64_t y_stride);
 
 // To L2: a tile ahead can be more than L1 holds.
 inline void Prefetch(const uint8_t* p) {
@@ -136,23 +134,6 @@ struct FloatKernel {
   static constexpr int kRows = 8;
   static constexpr int kTokens = 6;
 
-  // As AVX2's StepColumns: step(c) for c = 0, 8, 16, ... while c + 8 <= cols, one prefetch per
-  // cache line of each of the next tile's R rows when `next` is set; returns the first column
-  // left over.
-  template <int R, typename Step>
-  static int64_t StepColumns(const uint8_t* const* next, int64_t cols, Step&& step) {
-    int64_t c = 0;
-    if (next != nullptr) {
-      constexpr int64_t kLineCols = 64 / L::kBytes;
-      for (; c + kLineCols <= cols; c += kLineCols) {
-        for (int r = 0; r < R; ++r) Prefetch(next[r] + c * L::kBytes);
-        for (int64_t k = 0; k < kLineCols; k += 8) step(c + k);
-      }
-    }
-    for (; c + 8 <= cols; c += 8) step(c);
-    return c;
-  }
-
   template <int R, int T>
   static void Tile(const uint8_t* const* rows, const uint8_t* const* next, int64_t cols,
                    const uint8_t* xb, int64_t x_stride, float* y, int64_t y_stride) {
@@ -174,7 +155,7 @@ struct FloatKernel {
         for (int t = 0; t < T; ++t) acc[p][t] = _mm512_fmadd_ps(w, xv[t], acc[p][t]);
       }
     };
-    const int64_t c = StepColumns<R>(next, cols, step);
+    const int64_t c = StepColumns<L::kBytes, 8, R>(next, cols, step);
     if (c < cols) {
       // Zero past the end, as AVX2's zero-padded copies: the same fma(0, 0, acc) in those lanes.
       const __mmask8 m = static_cast<__mmask8>((1u << (cols - c)) - 1);
@@ -201,15 +182,8 @@ struct FloatKernel {
         yv = _mm512_fmadd_ps(cv[r], L::Row(rows[r] + c * L::kBytes, m), yv);
       _mm512_mask_storeu_ps(y + c, m, yv);
     };
-    int64_t c = 0;
-    if (next != nullptr) {
-      constexpr int64_t kLineCols = 64 / L::kBytes;
-      for (; c + kLineCols <= cols; c += kLineCols) {
-        for (int r = 0; r < R; ++r) Prefetch(next[r] + c * L::kBytes);
-        for (int64_t k = 0; k < kLineCols; k += 16) step(c + k, 0xFFFF);
-      }
-    }
-    for (; c + 16 <= cols; c += 16) step(c, 0xFFFF);
+    const int64_t c =
+        StepColumns<L::kBytes, 16, R>(next, cols, [&](int64_t at) { step(at, 0xFFFF); });
     if (c < cols) step(c, FirstN16(cols - c));
   }
 
@@ -234,15 +208,8 @@ struct FloatKernel {
 
 constexpr int64_t kQsOffset = 2;  // the block types with one fp16 scale start with it
 
-// Prepared activations, per token and block: 32 quantized values, the int32 lane bias, the
-// per-lane f32 activation scale and, for loaders with kHasMin (q4_1, q5_1), 8 f32 lanes holding
-// Q8_1's s = fp16(d * sum q) in lane 0 and zeros. (AVX2's layout; each is broadcast to both
-// halves of a zmm as it is read.)
-constexpr int64_t kBiasAt = 32;
-constexpr int64_t kScaleAt = 64;
-constexpr int64_t kSumAt = 96;
-template <class L>
-constexpr int64_t kPreparedBytes = L::kHasMin ? 128 : 96;
+// The activations: AVX2's prepared layout (q8_input.h), each part broadcast to both halves of a
+// zmm as it is read.
 
 // Lanes 0..7: the f32 of the fp16 at a; 8..15: that at b.
 inline __m512 PairScale(const float* half, const uint8_t* a, const uint8_t* b) {
@@ -282,21 +249,7 @@ inline __m512i AddHighBitsPair(__m512i q, const uint8_t* a, const uint8_t* b) {
 // add to the signed value, kHighScale what multiplies elements 16..31 (as AVX2's loaders).
 // Widen (q8_0, q4_0: the types whose axpy runs on the integers, as AVX2's) gives the signed
 // values as int32, elements 0..15 in out[0], 16..31 in out[1].
-struct Q4Masked {
-  static constexpr int64_t kBytes = sizeof(BlockQ4_0);
-  static constexpr int kOffset = 8;
-  static constexpr int kHighScale = 16;
-  static constexpr bool kHasMin = false;
-  static __m512i Load(const uint8_t* a, const uint8_t* b) {
-    return MaskedNibblesPair(a + kQsOffset, b + kQsOffset);
-  }
-  static void Widen(const uint8_t* b, __m512i out[2]) {
-    const __m512i bytes = _mm512_cvtepu8_epi32(Load16(b + kQsOffset));
-    const __m512i offset = _mm512_set1_epi32(kOffset);
-    out[0] = _mm512_sub_epi32(_mm512_and_si512(bytes, _mm512_set1_epi32(0x0F)), offset);
-    out[1] = _mm512_sub_epi32(_mm512_srli_epi32(bytes, 4), offset);
-  }
-};
+//
 // Q8_0 + 128 as unsigned bytes.
 struct Q8Offset {
   static constexpr int64_t kBytes = sizeof(BlockQ8_0);
@@ -313,33 +266,32 @@ struct Q8Offset {
     out[1] = _mm512_cvtepi8_epi32(Load16(b + kQsOffset + 16));
   }
 };
-// Q5_0: the five-bit value 0..31 (bit 4 from qh), offset 16.
-struct Q5_0Unsigned {
-  static constexpr int64_t kBytes = 22;
-  static constexpr int kOffset = 16;
-  static constexpr int kHighScale = 1;
-  static constexpr bool kHasMin = false;
+// q4_0, q4_1, q5_0, q5_1 ([d, (m), (qh), qs[16]]): the nibbles as stored; the four-bit types
+// keep their high nibbles in place (16 x their value, kHighScale), the five-bit ones move them
+// down and add bit 4 from qh. q4_0 is offset 8, q5_0 16, the types with a min m (x = d * q + m,
+// m * s_x from the prepared input) take q unsigned as stored.
+template <bool kMin, bool kHigh>
+struct LegacyLoad {
+  static constexpr int64_t kQhAt = kMin ? 4 : 2;
+  static constexpr int64_t kQsAt = kQhAt + (kHigh ? 4 : 0);
+  static constexpr int64_t kBytes = kQsAt + 16;
+  static constexpr int kOffset = kMin ? 0 : (kHigh ? 16 : 8);
+  static constexpr int kHighScale = kHigh ? 1 : 16;
+  static constexpr bool kHasMin = kMin;
   static __m512i Load(const uint8_t* a, const uint8_t* b) {
-    return AddHighBitsPair(NibblesPair(a + 6, b + 6), a + 2, b + 2);
+    if constexpr (kHigh) {
+      return AddHighBitsPair(NibblesPair(a + kQsAt, b + kQsAt), a + kQhAt, b + kQhAt);
+    } else {
+      return MaskedNibblesPair(a + kQsAt, b + kQsAt);
+    }
   }
-};
-// Q4_1 / Q5_1 (x = d * q + m): q unsigned as stored, no offset; m * s_x from the prepared input.
-struct Q4_1Unsigned {
-  static constexpr int64_t kBytes = 20;
-  static constexpr int kOffset = 0;
-  static constexpr int kHighScale = 16;
-  static constexpr bool kHasMin = true;
-  static __m512i Load(const uint8_t* a, const uint8_t* b) {
-    return MaskedNibblesPair(a + 4, b + 4);
-  }
-};
-struct Q5_1Unsigned {
-  static constexpr int64_t kBytes = 24;
-  static constexpr int kOffset = 0;
-  static constexpr int kHighScale = 1;
-  static constexpr bool kHasMin = true;
-  static __m512i Load(const uint8_t* a, const uint8_t* b) {
-    return AddHighBitsPair(NibblesPair(a + 8, b + 8), a + 4, b + 4);
+  // q4_0's (the only one whose axpy runs on the integers).
+  static void Widen(const uint8_t* b, __m512i out[2]) {
+    static_assert(!kMin && !kHigh);
+    const __m512i bytes = _mm512_cvtepu8_epi32(Load16(b + kQsAt));
+    const __m512i offset = _mm512_set1_epi32(kOffset);
+    out[0] = _mm512_sub_epi32(_mm512_and_si512(bytes, _mm512_set1_epi32(0x0F)), offset);
+    out[1] = _mm512_sub_epi32(_mm512_srli_epi32(bytes, 4), offset);
   }
 };
 // IQ4_NL: the table values + 128 (|v| <= 127), looked up in a table offset in advance.
@@ -477,7 +429,8 @@ inline __m512 I8ToFloat(__m128i v) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_ep
 // q4_1, q5_0, q5_1: x = d * q + m, or d * (q - 16) for q5_0.
 template <bool kHasMin, bool kHasHigh>
 struct LegacyDecode {
-  static constexpr int64_t kBytes = 2 + (kHasMin ? 2 : 0) + (kHasHigh ? 4 : 0) + 16;
+  using Layout = LegacyLoad<kHasMin, kHasHigh>;
+  static constexpr int64_t kBytes = Layout::kBytes;
   static void Decode(const uint8_t* b, __m512 out[2]) {
     const float* half = HalfToFloatTable();
     uint16_t h;
@@ -488,11 +441,10 @@ struct LegacyDecode {
       std::memcpy(&h, b + 2, 2);
       m = _mm512_set1_ps(half[h]);
     }
-    const int64_t qh_at = kHasMin ? 4 : 2;
-    __m256i q = Nibbles32(b + qh_at + (kHasHigh ? 4 : 0));
+    __m256i q = Nibbles32(b + Layout::kQsAt);
     if (kHasHigh) {
       uint32_t qh;
-      std::memcpy(&qh, b + qh_at, 4);
+      std::memcpy(&qh, b + Layout::kQhAt, 4);
       q = _mm256_mask_add_epi8(q, _cvtu32_mask32(qh), q, _mm256_set1_epi8(0x10));
     }
     if (!kHasMin) q = _mm256_sub_epi8(q, _mm256_set1_epi8(kHasHigh ? 16 : 8));
@@ -556,57 +508,6 @@ struct BlockKernel {
   }
 };
 
-// ---- Drivers. ----
-
-template <class K, int kMaxR, int kMaxT, size_t... I>
-constexpr std::array<TileFn, sizeof...(I)> MakeTileTable(std::index_sequence<I...>) {
-  return {&K::template Tile<static_cast<int>(I) / kMaxT + 1, static_cast<int>(I) % kMaxT + 1>...};
-}
-
-template <class K, int kMaxR, int kMaxT>
-void RunTiles(const RowSource& rows, int64_t n_rows, int64_t cols, const uint8_t* x,
-              int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
-  static constexpr auto kTable =
-      MakeTileTable<K, kMaxR, kMaxT>(std::make_index_sequence<kMaxR * kMaxT>());
-  ForEachTile<kMaxR, kMaxT>(rows, n_rows, n_tokens, y, y_stride,
-                            [&](const uint8_t* const* w, const uint8_t* const* next, int nr, int nt,
-                                int64_t t0, float* yt, int64_t yt_stride) {
-                              kTable[(nr - 1) * kMaxT + (nt - 1)](w, next, cols, x + t0 * x_stride,
-                                                                  x_stride, yt, yt_stride);
-                            });
-}
-
-template <class K>
-void DotRows(const RowSource& rows, int64_t n_rows, int64_t cols, const uint8_t* x,
-             int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
-  if (n_tokens == 1) {
-    RunTiles<K, K::kGemvRows, 1>(rows, n_rows, cols, x, x_stride, 1, y, y_stride);
-  } else {
-    RunTiles<K, K::kRows, K::kTokens>(rows, n_rows, cols, x, x_stride, n_tokens, y, y_stride);
-  }
-}
-
-template <class K>
-void AxpyRows(const RowSource& rows, const float* coeffs, int64_t n_rows, int64_t cols, float* y) {
-  // Four rows per pass over y, the next four (scattered, for the sparse FFN) prefetched
-  // meanwhile; the grouping does not change any element's sequence of operations.
-  constexpr int kR = 4;
-  int64_t i = 0;
-  for (; i + kR <= n_rows; i += kR) {
-    const uint8_t* w[kR];
-    const uint8_t* next[kR];
-    for (int k = 0; k < kR; ++k) {
-      w[k] = rows.row(i + k);
-      next[k] = rows.row(std::min(i + kR + k, n_rows - 1));
-    }
-    K::template AxpyTile<kR>(w, i + kR < n_rows ? next : nullptr, coeffs + i, cols, y);
-  }
-  for (; i < n_rows; ++i) {
-    const uint8_t* w[1] = {rows.row(i)};
-    K::template AxpyTile<1>(w, nullptr, coeffs + i, cols, y);
-  }
-}
-
 // ---- Activations: ggml's quantize_row_q8_0_ref, 16 values per zmm. ----
 
 // roundf semantics (ties away from zero); p - trunc(p) is exact for |p| < 2^23.
@@ -645,40 +546,6 @@ void QuantizeQ8_0(const float* x, uint8_t* blocks, int64_t n) {
   }
 }
 
-template <class L>
-int64_t InputBytes(int64_t cols) {
-  return cols / kQK * kPreparedBytes<L>;
-}
-
-template <class L>
-void PrepareFor(const float* x, int64_t cols, uint8_t* out) {
-  // Lane scales: the fp16-rounded activation scale, divided by kHighScale in the upper lanes
-  // (exact: a power of two), and the bias that removes the weight offset, times kHighScale there.
-  const __m256i bias_factor = _mm256_setr_epi32(
-      -L::kOffset, -L::kOffset, -L::kOffset, -L::kOffset, -L::kOffset * L::kHighScale,
-      -L::kOffset * L::kHighScale, -L::kOffset * L::kHighScale, -L::kOffset * L::kHighScale);
-  const float inv_high = 1.0f / L::kHighScale;
-  const __m256 d_factor = _mm256_setr_ps(1, 1, 1, 1, inv_high, inv_high, inv_high, inv_high);
-  for (int64_t b = 0; b < cols / kQK; ++b) {
-    uint8_t* blk = out + b * kPreparedBytes<L>;
-    uint16_t dh;
-    float d32;
-    const __m256i q = QuantizeBlock(x + b * kQK, &dh, &d32);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(blk), q);
-    const __m256i lane_sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), q);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(blk + kBiasAt),
-                        _mm256_mullo_epi32(lane_sums, bias_factor));
-    _mm256_storeu_ps(reinterpret_cast<float*>(blk + kScaleAt),
-                     _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(dh)), d_factor));
-    if constexpr (L::kHasMin) {
-      const int32_t sum = _mm512_reduce_add_epi32(_mm512_castsi256_si512(lane_sums));
-      const float s = _cvtsh_ss(Fp32ToFp16(static_cast<float>(sum) * d32));
-      _mm256_storeu_ps(reinterpret_cast<float*>(blk + kSumAt),
-                       _mm256_setr_ps(s, 0, 0, 0, 0, 0, 0, 0));
-    }
-  }
-}
-
 template <class K>
 constexpr TypeKernels Float() {
   return {&DotRows<K>, &AxpyRows<K>, &K::Dequantize};
@@ -686,14 +553,14 @@ constexpr TypeKernels Float() {
 template <class K>
 constexpr TypeKernels Q8Input() {
   return {&DotRows<K>, &AxpyRows<K>, &K::Dequantize, &InputBytes<typename K::Loader>,
-          &PrepareFor<typename K::Loader>};
+          &PrepareFor<typename K::Loader, &QuantizeBlock>};
 }
 // Dot through the integer kernel, axpy and dequantize through the f32 decode.
 template <class K, class D>
 constexpr TypeKernels Q8InputDecoded() {
   using F = BlockKernel<D>;
   return {&DotRows<K>, &AxpyRows<F>, &F::Dequantize, &InputBytes<typename K::Loader>,
-          &PrepareFor<typename K::Loader>};
+          &PrepareFor<typename K::Loader, &QuantizeBlock>};
 }
 
 }  // namespace
@@ -705,10 +572,12 @@ void FillRowAvx512(KernelSet& set) {
   slot(T::kF16) = Float<FloatKernel<F16Load>>();
   slot(T::kBF16) = Float<FloatKernel<Bf16Load>>();
   slot(T::kQ8_0) = Q8Input<QuantKernel<Q8Offset>>();
-  slot(T::kQ4_0) = Q8Input<QuantKernel<Q4Masked>>();
-  slot(T::kQ4_1) = Q8InputDecoded<QuantKernel<Q4_1Unsigned>, LegacyDecode<true, false>>();
-  slot(T::kQ5_0) = Q8InputDecoded<QuantKernel<Q5_0Unsigned>, LegacyDecode<false, true>>();
-  slot(T::kQ5_1) = Q8InputDecoded<QuantKernel<Q5_1Unsigned>, LegacyDecode<true, true>>();
+  slot(T::kQ4_0) = Q8Input<QuantKernel<LegacyLoad<false, false>>>();
+  slot(T::kQ4_1) =
+      Q8InputDecoded<QuantKernel<LegacyLoad<true, false>>, LegacyDecode<true, false>>();
+  slot(T::kQ5_0) =
+      Q8InputDecoded<QuantKernel<LegacyLoad<false, true>>, LegacyDecode<false, true>>();
+  slot(T::kQ5_1) = Q8InputDecoded<QuantKernel<LegacyLoad<true, true>>, LegacyDecode<true, true>>();
   slot(T::kIQ4_NL) = Q8InputDecoded<QuantKernel<Iq4nlOffset>, Iq4nlDecode>();
   set.quantize_q8_0 = &QuantizeQ8_0;
 }
