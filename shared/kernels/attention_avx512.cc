@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "shared/kernels/attention_kernels.h"
-#include "shared/kernels/simd_avx2.h"
+#include "shared/kernels/simd_avx512.h"
 
 namespace thermocline::attention_internal {
 namespace {
@@ -88,10 +88,10 @@ void Scores(const float* q, const uint8_t* const* k_rows, int64_t n, int64_t hea
       }
     }
     for (int p = 0; p < pairs; ++p) {
-      scores[j0 + 2 * p] = simd::HorizontalSum(_mm512_castps512_ps256(acc[p])) * scale;
-      if (2 * p + 1 < np) {
-        scores[j0 + 2 * p + 1] = simd::HorizontalSum(_mm512_extractf32x8_ps(acc[p], 1)) * scale;
-      }
+      float lo, hi;
+      simd::HalfSums(acc[p], &lo, &hi);
+      scores[j0 + 2 * p] = lo * scale;
+      if (2 * p + 1 < np) scores[j0 + 2 * p + 1] = hi * scale;
     }
   }
 }

@@ -12,6 +12,7 @@ const KernelSet& Avx512Kernels() {
     s.name = "avx512";
     FillKQuantAvx512(s);
     FillInterleavedAvx512(s);
+    FillRowAvx512(s);
     return s;
   }();
   return set;

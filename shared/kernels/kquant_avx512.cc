@@ -25,6 +25,7 @@
 
 #include "shared/gguf/quant.h"
 #include "shared/kernels/matmul_kernels.h"
+#include "shared/kernels/simd_avx512.h"
 
 namespace thermocline::matmul_internal {
 namespace {
@@ -74,15 +75,7 @@ inline __m512i OrMasked(__m512i a, __m512i b, __m512i c) {
   return _mm512_ternarylogic_epi32(a, b, c, 0xF8);
 }
 
-// AVX2's HorizontalSum (halves of 128, then movehl, then movehdup) of both 256-bit halves at
-// once: the same additions of the same lanes.
-inline void HalfSums(__m512 v, float* a, float* b) {
-  __m512 s = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(2, 3, 0, 1)));
-  s = _mm512_add_ps(s, _mm512_shuffle_ps(s, s, _MM_SHUFFLE(3, 2, 3, 2)));
-  s = _mm512_add_ps(s, _mm512_movehdup_ps(s));
-  *a = _mm512_cvtss_f32(s);
-  *b = _mm_cvtss_f32(_mm512_extractf32x4_ps(s, 2));
-}
+using simd::HalfSums;
 
 // ---- Dot products: the int32 lanes of I for two rows and T tokens. ----
 //

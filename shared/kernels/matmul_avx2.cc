@@ -14,7 +14,10 @@
 #include <utility>
 
 #include "shared/gguf/quant.h"
+#include "shared/kernels/column_steps.h"
 #include "shared/kernels/matmul_kernels.h"
+#include "shared/kernels/q8_input.h"
+#include "shared/kernels/simd_avx2.h"
 #include "shared/util/fp16.h"
 
 namespace thermocline::matmul_internal {
@@ -25,12 +28,7 @@ inline void Prefetch(const uint8_t* p) {
   _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1);
 }
 
-inline float HorizontalSum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+using simd::HorizontalSum;
 
 inline float LoadScale(const uint8_t* block) {
   uint16_t h;
@@ -69,23 +67,6 @@ struct FloatKernel {
   static constexpr int kRows = 4;
   static constexpr int kTokens = 3;
 
-  // Calls step(c) for c = 0, 8, 16, ... while c + 8 <= cols and returns the first column left
-  // over. With `next` set it also prefetches the next tile's R rows, one prefetch per cache line
-  // of each row; the steps themselves are unchanged, so prefetching never alters the arithmetic.
-  template <int R, typename Step>
-  static int64_t StepColumns(const uint8_t* const* next, int64_t cols, Step&& step) {
-    int64_t c = 0;
-    if (next != nullptr) {
-      constexpr int64_t kLineCols = 64 / L::kBytes;
-      for (; c + kLineCols <= cols; c += kLineCols) {
-        for (int r = 0; r < R; ++r) Prefetch(next[r] + c * L::kBytes);
-        for (int64_t k = 0; k < kLineCols; k += 8) step(c + k);
-      }
-    }
-    for (; c + 8 <= cols; c += 8) step(c);
-    return c;
-  }
-
   template <int R, int T>
   static void Tile(const uint8_t* const* rows, const uint8_t* const* next, int64_t cols,
                    const uint8_t* xb, int64_t x_stride, float* y, int64_t y_stride) {
@@ -103,7 +84,7 @@ struct FloatKernel {
         for (int t = 0; t < T; ++t) acc[r][t] = _mm256_fmadd_ps(w, xv[t], acc[r][t]);
       }
     };
-    const int64_t c = StepColumns<R>(next, cols, step);
+    const int64_t c = StepColumns<L::kBytes, 8, R>(next, cols, step);
     if (c < cols) {
       // The ragged end goes through zero-padded copies so it takes the same vector path.
       const int64_t n = cols - c;
@@ -133,7 +114,7 @@ struct FloatKernel {
       for (int r = 0; r < R; ++r) yv = _mm256_fmadd_ps(cv[r], L::Load(rows[r] + c * L::kBytes), yv);
       _mm256_storeu_ps(y + c, yv);
     };
-    const int64_t c = StepColumns<R>(next, cols, step);
+    const int64_t c = StepColumns<L::kBytes, 8, R>(next, cols, step);
     if (c < cols) {
       const int64_t n = cols - c;
       alignas(32) float yt[8] = {};
@@ -191,24 +172,6 @@ inline __m256i Iq4Lookup(__m256i idx) {
 
 constexpr int64_t kQsOffset = 2;  // both block types start with their fp16 scale
 constexpr int64_t kQ8Bytes = sizeof(BlockQ8_0);
-
-// Prepared activations, per token: for each block 32 quantized values, the int32 lane bias and
-// the per-lane activation scale (f32 of the fp16-rounded scale, see the loaders' kHighScale);
-// for loaders with kHasMin (q4_1, q5_1) also 8 f32 lanes holding Q8_1's s = fp16(d * sum q) in
-// lane 0 and zeros, which one FMA with the weight's broadcast m adds into the accumulator.
-constexpr int64_t kBiasAt = 32;
-constexpr int64_t kScaleAt = 64;
-constexpr int64_t kSumAt = 96;
-template <class L>
-constexpr bool LoaderHasMin() {
-  if constexpr (requires { L::kHasMin; }) {
-    return L::kHasMin;
-  } else {
-    return false;
-  }
-}
-template <class L>
-constexpr int64_t kPreparedBytes = LoaderHasMin<L>() ? 128 : 96;
 
 inline __m256 BroadcastScale(const float* half_table, const uint8_t* block) {
   uint16_t h;
@@ -1144,44 +1107,6 @@ void PrepareQ8K(const float* x, int64_t cols, uint8_t* out) {
 
 int64_t Q8KInputBytes(int64_t cols) { return cols / kQK_K * kQ8KBlockBytes; }
 
-template <class L>
-int64_t InputBytes(int64_t cols) {
-  return cols / kQK * kPreparedBytes<L>;
-}
-
-template <class L>
-void PrepareFor(const float* x, int64_t cols, uint8_t* out) {
-  // Lane scales: the fp16-rounded activation scale, divided by kHighScale in the upper lanes
-  // (exact: a power of two), and the bias that removes the weight offset, times kHighScale there.
-  const __m256i bias_factor = _mm256_setr_epi32(
-      -L::kOffset, -L::kOffset, -L::kOffset, -L::kOffset, -L::kOffset * L::kHighScale,
-      -L::kOffset * L::kHighScale, -L::kOffset * L::kHighScale, -L::kOffset * L::kHighScale);
-  const float inv_high = 1.0f / L::kHighScale;
-  const __m256 d_factor = _mm256_setr_ps(1, 1, 1, 1, inv_high, inv_high, inv_high, inv_high);
-  for (int64_t b = 0; b < cols / kQK; ++b) {
-    uint8_t* blk = out + b * kPreparedBytes<L>;
-    uint16_t dh;
-    float d32;
-    const __m256i q = QuantizeBlock(x + b * kQK, &dh, &d32);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(blk), q);
-    const __m256i lane_sums =
-        _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(blk + kBiasAt),
-                        _mm256_mullo_epi32(lane_sums, bias_factor));
-    _mm256_storeu_ps(reinterpret_cast<float*>(blk + kScaleAt),
-                     _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(dh)), d_factor));
-    if constexpr (LoaderHasMin<L>()) {
-      alignas(32) int32_t lanes[8];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), lane_sums);
-      int32_t sum = 0;
-      for (int32_t v : lanes) sum += v;
-      const float s = _cvtsh_ss(Fp32ToFp16(static_cast<float>(sum) * d32));
-      _mm256_storeu_ps(reinterpret_cast<float*>(blk + kSumAt),
-                       _mm256_setr_ps(s, 0, 0, 0, 0, 0, 0, 0));
-    }
-  }
-}
-
 template <GgmlType kType, class K>
 constexpr TypeEntry Float() {
   return {kType, {&TiledDotRows<K>, &TiledAxpyRows<K>, &ReferenceDequantize<kType>}};
@@ -1190,7 +1115,7 @@ template <GgmlType kType, class K>
 constexpr TypeEntry Q8Input() {
   return {kType,
           {&TiledDotRows<K>, &TiledAxpyRows<K>, &ReferenceDequantize<kType>,
-           &InputBytes<typename K::Loader>, &PrepareFor<typename K::Loader>}};
+           &InputBytes<typename K::Loader>, &PrepareFor<typename K::Loader, &QuantizeBlock>}};
 }
 // Dot through the integer kernel against Q8_K activations; axpy and dequantize through the
 // f32 decode (the sparse down_t path multiplies f32 coefficients into rows).
@@ -1207,7 +1132,7 @@ constexpr TypeEntry Q8InputDecoded() {
   using F = BlockKernel<D>;
   return {kType,
           {&TiledDotRows<K>, &TiledAxpyRows<F>, &F::Dequantize, &InputBytes<typename K::Loader>,
-           &PrepareFor<typename K::Loader>}};
+           &PrepareFor<typename K::Loader, &QuantizeBlock>}};
 }
 template <bool kVnni>
 constexpr KernelSet MakeKernelSet() {

@@ -208,6 +208,9 @@ void DotQ5_Kx8Avx512(const RowSource& groups, int64_t n_groups, int64_t cols, co
 void DotQ6_Kx8Avx512(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
                      int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
 void FillInterleavedAvx512(KernelSet& set);
+// Overwrite the avx512 set's slots of F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL
+// (and its quantize_q8_0) with matmul_avx512.cc's kernels.
+void FillRowAvx512(KernelSet& set);
 
 // f32 value of every fp16 bit pattern (256 KiB, built on first use). A lookup is cheaper than
 // the arithmetic conversion in portable code and than F16C's insert-convert-broadcast for a

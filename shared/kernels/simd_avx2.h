@@ -1,6 +1,6 @@
-// Inline AVX2 helpers shared by the *_avx2.cc and *_avx512.cc kernel files, which must reduce
-// their 8-lane accumulators in one and the same order to give the same bits. Include only from
-// files compiled with AVX2 enabled.
+// Inline AVX2 helpers shared by the *_avx2.cc kernel files: the one order in which an 8-lane
+// accumulator is reduced (the *_avx512.cc files reproduce it, simd_avx512.h, to give the same
+// bits). Include only from files compiled with AVX2 enabled.
 #pragma once
 
 #include <immintrin.h>

@@ -16,6 +16,7 @@
 #include "shared/gguf/quant.h"
 #include "shared/kernels/dispatch.h"
 #include "shared/kernels/matmul.h"
+#include "shared/kernels/matmul_kernels.h"
 #include "shared/util/cpu_features.h"
 #include "shared/util/fp16.h"
 #include "shared/util/thread_pool.h"
@@ -241,6 +242,36 @@ TEST_F(Avx512Test, InterleavedTilesSameBitsAsAvx2) {
         ExpectSameBits(Shape(type, rows, cols) + " tokens " + std::to_string(n_tokens) +
                            " threads " + std::to_string(threads),
                        [&] { return testing::MultiplyOnPool(m.packed, x, n_tokens, threads); });
+      }
+    }
+  }
+}
+
+// Every weight type runs AVX-512 code in the avx512 family: no slot is still the avx2 table's
+// (avx512_set.cc starts from a copy of it). The interleaved layouts' activation preparations
+// are avx2's on purpose (they write bytes, not results); their dot products are not.
+TEST(Avx512SetTest, EverySlotHasItsOwnKernels) {
+  if (CpuSimdLevel() < SimdLevel::kAvx512) GTEST_SKIP() << "this CPU has no AVX-512";
+  const matmul_internal::KernelSet& avx512 = matmul_internal::Avx512Kernels();
+  for (bool vnni : {false, true}) {
+    const matmul_internal::KernelSet& avx2 = matmul_internal::Avx2Kernels(vnni);
+    EXPECT_NE(avx512.quantize_q8_0, avx2.quantize_q8_0);
+    for (GgmlType type : kAllTypes) {
+      const std::string name(TypeTraits(type).name);
+      ASSERT_TRUE(avx512.Has(type)) << name;
+      const matmul_internal::TypeKernels& a = avx512.For(type);
+      const matmul_internal::TypeKernels& b = avx2.For(type);
+      EXPECT_NE(a.dot, b.dot) << name;
+      EXPECT_NE(a.axpy, b.axpy) << name;
+      EXPECT_NE(a.dequantize, b.dequantize) << name;
+      if (b.prepare_input != nullptr) {
+        EXPECT_NE(a.prepare_input, b.prepare_input) << name;
+      }
+      if (avx2.HasInterleaved8(type)) {
+        ASSERT_TRUE(avx512.HasInterleaved8(type)) << name;
+        EXPECT_NE(avx512.interleaved8[static_cast<size_t>(type)].dot,
+                  avx2.interleaved8[static_cast<size_t>(type)].dot)
+            << name;
       }
     }
   }
