@@ -5,38 +5,16 @@
 #include <cstring>
 
 #include "shared/kernels/attention_kernels.h"
+#include "shared/kernels/attention_rows.h"
 #include "shared/kernels/simd_avx2.h"
 
 namespace thermocline::attention_internal {
 namespace {
 
-struct F32Row {
-  static constexpr int kBytes = 4;
-  static __m256 Load(const uint8_t* p) {
-    return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
-  }
-  static float LoadOne(const uint8_t* p) {
-    float f;
-    std::memcpy(&f, p, 4);
-    return f;
-  }
-};
-struct F16Row {
-  static constexpr int kBytes = 2;
-  static __m256 Load(const uint8_t* p) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  }
-  static float LoadOne(const uint8_t* p) {
-    uint16_t h;
-    std::memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-  }
-};
-
 // Four positions at a time keep four FMA chains in flight.
 template <class L>
-void Scores(const float* q, const uint8_t* const* k_rows, int64_t n, int64_t head_dim,
-            float scale, float* scores) {
+void Scores(const float* q, const uint8_t* const* k_rows, int64_t n, int64_t head_dim, float scale,
+            float* scores) {
   constexpr int kP = 4;
   const int64_t full = head_dim / 8 * 8, rest = head_dim - full;
   alignas(32) float q_tail[8] = {};
@@ -48,7 +26,7 @@ void Scores(const float* q, const uint8_t* const* k_rows, int64_t n, int64_t hea
     for (int64_t c = 0; c < full; c += 8) {
       const __m256 qv = _mm256_loadu_ps(q + c);
       for (int p = 0; p < np; ++p) {
-        acc[p] = _mm256_fmadd_ps(L::Load(k_rows[j0 + p] + c * L::kBytes), qv, acc[p]);
+        acc[p] = _mm256_fmadd_ps(L::Load8(k_rows[j0 + p] + c * L::kBytes), qv, acc[p]);
       }
     }
     if (rest > 0) {  // zero-padded, through the same vector step
@@ -56,7 +34,7 @@ void Scores(const float* q, const uint8_t* const* k_rows, int64_t n, int64_t hea
       for (int p = 0; p < np; ++p) {
         alignas(32) uint8_t k_tail[8 * L::kBytes] = {};
         std::memcpy(k_tail, k_rows[j0 + p] + full * L::kBytes, rest * L::kBytes);
-        acc[p] = _mm256_fmadd_ps(L::Load(k_tail), qv, acc[p]);
+        acc[p] = _mm256_fmadd_ps(L::Load8(k_tail), qv, acc[p]);
       }
     }
     for (int p = 0; p < np; ++p) scores[j0 + p] = simd::HorizontalSum(acc[p]) * scale;
@@ -76,7 +54,8 @@ void Mix(const float* weights, const uint8_t* const* v_rows, int64_t n, int64_t 
     for (int64_t j = 0; j < n; ++j) {
       const __m256 a = _mm256_broadcast_ss(weights + j);
       const uint8_t* v = v_rows[j] + c0 * L::kBytes;
-      for (int k = 0; k < nr; ++k) acc[k] = _mm256_fmadd_ps(a, L::Load(v + 8 * k * L::kBytes), acc[k]);
+      for (int k = 0; k < nr; ++k)
+        acc[k] = _mm256_fmadd_ps(a, L::Load8(v + 8 * k * L::kBytes), acc[k]);
     }
     for (int k = 0; k < nr; ++k) _mm256_storeu_ps(out + c0 + 8 * k, acc[k]);
     if (nr < kRegs) {
@@ -84,15 +63,7 @@ void Mix(const float* weights, const uint8_t* const* v_rows, int64_t n, int64_t 
       break;
     }
   }
-  for (int64_t c = c0; c < head_dim; ++c) {  // fewer than 8 left: one fused op per row
-    float acc = 0.0f;
-    for (int64_t j = 0; j < n; ++j) {
-      acc = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(weights[j]),
-                                       _mm_set_ss(L::LoadOne(v_rows[j] + c * L::kBytes)),
-                                       _mm_set_ss(acc)));
-    }
-    out[c] = acc;
-  }
+  MixTail<L>(weights, v_rows, n, c0, head_dim, out);
 }
 
 constexpr AttentionKernels kAvx2[2] = {{&Scores<F32Row>, &Mix<F32Row>},

@@ -7,16 +7,14 @@
 #include <cstring>
 
 #include "shared/kernels/attention_kernels.h"
+#include "shared/kernels/attention_rows.h"
 #include "shared/kernels/simd_avx512.h"
 
 namespace thermocline::attention_internal {
 namespace {
 
-struct F32Row {
-  static constexpr int kBytes = 4;
-  static __m256 Load8(const uint8_t* p) {
-    return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
-  }
+// The avx2 loads plus pairs of rows and 16 columns.
+struct F32Row512 : F32Row {
   // Eight elements of row a in lanes 0-7, eight of row b in 8-15.
   static __m512 LoadPair(const uint8_t* a, const uint8_t* b) {
     return _mm512_insertf32x8(_mm512_castps256_ps512(Load8(a)), Load8(b), 1);
@@ -24,17 +22,8 @@ struct F32Row {
   static __m512 Load16(const uint8_t* p) {
     return _mm512_loadu_ps(reinterpret_cast<const float*>(p));
   }
-  static float LoadOne(const uint8_t* p) {
-    float f;
-    std::memcpy(&f, p, 4);
-    return f;
-  }
 };
-struct F16Row {
-  static constexpr int kBytes = 2;
-  static __m256 Load8(const uint8_t* p) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  }
+struct F16Row512 : F16Row {
   static __m512 LoadPair(const uint8_t* a, const uint8_t* b) {
     const __m256i h = _mm256_inserti128_si256(
         _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
@@ -43,11 +32,6 @@ struct F16Row {
   }
   static __m512 Load16(const uint8_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  }
-  static float LoadOne(const uint8_t* p) {
-    uint16_t h;
-    std::memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
   }
 };
 
@@ -125,19 +109,11 @@ void Mix(const float* weights, const uint8_t* const* v_rows, int64_t n, int64_t 
     _mm256_storeu_ps(out + c0, acc);
     c0 += 8;
   }
-  for (int64_t c = c0; c < head_dim; ++c) {
-    float acc = 0.0f;
-    for (int64_t j = 0; j < n; ++j) {
-      acc = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(weights[j]),
-                                       _mm_set_ss(L::LoadOne(v_rows[j] + c * L::kBytes)),
-                                       _mm_set_ss(acc)));
-    }
-    out[c] = acc;
-  }
+  MixTail<L>(weights, v_rows, n, c0, head_dim, out);
 }
 
-constexpr AttentionKernels kAvx512[2] = {{&Scores<F32Row>, &Mix<F32Row>},
-                                         {&Scores<F16Row>, &Mix<F16Row>}};
+constexpr AttentionKernels kAvx512[2] = {{&Scores<F32Row512>, &Mix<F32Row512>},
+                                         {&Scores<F16Row512>, &Mix<F16Row512>}};
 
 }  // namespace
 

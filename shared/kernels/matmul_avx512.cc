@@ -16,8 +16,8 @@
 #include <utility>
 
 #include "shared/gguf/quant.h"
-#include "shared/kernels/matmul_kernels.h"
 #include "shared/kernels/column_steps.h"
+#include "shared/kernels/matmul_kernels.h"
 #include "shared/kernels/q8_input.h"
 #include "shared/kernels/simd_avx512.h"
 #include "shared/util/fp16.h"

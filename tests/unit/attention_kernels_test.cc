@@ -1,7 +1,5 @@
 // Attention's two products (shared/kernels/attention.h) in every kernel family against a
 // double-precision reference, and avx2 against avx512 bit for bit.
-#include "shared/kernels/attention.h"
-
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -12,6 +10,7 @@
 
 #include "gtest/gtest.h"
 #include "shared/gguf/ggml_type.h"
+#include "shared/kernels/attention.h"
 #include "shared/kernels/dispatch.h"
 #include "shared/util/cpu_features.h"
 #include "shared/util/fp16.h"
@@ -149,9 +148,8 @@ TEST(AttentionFamiliesTest, Avx2AndAvx512AgreeBitForBit) {
         ASSERT_TRUE(SetSimdLevelForTesting(SimdLevel::kAvx512));
         AttentionScores(type, q.data(), rows.ptrs.data(), n, hd, 0.125f, s5.data());
         AttentionMix(type, w.data(), rows.ptrs.data(), n, hd, m5.data());
-        const std::string what =
-            std::string(TypeTraits(type).name) + " head_dim " + std::to_string(hd) + " n " +
-            std::to_string(n);
+        const std::string what = std::string(TypeTraits(type).name) + " head_dim " +
+                                 std::to_string(hd) + " n " + std::to_string(n);
         EXPECT_TRUE(testing::SameBits(s2, s5)) << what << " scores";
         EXPECT_TRUE(testing::SameBits(m2, m5)) << what << " mix";
       }
