@@ -277,6 +277,16 @@ struct LegacyLoad {
     out[0] = _mm512_sub_epi32(_mm512_and_si512(bytes, _mm512_set1_epi32(0x0F)), offset);
     out[1] = _mm512_sub_epi32(_mm512_srli_epi32(bytes, 4), offset);
   }
+  // The same values as f32 (elements 0..15, 16..31), for the axpy, whose zmm ops all queue on
+  // two ports: vpermps reads only the low four bits of each index lane, so a 16-entry table of
+  // q - 8 replaces the mask, the subtract and the conversion (the values are exact either way).
+  static void WidenFloat(const uint8_t* b, __m512 out[2]) {
+    static_assert(!kMin && !kHigh);
+    const __m512 values = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+    const __m512i bytes = _mm512_cvtepu8_epi32(Load16(b + kQsAt));
+    out[0] = _mm512_permutexvar_ps(bytes, values);
+    out[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), values);
+  }
 };
 // IQ4_NL: the table values + 128 (|v| <= 127), looked up in a table offset in advance.
 struct Iq4nlOffset {
@@ -366,12 +376,18 @@ struct QuantKernel {
       __m512 yv[2] = {_mm512_loadu_ps(yb), _mm512_loadu_ps(yb + 16)};
       for (int r = 0; r < R; ++r) {
         const uint8_t* wb = rows[r] + b * L::kBytes;
-        __m512i q[2];
-        L::Widen(wb, q);
+        __m512 qf[2];
+        if constexpr (requires { L::WidenFloat(wb, qf); }) {
+          L::WidenFloat(wb, qf);
+        } else {
+          __m512i q[2];
+          L::Widen(wb, q);
+          for (int k = 0; k < 2; ++k) qf[k] = _mm512_cvtepi32_ps(q[k]);
+        }
         uint16_t h;
         std::memcpy(&h, wb, sizeof h);
         const __m512 s = _mm512_mul_ps(cv[r], _mm512_set1_ps(half[h]));
-        for (int k = 0; k < 2; ++k) yv[k] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(q[k]), yv[k]);
+        for (int k = 0; k < 2; ++k) yv[k] = _mm512_fmadd_ps(s, qf[k], yv[k]);
       }
       _mm512_storeu_ps(yb, yv[0]);
       _mm512_storeu_ps(yb + 16, yv[1]);
