@@ -330,9 +330,12 @@ class SlowReaderTest(unittest.TestCase):
             time.sleep(0.05)
             after = self.metrics()
         generated = (metric(after, "thermocline_generated_tokens_total") or 0) - generated_before
-        # The paused streams were generated only until their buffers filled (one more may be
-        # in the step that filled it); without backpressure this is 30 + 3 x 200.
-        self.assertLessEqual(generated, READ_TOKENS + STALLED_STREAMS * (MAX_PENDING + 2),
+        # The paused streams were generated only until their buffers filled: MAX_PENDING
+        # queued, plus what the handler had already taken and gRPC's transport accepted before
+        # the zero window blocked its write, plus the step in flight. That slack is 2 on a quiet
+        # machine and measured up to 3-4 with two CPU hogs beside the test (63 and 64 of 66);
+        # without backpressure this is 30 + 3 x 200.
+        self.assertLessEqual(generated, READ_TOKENS + STALLED_STREAMS * (MAX_PENDING + 4),
                              after)
         self.assertGreaterEqual(
             metric(after, "thermocline_requests_total", '{outcome="cancelled"}') or 0,
