@@ -69,6 +69,20 @@ inline bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// Every weight type the kernel sets cover.
+inline constexpr GgmlType kWeightTypes[] = {
+    GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ8_0,   GgmlType::kQ4_0,
+    GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ2_K,   GgmlType::kQ3_K,
+    GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS};
+
+// n values from N(0, 1): activations, coefficients, attention rows.
+inline std::vector<float> NormalVector(int64_t n, std::mt19937& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& f : v) f = normal(rng);
+  return v;
+}
+
 // Where the fp16 scales sit in a block of the types we cannot quantize yet (ggml_type.h).
 inline std::vector<int> HalfOffsets(GgmlType t) {
   switch (t) {
@@ -94,7 +108,8 @@ inline std::vector<int> HalfOffsets(GgmlType t) {
 
 // Random bytes in every field (all nibble, bit-plane and packed-scale patterns occur) with
 // finite fp16 scales of the row's magnitude.
-inline void RandomBlocks(GgmlType type, int64_t cols, float magnitude, std::mt19937& rng, uint8_t* dst) {
+inline void RandomBlocks(GgmlType type, int64_t cols, float magnitude, std::mt19937& rng,
+                         uint8_t* dst) {
   const GgmlTypeTraits& t = TypeTraits(type);
   std::uniform_int_distribution<int> byte(0, 255);
   std::uniform_real_distribution<float> unit(0.25f, 1.0f);

@@ -54,13 +54,6 @@ Rows MakeRows(GgmlType type, int64_t n, int64_t head_dim, std::mt19937& rng) {
   return r;
 }
 
-std::vector<float> Normal(int64_t n, std::mt19937& rng) {
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& f : v) f = normal(rng);
-  return v;
-}
-
 // A sum of m products rounded in any order, each product and addition rounded once (or fused),
 // is within gamma_(m+1) * sum |terms| of the exact sum (Higham, Thm 3.1), plus one rounding of the
 // result's scaling.
@@ -78,7 +71,7 @@ TEST_P(AttentionKernelTest, ScoresMatchDoubleReference) {
     for (int64_t hd : kHeadDims) {
       for (int64_t n : kCounts) {
         const Rows k = MakeRows(type, n, hd, rng);
-        const std::vector<float> q = Normal(hd, rng);
+        const std::vector<float> q = testing::NormalVector(hd, rng);
         const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
         std::vector<float> scores(n + 1, -7.0f);
         AttentionScores(type, q.data(), k.ptrs.data(), n, hd, scale, scores.data());
@@ -104,7 +97,7 @@ TEST_P(AttentionKernelTest, MixMatchesDoubleReference) {
     for (int64_t hd : kHeadDims) {
       for (int64_t n : kCounts) {
         const Rows v = MakeRows(type, n, hd, rng);
-        std::vector<float> w = Normal(n, rng);
+        std::vector<float> w = testing::NormalVector(n, rng);
         std::vector<float> out(hd + 1, -7.0f);
         AttentionMix(type, w.data(), v.ptrs.data(), n, hd, out.data());
         for (int64_t i = 0; i < hd; ++i) {
@@ -140,7 +133,8 @@ TEST(AttentionFamiliesTest, Avx2AndAvx512AgreeBitForBit) {
     for (int64_t hd : kHeadDims) {
       for (int64_t n : kCounts) {
         const Rows rows = MakeRows(type, n, hd, rng);
-        const std::vector<float> q = Normal(hd, rng), w = Normal(n, rng);
+        const std::vector<float> q = testing::NormalVector(hd, rng),
+                                 w = testing::NormalVector(n, rng);
         std::vector<float> s2(n), s5(n), m2(hd), m5(hd);
         ASSERT_TRUE(SetSimdLevelForTesting(SimdLevel::kAvx2));
         AttentionScores(type, q.data(), rows.ptrs.data(), n, hd, 0.125f, s2.data());

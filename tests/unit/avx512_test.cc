@@ -25,11 +25,6 @@
 namespace thermocline {
 namespace {
 
-constexpr GgmlType kAllTypes[] = {
-    GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ8_0,   GgmlType::kQ4_0,
-    GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ2_K,   GgmlType::kQ3_K,
-    GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS};
-
 struct Matrix {
   std::vector<uint8_t> bytes;
   std::vector<uint8_t> interleaved;  // empty when the type has no interleaved layout
@@ -78,13 +73,6 @@ Matrix MakeMatrix(GgmlType type, int64_t rows, int64_t cols, std::mt19937& rng) 
   return m;
 }
 
-std::vector<float> Normal(int64_t n, std::mt19937& rng) {
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& f : v) f = normal(rng);
-  return v;
-}
-
 std::string Shape(GgmlType type, int64_t rows, int64_t cols) {
   return std::string(TypeTraits(type).name) + " " + std::to_string(rows) + "x" +
          std::to_string(cols);
@@ -127,7 +115,7 @@ class Avx512Test : public ::testing::Test {
 // that leave one row of a pair alone) and columns from one block up, with ragged float tails.
 TEST_F(Avx512Test, MatMulSameBitsAsAvx2) {
   std::mt19937 rng(5);
-  for (GgmlType type : kAllTypes) {
+  for (GgmlType type : testing::kWeightTypes) {
     const int64_t bs = TypeTraits(type).block_size;
     for (int64_t rows : {1, 2, 3, 7, 8, 9, 16, 17, 33, 67}) {
       const std::vector<int64_t> col_set = bs == 1 ? std::vector<int64_t>{13, 77, 1029}
@@ -135,7 +123,7 @@ TEST_F(Avx512Test, MatMulSameBitsAsAvx2) {
       for (int64_t cols : col_set) {
         Matrix m = MakeMatrix(type, rows, cols, rng);
         for (int64_t n_tokens : {1, 2, 3, 5, 9}) {
-          const std::vector<float> x = Normal(n_tokens * cols, rng);
+          const std::vector<float> x = testing::NormalVector(n_tokens * cols, rng);
           for (int threads : {1, 3}) {
             for (const MatrixView* w : {&m.rows, &m.packed}) {
               if (w == &m.packed && m.interleaved.empty()) continue;
@@ -153,11 +141,11 @@ TEST_F(Avx512Test, MatMulSameBitsAsAvx2) {
 
 TEST_F(Avx512Test, GatherMatMulSameBitsAsAvx2) {
   std::mt19937 rng(6);
-  for (GgmlType type : kAllTypes) {
+  for (GgmlType type : testing::kWeightTypes) {
     const int64_t bs = TypeTraits(type).block_size;
     const int64_t rows = 41, cols = bs == 1 ? 333 : 4 * bs;
     Matrix m = MakeMatrix(type, rows, cols, rng);
-    const std::vector<float> x = Normal(cols, rng);
+    const std::vector<float> x = testing::NormalVector(cols, rng);
     const std::vector<std::vector<int32_t>> id_sets = {
         {7}, {40, 0}, {3, 3, 3}, {1, 5, 9, 13, 17, 21, 25, 29, 33}, {40, 2, 17, 8, 33, 0, 21}};
     for (const auto& ids : id_sets) {
@@ -176,15 +164,16 @@ TEST_F(Avx512Test, GatherMatMulSameBitsAsAvx2) {
 
 TEST_F(Avx512Test, AxpyRowsSameBitsAsAvx2) {
   std::mt19937 rng(7);
-  for (GgmlType type : kAllTypes) {
+  for (GgmlType type : testing::kWeightTypes) {
     const int64_t bs = TypeTraits(type).block_size;
     for (int64_t cols : {bs == 1 ? int64_t{21} : bs, bs == 1 ? int64_t{2050} : 8 * bs}) {
       const int64_t rows = 300;
       Matrix m = MakeMatrix(type, rows, cols, rng);
       std::vector<int32_t> ids;
       for (int i = 0; i < 257; ++i) ids.push_back(static_cast<int32_t>((i * 37) % rows));
-      const std::vector<float> coeffs = Normal(static_cast<int64_t>(ids.size()), rng);
-      const std::vector<float> y0 = Normal(cols, rng);
+      const std::vector<float> coeffs =
+          testing::NormalVector(static_cast<int64_t>(ids.size()), rng);
+      const std::vector<float> y0 = testing::NormalVector(cols, rng);
       for (int64_t n : {int64_t{1}, int64_t{5}, static_cast<int64_t>(ids.size())}) {
         for (int threads : {1, 2}) {
           ExpectSameBits(Shape(type, rows, cols) + " ids " + std::to_string(n), [&] {
@@ -201,7 +190,7 @@ TEST_F(Avx512Test, AxpyRowsSameBitsAsAvx2) {
 
 TEST_F(Avx512Test, DequantizeSameBitsAsAvx2) {
   std::mt19937 rng(8);
-  for (GgmlType type : kAllTypes) {
+  for (GgmlType type : testing::kWeightTypes) {
     const int64_t bs = TypeTraits(type).block_size;
     const int64_t rows = 3, cols = bs == 1 ? 77 : 5 * bs;
     Matrix m = MakeMatrix(type, rows, cols, rng);
@@ -222,7 +211,7 @@ TEST_F(Avx512Test, KQuantTokenTilesSameBitsAsAvx2) {
     const int64_t rows = 5, cols = 2 * kQK_K;
     Matrix m = MakeMatrix(type, rows, cols, rng);
     for (int64_t n_tokens : {4, 6, 7, 12, 13}) {
-      const std::vector<float> x = Normal(n_tokens * cols, rng);
+      const std::vector<float> x = testing::NormalVector(n_tokens * cols, rng);
       ExpectSameBits(Shape(type, rows, cols) + " tokens " + std::to_string(n_tokens),
                      [&] { return testing::MultiplyOnPool(m.rows, x, n_tokens, 1); });
     }
@@ -237,7 +226,7 @@ TEST_F(Avx512Test, InterleavedTilesSameBitsAsAvx2) {
     const int64_t rows = 8 * 61 + 5, cols = 2048;
     Matrix m = MakeMatrix(type, rows, cols, rng);
     for (int64_t n_tokens : {1, 8, 17, 30}) {
-      const std::vector<float> x = Normal(n_tokens * cols, rng);
+      const std::vector<float> x = testing::NormalVector(n_tokens * cols, rng);
       for (int threads : {1, 2}) {
         ExpectSameBits(Shape(type, rows, cols) + " tokens " + std::to_string(n_tokens) +
                            " threads " + std::to_string(threads),
@@ -256,7 +245,7 @@ TEST(Avx512SetTest, EverySlotHasItsOwnKernels) {
   for (bool vnni : {false, true}) {
     const matmul_internal::KernelSet& avx2 = matmul_internal::Avx2Kernels(vnni);
     EXPECT_NE(avx512.quantize_q8_0, avx2.quantize_q8_0);
-    for (GgmlType type : kAllTypes) {
+    for (GgmlType type : testing::kWeightTypes) {
       const std::string name(TypeTraits(type).name);
       ASSERT_TRUE(avx512.Has(type)) << name;
       const matmul_internal::TypeKernels& a = avx512.For(type);

@@ -11,24 +11,18 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "tests/kernel_families.h"
-#include "shared/kernels/dispatch.h"
-#include "shared/kernels/matmul_kernels.h"
 #include "shared/gguf/ggml_type.h"
 #include "shared/gguf/quant.h"
+#include "shared/kernels/dispatch.h"
+#include "shared/kernels/matmul_kernels.h"
 #include "shared/util/cpu_features.h"
 #include "shared/util/fp16.h"
 #include "shared/util/thread_pool.h"
+#include "tests/kernel_families.h"
 
 namespace thermocline {
 
 namespace {
-
-
-constexpr GgmlType kAllTypes[] = {
-    GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ8_0,   GgmlType::kQ4_0,
-    GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ2_K,   GgmlType::kQ3_K,
-    GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS};
 
 // What each weight type's kernels do to the activations (matmul_kernels.h): round them to
 // Q8_0 or Q8_K as llama.cpp does, or keep them f32.
@@ -135,13 +129,6 @@ TestMatrix MakeMatrix(GgmlType type, int64_t rows, int64_t cols, std::mt19937& r
   return m;
 }
 
-std::vector<float> RandomVector(int64_t n, std::mt19937& rng) {
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& f : v) f = normal(rng);
-  return v;
-}
-
 // What the kernels see of the activations: Q8_0-, Q8_K- or Q8_1-rounded for quantized weights;
 // for Q8_1 also each block's s (fp16 of d * sum q, as stored), into *sums.
 std::vector<float> EffectiveInput(GgmlType type, const float* x, int64_t cols,
@@ -214,7 +201,6 @@ double Q8_1Tolerance(int64_t cols, double parts_abs) {
   return 2.0 * (static_cast<double>(cols / kQK) + 4.0) * FLT_EPSILON * parts_abs + 1e-30;
 }
 
-
 class KernelTest : public testing::KernelFamilyTest {};
 
 std::string TypeName(GgmlType t) { return std::string(TypeTraits(t).name); }
@@ -228,14 +214,14 @@ TEST_P(KernelTest, MatMulMatchesDoubleReference) {
   // L2-sized row blocks when many tokens are batched (300 x 2048).
   const Shape shapes[] = {{1, 32}, {5, 37}, {13, 96}, {67, 1001}, {300, 2048}};
   std::mt19937 rng(1234);
-  for (GgmlType type : kAllTypes) {
+  for (GgmlType type : testing::kWeightTypes) {
     for (const Shape& s : shapes) {
       const int64_t cols = RoundUp(s.cols, type);
       TestMatrix m = MakeMatrix(type, s.rows, cols, rng);
       for (int64_t n_tokens : {1, 3, 17}) {
         if (s.rows >= 300 && n_tokens > 3) continue;  // keep the reference cheap
         const int64_t x_stride = cols + 3, y_stride = s.rows + 2;
-        std::vector<float> x = RandomVector(n_tokens * x_stride, rng);
+        std::vector<float> x = testing::NormalVector(n_tokens * x_stride, rng);
         std::vector<double> ref(n_tokens * s.rows), bound(n_tokens * s.rows);
         const bool q8_1 = ActivationType(type) == GgmlType::kQ8_1;
         std::vector<float> d_part;  // q8_1: the d_w * q term of each weight, without m
@@ -247,8 +233,7 @@ TEST_P(KernelTest, MatMulMatchesDoubleReference) {
         }
         for (int64_t t = 0; t < n_tokens; ++t) {
           std::vector<float> sums;
-          const std::vector<float> xe =
-              EffectiveInput(type, x.data() + t * x_stride, cols, &sums);
+          const std::vector<float> xe = EffectiveInput(type, x.data() + t * x_stride, cols, &sums);
           for (int64_t r = 0; r < s.rows && q8_1; ++r) {
             double sum = 0, sum_abs = 0;
             for (int64_t c = 0; c < cols; ++c) {
@@ -304,13 +289,13 @@ TEST_P(KernelTest, MatMulMatchesDoubleReference) {
 // dot product computed by one thread with the same operation sequence (see matmul_kernels.h).
 TEST_P(KernelTest, BatchThreadsAndRowSplitsAreBitIdentical) {
   std::mt19937 rng(99);
-  for (GgmlType type : kAllTypes) {
+  for (GgmlType type : testing::kWeightTypes) {
     // Rows enough that every type's product is above the pool's single-thread threshold
     // (ThreadPool::kMinParallelBytes), so that 2 and 3 threads do split it.
     const int64_t rows = 301, cols = BlockSize(type) > 1 ? RoundUp(300, type) : 300, n_tokens = 17;
     TestMatrix m = MakeMatrix(type, rows, cols, rng);
     ASSERT_GE(m.view.row_bytes * n_tokens * rows, ThreadPool::kMinParallelBytes) << TypeName(type);
-    std::vector<float> x = RandomVector(n_tokens * cols, rng);
+    std::vector<float> x = testing::NormalVector(n_tokens * cols, rng);
     ThreadPool pool1(1);
     std::vector<float> batched(n_tokens * rows);
     MatMul(m.view, x.data(), n_tokens, cols, batched.data(), rows, pool1);
@@ -339,10 +324,10 @@ TEST_P(KernelTest, BatchThreadsAndRowSplitsAreBitIdentical) {
 
 TEST_P(KernelTest, GatherMatMulEqualsDenseRows) {
   std::mt19937 rng(7);
-  for (GgmlType type : kAllTypes) {
+  for (GgmlType type : testing::kWeightTypes) {
     const int64_t rows = 500, cols = BlockSize(type) > 1 ? 2048 : 2043;
     TestMatrix m = MakeMatrix(type, rows, cols, rng);
-    std::vector<float> x = RandomVector(cols, rng);
+    std::vector<float> x = testing::NormalVector(cols, rng);
     ThreadPool pool1(1);
     std::vector<float> dense(rows);
     MatMul(m.view, x.data(), 1, cols, dense.data(), rows, pool1);
@@ -377,7 +362,7 @@ TEST_P(KernelTest, AxpyRowsMatchesDoubleReference) {
   // pool size splits, and every row in order.
   const Case cases[] = {{10, 43, 0}, {10, 43, 1},      {10, 43, 5},
                         {50, 96, 7}, {400, 2048, 300}, {64, 512, 64}};
-  for (GgmlType type : kAllTypes) {
+  for (GgmlType type : testing::kWeightTypes) {
     for (const Case& k : cases) {
       const int64_t cols = RoundUp(k.cols, type);
       TestMatrix m = MakeMatrix(type, k.rows, cols, rng);
@@ -387,8 +372,8 @@ TEST_P(KernelTest, AxpyRowsMatchesDoubleReference) {
       if (k.n_ids == k.rows) {
         for (int64_t i = 0; i < k.n_ids; ++i) ids[i] = static_cast<int32_t>(i);
       }
-      const std::vector<float> coeffs = RandomVector(k.n_ids, rng);
-      const std::vector<float> y0 = RandomVector(cols, rng);
+      const std::vector<float> coeffs = testing::NormalVector(k.n_ids, rng);
+      const std::vector<float> y0 = testing::NormalVector(cols, rng);
       std::vector<double> ref(cols), sum_abs(cols);
       for (int64_t c = 0; c < cols; ++c) {
         ref[c] = y0[c];
@@ -430,7 +415,7 @@ TEST_P(KernelTest, AxpyRowsEdgeCases) {
   std::mt19937 rng(23);
   constexpr int64_t kRows = 70;
   const int64_t widths[] = {32, 64, 96, 224, 4096 + 32};
-  for (GgmlType type : kAllTypes) {
+  for (GgmlType type : testing::kWeightTypes) {
     std::vector<int64_t> done;  // the K-quants round several widths up to one block
     for (int64_t width : widths) {
       const int64_t cols = BlockSize(type) > 1 ? RoundUp(width, type) : width + 3;
@@ -452,12 +437,12 @@ TEST_P(KernelTest, AxpyRowsEdgeCases) {
       for (const std::vector<int32_t>& ids : id_sets) {
         const int64_t n_ids = static_cast<int64_t>(ids.size());
         for (int pattern = 0; pattern < 3; ++pattern) {
-          std::vector<float> coeffs = RandomVector(n_ids, rng);
+          std::vector<float> coeffs = testing::NormalVector(n_ids, rng);
           for (int64_t i = 0; i < n_ids; ++i) {
             if (pattern == 1) coeffs[i] = i % 3 == 0 ? 0.0f : -std::fabs(coeffs[i]);
             if (pattern == 2) coeffs[i] = coeffs[i] < 0 ? -1e30f : 1e30f;
           }
-          const std::vector<float> y0 = RandomVector(cols, rng);
+          const std::vector<float> y0 = testing::NormalVector(cols, rng);
           std::vector<double> ref(y0.begin(), y0.end()), sum_abs(cols);
           for (int64_t c = 0; c < cols; ++c) sum_abs[c] = std::fabs(y0[c]);
           for (int64_t i = 0; i < n_ids; ++i) {
@@ -497,7 +482,7 @@ TEST_P(KernelTest, AxpyRowsEdgeCases) {
 
 TEST_P(KernelTest, DequantizeMatrixRowMatchesReference) {
   std::mt19937 rng(3);
-  for (GgmlType type : kAllTypes) {
+  for (GgmlType type : testing::kWeightTypes) {
     const int64_t cols = RoundUp(64, type) * 2;
     TestMatrix m = MakeMatrix(type, 8, cols, rng);
     std::vector<float> row(cols);
@@ -514,14 +499,14 @@ TEST_P(KernelTest, DequantizeMatrixRowMatchesReference) {
 // family over the dequantized matrix.
 TEST_P(KernelTest, BlockTypeAxpyEqualsF32KernelOnDequantizedMatrix) {
   std::mt19937 rng(17);
-  for (GgmlType type : kAllTypes) {
+  for (GgmlType type : testing::kWeightTypes) {
     if (BlockSize(type) == 1 || type == GgmlType::kQ8_0 || type == GgmlType::kQ4_0) continue;
     const int64_t rows = 29, cols = RoundUp(512, type), n_tokens = 5;
     EXPECT_TRUE(IsQuant(type)) << TypeName(type) << " has 8-bit activations";
     TestMatrix m = MakeMatrix(type, rows, cols, rng);
     MatrixView f32{GgmlType::kF32, rows, cols, reinterpret_cast<const uint8_t*>(m.deq.data()),
                    cols * static_cast<int64_t>(sizeof(float))};
-    std::vector<float> x = RandomVector(n_tokens * cols, rng);
+    std::vector<float> x = testing::NormalVector(n_tokens * cols, rng);
     ThreadPool pool(1);
     std::vector<int32_t> ids = {3, 0, 28, 3, 17, 9, 11};
     std::vector<float> ya(cols, 0.5f), yb(cols, 0.5f);
@@ -545,7 +530,7 @@ TEST(VnniTest, SameBitsAsPlainAvx2) {
                         GgmlType::kQ4_1, GgmlType::kQ5_1}) {
     const int64_t rows = 37, cols = 640, n_tokens = 5;
     TestMatrix m = MakeMatrix(type, rows, cols, rng);
-    std::vector<float> x = RandomVector(n_tokens * cols, rng);
+    std::vector<float> x = testing::NormalVector(n_tokens * cols, rng);
     const int64_t in_bytes = plain.For(type).input_bytes(cols);
     ASSERT_EQ(in_bytes, vnni.For(type).input_bytes(cols));
     std::vector<uint8_t> in_plain(n_tokens * in_bytes), in_vnni(n_tokens * in_bytes);
@@ -584,8 +569,8 @@ TEST(KernelTableTest, EveryFamilyCoversExactlyTheWeightTypes) {
     }
   }
   int n = 0;
-  for (GgmlType t : kAllTypes) n += IsWeightType(t);
-  EXPECT_EQ(n, static_cast<int>(std::size(kAllTypes)));
+  for (GgmlType t : testing::kWeightTypes) n += IsWeightType(t);
+  EXPECT_EQ(n, static_cast<int>(std::size(testing::kWeightTypes)));
 }
 
 // QuantizeRowQ8_K against ggml's definition computed independently here: d = max / -127 for
@@ -595,7 +580,7 @@ TEST(KernelTableTest, EveryFamilyCoversExactlyTheWeightTypes) {
 TEST(ActivationQuantizeTest, Q8KMatchesGgmlDefinitionInEveryFamily) {
   std::mt19937 rng(12);
   const int64_t n = kQK_K * 8;
-  std::vector<float> x = RandomVector(n, rng);
+  std::vector<float> x = testing::NormalVector(n, rng);
   // Block 1: max -127, so iscale = 1 and the other values are exact .5 ties of both signs.
   for (int j = 0; j < kQK_K; ++j) {
     x[kQK_K + j] = j == 0 ? -127.0f : (j % 2 ? 1.0f : -1.0f) * static_cast<float>(j % 120 + 0.5);
@@ -643,7 +628,7 @@ TEST(ActivationQuantizeTest, Q8KMatchesGgmlDefinitionInEveryFamily) {
   }
   int checked = 0;
   for (const matmul_internal::KernelSet* k : sets) {
-    for (GgmlType type : kAllTypes) {
+    for (GgmlType type : testing::kWeightTypes) {
       if (ActivationType(type) != GgmlType::kQ8_K) continue;
       const matmul_internal::TypeKernels& tk = k->For(type);
       ASSERT_EQ(tk.input_bytes(n), static_cast<int64_t>(want.size())) << k->name;
@@ -665,7 +650,7 @@ TEST(ActivationQuantizeTest, Q8KMatchesGgmlDefinitionInEveryFamily) {
 TEST(ActivationQuantizeTest, Q8_1MatchesGgmlDefinition) {
   std::mt19937 rng(13);
   const int64_t n = 32 * 64;
-  std::vector<float> x = RandomVector(n, rng);
+  std::vector<float> x = testing::NormalVector(n, rng);
   for (int j = 0; j < 32; ++j) x[32 + j] = (j == 0) ? 127.0f : (j % 2 ? 1.0f : -1.0f) * (j + 0.5f);
   std::fill(x.begin() + 64, x.begin() + 96, 0.0f);
   for (int j = 128; j < 160; ++j) x[j] = 6.5e4f * (j % 3 - 1);
@@ -699,7 +684,7 @@ TEST(ActivationQuantizeTest, Q8_1MatchesGgmlDefinition) {
 TEST(ActivationQuantizeTest, EveryLevelMatchesQuantizeRow) {
   std::mt19937 rng(11);
   const int64_t n = 32 * 64;
-  std::vector<float> x = RandomVector(n, rng);
+  std::vector<float> x = testing::NormalVector(n, rng);
   // Block 1 has amax 127, so d = 1 and x * id = x: exact .5 ties in both signs.
   for (int j = 0; j < 32; ++j) x[32 + j] = (j == 0) ? 127.0f : (j % 2 ? 1.0f : -1.0f) * (j + 0.5f);
   std::fill(x.begin() + 64, x.begin() + 96, 0.0f);              // d = 0
