@@ -15,8 +15,10 @@
 // the long run).
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -27,6 +29,7 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <sstream>
 
 #include <gtest/gtest.h>
 
@@ -79,6 +82,23 @@ double MetricSum(const std::string& text, const std::string& name) {
   return sum;
 }
 
+// The contents of a /proc file, or "" when the process is gone. Processes exit while the test
+// walks /proc (the chaos kills them), and a read then fails with ESRCH: libstdc++'s filebuf
+// throws on that, so this reads with read(2).
+std::string ReadProcFile(const std::string& path) {
+  std::string out;
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return out;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = read(fd, buf, sizeof buf);
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  return out;
+}
+
 // pids of the processes whose command line holds "--instance <instance>" and whose argv[0]
 // ends with `exe`.
 std::vector<pid_t> Pids(const std::string& instance, const std::string& exe) {
@@ -88,8 +108,7 @@ std::vector<pid_t> Pids(const std::string& instance, const std::string& exe) {
   while (dirent* e = readdir(d)) {
     int pid = 0;
     if (!absl::SimpleAtoi(e->d_name, &pid)) continue;
-    std::ifstream in(absl::StrCat("/proc/", pid, "/cmdline"), std::ios::binary);
-    std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string cmd = ReadProcFile(absl::StrCat("/proc/", pid, "/cmdline"));
     std::vector<std::string> args;
     for (size_t at = 0; at < cmd.size();) {
       const size_t end = cmd.find('\0', at);
@@ -116,7 +135,7 @@ int CountFds(pid_t pid) {
 
 // A field of /proc/PID/status ("VmRSS:" in KiB, "Threads:"), or -1.
 int64_t ProcStatus(pid_t pid, const std::string& field) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::istringstream in(ReadProcFile(absl::StrCat("/proc/", pid, "/status")));
   std::string line;
   while (std::getline(in, line)) {
     if (line.rfind(field, 0) == 0) return std::atoll(line.c_str() + field.size());
