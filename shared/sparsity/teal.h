@@ -67,8 +67,8 @@ float TopShareCut(const float* x, int64_t n, float share, std::vector<float>& sc
 // y[0..wt.cols) = sum over c with |x_c| >= cut and x_c != 0 of x_c * wt.row(c): the
 // input-sparse product of the transposed weights wt ([in][out]) with x[0..wt.rows). Zeros are
 // skipped at any cut (exactly: they add nothing), so a ReLU output's zeros cost no reads.
-// ids and coeffs are scratch. Returns the number of inputs kept. Threads split the outputs, so
-// the result does not depend on the pool size.
+// ids and coeffs are scratch. Returns the number of inputs kept. Threads split the kept inputs
+// into shares fixed by the bytes to read, so the result does not depend on the pool size.
 int64_t InputSparseMatVec(const MatrixView& wt, const float* x, float cut,
                           std::vector<int32_t>& ids, std::vector<float>& coeffs, float* y,
                           ThreadPool& pool);

@@ -69,8 +69,9 @@ TEST(TealKernelTest, InputSparseMatVecMatchesDoubleReference) {
     const bool quant = TypeTraits(type).block_size > 1;
     // Outputs run along the transposed rows: whole blocks for the quantized types.
     const std::vector<Shape> shapes =
-        // The last shapes hold more than 64 KiB of kept rows: the pool splits their outputs.
-        quant ? std::vector<Shape>{{32, 1}, {32, 19}, {64, 45}, {96, 7}, {2080, 160}}
+        // The last shapes hold more than 256 KiB of kept rows (ThreadPool::kMinParallelBytes):
+        // they are summed in 2-4 shares of the kept inputs.
+        quant ? std::vector<Shape>{{32, 1}, {32, 19}, {64, 45}, {96, 7}, {2080, 160}, {2048, 1024}}
               : std::vector<Shape>{{1, 1}, {37, 19}, {64, 45}, {5, 200}, {3, 1}, {1000, 300}};
     for (const Shape& sh : shapes) {
       // W is [out][in] as a model stores it; its transposed copy is what TEAL reads.
