@@ -4,9 +4,7 @@
 // sent, every layer has time on both sides, the active-neuron ratios are in [0, 1] (exactly 1
 // in dense mode), the predictor's recall is sampled in predicted mode, and a segment created
 // after the workers started is picked up by them.
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
+#include "shared/ipc/worker_metrics.h"
 
 #include <memory>
 #include <string>
@@ -16,7 +14,7 @@
 #include "gtest/gtest.h"
 #include "shared/ipc/messages.h"
 #include "shared/ipc/transport.h"
-#include "shared/ipc/worker_metrics.h"
+#include "tests/integration/worker_instance.h"
 #include "tests/process_spawn.h"
 #include "tests/test_support.h"
 
@@ -25,51 +23,16 @@ namespace {
 
 using ipc::Role;
 
-constexpr int kLayers = 2;
-constexpr uint32_t kVocab = 300;
+constexpr int kLayers = testing::kReluWorkerLayers;
+constexpr uint32_t kVocab = testing::kReluWorkerVocab;
 
-// A small synthetic ReLU-gated model in PowerInfer's layout (with fc1/fc2 predictors, so the
-// predicted mode runs), written once per test binary by the real command.
-const std::string& ReluModel() {
-  static const std::string path = [] {
-    const std::string dir = testing::TempDir();
-    const std::string base = dir + "/relu.gguf", pwri = dir + "/relu.powerinfer.gguf";
-    auto r = testing::RunCommand(
-        {testing::BinDir() + "/thermocline", "synth", "--ffn-kind", "relu-gated", "--dim", "64",
-         "--ffn", "128", "--layers", std::to_string(kLayers), "--heads", "4", "--kv-heads", "2",
-         "--vocab", std::to_string(kVocab), "--context", "64", "--seed", "5", "--threads", "1",
-         "--powerinfer-output", pwri, "-o", base});
-    EXPECT_EQ(r.exit_code, 0) << r.err;
-    return pwri;
-  }();
-  return path;
-}
-
-class Instance {
+// WorkerInstance with the metrics segment the gateway would create, and one-token steps.
+class Instance : public testing::WorkerInstance {
  public:
-  explicit Instance(const std::string& tag) {
-    static int counter = 0;
-    name_ = absl::StrCat("wmtest-", tag, "-", getpid(), "-", counter++);
-    auto t = ipc::Transport::Create(name_);
-    EXPECT_TRUE(t.ok()) << t.status();
-    transport_ = std::move(*t);
-    auto out = transport_->Producer(ipc::RingId::kGatewayToGpu);
-    auto in = transport_->Consumer(ipc::RingId::kGpuToGateway);
-    EXPECT_TRUE(out.ok() && in.ok());
-    to_gpu_ = std::make_unique<ipc::RingProducer>(std::move(*out));
-    from_gpu_ = std::make_unique<ipc::RingConsumer>(std::move(*in));
-  }
-  ~Instance() {
-    for (pid_t pid : pids_) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-    }
-  }
-
-  const std::string& name() const { return name_; }
+  explicit Instance(const std::string& tag) : WorkerInstance(absl::StrCat("wm-", tag)) {}
 
   void CreateMetrics() {
-    auto m = ipc::WorkerMetricsRegion::Create(name_);
+    auto m = ipc::WorkerMetricsRegion::Create(name());
     ASSERT_TRUE(m.ok()) << m.status();
     metrics_ = std::move(*m);
   }
@@ -79,69 +42,22 @@ class Instance {
     return s.ok() ? *s : ipc::WorkerMetricsSnapshot{};
   }
 
-  bool StartWorkers(const std::vector<std::string>& args) {
-    const pid_t g = Spawn("thermocline-gpu-worker", args);
-    const pid_t c = Spawn("thermocline-cpu-worker", args);
-    return WaitReady(Role::kGpuWorker, g) && WaitReady(Role::kCpuWorker, c);
-  }
-
   // One decode step of one token at `position` in slot 0; true when Logits came back.
   bool Step(uint64_t step_id, int32_t position) {
-    const std::vector<ipc::StepEntry> entries = {
-        {0, position, static_cast<int32_t>(1 + (position * 37) % (kVocab - 1)),
-         ipc::kEntryWantsLogits}};
-    if (!ipc::SendStep(*to_gpu_, step_id, entries, absl::Seconds(5)).ok()) return false;
-    std::vector<std::byte> payload;
-    for (int i = 0; i < 600; ++i) {
-      auto h = from_gpu_->Receive(&payload, absl::Milliseconds(50));
-      if (absl::IsDeadlineExceeded(h.status())) continue;
-      if (!h.ok()) return false;
-      if (h->step_id != step_id) continue;
-      return ipc::ViewOf(*h, payload).kind() == ipc::MessageKind::kLogits;
-    }
-    return false;
-  }
-
-  std::string Log() const {
-    return testing::ReadFileOrDie(log_);
+    Send(step_id, {{0, position, static_cast<int32_t>(1 + (position * 37) % (kVocab - 1)),
+                    ipc::kEntryWantsLogits}});
+    return Reply(step_id, kVocab).ok();
   }
 
  private:
-  pid_t Spawn(const std::string& binary, std::vector<std::string> args) {
-    args.insert(args.begin(), {testing::BinDir() + "/" + binary, "--instance", name_});
-    log_ = testing::TempDir() + "/" + name_ + ".log";
-    pid_t pid = 0;
-    auto child = testing::SpawnProcess(args, {.stderr_file = log_, .stderr_append = true});
-    if (child.ok()) {
-      pid = child->pid;
-    } else {
-      ADD_FAILURE() << child.status();
-    }
-    pids_.push_back(pid);
-    return pid;
-  }
-  bool WaitReady(Role role, pid_t pid) {
-    for (int i = 0; i < 3000; ++i) {
-      const ipc::ProcessInfo p = transport_->Process(role);
-      if (p.pid == pid && p.alive && p.state == ipc::ProcessState::kReady) return true;
-      if (p.state == ipc::ProcessState::kFailed) return false;
-      usleep(10000);
-    }
-    return false;
-  }
-
-  std::string name_;
-  std::unique_ptr<ipc::Transport> transport_;
   std::unique_ptr<ipc::WorkerMetricsRegion> metrics_;
-  std::unique_ptr<ipc::RingProducer> to_gpu_;
-  std::unique_ptr<ipc::RingConsumer> from_gpu_;
-  std::vector<pid_t> pids_;
-  std::string log_;
 };
 
 std::vector<std::string> Flags(const std::string& sparsity) {
-  return {"--model", ReluModel(), "--threads", "1", "--hot-fraction", "0.5", "--sparsity",
-          sparsity};
+  return {"--model",        testing::ReluWorkerModel(),
+          "--threads",      "1",
+          "--hot-fraction", "0.5",
+          "--sparsity",     sparsity};
 }
 
 double Ratio(uint64_t a, uint64_t b) { return b == 0 ? -1 : static_cast<double>(a) / b; }
@@ -173,7 +89,7 @@ TEST(WorkerMetricsTest, DenseStepsLayerTimesAndFullRatios) {
   EXPECT_EQ(cpu.capacity_neurons, uint64_t{kSteps} * kLayers * 64);
   EXPECT_EQ(cpu.active_neurons, cpu.capacity_neurons);
   EXPECT_EQ(gpu.ring_waits, uint64_t{kSteps} * kLayers);  // one wait per cold partial
-  EXPECT_EQ(gpu.recall_samples, 0u);                       // no predictor in dense mode
+  EXPECT_EQ(gpu.recall_samples, 0u);                      // no predictor in dense mode
   EXPECT_GT(gpu.pid, 0);
   EXPECT_GT(cpu.pid, 0);
 }

@@ -39,6 +39,7 @@
 #include "shared/runtime/kv_cache.h"
 #include "shared/sparsity/sparse_ffn.h"
 #include "shared/sparsity/sparsity_mode.h"
+#include "tests/integration/worker_instance.h"
 #include "tests/process_spawn.h"
 #include "tests/test_support.h"
 
@@ -46,6 +47,7 @@ namespace thermocline {
 namespace {
 
 using ipc::Role;
+using testing::WorkerInstance;
 
 // Relative to max(1, RMS of the reference logits); see the top of the file.
 constexpr double kTolerance = 1e-4;
@@ -53,22 +55,6 @@ constexpr double kTolerance = 1e-4;
 std::string Stories() { return testing::ModelPath("stories260K/stories260K.gguf"); }
 std::string Corpus() { return testing::SharedDataDir() + "/corpus/tinystories_valid_sample.txt"; }
 
-// A small synthetic ReLU-gated model in PowerInfer's layout (with fc1/fc2 predictors), written
-// once per test binary by the real command.
-const std::string& ReluModel() {
-  static const std::string path = [] {
-    const std::string dir = testing::TempDir();
-    const std::string base = dir + "/relu.gguf", pwri = dir + "/relu.powerinfer.gguf";
-    auto r = testing::RunCommand(
-        {testing::BinDir() + "/thermocline", "synth", "--ffn-kind", "relu-gated", "--dim", "64",
-         "--ffn", "128", "--layers", "2", "--heads", "4", "--kv-heads", "2", "--vocab", "300",
-         "--context", "64", "--seed", "5", "--threads", "1", "--powerinfer-output", pwri, "-o",
-         base});
-    EXPECT_EQ(r.exit_code, 0) << r.err;
-    return pwri;
-  }();
-  return path;
-}
 
 // Activation statistics of stories260K for the threshold mode, once per test binary.
 const std::string& StoriesStats() {
@@ -82,141 +68,6 @@ const std::string& StoriesStats() {
   }();
   return path;
 }
-
-std::string UniqueInstance(const std::string& tag) {
-  static int counter = 0;
-  return absl::StrCat("wtest-", tag, "-", getpid(), "-", counter++);
-}
-
-// The test's side of an instance: the transport (gateway role), the spawned workers, and the
-// gateway's ring ends.
-class Instance {
- public:
-  explicit Instance(const std::string& tag) : name_(UniqueInstance(tag)) {
-    auto t = ipc::Transport::Create(name_);
-    EXPECT_TRUE(t.ok()) << t.status();
-    transport_ = std::move(*t);
-    auto out = transport_->Producer(ipc::RingId::kGatewayToGpu);
-    auto in = transport_->Consumer(ipc::RingId::kGpuToGateway);
-    EXPECT_TRUE(out.ok() && in.ok());
-    to_gpu_ = std::make_unique<ipc::RingProducer>(std::move(*out));
-    from_gpu_ = std::make_unique<ipc::RingConsumer>(std::move(*in));
-  }
-  ~Instance() {
-    for (pid_t& pid : pids_) Kill(pid);
-    transport_.reset();
-  }
-
-  const std::string& name() const { return name_; }
-  ipc::Transport& transport() { return *transport_; }
-
-  // Spawns a worker with stderr to a log file; returns its pid.
-  pid_t Spawn(const std::string& binary, std::vector<std::string> args) {
-    args.insert(args.begin(), {testing::BinDir() + "/" + binary, "--instance", name_});
-    log_ = testing::TempDir() + "/" + name_ + ".log";
-    pid_t pid = 0;
-    auto child = testing::SpawnProcess(args, {.stderr_file = log_, .stderr_append = true});
-    if (child.ok()) {
-      pid = child->pid;
-    } else {
-      ADD_FAILURE() << child.status();
-    }
-    pids_.push_back(pid);
-    return pid;
-  }
-
-  std::string Log() const {
-    std::error_code ec;
-    return std::filesystem::exists(log_, ec) ? testing::ReadFileOrDie(log_) : "";
-  }
-
-  // Waits (up to 30 s: the load runs on busy cores) for process `pid` to be ready in `role`'s
-  // slot (a killed predecessor's slot still reads kReady, so the pid must match).
-  bool WaitReady(Role role, pid_t pid) {
-    for (int i = 0; i < 3000; ++i) {
-      const ipc::ProcessInfo p = transport_->Process(role);
-      if (p.pid == pid && p.alive && p.state == ipc::ProcessState::kReady) return true;
-      if (p.state == ipc::ProcessState::kFailed) return false;
-      usleep(10000);
-    }
-    return false;
-  }
-
-  // Spawns both workers with the same flags and waits for both to be ready.
-  bool StartWorkers(const std::vector<std::string>& args, pid_t* gpu = nullptr,
-                    pid_t* cpu = nullptr) {
-    const pid_t g = Spawn("thermocline-gpu-worker", args);
-    const pid_t c = Spawn("thermocline-cpu-worker", args);
-    if (gpu != nullptr) *gpu = g;
-    if (cpu != nullptr) *cpu = c;
-    return WaitReady(Role::kGpuWorker, g) && WaitReady(Role::kCpuWorker, c);
-  }
-
-  // SIGKILL and reap (no-op for pid 0).
-  static void Kill(pid_t& pid) {
-    if (pid <= 0) return;
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
-    pid = 0;
-  }
-  // Waits up to 10 s for a process to exit on its own; its exit status, or -1.
-  static int WaitExitOf(pid_t pid) {
-    for (int i = 0; i < 1000; ++i) {
-      int status = 0;
-      if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-      usleep(10000);
-    }
-    return -1;
-  }
-  int WaitExit(pid_t pid) {
-    Forget(pid);
-    return WaitExitOf(pid);
-  }
-  // The destructor will not kill `pid`.
-  void Forget(pid_t pid) {
-    for (pid_t& p : pids_) {
-      if (p == pid) p = 0;
-    }
-  }
-
-  void Send(uint64_t step_id, const std::vector<ipc::StepEntry>& entries) {
-    ASSERT_TRUE(ipc::SendStep(*to_gpu_, step_id, entries, absl::Seconds(5)).ok());
-  }
-  void SendShutdown() { ASSERT_TRUE(ipc::SendShutdown(*to_gpu_, absl::Seconds(5)).ok()); }
-  // After BumpEpoch: steps go out under the new epoch.
-  void AdoptEpoch() { to_gpu_->set_epoch(transport_->epoch()); }
-
-  // The reply to `step_id` (earlier replies are skipped): logits, or the worker's error.
-  absl::StatusOr<std::vector<float>> Reply(uint64_t step_id, uint32_t vocab,
-                                           absl::Duration deadline = absl::Seconds(30)) {
-    const absl::Time end = absl::Now() + deadline;
-    std::vector<std::byte> payload;
-    while (absl::Now() < end) {
-      auto h = from_gpu_->Receive(&payload, absl::Milliseconds(50));
-      if (absl::IsDeadlineExceeded(h.status())) continue;
-      if (!h.ok()) return h.status();
-      if (h->step_id != step_id) continue;
-      const ipc::MessageView m = ipc::ViewOf(*h, payload);
-      if (m.kind() == ipc::MessageKind::kError) {
-        absl::Status sender;
-        if (absl::Status s = ipc::DecodeError(m, &sender); !s.ok()) return s;
-        return sender;
-      }
-      auto l = ipc::DecodeLogits(m, ipc::MatrixLimits{vocab, 1024, 0});
-      if (!l.ok()) return l.status();
-      return std::vector<float>(l->data.begin(), l->data.end());
-    }
-    return absl::DeadlineExceededError(absl::StrCat("no reply to step ", step_id));
-  }
-
- private:
-  std::string name_;
-  std::unique_ptr<ipc::Transport> transport_;
-  std::unique_ptr<ipc::RingProducer> to_gpu_;
-  std::unique_ptr<ipc::RingConsumer> from_gpu_;
-  std::vector<pid_t> pids_;
-  std::string log_;
-};
 
 bool ShmLeftFor(const std::string& instance) {
   for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
@@ -296,7 +147,7 @@ double CompareSplit(const SplitCase& sc) {
   const auto reference = Reference(sc.model, FlagsOf(sc));
   auto model = Model::Load(sc.model);
   const uint32_t vocab = static_cast<uint32_t>((*model)->config().vocab_size);
-  Instance inst("cmp");
+  WorkerInstance inst("cmp");
   EXPECT_TRUE(inst.StartWorkers(WorkerArgs(sc))) << inst.Log();
   const auto steps = Steps(static_cast<int32_t>(vocab));
   // Bit-identical where the summation order is the same (see the top of the file).
@@ -343,14 +194,14 @@ TEST(WorkerProcessesTest, StoriesThresholdMatchesSingleProcess) {
 
 TEST(WorkerProcessesTest, ReluModelAllModesMatchSingleProcess) {
   for (const std::string mode : {"dense", "exact", "predicted"}) {
-    for (double hot : {0.0, 0.5, 1.0}) CompareSplit({ReluModel(), mode, {}, hot});
+    for (double hot : {0.0, 0.5, 1.0}) CompareSplit({testing::ReluWorkerModel(), mode, {}, hot});
   }
 }
 
 TEST(WorkerProcessesTest, BadStepGetsErrorAndNextStepWorks) {
   const SplitCase sc{Stories(), "dense", {}, 0.5};
   const auto reference = Reference(sc.model, FlagsOf(sc));
-  Instance inst("bad");
+  WorkerInstance inst("bad");
   ASSERT_TRUE(inst.StartWorkers(WorkerArgs(sc))) << inst.Log();
   inst.Send(1, {{99, 0, 5, ipc::kEntryWantsLogits}});  // slot out of range
   auto bad = inst.Reply(1, 512);
@@ -378,7 +229,7 @@ TEST(WorkerProcessesTest, KilledCpuWorkerIsReportedAndRestartedOneServesTheRetry
   const auto reference = Reference(sc.model, FlagsOf(sc));
   std::string instance;
   {
-    Instance inst("kill");
+    WorkerInstance inst("kill");
     instance = inst.name();
     pid_t gpu = 0, cpu = 0;
     ASSERT_TRUE(inst.StartWorkers(WorkerArgs(sc), &gpu, &cpu)) << inst.Log();
@@ -387,7 +238,7 @@ TEST(WorkerProcessesTest, KilledCpuWorkerIsReportedAndRestartedOneServesTheRetry
     ASSERT_TRUE(inst.Reply(1, 512).ok()) << inst.Log();
 
     // The gpu worker sends layer 0's Activation and waits for a Partial that never comes.
-    Instance::Kill(cpu);
+    WorkerInstance::Kill(cpu);
     inst.Send(2, steps[1]);
     auto lost = inst.Reply(2, 512, absl::Seconds(5));
     EXPECT_EQ(lost.status().code(), absl::StatusCode::kUnavailable) << lost.status();
@@ -405,18 +256,18 @@ TEST(WorkerProcessesTest, KilledCpuWorkerIsReportedAndRestartedOneServesTheRetry
     for (size_t i = 0; i < retried->size(); ++i) {
       ASSERT_NEAR((*retried)[i], reference[1][i], 1e-3) << i;
     }
-    // Kill everything; the Instance's destructor removes the segment.
-    Instance::Kill(gpu);
-    Instance::Kill(cpu);
+    // Kill everything; the WorkerInstance's destructor removes the segment.
+    WorkerInstance::Kill(gpu);
+    WorkerInstance::Kill(cpu);
   }
   EXPECT_FALSE(ShmLeftFor(instance));
 }
 
 TEST(WorkerProcessesTest, ShutdownStopsBothWorkersCleanly) {
-  const SplitCase sc{ReluModel(), "exact", {}, 0.5};
+  const SplitCase sc{testing::ReluWorkerModel(), "exact", {}, 0.5};
   std::string instance;
   {
-    Instance inst("stop");
+    WorkerInstance inst("stop");
     instance = inst.name();
     pid_t gpu = 0, cpu = 0;
     ASSERT_TRUE(inst.StartWorkers(WorkerArgs(sc), &gpu, &cpu)) << inst.Log();
@@ -430,8 +281,8 @@ TEST(WorkerProcessesTest, ShutdownStopsBothWorkersCleanly) {
 }
 
 TEST(WorkerProcessesTest, SigtermAndTheGatewaysExitStopTheWorkers) {
-  const SplitCase sc{ReluModel(), "dense", {}, 0.5};
-  auto inst = std::make_unique<Instance>("owner");
+  const SplitCase sc{testing::ReluWorkerModel(), "dense", {}, 0.5};
+  auto inst = std::make_unique<WorkerInstance>("owner");
   const std::string instance = inst->name();
   pid_t gpu = 0, cpu = 0;
   ASSERT_TRUE(inst->StartWorkers(WorkerArgs(sc), &gpu, &cpu)) << inst->Log();
@@ -440,7 +291,7 @@ TEST(WorkerProcessesTest, SigtermAndTheGatewaysExitStopTheWorkers) {
   EXPECT_EQ(inst->transport().Process(Role::kCpuWorker).state, ipc::ProcessState::kStopped);
   inst->Forget(gpu);
   inst.reset();  // the gateway's transport goes: the owner is cleared and the segment removed
-  EXPECT_EQ(Instance::WaitExitOf(gpu), 0);
+  EXPECT_EQ(WorkerInstance::WaitExitOf(gpu), 0);
   EXPECT_FALSE(ShmLeftFor(instance));
 }
 
