@@ -3,8 +3,15 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace thermocline {
 
@@ -49,6 +56,31 @@ SimdLevel DetectSimdLevel() {
     }
   }
   return level;
+}
+
+bool AmxInt8Usable() {
+  static const bool usable = [] {
+    const char* env = std::getenv("THERMOCLINE_AMX");
+    if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+#if defined(__x86_64__)
+    unsigned a, b, c, d;
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
+    const bool tile = (d >> 24) & 1, int8 = (d >> 25) & 1;
+    if (!tile || !int8) return false;
+    // XCR0 bits 17 (XTILECFG) and 18 (XTILEDATA): the OS manages the tile state. xgetbv needs
+    // OSXSAVE, which leaf 1 reports.
+    if (__get_cpuid(1, &a, &b, &c, &d) == 0 || ((c >> 27) & 1) == 0) return false;
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if (((lo >> 17) & 3) != 3) return false;
+    // Linux gives a process the 8 KiB of tile data only on request.
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+    return false;
+#endif
+  }();
+  return usable;
 }
 
 const char* SimdLevelName(SimdLevel level) {

@@ -16,4 +16,10 @@ SimdLevel DetectSimdLevel();
 SimdLevel CpuSimdLevel();
 const char* SimdLevelName(SimdLevel level);
 
+// True when the avx512 family may use AMX-INT8 tiles (the *_amx.cc kernels): the CPU has AMX-TILE
+// and AMX-INT8, the OS saves their state (XCR0), and it granted this process the tile data
+// (arch_prctl ARCH_REQ_XCOMP_PERM, asked on the first call). THERMOCLINE_AMX=0 in the environment
+// turns it off (benchmarks compare both; the results are the same bits either way).
+bool AmxInt8Usable();
+
 }  // namespace thermocline

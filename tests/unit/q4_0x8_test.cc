@@ -25,7 +25,6 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "tests/kernel_families.h"
 #include "shared/gguf/ggml_type.h"
 #include "shared/gguf/quant.h"
 #include "shared/kernels/dispatch.h"
@@ -33,6 +32,7 @@
 #include "shared/kernels/matmul_kernels.h"
 #include "shared/util/cpu_features.h"
 #include "shared/util/thread_pool.h"
+#include "tests/kernel_families.h"
 
 namespace thermocline {
 namespace {
@@ -88,7 +88,6 @@ std::vector<float> Q8Rounded(const float* x, int64_t cols) {
   return out;
 }
 
-
 TEST(Q4_0x8LayoutTest, EveryRowComesBackByteForByte) {
   for (int64_t rows : kRows) {
     for (int64_t cols : kCols) {
@@ -112,33 +111,34 @@ TEST(Q4_0x8LayoutTest, EveryRowComesBackByteForByte) {
   }
 }
 
-
 class Q4_0x8KernelTest : public testing::KernelFamilyTest {};
 
 TEST_P(Q4_0x8KernelTest, MatchesDoubleReferenceAndRowLayout) {
   for (int64_t rows : kRows) {
     for (int64_t cols : kCols) {
       const Q4Matrix m = MakeMatrix(rows, cols, static_cast<uint32_t>(rows * 7 + cols));
-      const int64_t n_tokens = 3;
-      const std::vector<float> x = Activations(n_tokens * cols, static_cast<uint32_t>(cols));
-      const std::vector<float> y = testing::MultiplyOnPool(m.packed, x, n_tokens, 2);
-      const std::vector<float> y_rows = testing::MultiplyOnPool(m.view, x, n_tokens, 2);
-      const double nb = static_cast<double>(cols / kQK);
-      for (int64_t t = 0; t < n_tokens; ++t) {
-        const std::vector<float> xq = Q8Rounded(x.data() + t * cols, cols);
-        for (int64_t r = 0; r < rows; ++r) {
-          double ref = 0, p = 0;
-          for (int64_t c = 0; c < cols; ++c) {
-            const double term = static_cast<double>(m.deq[r * cols + c]) * xq[c];
-            ref += term;
-            p += std::fabs(term);
+      // 35 tokens: two 16-token AMX tiles (q4_0x8_amx.cc, where the CPU has AMX) and a tail.
+      for (const int64_t n_tokens : {3, 35}) {
+        const std::vector<float> x = Activations(n_tokens * cols, static_cast<uint32_t>(cols));
+        const std::vector<float> y = testing::MultiplyOnPool(m.packed, x, n_tokens, 2);
+        const std::vector<float> y_rows = testing::MultiplyOnPool(m.view, x, n_tokens, 2);
+        const double nb = static_cast<double>(cols / kQK);
+        for (int64_t t = 0; t < n_tokens; ++t) {
+          const std::vector<float> xq = Q8Rounded(x.data() + t * cols, cols);
+          for (int64_t r = 0; r < rows; ++r) {
+            double ref = 0, p = 0;
+            for (int64_t c = 0; c < cols; ++c) {
+              const double term = static_cast<double>(m.deq[r * cols + c]) * xq[c];
+              ref += term;
+              p += std::fabs(term);
+            }
+            const float got = y[t * rows + r];
+            EXPECT_LE(std::fabs(got - ref), (nb + 2) / 2 * FLT_EPSILON * p + 1e-30)
+                << rows << "x" << cols << " row " << r << " token " << t;
+            EXPECT_LE(std::fabs(static_cast<double>(got) - y_rows[t * rows + r]),
+                      (2 * nb + 5) / 2 * FLT_EPSILON * p + 1e-30)
+                << rows << "x" << cols << " row " << r << " token " << t << " vs row layout";
           }
-          const float got = y[t * rows + r];
-          EXPECT_LE(std::fabs(got - ref), (nb + 2) / 2 * FLT_EPSILON * p + 1e-30)
-              << rows << "x" << cols << " row " << r << " token " << t;
-          EXPECT_LE(std::fabs(static_cast<double>(got) - y_rows[t * rows + r]),
-                    (2 * nb + 5) / 2 * FLT_EPSILON * p + 1e-30)
-              << rows << "x" << cols << " row " << r << " token " << t << " vs row layout";
         }
       }
     }
@@ -149,29 +149,32 @@ TEST_P(Q4_0x8KernelTest, ThreadsBatchesAndRangesAreBitIdentical) {
   for (int64_t rows : kRows) {
     for (int64_t cols : kCols) {
       const Q4Matrix m = MakeMatrix(rows, cols, static_cast<uint32_t>(rows + cols));
-      const int64_t n_tokens = 6;  // a full 4-token tile and a partial one
-      const std::vector<float> x = Activations(n_tokens * cols, 5);
-      const std::vector<float> base = testing::MultiplyOnPool(m.packed, x, n_tokens, 1);
-      for (int threads : {2, 3}) {
-        EXPECT_TRUE(testing::SameBits(testing::MultiplyOnPool(m.packed, x, n_tokens, threads), base))
-            << rows << "x" << cols << " threads " << threads;
-      }
-      for (int64_t t = 0; t < n_tokens; ++t) {
-        const std::vector<float> one(x.begin() + t * cols, x.begin() + (t + 1) * cols);
-        const std::vector<float> y1 = testing::MultiplyOnPool(m.packed, one, 1, 1);
-        EXPECT_EQ(std::memcmp(y1.data(), base.data() + t * rows, rows * sizeof(float)), 0)
-            << rows << "x" << cols << " token " << t << " alone";
-      }
-      // Ranges that start and end inside groups.
-      for (int64_t r0 = 0; r0 < rows; r0 += 3) {
-        for (int64_t r1 = r0 + 1; r1 <= rows; r1 += 5) {
-          std::vector<float> y(n_tokens * rows, -1.0f);
-          MatMulRows(m.packed, x.data(), n_tokens, cols, y.data(), rows, r0, r1);
-          for (int64_t t = 0; t < n_tokens; ++t) {
-            for (int64_t r = 0; r < rows; ++r) {
-              const float want = r >= r0 && r < r1 ? base[t * rows + r] : -1.0f;
-              ASSERT_EQ(std::memcmp(&y[t * rows + r], &want, sizeof want), 0)
-                  << rows << "x" << cols << " [" << r0 << ", " << r1 << ") row " << r;
+      // A full 4-token tile and a partial one; two 16-token AMX tiles and a partial one.
+      for (const int64_t n_tokens : {6, 35}) {
+        const std::vector<float> x = Activations(n_tokens * cols, 5);
+        const std::vector<float> base = testing::MultiplyOnPool(m.packed, x, n_tokens, 1);
+        for (int threads : {2, 3}) {
+          EXPECT_TRUE(
+              testing::SameBits(testing::MultiplyOnPool(m.packed, x, n_tokens, threads), base))
+              << rows << "x" << cols << " threads " << threads;
+        }
+        for (int64_t t = 0; t < n_tokens; ++t) {
+          const std::vector<float> one(x.begin() + t * cols, x.begin() + (t + 1) * cols);
+          const std::vector<float> y1 = testing::MultiplyOnPool(m.packed, one, 1, 1);
+          EXPECT_EQ(std::memcmp(y1.data(), base.data() + t * rows, rows * sizeof(float)), 0)
+              << rows << "x" << cols << " token " << t << " alone";
+        }
+        // Ranges that start and end inside groups.
+        for (int64_t r0 = 0; r0 < rows; r0 += 3) {
+          for (int64_t r1 = r0 + 1; r1 <= rows; r1 += 5) {
+            std::vector<float> y(n_tokens * rows, -1.0f);
+            MatMulRows(m.packed, x.data(), n_tokens, cols, y.data(), rows, r0, r1);
+            for (int64_t t = 0; t < n_tokens; ++t) {
+              for (int64_t r = 0; r < rows; ++r) {
+                const float want = r >= r0 && r < r1 ? base[t * rows + r] : -1.0f;
+                ASSERT_EQ(std::memcmp(&y[t * rows + r], &want, sizeof want), 0)
+                    << rows << "x" << cols << " [" << r0 << ", " << r1 << ") row " << r;
+              }
             }
           }
         }
