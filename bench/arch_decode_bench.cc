@@ -19,7 +19,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -47,13 +46,6 @@ int Usage() {
                "usage: arch_decode_bench [--layers 4] [--rounds 5] [--tokens 16] [--threads 2] "
                "[--type f16] [--dir D] [--keep]\n");
   return 2;
-}
-
-std::string LoadAverage() {
-  std::ifstream f("/proc/loadavg");
-  std::string a, b, c;
-  f >> a >> b >> c;
-  return absl::StrCat(a, " ", b, " ", c);
 }
 
 struct Entry {
@@ -147,7 +139,7 @@ int main(int argc, char** argv) {
 
   std::printf("kernels %s, %d threads, %s weights, %d layers, load average %s\n",
               SimdLevelName(DetectSimdLevel()), threads, type_name.c_str(), layers,
-              LoadAverage().c_str());
+              bench::LoadNow().c_str());
   ThreadPool pool(threads);
   const int64_t context = kPrompt + tokens + 1;
   for (size_t m = 0; m < models.size(); ++m) {
@@ -207,7 +199,7 @@ int main(int argc, char** argv) {
     std::printf("%-26s %10.2f %16.3f %16.3f\n", e.label.c_str(), Median(e.tps), Median(ratios),
                 predicted);
   }
-  std::printf("load average after: %s\n", LoadAverage().c_str());
+  std::printf("load average after: %s\n", bench::LoadNow().c_str());
   models.clear();
   if (!keep) {
     std::error_code ec;

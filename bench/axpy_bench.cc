@@ -251,7 +251,7 @@ int Main(int argc, char** argv) {
     return 2;
   }
   std::printf("axpy_bench: kernels=%s, working set %lld MiB per type and shape, %d rounds\n",
-              SimdLevelName(DetectSimdLevel()), static_cast<long long>(o.working_set_mib),
+              bench::KernelFamily(), static_cast<long long>(o.working_set_mib),
               o.rounds);
   for (int t : o.threads) {
     ThreadPool pool(t);

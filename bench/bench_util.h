@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "shared/util/cpu_features.h"
 #include "shared/util/load_average.h"
 
 namespace thermocline::bench {
@@ -37,6 +38,13 @@ inline double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// The kernel family the run uses, "+amx" where the avx512 family's Q4_0 GEMM runs on AMX tiles.
+inline const char* KernelFamily() {
+  const SimdLevel level = DetectSimdLevel();
+  if (level == SimdLevel::kAvx512 && AmxInt8Usable()) return "avx512+amx";
+  return SimdLevelName(level);
 }
 
 // "1-minute average/runnable now", e.g. "3.52/5".

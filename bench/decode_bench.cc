@@ -80,7 +80,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::printf("kernels: %s, cpus %d; load = 1-minute average/threads runnable\n",
-              SimdLevelName(DetectSimdLevel()), UsableCpus());
+              bench::KernelFamily(), UsableCpus());
   std::printf("%-28s %7s %8s %12s %10s %10s %10s %7s %11s %11s %12s\n", "model", "type", "threads",
               "MB/token", "read GB/s", "floor t/s", "tok/s", "ratio", "load start", "load end",
               "prompt t/s");

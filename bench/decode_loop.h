@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "bench/bench_util.h"
 #include "shared/runtime/forward.h"
 #include "shared/runtime/generate.h"
 
@@ -35,11 +36,6 @@ inline absl::Status Decode(BatchRunner& runner, int tokens, std::vector<double>&
     times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return absl::OkStatus();
-}
-
-inline double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 }  // namespace thermocline::bench

@@ -327,7 +327,7 @@ int Main(int argc, char** argv) {
     return 2;
   }
   std::printf("gemv_bench: kernels=%s, working set %lld MiB per type, %d rounds\n",
-              SimdLevelName(DetectSimdLevel()), static_cast<long long>(o.working_set_mib),
+              bench::KernelFamily(), static_cast<long long>(o.working_set_mib),
               o.rounds);
   std::vector<double> floor_gbs;
   for (int n : o.threads) {

@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "shared/model/model.h"
@@ -167,7 +168,7 @@ int main(int argc, char** argv) {
                  "[--predictor-rank 256] [--predicted-over 1.25]\n");
     return 2;
   }
-  std::printf("kernels: %s\n", SimdLevelName(DetectSimdLevel()));
+  std::printf("kernels: %s\n", bench::KernelFamily());
   std::printf("%-24s %5s %-9s %3s %9s %9s %9s %8s %7s %7s %7s %7s\n", "model", "type", "mode",
               "thr", "MB/token", "read GB/s", "floor t/s", "tok/s", "ratio", "best", "active",
               "cand");

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "bench/decode_loop.h"
@@ -74,7 +75,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::printf("kernels: %s; teal: per-token top-k %.2f on q k v o gate up down\n",
-              SimdLevelName(DetectSimdLevel()), sparsity);
+              bench::KernelFamily(), sparsity);
   std::printf("%-28s %6s %7s %10s %10s %8s %10s %9s\n", "model", "type", "threads", "dense t/s",
               "teal t/s", "ratio", "skipped", "copy MiB");
   for (const std::string& path : models) {
