@@ -1,6 +1,6 @@
-// The avx512 family's slots of the 8-row interleaved layouts: AVX-512 dot products (Q4_0's through
-// AMX tiles with many tokens, where the CPU and OS allow), the AVX2 preparations (they write the
-// activations' layout bytes, the same in both families).
+// The avx512 family's slots of the 8-row interleaved layouts: AVX-512 dot products (Q4_0's and
+// Q4_K's through AMX tiles with many tokens, where the CPU and OS allow), the AVX2 preparations
+// (they write the activations' layout bytes, the same in both families).
 #include "shared/gguf/ggml_type.h"
 #include "shared/kernels/matmul_kernels.h"
 #include "shared/util/cpu_features.h"
@@ -13,8 +13,9 @@ void FillInterleavedAvx512(KernelSet& set) {
     k.dot = dot;
     set.interleaved8[static_cast<size_t>(type)] = k;
   };
-  fill(GgmlType::kQ4_0, kQ4_0x8Avx2, AmxInt8Usable() ? &DotQ4_0x8Amx : &DotQ4_0x8Avx512);
-  fill(GgmlType::kQ4_K, kQ4_Kx8Avx2, &DotQ4_Kx8Avx512);
+  const bool amx = AmxInt8Usable();
+  fill(GgmlType::kQ4_0, kQ4_0x8Avx2, amx ? &DotQ4_0x8Amx : &DotQ4_0x8Avx512);
+  fill(GgmlType::kQ4_K, kQ4_Kx8Avx2, amx ? &DotQ4_Kx8Amx : &DotQ4_Kx8Avx512);
   fill(GgmlType::kQ5_K, kQ5_Kx8Avx2, &DotQ5_Kx8Avx512);
   fill(GgmlType::kQ6_K, kQ6_Kx8Avx2, &DotQ6_Kx8Avx512);
 }

@@ -207,9 +207,11 @@ void DotQ5_Kx8Avx512(const RowSource& groups, int64_t n_groups, int64_t cols, co
                      int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
 void DotQ6_Kx8Avx512(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
                      int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
-// With 16 or more tokens, through AMX tiles (q4_0x8_amx.cc; only where AmxInt8Usable()): the
-// same bits as DotQ4_0x8Avx512, which it calls for the rest.
+// With 16 or more tokens, through AMX tiles (q4_0x8_amx.cc, q4_kx8_amx.cc; only where
+// AmxInt8Usable()): the same bits as the Dot*Avx512 kernels above, which they call for the rest.
 void DotQ4_0x8Amx(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+                  int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
+void DotQ4_Kx8Amx(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
                   int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
 void FillInterleavedAvx512(KernelSet& set);
 // Overwrite the avx512 set's slots of F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL

@@ -28,31 +28,20 @@
 // at x + t * x_stride + 40 b + 8, one tile row per token.
 #include <immintrin.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <vector>
 
 #include "shared/gguf/q4_0x8.h"
+#include "shared/kernels/amx_pairs.h"
 #include "shared/kernels/interleaved8_avx512.h"
 #include "shared/kernels/matmul_kernels.h"
 
 namespace thermocline::matmul_internal {
 namespace {
 
-constexpr int kTileTokens = 16;
-constexpr int kPairRows = 2 * kQ4_0x8Rows;  // two groups per B operand
-constexpr int64_t kBBytes = 8 * 64;         // one block's B operand: K / 4 = 8 rows of 64 bytes
-
-// Tiles: 0 and 3 the activations (16 tokens x 32 bytes), 1 and 4 the weights (8 x 64 bytes), 2
-// and 5 the sums (16 tokens x 16 int32), for two blocks at a time.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {32, 64, 64, 32, 64, 64};
-  uint8_t rows[16] = {kTileTokens, 8, kTileTokens, kTileTokens, 8, kTileTokens};
-};
+using amx::kBBytes;
+using amx::kPairRows;
+using amx::kTileTokens;
 
 // Block b of groups a and b as B operands, for every block of the pair.
 void UnpackPair(const uint8_t* a, const uint8_t* b, int64_t n_blocks, uint8_t* out) {
@@ -123,45 +112,13 @@ void PairTokens(const uint8_t* a, const uint8_t* b, const uint8_t* unpacked, int
 
 void DotQ4_0x8Amx(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
                   int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
-  const int64_t amx_tokens = n_tokens / kTileTokens * kTileTokens;
-  const int64_t pairs = n_groups / 2;
-  if (amx_tokens == 0 || pairs == 0) {
-    DotQ4_0x8Avx512(groups, n_groups, cols, x, x_stride, n_tokens, y, y_stride);
-    return;
-  }
   const int64_t n_blocks = cols / kQK;
-  const int64_t gb = groups.row_bytes;
-  static const TileConfig kConfig;
-  _tile_loadconfig(&kConfig);
-  struct alignas(64) Line {
-    uint8_t bytes[64];
-  };
-  thread_local std::vector<Line> unpacked;
-  unpacked.resize(static_cast<size_t>(n_blocks * kBBytes / 64));
-  uint8_t* buf = unpacked.data()->bytes;
-  for (int64_t p = 0; p < pairs; ++p) {
-    const uint8_t* a = groups.base + 2 * p * gb;
-    const uint8_t* b = a + gb;
-    UnpackPair(a, b, n_blocks, buf);
-    for (int64_t t0 = 0; t0 < amx_tokens; t0 += kTileTokens) {
-      float* out = y + t0 * y_stride + 2 * p * kQ4_0x8Rows;
-      PairTokens(a, b, buf, n_blocks, x + t0 * x_stride, x_stride, out, out + kQ4_0x8Rows,
-                 y_stride);
-    }
-  }
-  _tile_release();
-  // The rest through the VNNI kernel, whose bits these are: the tokens past the last 16 for
-  // the pairs, and every token for an odd last group.
-  if (amx_tokens < n_tokens) {
-    const RowSource paired{groups.base, gb, nullptr};
-    DotQ4_0x8Avx512(paired, 2 * pairs, cols, x + amx_tokens * x_stride, x_stride,
-                    n_tokens - amx_tokens, y + amx_tokens * y_stride, y_stride);
-  }
-  if (n_groups % 2 != 0) {
-    const RowSource last{groups.base + (n_groups - 1) * gb, gb, nullptr};
-    DotQ4_0x8Avx512(last, 1, cols, x, x_stride, n_tokens, y + (n_groups - 1) * kQ4_0x8Rows,
-                    y_stride);
-  }
+  amx::RunPairs(
+      &DotQ4_0x8Avx512, groups, n_groups, cols, x, x_stride, n_tokens, y, y_stride,
+      n_blocks * kBBytes,
+      [&](const uint8_t* a, const uint8_t* b, uint8_t* buf) { UnpackPair(a, b, n_blocks, buf); },
+      [&](const uint8_t* a, const uint8_t* b, const uint8_t* buf, const uint8_t* xt, float* ya,
+          float* yb) { PairTokens(a, b, buf, n_blocks, xt, x_stride, ya, yb, y_stride); });
 }
 
 }  // namespace thermocline::matmul_internal

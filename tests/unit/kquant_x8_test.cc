@@ -29,9 +29,8 @@
 #include <string>
 #include <vector>
 
-#include "gtest/gtest.h"
-#include "tests/kernel_families.h"
 #include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
 #include "shared/gguf/ggml_type.h"
 #include "shared/gguf/interleaved8.h"
 #include "shared/gguf/q4_kx8.h"
@@ -42,6 +41,7 @@
 #include "shared/util/cpu_features.h"
 #include "shared/util/fp16.h"
 #include "shared/util/thread_pool.h"
+#include "tests/kernel_families.h"
 
 namespace thermocline {
 namespace {
@@ -98,8 +98,7 @@ std::vector<float> Activations(int64_t n, uint32_t seed) {
 // d * sc * q * xd * xq fits a double's mantissa), and P, the sum of the terms' magnitudes.
 // kHigh: Q5_K (block_q5_K: d, dmin, scales[12], qh[32], qs[128]), else Q4_K (no qh).
 template <bool kHigh>
-void ReferenceQ45_K(const uint8_t* row, const uint8_t* q8k, int64_t cols, double* ref,
-                    double* p) {
+void ReferenceQ45_K(const uint8_t* row, const uint8_t* q8k, int64_t cols, double* ref, double* p) {
   *ref = 0;
   *p = 0;
   for (int64_t b = 0; b < cols / kQK_K; ++b) {
@@ -152,8 +151,8 @@ void ReferenceQ6_K(const uint8_t* row, const uint8_t* q8k, int64_t cols, double*
 struct KType {
   GgmlType type;
   const char* name;
-  int terms;                 // f32 terms per row and super-block (k above)
-  int64_t row_block_bytes;   // per row and super-block, in the interleaved layout
+  int terms;                // f32 terms per row and super-block (k above)
+  int64_t row_block_bytes;  // per row and super-block, in the interleaved layout
   void (*reference)(const uint8_t*, const uint8_t*, int64_t, double*, double*);
 };
 // Q4_K's and Q5_K's scales and mins, unpacked to bytes, make 148 bytes of 144 and 180 of 176;
@@ -165,7 +164,6 @@ constexpr KType kTypes[] = {{GgmlType::kQ4_K, "q4_K", 2, 148, &ReferenceQ45_K<fa
 std::string Shape(const KType& kt, int64_t rows, int64_t cols) {
   return absl::StrCat(kt.name, " ", rows, "x", cols);
 }
-
 
 TEST(KQuantX8LayoutTest, EveryRowComesBackByteForByte) {
   for (const KType& kt : kTypes) {
@@ -198,7 +196,6 @@ TEST(KQuantX8LayoutTest, EveryRowComesBackByteForByte) {
   }
 }
 
-
 class KQuantX8KernelTest : public testing::KernelFamilyTest {};
 
 TEST_P(KQuantX8KernelTest, MatchesDoubleReferenceAndRowLayout) {
@@ -206,23 +203,25 @@ TEST_P(KQuantX8KernelTest, MatchesDoubleReferenceAndRowLayout) {
     for (int64_t rows : kRows) {
       for (int64_t cols : kCols) {
         const KMatrix m = MakeMatrix(kt.type, rows, cols, static_cast<uint32_t>(rows * 7 + cols));
-        const int64_t n_tokens = 3;
-        const std::vector<float> x = Activations(n_tokens * cols, static_cast<uint32_t>(cols));
-        const std::vector<float> y = testing::MultiplyOnPool(m.packed, x, n_tokens, 2);
-        const std::vector<float> y_rows = testing::MultiplyOnPool(m.view, x, n_tokens, 2);
-        const double knb = static_cast<double>(kt.terms * (cols / kQK_K));
-        std::vector<uint8_t> q8k(cols / kQK_K * kQ8KBlockBytes);
-        for (int64_t t = 0; t < n_tokens; ++t) {
-          QuantizeRowQ8_K(x.data() + t * cols, q8k.data(), cols);
-          for (int64_t r = 0; r < rows; ++r) {
-            double ref, p;
-            kt.reference(m.rows.data() + r * m.view.row_bytes, q8k.data(), cols, &ref, &p);
-            const float got = y[t * rows + r];
-            EXPECT_LE(std::fabs(got - ref), (knb / 2 + 2) * FLT_EPSILON * p + 1e-30)
-                << Shape(kt, rows, cols) << " row " << r << " token " << t;
-            EXPECT_LE(std::fabs(static_cast<double>(got) - y_rows[t * rows + r]),
-                      (knb + 4) * FLT_EPSILON * p + 1e-30)
-                << Shape(kt, rows, cols) << " row " << r << " token " << t << " vs row layout";
+        // 35 tokens: two 16-token AMX tiles (q4_kx8_amx.cc, where the CPU has AMX) and a tail.
+        for (const int64_t n_tokens : {3, 35}) {
+          const std::vector<float> x = Activations(n_tokens * cols, static_cast<uint32_t>(cols));
+          const std::vector<float> y = testing::MultiplyOnPool(m.packed, x, n_tokens, 2);
+          const std::vector<float> y_rows = testing::MultiplyOnPool(m.view, x, n_tokens, 2);
+          const double knb = static_cast<double>(kt.terms * (cols / kQK_K));
+          std::vector<uint8_t> q8k(cols / kQK_K * kQ8KBlockBytes);
+          for (int64_t t = 0; t < n_tokens; ++t) {
+            QuantizeRowQ8_K(x.data() + t * cols, q8k.data(), cols);
+            for (int64_t r = 0; r < rows; ++r) {
+              double ref, p;
+              kt.reference(m.rows.data() + r * m.view.row_bytes, q8k.data(), cols, &ref, &p);
+              const float got = y[t * rows + r];
+              EXPECT_LE(std::fabs(got - ref), (knb / 2 + 2) * FLT_EPSILON * p + 1e-30)
+                  << Shape(kt, rows, cols) << " row " << r << " token " << t;
+              EXPECT_LE(std::fabs(static_cast<double>(got) - y_rows[t * rows + r]),
+                        (knb + 4) * FLT_EPSILON * p + 1e-30)
+                  << Shape(kt, rows, cols) << " row " << r << " token " << t << " vs row layout";
+            }
           }
         }
       }
@@ -240,7 +239,8 @@ TEST_P(KQuantX8KernelTest, ThreadsBatchesAndRangesAreBitIdentical) {
         const std::vector<float> x = Activations(n_tokens * cols, 5);
         const std::vector<float> base = testing::MultiplyOnPool(m.packed, x, n_tokens, 1);
         for (int threads : {2, 3}) {
-          EXPECT_TRUE(testing::SameBits(testing::MultiplyOnPool(m.packed, x, n_tokens, threads), base))
+          EXPECT_TRUE(
+              testing::SameBits(testing::MultiplyOnPool(m.packed, x, n_tokens, threads), base))
               << what << " threads " << threads;
         }
         for (int64_t t = 0; t < n_tokens; ++t) {
@@ -292,8 +292,8 @@ TEST_P(KQuantX8KernelTest, GatherAndAxpyKeepTheRowLayout) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, KQuantX8KernelTest, ::testing::ValuesIn(testing::kKernelFamilies),
-                         testing::KernelFamilyName);
+INSTANTIATE_TEST_SUITE_P(Families, KQuantX8KernelTest,
+                         ::testing::ValuesIn(testing::kKernelFamilies), testing::KernelFamilyName);
 
 // Same operations in the same order (q4_kx8.cc / q4_kx8_avx2.cc / q4_kx8_avx512.cc, q6_kx8.cc /
 // q6_kx8_avx2.cc / q6_kx8_avx512.cc): the same bits, GEMV and GEMM.
@@ -304,9 +304,8 @@ TEST(KQuantX8FamiliesTest, PortableAvx2AndAvx512AgreeBitForBit) {
   for (const KType& kt : kTypes) {
     for (int64_t rows : kRows) {
       for (int64_t cols : kCols) {
-        const KMatrix m =
-            MakeMatrix(kt.type, rows, cols, static_cast<uint32_t>(3 * rows + cols));
-        for (int64_t n_tokens : {1, 5, 11}) {
+        const KMatrix m = MakeMatrix(kt.type, rows, cols, static_cast<uint32_t>(3 * rows + cols));
+        for (int64_t n_tokens : {1, 5, 11, 35}) {
           const std::vector<float> x = Activations(n_tokens * cols, 11);
           ASSERT_TRUE(SetSimdLevelForTesting(SimdLevel::kPortable));
           const std::vector<float> portable = testing::MultiplyOnPool(m.packed, x, n_tokens, 2);
