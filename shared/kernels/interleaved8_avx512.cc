@@ -1,5 +1,5 @@
-// The avx512 family's slots of the 8-row interleaved layouts: AVX-512 dot products (Q4_0's and
-// Q4_K's through AMX tiles with many tokens, where the CPU and OS allow), the AVX2 preparations
+// The avx512 family's slots of the 8-row interleaved layouts: AVX-512 dot products (Q4_0's, Q4_K's
+// and Q5_K's through AMX tiles with many tokens, where the CPU and OS allow), the AVX2 preparations
 // (they write the activations' layout bytes, the same in both families).
 #include "shared/gguf/ggml_type.h"
 #include "shared/kernels/matmul_kernels.h"
@@ -16,7 +16,7 @@ void FillInterleavedAvx512(KernelSet& set) {
   const bool amx = AmxInt8Usable();
   fill(GgmlType::kQ4_0, kQ4_0x8Avx2, amx ? &DotQ4_0x8Amx : &DotQ4_0x8Avx512);
   fill(GgmlType::kQ4_K, kQ4_Kx8Avx2, amx ? &DotQ4_Kx8Amx : &DotQ4_Kx8Avx512);
-  fill(GgmlType::kQ5_K, kQ5_Kx8Avx2, &DotQ5_Kx8Avx512);
+  fill(GgmlType::kQ5_K, kQ5_Kx8Avx2, amx ? &DotQ5_Kx8Amx : &DotQ5_Kx8Avx512);
   fill(GgmlType::kQ6_K, kQ6_Kx8Avx2, &DotQ6_Kx8Avx512);
 }
 

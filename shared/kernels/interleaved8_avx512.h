@@ -42,6 +42,15 @@ inline __m512i Broadcast4(const uint8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
+// Bit kBit of every byte of v moved to bit 4 (Q5_K's fifth quant bit), other bits zero.
+template <int kBit>
+inline __m512i BitTo4(__m512i v) {
+  const __m512i mask = _mm512_set1_epi8(0x10);
+  if constexpr (kBit < 4) return _mm512_and_si512(_mm512_slli_epi16(v, 4 - kBit), mask);
+  if constexpr (kBit == 4) return _mm512_and_si512(v, mask);
+  if constexpr (kBit > 4) return _mm512_and_si512(_mm512_srli_epi16(v, kBit - 4), mask);
+}
+
 // The f32 at p in every lane.
 inline __m512 BroadcastF32(const uint8_t* p) {
   float v;

@@ -213,6 +213,8 @@ void DotQ4_0x8Amx(const RowSource& groups, int64_t n_groups, int64_t cols, const
                   int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
 void DotQ4_Kx8Amx(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
                   int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
+void DotQ5_Kx8Amx(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+                  int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
 void FillInterleavedAvx512(KernelSet& set);
 // Overwrite the avx512 set's slots of F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL
 // (and its quantize_q8_0) with matmul_avx512.cc's kernels.

@@ -1,5 +1,6 @@
-// AMX product of Q4_K weights in the 8-row interleaved layout (shared/gguf/q4_kx8.h) with 16 or
-// more tokens, where AmxInt8Usable(); the rest goes to DotQ4_Kx8Avx512 (amx_pairs.h).
+// AMX product of Q4_K and Q5_K weights in their 8-row interleaved layouts (shared/gguf/q4_kx8.h)
+// with 16 or more tokens, where AmxInt8Usable(); the rest goes to DotQ4_Kx8Avx512 /
+// DotQ5_Kx8Avx512 (amx_pairs.h).
 //
 // Why. Per super-block, token and 16 rows the VNNI kernel (q4_kx8_avx512.cc) spends 64 vpdpbusd,
 // 64 broadcasts and 8 vpdpwssd on the quants. Here one TDPBSUD per 32-column sub-block forms its
@@ -7,7 +8,8 @@
 // scales (a multiply and an add per token and sub-block) before the VNNI kernel's own mins and
 // f32 steps. Expected before measuring: the Q4_K GEMM ~1.5x (the integer weighting, 16
 // vpmulld per sub-block, now bounds it). Measured (one core, in L2, 64 rows x 4096 columns x 64
-// tokens, both kernels timed in turn in one process): 1.29x, ~327 -> ~422 GFLOP/s. A sub-block's
+// tokens, both kernels timed in turn in one process): Q4_K 1.29-1.50x (~327 -> ~422 GFLOP/s),
+// Q5_K 1.48-1.55x (its VNNI kernel spends more per quant on the fifth bit). A sub-block's
 // sum needs 17 bits, so the weighting cannot be vpdpwssd's as in the VNNI kernel.
 //
 // Arithmetic. A sub-block's sum of q * q_x is the exact int32 the VNNI kernel forms, and so are
@@ -19,7 +21,8 @@
 // low nibbles of its bytes 4r..4r+3 and 64g + 32 + 4k..+3 (sub-block 2g + 1) in the high ones,
 // so row k of sub-block 2g's B operand (B[k][4n + i] = W[n][4k + i] for its 32 columns) is
 // chunk j's low nibbles of two groups side by side, and of sub-block 2g + 1 their high nibbles:
-// the quants are unsigned (TDPBSUD: signed activations, unsigned weights). The activations'
+// the quants are unsigned (TDPBSUD: signed activations, unsigned weights); Q5_K ors in its
+// fifth bits first, as the VNNI kernel does. The activations'
 // 256 quants lie in order at the start of each 288-byte prepared block.
 #include <immintrin.h>
 
@@ -40,19 +43,37 @@ using amx::kTileTokens;
 constexpr int kSubBlocks = 8;
 constexpr int64_t kUnpackedBlock = kSubBlocks * kBBytes;  // one super-block's 8 B operands
 
+// kHigh: Q5_K, whose fifth bit of chunk j's quants is bit 2g (low nibbles) or 2g + 1 (high) of
+// qh chunk j % 8.
+template <bool kHigh>
 void UnpackPair(const uint8_t* a, const uint8_t* b, int64_t n_blocks, uint8_t* out) {
+  constexpr int64_t kBlock = kHigh ? kQ5_Kx8BlockBytes : kQ4_Kx8BlockBytes;
+  constexpr int64_t kQs = kHigh ? kQ5_Kx8QsAt : kQ4_Kx8QsAt;
   const __m512i low = _mm512_set1_epi8(0x0F);
   for (int64_t k = 0; k < n_blocks; ++k) {
-    const uint8_t* wa = a + k * kQ4_Kx8BlockBytes + kQ4_Kx8QsAt;
-    const uint8_t* wb = b + k * kQ4_Kx8BlockBytes + kQ4_Kx8QsAt;
+    const uint8_t* wa = a + k * kBlock;
+    const uint8_t* wb = b + k * kBlock;
     uint8_t* o = out + k * kUnpackedBlock;
-    for (int j = 0; j < 32; ++j) {
-      const __m512i v = avx512::Load2x32(wa + 32 * j, wb + 32 * j);
-      const int g = j / 8, row = j % 8;
-      _mm512_store_si512(o + (2 * g) * kBBytes + 64 * row, _mm512_and_si512(v, low));
-      _mm512_store_si512(o + (2 * g + 1) * kBBytes + 64 * row,
-                         _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
-    }
+    auto group = [&]<int G>() {
+      for (int row = 0; row < 8; ++row) {
+        const int64_t at = kQs + 32 * (8 * G + row);
+        const __m512i v = avx512::Load2x32(wa + at, wb + at);
+        __m512i lo = _mm512_and_si512(v, low);
+        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        if constexpr (kHigh) {
+          const int64_t qh_at = kQ5_Kx8QhAt + 32 * row;
+          const __m512i qh = avx512::Load2x32(wa + qh_at, wb + qh_at);
+          lo = _mm512_or_si512(lo, avx512::BitTo4<2 * G>(qh));
+          hi = _mm512_or_si512(hi, avx512::BitTo4<2 * G + 1>(qh));
+        }
+        _mm512_store_si512(o + (2 * G) * kBBytes + 64 * row, lo);
+        _mm512_store_si512(o + (2 * G + 1) * kBBytes + 64 * row, hi);
+      }
+    };
+    group.template operator()<0>();
+    group.template operator()<1>();
+    group.template operator()<2>();
+    group.template operator()<3>();
   }
 }
 
@@ -67,14 +88,16 @@ inline Scales WidenScales(const uint8_t* a, const uint8_t* b) {
 }
 
 // 16 tokens from x against the pair's unpacked super-blocks, into ya (group a) and yb (group b).
+template <bool kHigh>
 void PairTokens(const uint8_t* a, const uint8_t* b, const uint8_t* unpacked, int64_t n_blocks,
                 const uint8_t* x, int64_t x_stride, float* ya, float* yb, int64_t y_stride) {
+  constexpr int64_t kBlock = kHigh ? kQ5_Kx8BlockBytes : kQ4_Kx8BlockBytes;
   alignas(64) int32_t sums[2][kTileTokens][kPairRows];
   // The integer sums take the registers; the f32 accumulators wait in L1 between super-blocks.
   alignas(64) float acc[kTileTokens][kPairRows] = {};
   for (int64_t k = 0; k < n_blocks; ++k) {
-    const uint8_t* wa = a + k * kQ4_Kx8BlockBytes;
-    const uint8_t* wb = b + k * kQ4_Kx8BlockBytes;
+    const uint8_t* wa = a + k * kBlock;
+    const uint8_t* wb = b + k * kBlock;
     const uint8_t* xk = x + k * kQ4_Kx8InputBlockBytes;
     const uint8_t* bk = unpacked + k * kUnpackedBlock;
     __m512i isum[kTileTokens];
@@ -126,15 +149,32 @@ void PairTokens(const uint8_t* a, const uint8_t* b, const uint8_t* unpacked, int
 
 }  // namespace
 
-void DotQ4_Kx8Amx(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
-                  int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
+namespace {
+
+template <bool kHigh>
+void Dot(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+         int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
   const int64_t n_blocks = cols / kQK_K;
   amx::RunPairs(
-      &DotQ4_Kx8Avx512, groups, n_groups, cols, x, x_stride, n_tokens, y, y_stride,
-      n_blocks * kUnpackedBlock,
-      [&](const uint8_t* a, const uint8_t* b, uint8_t* buf) { UnpackPair(a, b, n_blocks, buf); },
+      kHigh ? &DotQ5_Kx8Avx512 : &DotQ4_Kx8Avx512, groups, n_groups, cols, x, x_stride, n_tokens,
+      y, y_stride, n_blocks * kUnpackedBlock,
+      [&](const uint8_t* a, const uint8_t* b, uint8_t* buf) {
+        UnpackPair<kHigh>(a, b, n_blocks, buf);
+      },
       [&](const uint8_t* a, const uint8_t* b, const uint8_t* buf, const uint8_t* xt, float* ya,
-          float* yb) { PairTokens(a, b, buf, n_blocks, xt, x_stride, ya, yb, y_stride); });
+          float* yb) { PairTokens<kHigh>(a, b, buf, n_blocks, xt, x_stride, ya, yb, y_stride); });
+}
+
+}  // namespace
+
+void DotQ4_Kx8Amx(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+                  int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
+  Dot<false>(groups, n_groups, cols, x, x_stride, n_tokens, y, y_stride);
+}
+
+void DotQ5_Kx8Amx(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+                  int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
+  Dot<true>(groups, n_groups, cols, x, x_stride, n_tokens, y, y_stride);
 }
 
 }  // namespace thermocline::matmul_internal

@@ -24,16 +24,8 @@
 namespace thermocline::matmul_internal {
 namespace {
 
+using avx512::BitTo4;
 using avx512::Broadcast4;
-
-// Bit kBit of every byte of v moved to bit 4 (Q5_K's fifth quant bit), other bits zero.
-template <int kBit>
-inline __m512i BitTo4(__m512i v) {
-  const __m512i mask = _mm512_set1_epi8(0x10);
-  if constexpr (kBit < 4) return _mm512_and_si512(_mm512_slli_epi16(v, 4 - kBit), mask);
-  if constexpr (kBit == 4) return _mm512_and_si512(v, mask);
-  if constexpr (kBit > 4) return _mm512_and_si512(_mm512_srli_epi16(v, kBit - 4), mask);
-}
 
 // From 16 bytes per group of scale pairs, row r's two at 2r, 2r + 1: lane r of each
 // half as int32 (first, 0) and (second, 0) in int16 pairs, which vpdpwssd multiplies an int32
