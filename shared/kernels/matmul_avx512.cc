@@ -431,8 +431,7 @@ template <bool kHasMin, bool kHasHigh>
 struct LegacyDecode {
   using Layout = LegacyLoad<kHasMin, kHasHigh>;
   static constexpr int64_t kBytes = Layout::kBytes;
-  static void Decode(const uint8_t* b, __m512 out[2]) {
-    const float* half = HalfToFloatTable();
+  static void Decode(const uint8_t* b, const float* half, __m512 out[2]) {
     uint16_t h;
     std::memcpy(&h, b, 2);
     const __m512 d = _mm512_set1_ps(half[h]);
@@ -461,8 +460,7 @@ struct LegacyDecode {
 
 struct Iq4nlDecode {
   static constexpr int64_t kBytes = 18;
-  static void Decode(const uint8_t* b, __m512 out[2]) {
-    const float* half = HalfToFloatTable();
+  static void Decode(const uint8_t* b, const float* half, __m512 out[2]) {
     uint16_t h;
     std::memcpy(&h, b, 2);
     const __m512 d = _mm512_set1_ps(half[h]);
@@ -480,6 +478,7 @@ struct BlockKernel {
   template <int R>
   static void AxpyTile(const uint8_t* const* rows, const uint8_t* const* next, const float* coeffs,
                        int64_t cols, float* y) {
+    const float* half = HalfToFloatTable();
     __m512 cv[R];
     for (int r = 0; r < R; ++r) cv[r] = _mm512_set1_ps(coeffs[r]);
     for (int64_t b = 0; b < cols / kQK; ++b) {
@@ -490,7 +489,7 @@ struct BlockKernel {
       __m512 yv[2] = {_mm512_loadu_ps(yb), _mm512_loadu_ps(yb + 16)};
       for (int r = 0; r < R; ++r) {
         __m512 w[2];
-        D::Decode(rows[r] + b * kBytes, w);
+        D::Decode(rows[r] + b * kBytes, half, w);
         for (int k = 0; k < 2; ++k) yv[k] = _mm512_fmadd_ps(cv[r], w[k], yv[k]);
       }
       _mm512_storeu_ps(yb, yv[0]);
@@ -499,9 +498,10 @@ struct BlockKernel {
   }
 
   static void Dequantize(const uint8_t* row, int64_t cols, float* out) {
+    const float* half = HalfToFloatTable();
     for (int64_t b = 0; b < cols / kQK; ++b) {
       __m512 w[2];
-      D::Decode(row + b * kBytes, w);
+      D::Decode(row + b * kBytes, half, w);
       _mm512_storeu_ps(out + b * kQK, w[0]);
       _mm512_storeu_ps(out + b * kQK + 16, w[1]);
     }
