@@ -248,9 +248,9 @@ inline constexpr int64_t PrefetchAheadRows(int R, int64_t row_bytes) {
 //
 // Otherwise rows go in L2-sized blocks, all tokens per block; gathered rows (ids) and many tokens
 // keep neighbouring rows. While the weights still come from memory (the first token tile)
-// next_ptrs holds the R rows of a later row tile for the kernel to prefetch, at least
-// kPrefetchAheadBytes on, which hides DRAM latency for short or gathered (scattered) rows.
-// Elsewhere, and when no such tile is left, it is nullptr.
+// next_ptrs holds the R rows of a later row tile for the kernel to prefetch: the next tile for
+// contiguous rows, for gathered (scattered) rows the first at least kPrefetchAheadBytes on,
+// which hides DRAM latency. Elsewhere, and when no such tile is left, it is nullptr.
 template <int R, int T, class TileFn>
 inline void ForEachTile(const RowSource& rows, int64_t n_rows, int64_t n_tokens, float* y,
                         int64_t y_stride, TileFn&& tile) {
@@ -270,7 +270,8 @@ inline void ForEachTile(const RowSource& rows, int64_t n_rows, int64_t n_tokens,
     i = slice * R;  // the n_rows % R rows left go below, as neighbours
   }
   const int64_t first = i;
-  const int64_t ahead = PrefetchAheadRows(R, rows.row_bytes);
+  // Contiguous rows (many tokens) keep the next tile: the hardware prefetcher follows them.
+  const int64_t ahead = rows.ids != nullptr ? PrefetchAheadRows(R, rows.row_bytes) : R;
   int64_t block = n_rows - first;
   if (n_tokens > T) {
     block = std::max<int64_t>(R, kRowBlockBytes / std::max<int64_t>(1, rows.row_bytes) / R * R);
