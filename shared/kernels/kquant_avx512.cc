@@ -11,9 +11,9 @@
 // operations in the same order, and each half ends with AVX2's horizontal sum. A pair whose
 // row b is missing (an odd tile) repeats row a and drops the high half.
 //
-// axpy and dequantize decode each block to the exact f32 values of DequantizeRow, 16 at a
-// time (a multiply, then a separate subtract: intrinsics are never contracted into FMAs), and
-// add rows into y with one FMA per row and element in row order, as AVX2 does 8 at a time.
+// axpy and dequantize decode each block to the exact f32 values of DequantizeRow straight to
+// registers, and add rows into y with one FMA per row and element in row order, as AVX2 does 8
+// at a time (see the decoders below).
 
 #include <immintrin.h>
 
@@ -142,8 +142,26 @@ inline void Groups16(const PairWeights& w, const uint8_t* const* xq, const __m51
 }
 
 // q4_K / q5_K: 8 sub-blocks of 32 with 6-bit scales and mins (ggml's get_scale_min_k4), unpacked
-// on the 32-bit words u0..u2 of both rows at once: bytes 0..7 of each row's 128 bits become the
-// scales, 8..15 the mins.
+// on the 32-bit words u0..u2 of both rows at once: bytes 0..7 of each row's 128 bits (row a's
+// low, row b's high) become the scales, 8..15 the mins.
+inline __m256i Q4KScaleMinBytes(const uint8_t* a, const uint8_t* b) {
+  // 16 bytes from offset 4 (the 12 packed bytes and 4 beyond, still in the block).
+  const __m256i raw =
+      _mm256_inserti128_si256(_mm256_castsi128_si256(Load16(a + 4)), Load16(b + 4), 1);
+  // Words (u0 & k6, (u2 & k4) | (u0 bits 6-7 -> 4-5), u1 & k6, (u2 >> 4 & k4) | (u1 bits 6-7
+  // -> 4-5)) per row.
+  const __m256i x = _mm256_shuffle_epi32(raw, _MM_SHUFFLE(2, 1, 2, 0));
+  const __m256i y = _mm256_shuffle_epi32(raw, _MM_SHUFFLE(1, 1, 0, 0));
+  const __m256i low =
+      _mm256_and_si256(_mm256_srlv_epi32(x, _mm256_setr_epi32(0, 0, 0, 4, 0, 0, 0, 4)),
+                       _mm256_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f,
+                                         0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+  const __m256i high = _mm256_and_si256(
+      _mm256_srli_epi32(y, 2),
+      _mm256_setr_epi32(0, 0x30303030, 0, 0x30303030, 0, 0x30303030, 0, 0x30303030));
+  return _mm256_or_si256(low, high);
+}
+
 template <bool kHigh>
 struct Q45KInt : PlainX {
   static constexpr int64_t kBytes = kHigh ? 176 : 144;
@@ -151,21 +169,7 @@ struct Q45KInt : PlainX {
   static void Prepare(const uint8_t* a, const uint8_t* b, const float* half, PairWeights* w) {
     w->d = PairScale(half[LoadHalf(a)], half[LoadHalf(b)]);
     w->dmin = PairScale(half[LoadHalf(a + 2)], half[LoadHalf(b + 2)]);
-    // 16 bytes from offset 4 (the 12 packed bytes and 4 beyond, still in the block).
-    const __m256i raw =
-        _mm256_inserti128_si256(_mm256_castsi128_si256(Load16(a + 4)), Load16(b + 4), 1);
-    // Words (u0 & k6, (u2 & k4) | (u0 bits 6-7 -> 4-5), u1 & k6, (u2 >> 4 & k4) | (u1 bits 6-7
-    // -> 4-5)) per row.
-    const __m256i x = _mm256_shuffle_epi32(raw, _MM_SHUFFLE(2, 1, 2, 0));
-    const __m256i y = _mm256_shuffle_epi32(raw, _MM_SHUFFLE(1, 1, 0, 0));
-    const __m256i low =
-        _mm256_and_si256(_mm256_srlv_epi32(x, _mm256_setr_epi32(0, 0, 0, 4, 0, 0, 0, 4)),
-                         _mm256_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f,
-                                           0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
-    const __m256i high = _mm256_and_si256(
-        _mm256_srli_epi32(y, 2),
-        _mm256_setr_epi32(0, 0x30303030, 0, 0x30303030, 0, 0x30303030, 0, 0x30303030));
-    const __m256i bytes = _mm256_or_si256(low, high);
+    const __m256i bytes = Q4KScaleMinBytes(a, b);
     const __m512i s16 = _mm512_cvtepu8_epi16(bytes);  // quarters: sc a, mins a, sc b, mins b
     w->scales = _mm512_shuffle_i64x2(s16, s16, _MM_SHUFFLE(2, 2, 0, 0));
     // Each min twice: it applies to both 16-element bsums of its sub-block.
@@ -447,7 +451,19 @@ struct KQuantKernel {
   }
 };
 
-// ---- Decoders: one block to its DequantizeRow values, 16 elements per step. ----
+// ---- axpy and dequantize: each block's DequantizeRow values, 64 columns a step. ----
+//
+// A decoder prepares each row's block once (Prepare: its sub-block scales in f32 and, for some
+// types, the quants unpacked to a byte per element), then gives the f32 values of 64 columns at
+// a time straight to registers (Group): axpy adds them into y with one FMA per row and element,
+// rows in order, as AVX2 does 8 at a time; dequantize stores them. The values are DequantizeRow's:
+// d * sc and dmin * m in f32, then (d * sc) * q and its - dmin * m per element. (d * sc) * q is
+// exact for these types (an fp16 d, a scale of at most 6 bits and q of at most 7 fit f32's 24-bit
+// significand), so whether the compiler contracts it with the subtraction into an FMA (GCC's
+// C++ default is -ffp-contract=fast) does not change a bit (q6_K has no subtraction). Where q takes
+// only 16 or 32 values (q4_K, q5_K, iq4_xs) those values are computed per sub-block into a table
+// that vpermps (low 4 index bits) or vpermt2ps (low 5) reads: the same values, for a mul and a sub
+// per possible value instead of a convert, a mul and a sub per element.
 
 // 16 bytes at p, zero-extended to int32.
 inline __m512i WidenU8(const uint8_t* p) { return _mm512_cvtepu8_epi32(Load16(p)); }
@@ -459,70 +475,106 @@ inline void StoreScaledMinus(float* out, float d, __m512i q, float m) {
   _mm512_storeu_ps(out, _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(q)),
                                       _mm512_set1_ps(m)));
 }
-// v shifted left by s bits (right by -s) in 32-bit lanes.
-inline __m512i Shift32(__m512i v, int s) {
-  if (s > 0) return _mm512_slli_epi32(v, static_cast<unsigned>(s));
-  if (s < 0) return _mm512_srli_epi32(v, static_cast<unsigned>(-s));
-  return v;
+
+inline __m512 Iota16(float base) {
+  return _mm512_add_ps(_mm512_set1_ps(base),
+                       _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
 }
 
 // q4_K and q5_K: sub-block s of 32 has its own scale and min; x = (d * sc) * q - dmin * m.
-// Sub-block 2g is the low nibbles of qs[32g..32g + 31], 2g + 1 the high ones.
+// Sub-block 2g is the low nibbles of qs[32g..32g + 31], 2g + 1 the high ones (and for q5_K bits
+// 2g, 2g + 1 of qh[0..31] their bit 4).
 template <bool kHigh>
 struct Q45KDecode {
-  static constexpr int kBlock = kQK_K;
   static constexpr int64_t kBytes = kHigh ? 176 : 144;
-  static void Decode(const uint8_t* b, float* out) {
-    const float* half = HalfToFloatTable();
-    const float d = half[LoadHalf(b)], dmin = half[LoadHalf(b + 2)];
-    const uint8_t* qs = b + (kHigh ? 48 : 16);
-    const __m512i low = _mm512_set1_epi32(0x0F), bit4 = _mm512_set1_epi32(0x10);
-    float dl[8], ml[8];
-    for (int s = 0; s < 8; ++s) {
-      int sc, m;
-      Q4KScaleMin(b + 4, s, &sc, &m);
-      dl[s] = d * static_cast<float>(sc);
-      ml[s] = dmin * static_cast<float>(m);
-    }
-    for (int g = 0; g < 4; ++g) {
-      for (int c = 0; c < 32; c += 16) {
-        const __m512i u = WidenU8(qs + 32 * g + c);
-        __m512i lo = _mm512_and_si512(u, low);
-        __m512i hi = _mm512_srli_epi32(u, 4);
-        if (kHigh) {
-          const __m512i qh = WidenU8(b + 16 + c);
-          lo = OrMasked(lo, Shift32(qh, 4 - 2 * g), bit4);
-          hi = OrMasked(hi, Shift32(qh, 3 - 2 * g), bit4);
-        }
-        StoreScaledMinus(out + 64 * g + c, dl[2 * g], lo, ml[2 * g]);
-        StoreScaledMinus(out + 64 * g + 32 + c, dl[2 * g + 1], hi, ml[2 * g + 1]);
+  struct Row {
+    alignas(64) float dm[16];  // d * sc of sub-block s in lane s, dmin * m in lane 8 + s
+    // q5_K: q of each element in its low five bits (the bits above are not read).
+    alignas(64) uint8_t q[kHigh ? kQK_K : 1];
+  };
+  static void Prepare(const uint8_t* b, const float* half, Row* row) {
+    const __m512 dd = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(half[LoadHalf(b)]),
+                                           _mm512_set1_ps(half[LoadHalf(b + 2)]));
+    const __m128i sm = _mm256_castsi256_si128(Q4KScaleMinBytes(b, b));
+    _mm512_store_ps(row->dm, _mm512_mul_ps(dd, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sm))));
+    if constexpr (kHigh) {
+      // Per 64 elements: the low nibbles in the low half, the high ones in the high half, bit 4
+      // from qh rotated into place within each byte (bits 2g and 2g + 1 to bit 4).
+      const __m512i qh = _mm512_broadcast_i64x4(Load32(b + 16));
+#pragma GCC unroll 4
+      for (int g = 0; g < 4; ++g) {
+        const __m512i nib = _mm512_srlv_epi64(_mm512_broadcast_i64x4(Load32(b + 48 + 32 * g)),
+                                              _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0));
+        const int64_t lo = (4 - 2 * g) & 63, hi = (3 - 2 * g) & 63;
+        const __m512i bit4 =
+            _mm512_rolv_epi64(qh, _mm512_set_epi64(hi, hi, hi, hi, lo, lo, lo, lo));
+        // Bits 0..3 from nib, 4..7 from bit4.
+        _mm512_store_si512(row->q + 64 * g,
+                           _mm512_ternarylogic_epi32(nib, bit4, _mm512_set1_epi8(0x0F), 0xE4));
       }
+    }
+  }
+  static void Group(const uint8_t* b, const Row& row, int g, __m512 out[4]) {
+    if constexpr (kHigh) {
+      for (int k = 0; k < 4; ++k) {
+        const int s = 2 * g + k / 2;
+        const __m512 dl = _mm512_set1_ps(row.dm[s]), ml = _mm512_set1_ps(row.dm[8 + s]);
+        const __m512 t0 = _mm512_sub_ps(_mm512_mul_ps(dl, Iota16(0)), ml);
+        const __m512 t1 = _mm512_sub_ps(_mm512_mul_ps(dl, Iota16(16)), ml);
+        out[k] = _mm512_permutex2var_ps(t0, WidenU8(row.q + 64 * g + 16 * k), t1);
+      }
+    } else {
+      __m512 t[2];
+      for (int j = 0; j < 2; ++j) {
+        const int s = 2 * g + j;
+        t[j] = _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(row.dm[s]), Iota16(0)),
+                             _mm512_set1_ps(row.dm[8 + s]));
+      }
+      const __m512i u0 = WidenU8(b + 16 + 32 * g), u1 = WidenU8(b + 32 + 32 * g);
+      out[0] = _mm512_permutexvar_ps(u0, t[0]);
+      out[1] = _mm512_permutexvar_ps(u1, t[0]);
+      out[2] = _mm512_permutexvar_ps(_mm512_srli_epi32(u0, 4), t[1]);
+      out[3] = _mm512_permutexvar_ps(_mm512_srli_epi32(u1, 4), t[1]);
     }
   }
 };
 
-// q6_K: halves of 128; x = (d * sc) * (q - 32), sub-blocks of 16.
+// q6_K: halves of 128; x = (d * sc) * (q - 32), sub-blocks of 16. Element 32s + l of half h is
+// nibble s / 2 of ql[64h + 32 (s % 2) + l] with bits 2s, 2s + 1 of qh[32h + l] as bits 4, 5.
 struct Q6KDecode {
-  static constexpr int kBlock = kQK_K;
   static constexpr int64_t kBytes = 210;
-  static void Decode(const uint8_t* b, float* out) {
-    const float d = HalfToFloatTable()[LoadHalf(b + 208)];
-    const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
-    const __m512i low = _mm512_set1_epi32(0x0F), three = _mm512_set1_epi32(3),
-                  offset = _mm512_set1_epi32(32);
+  struct Row {
+    alignas(64) float dl[16];     // d * sc per sub-block
+    alignas(64) int8_t q[kQK_K];  // q - 32
+  };
+  static void Prepare(const uint8_t* b, const float* half, Row* row) {
+    const __m512 d = _mm512_set1_ps(half[LoadHalf(b + 208)]);
+    _mm512_store_ps(row->dl,
+                    _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(Load16(b + 192)))));
+    const __m512i low = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30),
+                  offset = _mm512_set1_epi8(32);
     for (int h = 0; h < 2; ++h) {
-      for (int s = 0; s < 4; ++s) {
-        for (int c = 0; c < 32; c += 16) {
-          // Element 32s + c.. of the half: nibble s / 2 of ql[32 (s % 2) + c..], bits 2s of qh.
-          const __m512i ql = WidenU8(b + 64 * h + 32 * (s % 2) + c);
-          const __m512i q4 = s < 2 ? _mm512_and_si512(ql, low) : _mm512_srli_epi32(ql, 4);
-          const __m512i hb =
-              _mm512_and_si512(_mm512_srli_epi32(WidenU8(b + 128 + 32 * h + c), 2 * s), three);
-          const int e = 128 * h + 32 * s + c;
-          StoreScaled(out + e, d * static_cast<float>(scales[e / 16]),
-                      _mm512_sub_epi32(_mm512_or_si512(q4, _mm512_slli_epi32(hb, 4)), offset));
-        }
+      const __m512i ql = _mm512_loadu_si512(b + 64 * h);  // s = 0, 2 | s = 1, 3
+      const __m512i qh = _mm512_broadcast_i64x4(Load32(b + 128 + 32 * h));
+      const __m512i nib[2] = {_mm512_and_si512(ql, low),
+                              _mm512_and_si512(_mm512_srli_epi16(ql, 4), low)};
+      for (int j = 0; j < 2; ++j) {
+        // Sub-blocks 2j (low half), 2j + 1 (high half): qh shifted right by 4j, 4j + 2.
+        const __m512i hb = _mm512_slli_epi16(
+            _mm512_srlv_epi64(qh, _mm512_set_epi64(4 * j + 2, 4 * j + 2, 4 * j + 2, 4 * j + 2,
+                                                   4 * j, 4 * j, 4 * j, 4 * j)),
+            4);
+        _mm512_store_si512(row->q + 128 * h + 64 * j,
+                           _mm512_sub_epi8(OrMasked(nib[j], hb, bits45), offset));
       }
+    }
+  }
+  static void Group(const uint8_t*, const Row& row, int g, __m512 out[4]) {
+    for (int k = 0; k < 4; ++k) {
+      const int e = 64 * g + 16 * k;
+      out[k] = _mm512_mul_ps(_mm512_set1_ps(row.dl[e / 16]),
+                             _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                 Load16(reinterpret_cast<const uint8_t*>(row.q) + e))));
     }
   }
 };
@@ -575,50 +627,100 @@ struct Q3KDecode {
   }
 };
 
-// iq4_xs: x = (d * (sc - 32)) * value; the 16 table values as int32 lanes for a permute.
+// iq4_xs: x = (d * (sc - 32)) * value, sub-blocks of 32: the low nibbles of 16 bytes, then the
+// high ones, index the IQ4_NL values.
 struct Iq4xsDecode {
-  static constexpr int kBlock = kQK_K;
   static constexpr int64_t kBytes = 136;
-  static void Decode(const uint8_t* b, float* out) {
-    const float d = HalfToFloatTable()[LoadHalf(b)];
-    const __m512i table =
-        _mm512_cvtepi8_epi32(Load16(reinterpret_cast<const uint8_t*>(kIq4nlValues)));
-    const __m512i low = _mm512_set1_epi32(0x0F);
-    for (int s = 0; s < 8; ++s) {
+  struct Row {
+    alignas(32) float dl[8];  // d * (sc - 32) per sub-block
+  };
+  static void Prepare(const uint8_t* b, const float* half, Row* row) {
+    uint32_t sl;
+    std::memcpy(&sl, b + 4, 4);
+    const __m256i low =
+        _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(sl)),
+                                           _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                         _mm256_set1_epi32(0x0F));
+    const __m256i high =
+        _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(LoadHalf(b + 2)),
+                                           _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+                         _mm256_set1_epi32(3));
+    const __m256i sc =
+        _mm256_sub_epi32(_mm256_or_si256(low, _mm256_slli_epi32(high, 4)), _mm256_set1_epi32(32));
+    _mm256_store_ps(row->dl,
+                    _mm256_mul_ps(_mm256_set1_ps(half[LoadHalf(b)]), _mm256_cvtepi32_ps(sc)));
+  }
+  static void Group(const uint8_t* b, const Row& row, int g, __m512 out[4]) {
+    const __m512 values = _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(Load16(reinterpret_cast<const uint8_t*>(kIq4nlValues))));
+    for (int j = 0; j < 2; ++j) {
+      const int s = 2 * g + j;
+      const __m512 t = _mm512_mul_ps(_mm512_set1_ps(row.dl[s]), values);
       const __m512i u = WidenU8(b + 8 + 16 * s);
-      const float dl = d * static_cast<float>(Iq4xsScale(b, s));
-      StoreScaled(out + 32 * s, dl, _mm512_permutexvar_epi32(_mm512_and_si512(u, low), table));
-      StoreScaled(out + 32 * s + 16, dl, _mm512_permutexvar_epi32(_mm512_srli_epi32(u, 4), table));
+      out[2 * j] = _mm512_permutexvar_ps(u, t);
+      out[2 * j + 1] = _mm512_permutexvar_ps(_mm512_srli_epi32(u, 4), t);
     }
+  }
+};
+
+// q2_K and q3_K (outside the sparse FFN's types): the whole block decoded into the row's state.
+template <class D>
+struct Buffered {
+  static constexpr int64_t kBytes = D::kBytes;
+  struct Row {
+    alignas(64) float w[kQK_K];
+  };
+  static void Prepare(const uint8_t* b, const float*, Row* row) { D::Decode(b, row->w); }
+  static void Group(const uint8_t*, const Row& row, int g, __m512 out[4]) {
+    for (int k = 0; k < 4; ++k) out[k] = _mm512_load_ps(row.w + 64 * g + 16 * k);
   }
 };
 
 template <class D>
 struct BlockKernel {
-  static constexpr int kBlock = D::kBlock;
   static constexpr int64_t kBytes = D::kBytes;
 
   template <int R>
   static void AxpyTile(const uint8_t* const* rows, const uint8_t* const* next, const float* coeffs,
                        int64_t cols, float* y) {
+    const float* half = HalfToFloatTable();
     __m512 cv[R];
     for (int r = 0; r < R; ++r) cv[r] = _mm512_set1_ps(coeffs[r]);
-    alignas(64) float w[R][kBlock];
-    for (int64_t blk = 0; blk < cols / kBlock; ++blk) {
+    typename D::Row state[R];
+    for (int64_t blk = 0; blk < cols / kQK_K; ++blk) {
       if (next != nullptr) PrefetchBlock<kBytes>(next, R, blk);
-      for (int r = 0; r < R; ++r) D::Decode(rows[r] + blk * kBytes, w[r]);
-      float* yb = y + blk * kBlock;
-      for (int c = 0; c < kBlock; c += 16) {
-        __m512 yv = _mm512_loadu_ps(yb + c);
-        for (int r = 0; r < R; ++r) yv = _mm512_fmadd_ps(cv[r], _mm512_load_ps(w[r] + c), yv);
-        _mm512_storeu_ps(yb + c, yv);
+      const uint8_t* b[R];
+      for (int r = 0; r < R; ++r) {
+        b[r] = rows[r] + blk * kBytes;
+        D::Prepare(b[r], half, &state[r]);
+      }
+      float* yb = y + blk * kQK_K;
+#pragma GCC unroll 4
+      for (int g = 0; g < 4; ++g) {
+        __m512 yv[4];
+        for (int k = 0; k < 4; ++k) yv[k] = _mm512_loadu_ps(yb + 64 * g + 16 * k);
+        for (int r = 0; r < R; ++r) {
+          __m512 w[4];
+          D::Group(b[r], state[r], g, w);
+          for (int k = 0; k < 4; ++k) yv[k] = _mm512_fmadd_ps(cv[r], w[k], yv[k]);
+        }
+        for (int k = 0; k < 4; ++k) _mm512_storeu_ps(yb + 64 * g + 16 * k, yv[k]);
       }
     }
   }
 
   static void Dequantize(const uint8_t* row, int64_t cols, float* out) {
-    for (int64_t blk = 0; blk < cols / kBlock; ++blk)
-      D::Decode(row + blk * kBytes, out + blk * kBlock);
+    const float* half = HalfToFloatTable();
+    typename D::Row state;
+    for (int64_t blk = 0; blk < cols / kQK_K; ++blk) {
+      const uint8_t* b = row + blk * kBytes;
+      D::Prepare(b, half, &state);
+      for (int g = 0; g < 4; ++g) {
+        __m512 w[4];
+        D::Group(b, state, g, w);
+        for (int k = 0; k < 4; ++k) _mm512_storeu_ps(out + blk * kQK_K + 64 * g + 16 * k, w[k]);
+      }
+    }
   }
 };
 
@@ -681,8 +783,8 @@ void Fill(KernelSet& set) {
 
 void FillKQuantAvx512(KernelSet& set) {
   using T = GgmlType;
-  Fill<T::kQ2_K, Q2KInt, Q2KDecode>(set);
-  Fill<T::kQ3_K, Q3KInt, Q3KDecode>(set);
+  Fill<T::kQ2_K, Q2KInt, Buffered<Q2KDecode>>(set);
+  Fill<T::kQ3_K, Q3KInt, Buffered<Q3KDecode>>(set);
   Fill<T::kQ4_K, Q45KInt<false>, Q45KDecode<false>>(set);
   Fill<T::kQ5_K, Q45KInt<true>, Q45KDecode<true>>(set);
   Fill<T::kQ6_K, Q6KInt, Q6KDecode>(set);

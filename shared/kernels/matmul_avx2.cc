@@ -400,15 +400,16 @@ struct QuantKernel {
 
 // ---- Block types decoded to f32: the axpy and dequantize of every block type but q8_0/q4_0. ----
 //
-// Each weight block is decoded to its exact f32 values (D::Decode, bit-identical to
-// DequantizeRow) into an L1-resident buffer, then added into y with FloatKernel<F32Load>'s
-// exact operation sequence, so AxpyRows equals the f32 kernel on the dequantized rows bit for
-// bit.
-
-// SIMD decoders: the quants are unpacked to one byte per element with integer SIMD, then each
-// group of 8 is widened, converted and scaled with exactly the float operations of the
-// reference (d * q, d * q + m or d * q - m, separate roundings; _mm256 intrinsics are never
-// contracted into FMAs under -std=c++20), so Decode is bit-identical to DequantizeRow.
+// A decoder prepares each row's block once (Prepare: its scales in f32 and its quants unpacked to
+// one byte per element with integer SIMD), then gives the f32 values of 32 columns at a time
+// straight to registers (Group): axpy adds them into y with FloatKernel<F32Load>'s operation per
+// row and element (y = fma(c, w, y), rows in order), so AxpyRows equals the f32 kernel on the
+// dequantized rows bit for bit; dequantize stores them. The values are DequantizeRow's, with its
+// float operations: d * sc, dmin * m in f32, then d * q, d * q + m or d * q - m per element. The
+// products d * q are exact for every type here (an fp16 d, a scale of at most 6 bits and q of at
+// most 7 fit f32's 24-bit significand; q6_K, whose scale has 8, adds nothing after its product),
+// so whether the compiler contracts the product with the add or subtract into an FMA (GCC's C++
+// default is -ffp-contract=fast) does not change a bit.
 
 inline __m256 U8ToFloat(const uint8_t* p) {
   return _mm256_cvtepi32_ps(
@@ -418,70 +419,98 @@ inline __m256 I8ToFloat(const int8_t* p) {
   return _mm256_cvtepi32_ps(
       _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
+// q4_K / q5_K: the 8 6-bit scales, then the 8 mins, of the 12 bytes ggml's get_scale_min_k4
+// reads, unpacked on 32-bit words.
+inline __m128i Q4KScaleMinBytes(const uint8_t* packed) {
+  uint32_t u[4];
+  std::memcpy(u, packed, 12);
+  constexpr uint32_t k6 = 0x3f3f3f3f, k4 = 0x0f0f0f0f, k2 = 0x03030303;
+  u[3] = ((u[2] >> 4) & k4) | (((u[1] >> 6) & k2) << 4);
+  const uint32_t mins_low = u[1] & k6;
+  u[1] = (u[2] & k4) | (((u[0] >> 6) & k2) << 4);
+  u[2] = mins_low;
+  u[0] &= k6;
+  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
+}
+// iq4_xs: the 8 sub-block scales minus 32, as int32.
+inline __m256i Iq4xsScales(const uint8_t* b) {
+  uint32_t sl;
+  std::memcpy(&sl, b + 4, 4);
+  const __m128i lows =
+      _mm_unpacklo_epi8(_mm_cvtsi32_si128(static_cast<int>(sl & 0x0F0F0F0F)),
+                        _mm_cvtsi32_si128(static_cast<int>((sl >> 4) & 0x0F0F0F0F)));
+  uint16_t sh;
+  std::memcpy(&sh, b + 2, 2);
+  const __m256i highs = _mm256_and_si256(
+      _mm256_srlv_epi32(_mm256_set1_epi32(sh), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+      _mm256_set1_epi32(3));
+  return _mm256_sub_epi32(_mm256_or_si256(_mm256_cvtepu8_epi32(lows), _mm256_slli_epi32(highs, 4)),
+                          _mm256_set1_epi32(32));
+}
+
 // q4_1, q5_0, q5_1 (blocks of 32): x = d * q + m, or d * (q - 16) for q5_0.
 template <bool kHasMin, bool kHasHigh>
 struct LegacyDecode {
   static constexpr int kBlock = kQK;
   static constexpr int64_t kBytes = 2 + (kHasMin ? 2 : 0) + (kHasHigh ? 4 : 0) + 16;
-  static void Decode(const uint8_t* b, float* out) {
-    const float* half = HalfToFloatTable();
+  struct Row {
+    float d, m;
+    alignas(32) uint8_t q[kQK];  // q, or q - 16 as int8
+  };
+  static void Prepare(const uint8_t* b, const float* half, Row* row) {
     uint16_t h;
     std::memcpy(&h, b, 2);
-    const __m256 d = _mm256_set1_ps(half[h]);
-    __m256 m = _mm256_setzero_ps();
+    row->d = half[h];
+    row->m = 0.0f;
     if (kHasMin) {
       std::memcpy(&h, b + 2, 2);
-      m = _mm256_set1_ps(half[h]);
+      row->m = half[h];
     }
     const int64_t qh_at = kHasMin ? 4 : 2;
     __m256i q = SplitNibbles16(b + qh_at + (kHasHigh ? 4 : 0));
     if (kHasHigh) q = _mm256_or_si256(q, HighBits32(b + qh_at));
     if (!kHasMin) q = _mm256_sub_epi8(q, _mm256_set1_epi8(kHasHigh ? 16 : 8));
-    alignas(32) uint8_t qb[32];
-    Store32(qb, q);
+    Store32(row->q, q);
+  }
+  static void Group(const uint8_t*, const Row& row, int, __m256 out[4]) {
+    const __m256 d = _mm256_set1_ps(row.d);
     for (int k = 0; k < 4; ++k) {
-      __m256 v;
       if (kHasMin) {
-        v = _mm256_add_ps(_mm256_mul_ps(d, U8ToFloat(qb + 8 * k)), m);
+        out[k] = _mm256_add_ps(_mm256_mul_ps(d, U8ToFloat(row.q + 8 * k)), _mm256_set1_ps(row.m));
       } else {
-        v = _mm256_mul_ps(d, I8ToFloat(reinterpret_cast<const int8_t*>(qb) + 8 * k));
+        out[k] = _mm256_mul_ps(d, I8ToFloat(reinterpret_cast<const int8_t*>(row.q) + 8 * k));
       }
-      _mm256_storeu_ps(out + 8 * k, v);
     }
   }
 };
 
-struct Iq4nlDecode {
-  static constexpr int kBlock = kQK;
-  static constexpr int64_t kBytes = 18;
-  static void Decode(const uint8_t* b, float* out) {
-    const float* half = HalfToFloatTable();
+// iq4_nl (blocks of 32) and iq4_xs (8 sub-blocks of 32): x = d * value, d * (sc - 32) * value.
+template <bool kXs>
+struct Iq4Decode {
+  static constexpr int kBlock = kXs ? kQK_K : kQK;
+  static constexpr int64_t kBytes = kXs ? 136 : 18;
+  struct Row {
+    alignas(32) float dl[kXs ? 8 : 1];
+    alignas(32) int8_t v[kBlock];
+  };
+  static void Prepare(const uint8_t* b, const float* half, Row* row) {
     uint16_t h;
     std::memcpy(&h, b, 2);
-    const __m256 d = _mm256_set1_ps(half[h]);
-    alignas(32) int8_t v[32];
-    Store32(reinterpret_cast<uint8_t*>(v), Iq4Lookup(SplitNibbles16(b + 2)));
-    for (int k = 0; k < 4; ++k)
-      _mm256_storeu_ps(out + 8 * k, _mm256_mul_ps(d, I8ToFloat(v + 8 * k)));
-  }
-};
-
-struct Iq4xsDecode {
-  static constexpr int kBlock = kQK_K;
-  static constexpr int64_t kBytes = 136;
-  static void Decode(const uint8_t* b, float* out) {
-    const float* half = HalfToFloatTable();
-    uint16_t h;
-    std::memcpy(&h, b, 2);
-    const float d = half[h];
-    alignas(32) int8_t v[32];
-    for (int sub = 0; sub < 8; ++sub) {
-      Store32(reinterpret_cast<uint8_t*>(v), Iq4Lookup(SplitNibbles16(b + 8 + 16 * sub)));
-      const __m256 dl = _mm256_set1_ps(d * static_cast<float>(Iq4xsScale(b, sub)));
-      for (int k = 0; k < 4; ++k) {
-        _mm256_storeu_ps(out + 32 * sub + 8 * k, _mm256_mul_ps(dl, I8ToFloat(v + 8 * k)));
+    if constexpr (kXs) {
+      _mm256_store_ps(row->dl,
+                      _mm256_mul_ps(_mm256_set1_ps(half[h]), _mm256_cvtepi32_ps(Iq4xsScales(b))));
+      for (int s = 0; s < 8; ++s) {
+        Store32(reinterpret_cast<uint8_t*>(row->v) + 32 * s,
+                Iq4Lookup(SplitNibbles16(b + 8 + 16 * s)));
       }
+    } else {
+      row->dl[0] = half[h];
+      Store32(reinterpret_cast<uint8_t*>(row->v), Iq4Lookup(SplitNibbles16(b + 2)));
     }
+  }
+  static void Group(const uint8_t*, const Row& row, int g, __m256 out[4]) {
+    const __m256 dl = _mm256_set1_ps(row.dl[g]);
+    for (int k = 0; k < 4; ++k) out[k] = _mm256_mul_ps(dl, I8ToFloat(row.v + 32 * g + 8 * k));
   }
 };
 
@@ -490,18 +519,26 @@ template <bool kHigh>
 struct Q45KDecode {
   static constexpr int kBlock = kQK_K;
   static constexpr int64_t kBytes = kHigh ? 176 : 144;
-  static void Decode(const uint8_t* b, float* out) {
-    const float* half = HalfToFloatTable();
+  struct Row {
+    alignas(32) float dl[8], ml[8];
+    alignas(32) uint8_t q[kQK_K];
+  };
+  static void Prepare(const uint8_t* b, const float* half, Row* row) {
     uint16_t h;
     std::memcpy(&h, b, 2);
     const float d = half[h];
     std::memcpy(&h, b + 2, 2);
     const float dmin = half[h];
+    const __m128i sm = Q4KScaleMinBytes(b + 4);
+    _mm256_store_ps(row->dl,
+                    _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm))));
+    _mm256_store_ps(row->ml,
+                    _mm256_mul_ps(_mm256_set1_ps(dmin),
+                                  _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8)))));
     const uint8_t* qs = b + (kHigh ? 48 : 16);
     const __m256i low = _mm256_set1_epi8(0x0F);
     __m256i qh = _mm256_setzero_si256();
     if (kHigh) qh = Load32(b + 16);
-    alignas(32) uint8_t q[kQK_K];
     for (int g = 0; g < 4; ++g) {
       const __m256i v = Load32(qs + 32 * g);
       __m256i lo = _mm256_and_si256(v, low);
@@ -516,18 +553,14 @@ struct Q45KDecode {
         hi = _mm256_or_si256(
             hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b1), b1), sixteen));
       }
-      Store32(q + 64 * g, lo);
-      Store32(q + 64 * g + 32, hi);
+      Store32(row->q + 64 * g, lo);
+      Store32(row->q + 64 * g + 32, hi);
     }
-    for (int s = 0; s < 8; ++s) {
-      int sc, m;
-      Q4KScaleMin(b + 4, s, &sc, &m);
-      const __m256 d1 = _mm256_set1_ps(d * static_cast<float>(sc));
-      const __m256 m1 = _mm256_set1_ps(dmin * static_cast<float>(m));
-      for (int k = 0; k < 4; ++k) {
-        const int e = 32 * s + 8 * k;
-        _mm256_storeu_ps(out + e, _mm256_sub_ps(_mm256_mul_ps(d1, U8ToFloat(q + e)), m1));
-      }
+  }
+  static void Group(const uint8_t*, const Row& row, int s, __m256 out[4]) {
+    const __m256 dl = _mm256_set1_ps(row.dl[s]), ml = _mm256_set1_ps(row.ml[s]);
+    for (int k = 0; k < 4; ++k) {
+      out[k] = _mm256_sub_ps(_mm256_mul_ps(dl, U8ToFloat(row.q + 32 * s + 8 * k)), ml);
     }
   }
 };
@@ -536,15 +569,21 @@ struct Q45KDecode {
 struct Q6KDecode {
   static constexpr int kBlock = kQK_K;
   static constexpr int64_t kBytes = 210;
-  static void Decode(const uint8_t* b, float* out) {
-    const float* half = HalfToFloatTable();
+  struct Row {
+    alignas(32) float dl[16];
+    alignas(32) int8_t q[kQK_K];  // q - 32
+  };
+  static void Prepare(const uint8_t* b, const float* half, Row* row) {
     uint16_t h;
     std::memcpy(&h, b + 208, 2);
-    const float d = half[h];
-    const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
+    const __m256 d = _mm256_set1_ps(half[h]);
+    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192));
+    _mm256_store_ps(row->dl, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))));
+    _mm256_store_ps(
+        row->dl + 8,
+        _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)))));
     const __m256i low = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3),
                   offset = _mm256_set1_epi8(32);
-    alignas(32) int8_t q[kQK_K];
     for (int half_i = 0; half_i < 2; ++half_i) {
       const uint8_t* ql = b + 64 * half_i;
       const __m256i qh = Load32(b + 128 + 32 * half_i);
@@ -556,15 +595,14 @@ struct Q6KDecode {
         const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * s), three);
         const __m256i v =
             _mm256_sub_epi8(_mm256_or_si256(parts[s], _mm256_slli_epi16(hb, 4)), offset);
-        Store32(reinterpret_cast<uint8_t*>(q) + 128 * half_i + 32 * s, v);
+        Store32(reinterpret_cast<uint8_t*>(row->q) + 128 * half_i + 32 * s, v);
       }
     }
-    for (int g = 0; g < 16; ++g) {
-      const __m256 dl = _mm256_set1_ps(d * static_cast<float>(scales[g]));
-      for (int k = 0; k < 2; ++k) {
-        const int e = 16 * g + 8 * k;
-        _mm256_storeu_ps(out + e, _mm256_mul_ps(dl, I8ToFloat(q + e)));
-      }
+  }
+  static void Group(const uint8_t*, const Row& row, int g, __m256 out[4]) {
+    for (int k = 0; k < 4; ++k) {
+      const int e = 32 * g + 8 * k;
+      out[k] = _mm256_mul_ps(_mm256_set1_ps(row.dl[e / 16]), I8ToFloat(row.q + e));
     }
   }
 };
@@ -573,29 +611,39 @@ struct Q6KDecode {
 struct Q2KDecode {
   static constexpr int kBlock = kQK_K;
   static constexpr int64_t kBytes = 84;
-  static void Decode(const uint8_t* b, float* out) {
-    const float* half = HalfToFloatTable();
+  struct Row {
+    alignas(32) float dl[16], ml[16];
+    alignas(32) uint8_t q[kQK_K];
+  };
+  static void Prepare(const uint8_t* b, const float* half, Row* row) {
     uint16_t h;
     std::memcpy(&h, b + 80, 2);
-    const float d = half[h];
+    const __m256 d = _mm256_set1_ps(half[h]);
     std::memcpy(&h, b + 82, 2);
-    const float dmin = half[h];
+    const __m256 dmin = _mm256_set1_ps(half[h]);
     const __m256i three = _mm256_set1_epi8(3);
-    alignas(32) uint8_t q[kQK_K];
+    for (int k = 0; k < 2; ++k) {
+      const __m256i sc =
+          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 8 * k)));
+      _mm256_store_ps(
+          row->dl + 8 * k,
+          _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(sc, _mm256_set1_epi32(0x0F)))));
+      _mm256_store_ps(row->ml + 8 * k,
+                      _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_srli_epi32(sc, 4))));
+    }
     for (int half_i = 0; half_i < 2; ++half_i) {
       const __m256i v = Load32(b + 16 + 32 * half_i);
       for (int s = 0; s < 4; ++s) {
-        Store32(q + 128 * half_i + 32 * s, _mm256_and_si256(_mm256_srli_epi16(v, 2 * s), three));
+        Store32(row->q + 128 * half_i + 32 * s,
+                _mm256_and_si256(_mm256_srli_epi16(v, 2 * s), three));
       }
     }
-    for (int g = 0; g < 16; ++g) {
-      const uint8_t sc = b[g];
-      const __m256 dl = _mm256_set1_ps(d * static_cast<float>(sc & 0x0F));
-      const __m256 ml = _mm256_set1_ps(dmin * static_cast<float>(sc >> 4));
-      for (int k = 0; k < 2; ++k) {
-        const int e = 16 * g + 8 * k;
-        _mm256_storeu_ps(out + e, _mm256_sub_ps(_mm256_mul_ps(dl, U8ToFloat(q + e)), ml));
-      }
+  }
+  static void Group(const uint8_t*, const Row& row, int g, __m256 out[4]) {
+    for (int k = 0; k < 4; ++k) {
+      const int e = 32 * g + 8 * k;
+      out[k] = _mm256_sub_ps(_mm256_mul_ps(_mm256_set1_ps(row.dl[e / 16]), U8ToFloat(row.q + e)),
+                             _mm256_set1_ps(row.ml[e / 16]));
     }
   }
 };
@@ -604,14 +652,17 @@ struct Q2KDecode {
 struct Q3KDecode {
   static constexpr int kBlock = kQK_K;
   static constexpr int64_t kBytes = 110;
-  static void Decode(const uint8_t* b, float* out) {
-    const float* half = HalfToFloatTable();
+  struct Row {
+    alignas(32) float dl[16];
+    alignas(32) int8_t q[kQK_K];
+  };
+  static void Prepare(const uint8_t* b, const float* half, Row* row) {
     uint16_t h;
     std::memcpy(&h, b + 108, 2);
     const float d = half[h];
+    for (int g = 0; g < 16; ++g) row->dl[g] = d * static_cast<float>(Q3KScale(b + 96, g));
     const __m256i three = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
     const __m256i hmask = Load32(b);
-    alignas(32) int8_t q[kQK_K];
     for (int half_i = 0; half_i < 2; ++half_i) {
       const __m256i v = Load32(b + 32 + 32 * half_i);
       for (int s = 0; s < 4; ++s) {
@@ -619,16 +670,15 @@ struct Q3KDecode {
         const __m256i missing =
             _mm256_andnot_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hmask, bit), bit), four);
         const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(v, 2 * s), three);
-        Store32(reinterpret_cast<uint8_t*>(q) + 128 * half_i + 32 * s,
+        Store32(reinterpret_cast<uint8_t*>(row->q) + 128 * half_i + 32 * s,
                 _mm256_sub_epi8(lo, missing));
       }
     }
-    for (int g = 0; g < 16; ++g) {
-      const __m256 dl = _mm256_set1_ps(d * static_cast<float>(Q3KScale(b + 96, g)));
-      for (int k = 0; k < 2; ++k) {
-        const int e = 16 * g + 8 * k;
-        _mm256_storeu_ps(out + e, _mm256_mul_ps(dl, I8ToFloat(q + e)));
-      }
+  }
+  static void Group(const uint8_t*, const Row& row, int g, __m256 out[4]) {
+    for (int k = 0; k < 4; ++k) {
+      const int e = 32 * g + 8 * k;
+      out[k] = _mm256_mul_ps(_mm256_set1_ps(row.dl[e / 16]), I8ToFloat(row.q + e));
     }
   }
 };
@@ -647,26 +697,41 @@ struct BlockKernel {
   template <int R>
   static void AxpyTile(const uint8_t* const* rows, const uint8_t* const* next, const float* coeffs,
                        int64_t cols, float* y) {
+    const float* half = HalfToFloatTable();
     __m256 cv[R];
     for (int r = 0; r < R; ++r) cv[r] = _mm256_set1_ps(coeffs[r]);
-    alignas(32) float w[R][kBlock];
+    typename D::Row state[R];
     for (int64_t b = 0; b < cols / kBlock; ++b) {
       if (next != nullptr) PrefetchBlock(next, R, b);
-      for (int r = 0; r < R; ++r) D::Decode(rows[r] + b * kBytes, w[r]);
+      const uint8_t* wb[R];
+      for (int r = 0; r < R; ++r) {
+        wb[r] = rows[r] + b * kBytes;
+        D::Prepare(wb[r], half, &state[r]);
+      }
       float* yb = y + b * kBlock;
-      for (int c = 0; c < kBlock; c += 8) {
-        __m256 yv = _mm256_loadu_ps(yb + c);
-        for (int r = 0; r < R; ++r) yv = _mm256_fmadd_ps(cv[r], _mm256_load_ps(w[r] + c), yv);
-        _mm256_storeu_ps(yb + c, yv);
+      for (int g = 0; g < kBlock / 32; ++g) {
+        __m256 yv[4];
+        for (int k = 0; k < 4; ++k) yv[k] = _mm256_loadu_ps(yb + 32 * g + 8 * k);
+        for (int r = 0; r < R; ++r) {
+          __m256 w[4];
+          D::Group(wb[r], state[r], g, w);
+          for (int k = 0; k < 4; ++k) yv[k] = _mm256_fmadd_ps(cv[r], w[k], yv[k]);
+        }
+        for (int k = 0; k < 4; ++k) _mm256_storeu_ps(yb + 32 * g + 8 * k, yv[k]);
       }
     }
   }
 
   static void Dequantize(const uint8_t* row, int64_t cols, float* out) {
-    alignas(32) float w[kBlock];
+    const float* half = HalfToFloatTable();
+    typename D::Row state;
     for (int64_t b = 0; b < cols / kBlock; ++b) {
-      D::Decode(row + b * kBytes, w);
-      std::memcpy(out + b * kBlock, w, sizeof w);
+      D::Prepare(row + b * kBytes, half, &state);
+      for (int g = 0; g < kBlock / 32; ++g) {
+        __m256 w[4];
+        D::Group(row + b * kBytes, state, g, w);
+        for (int k = 0; k < 4; ++k) _mm256_storeu_ps(out + b * kBlock + 32 * g + 8 * k, w[k]);
+      }
     }
   }
 };
@@ -703,15 +768,7 @@ struct KWeights {
 // q4_K: 8 sub-blocks of 32, 6-bit scales and mins (ggml's get_scale_min_k4 packing, undone on
 // 32-bit words: bytes 0..7 of `u` become the scales, 8..15 the mins).
 inline void Q4KScalesMins(const uint8_t* packed, __m256i* scales, __m256i* mins) {
-  uint32_t u[4];
-  std::memcpy(u, packed, 12);
-  constexpr uint32_t k6 = 0x3f3f3f3f, k4 = 0x0f0f0f0f, k2 = 0x03030303;
-  u[3] = ((u[2] >> 4) & k4) | (((u[1] >> 6) & k2) << 4);
-  const uint32_t mins_low = u[1] & k6;
-  u[1] = (u[2] & k4) | (((u[0] >> 6) & k2) << 4);
-  u[2] = mins_low;
-  u[0] &= k6;
-  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
+  const __m128i bytes = Q4KScaleMinBytes(packed);
   *scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(bytes));
   // Each min twice: it applies to both 16-element bsums of its sub-block.
   *mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(bytes, bytes));
@@ -904,19 +961,7 @@ struct Iq4xsInt {
     std::memcpy(&h, b, 2);
     w->d = half[h];
     w->dmin = 0.0f;
-    uint32_t sl;
-    std::memcpy(&sl, b + 4, 4);
-    const __m128i lows =
-        _mm_unpacklo_epi8(_mm_cvtsi32_si128(static_cast<int>(sl & 0x0F0F0F0F)),
-                          _mm_cvtsi32_si128(static_cast<int>((sl >> 4) & 0x0F0F0F0F)));
-    uint16_t sh;
-    std::memcpy(&sh, b + 2, 2);
-    const __m256i highs = _mm256_and_si256(
-        _mm256_srlv_epi32(_mm256_set1_epi32(sh), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
-        _mm256_set1_epi32(3));
-    const __m256i s32 =
-        _mm256_sub_epi32(_mm256_or_si256(_mm256_cvtepu8_epi32(lows), _mm256_slli_epi32(highs, 4)),
-                         _mm256_set1_epi32(32));
+    const __m256i s32 = Iq4xsScales(b);
     const __m128i s16 =
         _mm_packs_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
     w->scales = _mm256_broadcastsi128_si256(s16);
@@ -1155,13 +1200,13 @@ constexpr KernelSet MakeKernelSet() {
       Q8InputDecoded<T::kQ4_1, Q4_1, LegacyDecode<true, false>>(),
       Q8InputDecoded<T::kQ5_0, Q5_0, LegacyDecode<false, true>>(),
       Q8InputDecoded<T::kQ5_1, Q5_1, LegacyDecode<true, true>>(),
-      Q8InputDecoded<T::kIQ4_NL, Iq4nl, Iq4nlDecode>(),
+      Q8InputDecoded<T::kIQ4_NL, Iq4nl, Iq4Decode<false>>(),
       Q8KInput<T::kQ2_K, Q2KInt, Q2KDecode>(),
       Q8KInput<T::kQ3_K, Q3KInt, Q3KDecode>(),
       Q8KInput<T::kQ4_K, Q45KInt<false>, Q45KDecode<false>>(),
       Q8KInput<T::kQ5_K, Q45KInt<true>, Q45KDecode<true>>(),
       Q8KInput<T::kQ6_K, Q6KInt, Q6KDecode>(),
-      Q8KInput<T::kIQ4_XS, Iq4xsInt, Iq4xsDecode>(),
+      Q8KInput<T::kIQ4_XS, Iq4xsInt, Iq4Decode<true>>(),
   };
   // The interleaved Q4_0 and K-quant kernels form their exact sums with maddubs in both sets
   // (VNNI would give the same integers).

@@ -413,26 +413,29 @@ struct QuantKernel {
 
 // ---- Block types decoded to f32: axpy and dequantize of q4_1, q5_0, q5_1 and iq4_nl. ----
 //
-// Each block decodes to DequantizeRow's f32 values with its float operations (d * q, d * q + m;
-// separate mul and add: GCC does not contract intrinsics under -std=c++20), 16 elements per zmm,
-// and axpy adds them as the f32 kernel adds a row: bit for bit AVX2's BlockKernel.
+// Each block decodes to DequantizeRow's f32 values, 16 elements per zmm, and axpy adds them as the
+// f32 kernel adds a row: bit for bit AVX2's BlockKernel. A block's q takes 16 or 32 values, so
+// DequantizeRow's value of each (d * q, d * q + m, d * (q - 16), d * table value) is computed once
+// per block into a table that vpermps (low 4 index bits) or vpermt2ps (low 5) reads, instead of
+// a convert and a mul (and add) per element. d * q is exact (an fp16 times at most 7 bits), so
+// whether the compiler contracts it with the add (GCC's C++ default is -ffp-contract=fast)
+// changes no bit.
 
-// The 32 byte values of a block in element order: low nibbles of the 16 bytes at p, then high.
-inline __m256i Nibbles32(const uint8_t* p) {
-  const __m128i v = Load16(p);
-  const __m128i m = _mm_set1_epi8(0x0F);
-  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+inline __m512 Iota16(float base) {
+  return _mm512_add_ps(_mm512_set1_ps(base),
+                       _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
 }
-inline __m512 U8ToFloat(__m128i v) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v)); }
-inline __m512 I8ToFloat(__m128i v) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)); }
 
 // q4_1, q5_0, q5_1: x = d * q + m, or d * (q - 16) for q5_0.
 template <bool kHasMin, bool kHasHigh>
 struct LegacyDecode {
   using Layout = LegacyLoad<kHasMin, kHasHigh>;
   static constexpr int64_t kBytes = Layout::kBytes;
-  static void Decode(const uint8_t* b, __m512 out[2]) {
-    const float* half = HalfToFloatTable();
+  static __m512 Values(__m512 d, __m512 m, float base) {
+    if (kHasMin) return _mm512_add_ps(_mm512_mul_ps(d, Iota16(base)), m);
+    return _mm512_mul_ps(d, Iota16(base - 16));
+  }
+  static void Decode(const uint8_t* b, const float* half, __m512 out[2]) {
     uint16_t h;
     std::memcpy(&h, b, 2);
     const __m512 d = _mm512_set1_ps(half[h]);
@@ -441,35 +444,40 @@ struct LegacyDecode {
       std::memcpy(&h, b + 2, 2);
       m = _mm512_set1_ps(half[h]);
     }
-    __m256i q = Nibbles32(b + Layout::kQsAt);
-    if (kHasHigh) {
+    // Elements 0..15 in the low nibbles of the dwords, 16..31 in the high ones.
+    const __m512i u = _mm512_cvtepu8_epi32(Load16(b + Layout::kQsAt));
+    const __m512i hi = _mm512_srli_epi32(u, 4);
+    const __m512 t0 = Values(d, m, 0);
+    if constexpr (kHasHigh) {
+      // Bit 4 of each index from qh: bit l for element l.
       uint32_t qh;
       std::memcpy(&qh, b + Layout::kQhAt, 4);
-      q = _mm256_mask_add_epi8(q, _cvtu32_mask32(qh), q, _mm256_set1_epi8(0x10));
-    }
-    if (!kHasMin) q = _mm256_sub_epi8(q, _mm256_set1_epi8(kHasHigh ? 16 : 8));
-    const __m128i parts[2] = {_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)};
-    for (int k = 0; k < 2; ++k) {
-      if (kHasMin) {
-        out[k] = _mm512_add_ps(_mm512_mul_ps(d, U8ToFloat(parts[k])), m);
-      } else {
-        out[k] = _mm512_mul_ps(d, I8ToFloat(parts[k]));
-      }
+      const __m512i bit4 = _mm512_set1_epi32(0x10);
+      const __m512i lo_idx =
+          _mm512_ternarylogic_epi32(u, _mm512_maskz_mov_epi32(static_cast<__mmask16>(qh), bit4),
+                                    _mm512_set1_epi32(0x0F), 0xE4);  // bits 0..3 of u, 4 of qh
+      const __m512i hi_idx = _mm512_mask_or_epi32(hi, static_cast<__mmask16>(qh >> 16), hi, bit4);
+      const __m512 t1 = Values(d, m, 16);
+      out[0] = _mm512_permutex2var_ps(t0, lo_idx, t1);
+      out[1] = _mm512_permutex2var_ps(t0, hi_idx, t1);
+    } else {
+      out[0] = _mm512_permutexvar_ps(u, t0);
+      out[1] = _mm512_permutexvar_ps(hi, t0);
     }
   }
 };
 
 struct Iq4nlDecode {
   static constexpr int64_t kBytes = 18;
-  static void Decode(const uint8_t* b, __m512 out[2]) {
-    const float* half = HalfToFloatTable();
+  static void Decode(const uint8_t* b, const float* half, __m512 out[2]) {
     uint16_t h;
     std::memcpy(&h, b, 2);
-    const __m512 d = _mm512_set1_ps(half[h]);
-    const __m128i t = Load16(reinterpret_cast<const uint8_t*>(kIq4nlValues));
-    const __m256i v = _mm256_shuffle_epi8(_mm256_set_m128i(t, t), Nibbles32(b + 2));
-    out[0] = _mm512_mul_ps(d, I8ToFloat(_mm256_castsi256_si128(v)));
-    out[1] = _mm512_mul_ps(d, I8ToFloat(_mm256_extracti128_si256(v, 1)));
+    const __m512 t = _mm512_mul_ps(_mm512_set1_ps(half[h]),
+                                   _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                       Load16(reinterpret_cast<const uint8_t*>(kIq4nlValues)))));
+    const __m512i u = _mm512_cvtepu8_epi32(Load16(b + 2));
+    out[0] = _mm512_permutexvar_ps(u, t);
+    out[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(u, 4), t);
   }
 };
 
@@ -480,6 +488,7 @@ struct BlockKernel {
   template <int R>
   static void AxpyTile(const uint8_t* const* rows, const uint8_t* const* next, const float* coeffs,
                        int64_t cols, float* y) {
+    const float* half = HalfToFloatTable();
     __m512 cv[R];
     for (int r = 0; r < R; ++r) cv[r] = _mm512_set1_ps(coeffs[r]);
     for (int64_t b = 0; b < cols / kQK; ++b) {
@@ -490,7 +499,7 @@ struct BlockKernel {
       __m512 yv[2] = {_mm512_loadu_ps(yb), _mm512_loadu_ps(yb + 16)};
       for (int r = 0; r < R; ++r) {
         __m512 w[2];
-        D::Decode(rows[r] + b * kBytes, w);
+        D::Decode(rows[r] + b * kBytes, half, w);
         for (int k = 0; k < 2; ++k) yv[k] = _mm512_fmadd_ps(cv[r], w[k], yv[k]);
       }
       _mm512_storeu_ps(yb, yv[0]);
@@ -499,9 +508,10 @@ struct BlockKernel {
   }
 
   static void Dequantize(const uint8_t* row, int64_t cols, float* out) {
+    const float* half = HalfToFloatTable();
     for (int64_t b = 0; b < cols / kQK; ++b) {
       __m512 w[2];
-      D::Decode(row + b * kBytes, w);
+      D::Decode(row + b * kBytes, half, w);
       _mm512_storeu_ps(out + b * kQK, w[0]);
       _mm512_storeu_ps(out + b * kQK + 16, w[1]);
     }
