@@ -539,9 +539,10 @@ void Model::Interleave(MatrixView& m) {
   if (!HasInterleaved8Layout(m.type) || m.rows == 0 || m.cols == 0 || m.interleaved != nullptr) {
     return;
   }
-  std::vector<uint8_t>& buf = interleaved_.emplace_back(Interleaved8Bytes(m.type, m.rows, m.cols));
-  Interleave8(m.type, m.data, m.row_bytes, m.rows, m.cols, buf.data());
-  m.interleaved = buf.data();
+  uint8_t* buf = interleaved_.Allocate(static_cast<size_t>(Interleaved8Bytes(m.type, m.rows, m.cols)));
+  if (buf == nullptr) return;  // no memory for the copy: the row layout serves as it is
+  Interleave8(m.type, m.data, m.row_bytes, m.rows, m.cols, buf);
+  m.interleaved = buf;
 }
 
 void Model::InterleaveDenseMatrices() {
@@ -571,9 +572,7 @@ absl::Status Model::InterleaveDenseFfn() {
 }
 
 int64_t Model::interleaved_bytes() const {
-  int64_t total = 0;
-  for (const std::vector<uint8_t>& b : interleaved_) total += static_cast<int64_t>(b.size());
-  return total;
+  return static_cast<int64_t>(interleaved_.allocated_bytes());
 }
 
 std::string Model::weight_type_name() const {

@@ -17,6 +17,7 @@
 #include "shared/gguf/gguf.h"
 #include "shared/gguf/matrix_view.h"
 #include "shared/tokenizer/tokenizer.h"
+#include "shared/util/page_arena.h"
 
 namespace thermocline {
 
@@ -171,8 +172,9 @@ class Model {
   bool output_tied_ = false;
   std::vector<float> output_norm_, output_norm_b_, rope_freqs_;
   std::vector<LayerWeights> layers_;
-  // Owned interleaved copies (a separate buffer: the file stays mapped read-only and clean).
-  std::vector<std::vector<uint8_t>> interleaved_;
+  // Owned interleaved copies (separate memory: the file stays mapped read-only and clean), on
+  // huge pages where the kernel gives them: decode streams them whole every token.
+  PageArena interleaved_;
 };
 
 }  // namespace thermocline

@@ -1,0 +1,61 @@
+#include "shared/util/page_arena.h"
+
+#include <sys/mman.h>
+
+#include <cstdlib>
+#include <cstring>
+
+namespace thermocline {
+namespace {
+
+constexpr size_t kHugePage = size_t{2} << 20;
+
+bool HugePagesWanted() {
+  static const bool wanted = [] {
+    const char* env = std::getenv("THERMOCLINE_HUGEPAGES");
+    return env == nullptr || std::strcmp(env, "0") != 0;
+  }();
+  return wanted;
+}
+
+size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+}  // namespace
+
+PageArena::~PageArena() {
+  for (const Chunk& c : chunks_) munmap(c.base, c.size);
+}
+
+uint8_t* PageArena::Allocate(size_t bytes) {
+  const size_t need = RoundUp(bytes == 0 ? 1 : bytes, 64);
+  if (chunks_.empty() || chunks_.back().size - chunks_.back().used < need) {
+    const size_t size = RoundUp(need > kChunkBytes ? need : kChunkBytes, kHugePage);
+    // Over-map by a huge page so that the chunk can start on a 2 MiB boundary (a huge page
+    // needs an aligned virtual range), then return the slack on either side.
+    void* raw = mmap(nullptr, size + kHugePage, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (raw == MAP_FAILED) return nullptr;
+    const uintptr_t start = reinterpret_cast<uintptr_t>(raw);
+    const uintptr_t aligned = RoundUp(start, kHugePage);
+    if (aligned > start) munmap(raw, aligned - start);
+    const uintptr_t end = start + size + kHugePage;
+    if (end > aligned + size) munmap(reinterpret_cast<void*>(aligned + size), end - aligned - size);
+    uint8_t* base = reinterpret_cast<uint8_t*>(aligned);
+    // Advice only: where the kernel has no huge pages the chunk simply stays on 4 KiB pages.
+    if (HugePagesWanted()) madvise(base, size, MADV_HUGEPAGE);
+    chunks_.push_back({base, size, 0});
+  }
+  Chunk& c = chunks_.back();
+  uint8_t* p = c.base + c.used;
+  c.used += need;
+  allocated_ += bytes;
+  return p;
+}
+
+size_t PageArena::mapped_bytes() const {
+  size_t total = 0;
+  for (const Chunk& c : chunks_) total += c.size;
+  return total;
+}
+
+}  // namespace thermocline
