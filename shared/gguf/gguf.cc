@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "shared/util/page_arena.h"
 #include "shared/util/status_macros.h"
 
 namespace thermocline {
@@ -458,6 +459,9 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
     return fail(absl::StatusCode::kUnavailable,
                 absl::StrCat("cannot mmap ", size, " bytes: ", std::strerror(map_err)));
   }
+  // Advice: where the file system keeps large folios, page faults may then map the weights
+  // with 2 MiB entries (fewer TLB misses for the rows decode gathers).
+  if (HugePagesWanted()) ::madvise(map, size, MADV_HUGEPAGE);
   std::unique_ptr<GgufFile> file(new GgufFile());
   file->path_ = path;
   file->base_ = static_cast<const uint8_t*>(map);

@@ -10,6 +10,10 @@ namespace {
 
 constexpr size_t kHugePage = size_t{2} << 20;
 
+size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+}  // namespace
+
 bool HugePagesWanted() {
   static const bool wanted = [] {
     const char* env = std::getenv("THERMOCLINE_HUGEPAGES");
@@ -17,10 +21,6 @@ bool HugePagesWanted() {
   }();
   return wanted;
 }
-
-size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
-
-}  // namespace
 
 PageArena::~PageArena() {
   for (const Chunk& c : chunks_) munmap(c.base, c.size);

@@ -11,6 +11,10 @@
 
 namespace thermocline {
 
+// False when THERMOCLINE_HUGEPAGES=0 is in the environment (for A/B runs): then neither the
+// arena nor the model file's mapping asks for huge pages.
+bool HugePagesWanted();
+
 class PageArena {
  public:
   // Pieces are cut from chunks of at least this much; a larger piece gets a chunk of its own.
@@ -22,8 +26,7 @@ class PageArena {
   PageArena& operator=(const PageArena&) = delete;
 
   // `bytes` of zeroed memory, 64-byte aligned, valid until the arena is destroyed; nullptr if
-  // the system has no memory left. THERMOCLINE_HUGEPAGES=0 in the environment leaves the
-  // chunks on normal pages (for A/B runs).
+  // the system has no memory left.
   uint8_t* Allocate(size_t bytes);
 
   // Bytes handed out, and bytes mapped for them.
