@@ -1208,10 +1208,11 @@ constexpr KernelSet MakeKernelSet() {
       Q8KInput<T::kQ6_K, Q6KInt, Q6KDecode>(),
       Q8KInput<T::kIQ4_XS, Iq4xsInt, Iq4Decode<true>>(),
   };
-  // The interleaved Q4_0 and K-quant kernels form their exact sums with maddubs in both sets
-  // (VNNI would give the same integers).
+  // The interleaved Q4_0, Q5_0, Q8_0 and K-quant kernels form their exact sums with maddubs in
+  // both sets (VNNI would give the same integers).
   return {kVnni ? "avx2+vnni" : "avx2", MakeTypeTable(kEntries), &QuantizeQ8_0,
-          Interleaved8Table<kQ4_0x8Avx2, kQ4_Kx8Avx2, kQ5_Kx8Avx2, kQ6_Kx8Avx2>()};
+          Interleaved8Table<kLegacyX8Avx2<GgmlType::kQ4_0>, kLegacyX8Avx2<GgmlType::kQ5_0>,
+                            kLegacyX8Avx2<GgmlType::kQ8_0>, kQ4_Kx8Avx2, kQ5_Kx8Avx2, kQ6_Kx8Avx2>()};
 }
 
 constexpr KernelSet kAvx2 = MakeKernelSet<false>();

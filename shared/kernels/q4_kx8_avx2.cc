@@ -171,7 +171,7 @@ void Dot(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t*
 
 void PrepareQ4_Kx8Avx2(const float* x, int64_t cols, uint8_t* out) {
   // The row kernels' vectorized Q8_K rounding (bit-identical to QuantizeRowQ8_K): at decode the
-  // preparation is a visible share of a small matrix's time, as for Q4_0 (q4_0x8_avx2.cc).
+  // preparation is a visible share of a small matrix's time, as for Q4_0 (legacy_x8_avx2.cc).
   thread_local std::vector<uint8_t> q;
   q.resize(cols / kQK_K * kQ8KBlockBytes);
   Avx2Kernels(false).by_type[static_cast<size_t>(GgmlType::kQ4_K)].prepare_input(x, cols,

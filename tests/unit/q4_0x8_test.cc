@@ -209,8 +209,8 @@ TEST_P(Q4_0x8KernelTest, GatherAndAxpyKeepTheRowLayout) {
 INSTANTIATE_TEST_SUITE_P(Families, Q4_0x8KernelTest, ::testing::ValuesIn(testing::kKernelFamilies),
                          testing::KernelFamilyName);
 
-// Same operations in the same order (q4_0x8.cc, q4_0x8_avx2.cc, q4_0x8_avx512.cc): the same
-// bits.
+// Same operations in the same order (legacy_x8.cc, legacy_x8_avx2.cc, legacy_x8_avx512.cc): the
+// same bits.
 TEST(Q4_0x8FamiliesTest, PortableAvx2AndAvx512AgreeBitForBit) {
   if (!matmul_internal::CpuHasAvx2()) GTEST_SKIP() << "no AVX2";
   const SimdLevel saved = ActiveKernelSimdLevel();
