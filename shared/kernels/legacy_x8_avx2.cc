@@ -27,19 +27,13 @@
 
 #include "shared/gguf/legacy_x8.h"
 #include "shared/kernels/matmul_kernels.h"
+#include "shared/kernels/simd_avx2.h"
 
 namespace thermocline::matmul_internal {
 namespace {
 
-inline __m256i Broadcast4(const uint8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm256_set1_epi32(v);
-}
-
-inline __m256i Load32(const uint8_t* p) {
-  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-}
+using simd::Broadcast4;
+using simd::Load32;
 
 // A group's block unpacked, and its 8 rows' exact int32 block sums against one token's block xb
 // (the prepared [d][bias][32 quants]). One class per type.

@@ -38,13 +38,7 @@ std::string Name(GgmlType type, int64_t rows, int64_t cols) {
          std::to_string(cols);
 }
 
-struct Matrix {
-  std::vector<uint8_t> rows;         // file layout
-  std::vector<uint8_t> interleaved;  // legacy_x8 layout
-  std::vector<float> deq;            // [rows][cols]
-  MatrixView view;                   // row layout only
-  MatrixView packed;                 // the same with the interleaved copy
-};
+using Matrix = testing::InterleavedMatrix;
 
 // Quantized N(0, scale) rows of different magnitudes (a row mix-up cannot hide inside the
 // tolerance), or with `random_bytes` every bit pattern of the quants.
@@ -68,21 +62,8 @@ Matrix MakeMatrix(GgmlType type, int64_t rows, int64_t cols, uint32_t seed,
     }
     DequantizeRow(type, row, m.deq.data() + r * cols, cols);
   }
-  m.interleaved.resize(Interleaved8Bytes(type, rows, cols));
-  Interleave8(type, m.rows.data(), row_bytes, rows, cols, m.interleaved.data());
-  m.view = MatrixView{type, rows, cols, m.rows.data(), row_bytes};
-  m.packed = m.view;
-  m.packed.interleaved = m.interleaved.data();
+  testing::AddInterleavedCopy(type, rows, cols, m);
   return m;
-}
-
-// The activations as every kernel of these types sees them: Q8_0-rounded, back in f32.
-std::vector<float> Q8Rounded(const float* x, int64_t cols) {
-  std::vector<uint8_t> q(RowBytes(GgmlType::kQ8_0, cols));
-  std::vector<float> out(cols);
-  QuantizeRow(GgmlType::kQ8_0, x, q.data(), cols);
-  DequantizeRow(GgmlType::kQ8_0, q.data(), out.data(), cols);
-  return out;
 }
 
 TEST(LegacyX8LayoutTest, EveryRowComesBackByteForByte) {
@@ -124,7 +105,7 @@ TEST_P(LegacyX8KernelTest, MatchesDoubleReferenceAtEveryTokenCount) {
         const std::vector<float> x = testing::NormalVector(kMaxTokens * cols, rng);
         std::vector<double> ref(kMaxTokens * rows), p(kMaxTokens * rows);
         for (int64_t t = 0; t < kMaxTokens; ++t) {
-          const std::vector<float> xq = Q8Rounded(x.data() + t * cols, cols);
+          const std::vector<float> xq = testing::Q8Rounded(x.data() + t * cols, cols);
           for (int64_t r = 0; r < rows; ++r) {
             double sum = 0, abs_sum = 0;
             for (int64_t c = 0; c < cols; ++c) {
