@@ -357,7 +357,12 @@ int Main(int argc, char** argv) {
     std::vector<double> row_gemv, row_gemm, x8_gemv, x8_gemm;
   };
   std::vector<Pair> pairs;
-  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K}) {
+  for (const BenchType& bench_type : o.types) {
+    const GgmlType t = bench_type.type;
+    if (!HasInterleaved8Layout(t) ||
+        std::any_of(pairs.begin(), pairs.end(), [&](const Pair& p) { return p.type == t; })) {
+      continue;
+    }
     const size_t n = o.threads.size();
     pairs.push_back({t, std::vector<double>(n), std::vector<double>(n), std::vector<double>(n),
                      std::vector<double>(n)});
