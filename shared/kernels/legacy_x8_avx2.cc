@@ -13,7 +13,12 @@
 // one thread the row kernel is ALU-bound below the read floor (0.65-0.80 of it in the issue's
 // measurements), so GEMV GB/s should rise by up to ~1.5x, capped by the floor; at two threads,
 // where both kernels approach the floor, less. Q5_0 adds a shift, a mask and an or per plane for
-// its fifth bits; Q8_0 (twice Q4_0's bytes per element) the sign trick per plane and token.
+// its fifth bits; Q8_0 (twice Q4_0's bytes per element) the sign trick per plane and token, which
+// leaves it the row kernel's ALU operations at one token (measured: one-thread in-L2 GEMV
+// 19-23 GB/s, the row kernel 20-24; 64-token GEMM 1.37x). With AVX-VNNI (the avx2+vnni set)
+// every type's planes are the unsigned q_w + o and one vpdpbusd per plane and token replaces the
+// maddubs, int16 adds and madds (Q8_0: in-L2 GEMV 28-30 GB/s, the VNNI row kernel 28; 64-token
+// GEMM 1.75x it).
 //
 // Arithmetic. Per row the block sum is an exact int32 and acc = fma(fl(d_w * d_x), sum, acc)
 // over the blocks in order, exactly as DotLegacyX8Portable: bit-identical to it. The row-layout
@@ -23,6 +28,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "shared/gguf/legacy_x8.h"
@@ -35,101 +41,107 @@ namespace {
 using simd::Broadcast4;
 using simd::Load32;
 
-// A group's block unpacked, and its 8 rows' exact int32 block sums against one token's block xb
-// (the prepared [d][bias][32 quants]). One class per type.
+// The eight planes (legacy_x8.h) of a group's block as unsigned q_w + o, and the activation
+// quants each meets. Q4_0: plane 2k the low nibbles of chunk k (elements 4k..), 2k + 1 its high
+// nibbles (16 + 4k..). Q5_0: the same with the fifth bit at bit 4: plane p's bits sit at bit
+// 8j + p of each row's word, one shift and mask away. Q8_0: chunk p with the sign bit flipped.
 template <GgmlType kType>
-struct Planes;
+constexpr int64_t PlaneAt(int p) {
+  return kType == GgmlType::kQ8_0 ? 4 * p : 16 * (p % 2) + 4 * (p / 2);
+}
 
-// Q4_0: plane 2k the low nibbles of chunk k (elements 4k..), 2k + 1 its high nibbles (16 + 4k..),
-// both q_w + 8 as unsigned bytes; the bias takes the 8 back out. The 8 maddubs sum in int16
-// (at most 8 x 2 x 15 x 128 = 30720 < 2^15: exact).
-template <>
-struct Planes<GgmlType::kQ4_0> {
-  using F = LegacyX8Format<GgmlType::kQ4_0>;
-  __m256i lo[4], hi[4];
+template <int p>
+inline __m256i FifthBits(__m256i qh) {
+  const __m256i bit4 = _mm256_set1_epi8(0x10);
+  if constexpr (p < 4) return _mm256_and_si256(_mm256_slli_epi32(qh, 4 - p), bit4);
+  if constexpr (p == 4) return _mm256_and_si256(qh, bit4);
+  if constexpr (p > 4) return _mm256_and_si256(_mm256_srli_epi32(qh, p - 4), bit4);
+}
 
-  explicit Planes(const uint8_t* wb) {
+template <GgmlType kType, int... p>
+inline void OrFifthBits(const uint8_t* wb, __m256i (&u)[8], std::integer_sequence<int, p...>) {
+  const __m256i qh = Load32(wb + LegacyX8Format<kType>::kQhAt);
+  ((u[p] = _mm256_or_si256(u[p], FifthBits<p>(qh))), ...);
+}
+
+template <GgmlType kType>
+inline void UnsignedPlanes(const uint8_t* wb, __m256i (&u)[8]) {
+  using F = LegacyX8Format<kType>;
+  if constexpr (kType == GgmlType::kQ8_0) {
+    const __m256i sign = _mm256_set1_epi8(static_cast<char>(0x80));
+    for (int p = 0; p < 8; ++p) u[p] = _mm256_xor_si256(Load32(wb + F::kChunksAt + 32 * p), sign);
+  } else {
     const __m256i low = _mm256_set1_epi8(0x0F);
     for (int k = 0; k < 4; ++k) {
       const __m256i v = Load32(wb + F::kChunksAt + 32 * k);
-      lo[k] = _mm256_and_si256(v, low);
-      hi[k] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+      u[2 * k] = _mm256_and_si256(v, low);
+      u[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+    }
+    if constexpr (kType == GgmlType::kQ5_0) {
+      OrFifthBits<kType>(wb, u, std::make_integer_sequence<int, 8>());
     }
   }
+}
 
-  __m256i Sum(const uint8_t* xb) const {
-    const uint8_t* xq = xb + 8;
-    __m256i s16 = _mm256_maddubs_epi16(lo[0], Broadcast4(xq));
-    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi[0], Broadcast4(xq + 16)));
-    for (int k = 1; k < 4; ++k) {
-      s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo[k], Broadcast4(xq + 4 * k)));
-      s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi[k], Broadcast4(xq + 16 + 4 * k)));
-    }
-    int32_t bias;
-    std::memcpy(&bias, xb + 4, 4);
-    return _mm256_add_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)), _mm256_set1_epi32(bias));
-  }
-};
+inline int32_t Bias(const uint8_t* xb) {
+  int32_t bias;
+  std::memcpy(&bias, xb + 4, 4);
+  return bias;
+}
 
-// Q5_0: Q4_0's planes with the fifth bit at bit 4 (q_w + 16, up to 31): plane p's bits sit at
-// bit 8j + p of each row's word (legacy_x8.h), one shift and mask away. Four maddubs at most
-// per int16 sum (4 x 2 x 31 x 128 = 31744 < 2^15), so two sums of four.
-template <>
-struct Planes<GgmlType::kQ5_0> {
-  using F = LegacyX8Format<GgmlType::kQ5_0>;
+// A group's block unpacked, and its 8 rows' exact int32 block sums against one token's block xb
+// (the prepared [d][bias][32 quants]): one class per way of forming them.
+template <GgmlType kType, bool kVnni>
+struct Planes;
+
+// AVX-VNNI, every type: one vpdpbusd per plane, in two chains of 4 (half the latency that bounds
+// a one-token tile).
+template <GgmlType kType>
+struct Planes<kType, true> {
   __m256i u[8];
 
-  template <int p>
-  static __m256i FifthBits(__m256i qh) {
-    const __m256i bit4 = _mm256_set1_epi8(0x10);
-    if constexpr (p < 4) return _mm256_and_si256(_mm256_slli_epi32(qh, 4 - p), bit4);
-    if constexpr (p == 4) return _mm256_and_si256(qh, bit4);
-    if constexpr (p > 4) return _mm256_and_si256(_mm256_srli_epi32(qh, p - 4), bit4);
-  }
-
-  explicit Planes(const uint8_t* wb) {
-    const __m256i low = _mm256_set1_epi8(0x0F);
-    const __m256i qh = Load32(wb + F::kQhAt);
-    const __m256i v0 = Load32(wb + F::kChunksAt), v1 = Load32(wb + F::kChunksAt + 32);
-    const __m256i v2 = Load32(wb + F::kChunksAt + 64), v3 = Load32(wb + F::kChunksAt + 96);
-    u[0] = _mm256_or_si256(_mm256_and_si256(v0, low), FifthBits<0>(qh));
-    u[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v0, 4), low), FifthBits<1>(qh));
-    u[2] = _mm256_or_si256(_mm256_and_si256(v1, low), FifthBits<2>(qh));
-    u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v1, 4), low), FifthBits<3>(qh));
-    u[4] = _mm256_or_si256(_mm256_and_si256(v2, low), FifthBits<4>(qh));
-    u[5] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v2, 4), low), FifthBits<5>(qh));
-    u[6] = _mm256_or_si256(_mm256_and_si256(v3, low), FifthBits<6>(qh));
-    u[7] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v3, 4), low), FifthBits<7>(qh));
-  }
+  explicit Planes(const uint8_t* wb) { UnsignedPlanes<kType>(wb, u); }
 
   __m256i Sum(const uint8_t* xb) const {
     const uint8_t* xq = xb + 8;
-    // Plane 2k meets the activations 4k.., plane 2k + 1 the activations 16 + 4k..
-    __m256i s16[2];
-    for (int h = 0; h < 2; ++h) {
-      const int p0 = 4 * h;
-      s16[h] = _mm256_maddubs_epi16(u[p0], Broadcast4(xq + 8 * h));
-      s16[h] =
-          _mm256_add_epi16(s16[h], _mm256_maddubs_epi16(u[p0 + 1], Broadcast4(xq + 16 + 8 * h)));
-      s16[h] =
-          _mm256_add_epi16(s16[h], _mm256_maddubs_epi16(u[p0 + 2], Broadcast4(xq + 4 + 8 * h)));
-      s16[h] =
-          _mm256_add_epi16(s16[h], _mm256_maddubs_epi16(u[p0 + 3], Broadcast4(xq + 20 + 8 * h)));
+    __m256i s[2] = {_mm256_set1_epi32(Bias(xb)), _mm256_setzero_si256()};
+    for (int p = 0; p < 8; ++p) {
+      s[p % 2] = simd::DpbusdVex(s[p % 2], u[p], Broadcast4(xq + PlaneAt<kType>(p)));
     }
-    int32_t bias;
-    std::memcpy(&bias, xb + 4, 4);
-    const __m256i ones = _mm256_set1_epi16(1);
-    const __m256i s32 =
-        _mm256_add_epi32(_mm256_madd_epi16(s16[0], ones), _mm256_madd_epi16(s16[1], ones));
-    return _mm256_add_epi32(s32, _mm256_set1_epi32(bias));
+    return _mm256_add_epi32(s[0], s[1]);
   }
 };
 
-// Q8_0: plane k is chunk k (elements 4k..), signed. maddubs takes |q_w| (-128 too: 0x80 is 128
-// unsigned) against q_x with q_w's sign, at most 2 x 128 x 127 < 2^15 per int16, so each
-// plane's pairs go to int32 at once. The bias (for kernels that add q_w + 128) is not needed.
+// Q4_0: the 8 maddubs sum in int16 (at most 8 x 2 x 15 x 128 = 30720 < 2^15: exact). Q5_0's
+// planes reach 31: four maddubs at most per int16 sum (4 x 2 x 31 x 128 = 31744 < 2^15), so
+// two sums of four.
+template <GgmlType kType>
+struct Planes<kType, false> {
+  __m256i u[8];
+
+  explicit Planes(const uint8_t* wb) { UnsignedPlanes<kType>(wb, u); }
+
+  __m256i Sum(const uint8_t* xb) const {
+    constexpr int kPerSum = kType == GgmlType::kQ4_0 ? 8 : 4;
+    const uint8_t* xq = xb + 8;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i s32 = _mm256_set1_epi32(Bias(xb));
+    for (int p0 = 0; p0 < 8; p0 += kPerSum) {
+      __m256i s16 = _mm256_maddubs_epi16(u[p0], Broadcast4(xq + PlaneAt<kType>(p0)));
+      for (int p = p0 + 1; p < p0 + kPerSum; ++p) {
+        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u[p], Broadcast4(xq + PlaneAt<kType>(p))));
+      }
+      s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(s16, ones));
+    }
+    return s32;
+  }
+};
+
+// Q8_0 without VNNI: signed planes. maddubs takes |q_w| (-128 too: 0x80 is 128 unsigned)
+// against q_x with q_w's sign, at most 2 x 128 x 127 < 2^15 per int16, so each plane's pairs go
+// to int32 at once; no offset, so the bias is not needed.
 template <>
-struct Planes<GgmlType::kQ8_0> {
+struct Planes<GgmlType::kQ8_0, false> {
   using F = LegacyX8Format<GgmlType::kQ8_0>;
   __m256i w[8], a[8];
 
@@ -160,7 +172,7 @@ struct Planes<GgmlType::kQ8_0> {
 constexpr int64_t kPrefetchEvery = 4;
 
 // Adds block b of one group to acc[t] for T tokens.
-template <GgmlType kType, int T>
+template <GgmlType kType, bool kVnni, int T>
 inline void BlockStep(const uint8_t* group, int64_t b, const uint8_t* x, int64_t x_stride,
                       __m256* acc) {
   constexpr int64_t kBlockBytes = LegacyX8Format<kType>::kBlockBytes;
@@ -171,7 +183,7 @@ inline void BlockStep(const uint8_t* group, int64_t b, const uint8_t* x, int64_t
     }
   }
   const __m256 wd = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb)));
-  const Planes<kType> planes(wb);
+  const Planes<kType, kVnni> planes(wb);
   for (int t = 0; t < T; ++t) {
     const uint8_t* xb = x + t * x_stride + b * kLegacyX8InputBlockBytes;
     const __m256i s32 = planes.Sum(xb);
@@ -181,25 +193,25 @@ inline void BlockStep(const uint8_t* group, int64_t b, const uint8_t* x, int64_t
 }
 
 // y[t * y_stride + i] for the group's 8 rows i and T tokens.
-template <GgmlType kType, int T>
+template <GgmlType kType, bool kVnni, int T>
 void GroupTile(const uint8_t* group, int64_t n_blocks, const uint8_t* x, int64_t x_stride, float* y,
                int64_t y_stride) {
   __m256 acc[T];
   for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < n_blocks; ++b) BlockStep<kType, T>(group, b, x, x_stride, acc);
+  for (int64_t b = 0; b < n_blocks; ++b) BlockStep<kType, kVnni, T>(group, b, x, x_stride, acc);
   for (int t = 0; t < T; ++t) _mm256_storeu_ps(y + t * y_stride, acc[t]);
 }
 
 // Decode: two groups block by block, so that one thread reads two sequential streams at once
 // (one stream per thread left DRAM bandwidth unused: see DotLegacyX8Avx2). Each group's blocks
 // are added in the same order as GroupTile's, so the outputs are the same bits.
-template <GgmlType kType>
+template <GgmlType kType, bool kVnni>
 void GroupPairTile(const uint8_t* a, const uint8_t* b, int64_t n_blocks, const uint8_t* x,
                    float* ya, float* yb) {
   __m256 acc_a[1] = {_mm256_setzero_ps()}, acc_b[1] = {_mm256_setzero_ps()};
   for (int64_t k = 0; k < n_blocks; ++k) {
-    BlockStep<kType, 1>(a, k, x, 0, acc_a);
-    BlockStep<kType, 1>(b, k, x, 0, acc_b);
+    BlockStep<kType, kVnni, 1>(a, k, x, 0, acc_a);
+    BlockStep<kType, kVnni, 1>(b, k, x, 0, acc_b);
   }
   _mm256_storeu_ps(ya, acc_a[0]);
   _mm256_storeu_ps(yb, acc_b[0]);
@@ -207,9 +219,10 @@ void GroupPairTile(const uint8_t* a, const uint8_t* b, int64_t n_blocks, const u
 
 using GroupFn = void (*)(const uint8_t*, int64_t, const uint8_t*, int64_t, float*, int64_t);
 constexpr int kMaxTokens = 4;
-template <GgmlType kType>
-constexpr GroupFn kGroupTiles[kMaxTokens] = {&GroupTile<kType, 1>, &GroupTile<kType, 2>,
-                                             &GroupTile<kType, 3>, &GroupTile<kType, 4>};
+template <GgmlType kType, bool kVnni>
+constexpr GroupFn kGroupTiles[kMaxTokens] = {
+    &GroupTile<kType, kVnni, 1>, &GroupTile<kType, kVnni, 2>, &GroupTile<kType, kVnni, 3>,
+    &GroupTile<kType, kVnni, 4>};
 
 }  // namespace
 
@@ -224,7 +237,7 @@ void PrepareLegacyX8Avx2(const float* x, int64_t cols, uint8_t* out) {
   PackLegacyX8Input(q.data(), cols / kQK, LegacyX8Offset(kType), out);
 }
 
-template <GgmlType kType>
+template <GgmlType kType, bool kVnni>
 void DotLegacyX8Avx2(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
                      int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
   const int64_t n_blocks = cols / kQK;
@@ -233,25 +246,27 @@ void DotLegacyX8Avx2(const RowSource& groups, int64_t n_groups, int64_t cols, co
     // Group i with group i + half: two streams half the range apart.
     const int64_t half = n_groups / 2;
     for (int64_t g = 0; g < half; ++g) {
-      GroupPairTile<kType>(groups.base + g * groups.row_bytes,
-                           groups.base + (g + half) * groups.row_bytes, n_blocks, x,
-                           y + g * kLegacyX8Rows, y + (g + half) * kLegacyX8Rows);
+      GroupPairTile<kType, kVnni>(groups.base + g * groups.row_bytes,
+                                  groups.base + (g + half) * groups.row_bytes, n_blocks, x,
+                                  y + g * kLegacyX8Rows, y + (g + half) * kLegacyX8Rows);
     }
     first = 2 * half;
   }
   const RowSource rest{groups.base + first * groups.row_bytes, groups.row_bytes, nullptr};
   ForEachGroupTile<kMaxTokens>(
       rest, n_groups - first, n_tokens, [&](int64_t g, int64_t t0, int nt) {
-        kGroupTiles<kType>[nt - 1](rest.base + g * rest.row_bytes, n_blocks, x + t0 * x_stride,
-                                   x_stride, y + t0 * y_stride + (first + g) * kLegacyX8Rows,
-                                   y_stride);
+        kGroupTiles<kType, kVnni>[nt - 1](
+            rest.base + g * rest.row_bytes, n_blocks, x + t0 * x_stride, x_stride,
+            y + t0 * y_stride + (first + g) * kLegacyX8Rows, y_stride);
       });
 }
 
-#define THERMOCLINE_LEGACY_X8(T)                                                                \
-  template void PrepareLegacyX8Avx2<T>(const float*, int64_t, uint8_t*);                        \
-  template void DotLegacyX8Avx2<T>(const RowSource&, int64_t, int64_t, const uint8_t*, int64_t, \
-                                   int64_t, float*, int64_t);
+#define THERMOCLINE_LEGACY_X8(T)                                                              \
+  template void PrepareLegacyX8Avx2<T>(const float*, int64_t, uint8_t*);                      \
+  template void DotLegacyX8Avx2<T, false>(const RowSource&, int64_t, int64_t, const uint8_t*, \
+                                          int64_t, int64_t, float*, int64_t);                 \
+  template void DotLegacyX8Avx2<T, true>(const RowSource&, int64_t, int64_t, const uint8_t*,  \
+                                         int64_t, int64_t, float*, int64_t);
 THERMOCLINE_LEGACY_X8(GgmlType::kQ4_0)
 THERMOCLINE_LEGACY_X8(GgmlType::kQ5_0)
 THERMOCLINE_LEGACY_X8(GgmlType::kQ8_0)

@@ -124,14 +124,15 @@ void PackLegacyX8Input(const BlockQ8_0* q, int64_t n_blocks, int32_t offset, uin
 template <GgmlType kType>
 void DotLegacyX8Portable(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
                          int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
-template <GgmlType kType>
+// kVnni: the block sums by AVX-VNNI's vpdpbusd (the same integers).
+template <GgmlType kType, bool kVnni>
 void DotLegacyX8Avx2(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
                      int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
 template <GgmlType kType>
 inline constexpr TypeKernels kLegacyX8Portable = {&DotLegacyX8Portable<kType>, nullptr, nullptr,
                                                   &LegacyX8InputBytes, &PrepareLegacyX8<kType>};
-template <GgmlType kType>
-inline constexpr TypeKernels kLegacyX8Avx2 = {&DotLegacyX8Avx2<kType>, nullptr, nullptr,
+template <GgmlType kType, bool kVnni = false>
+inline constexpr TypeKernels kLegacyX8Avx2 = {&DotLegacyX8Avx2<kType, kVnni>, nullptr, nullptr,
                                               &LegacyX8InputBytes, &PrepareLegacyX8Avx2<kType>};
 // Q4_K in the interleaved layout (q4_kx8.cc, q4_kx8_avx2.cc). Activations: per super-block
 // the 256 Q8_K quants (QuantizeRowQ8_K's rounding, as every Q8_K input), its f32 d and the 8

@@ -30,4 +30,12 @@ inline __m256i Load32(const uint8_t* p) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }
 
+// AVX-VNNI's vpdpbusd: acc + the sums of 4 unsigned x signed byte products per 32-bit lane.
+// Inline asm rather than the intrinsic keeps the *_avx2.cc files buildable with plain -mavx2;
+// callers reach it only after a run-time check for avxvnni.
+inline __m256i DpbusdVex(__m256i acc, __m256i u, __m256i s) {
+  asm("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(u), "x"(s));
+  return acc;
+}
+
 }  // namespace thermocline::simd
