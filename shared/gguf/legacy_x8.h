@@ -53,6 +53,10 @@ struct LegacyX8Format {
   static constexpr int64_t kChunks = kQsBytes / 4;
   static constexpr int64_t kBlockBytes = kLegacyX8Rows * kRowBlockBytes;
   static_assert(kBlockBytes == kChunksAt + 32 * kChunks);
+  // The block element in byte 0 of plane p's row lanes (bytes 1..3 hold the next three).
+  static constexpr int64_t PlaneElement(int64_t p) {
+    return kType == GgmlType::kQ8_0 ? 4 * p : 16 * (p % 2) + 4 * (p / 2);
+  }
 };
 
 // Groups of an interleaved matrix of `rows` rows, and bytes of one group of `cols` columns.

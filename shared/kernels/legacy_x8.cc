@@ -17,8 +17,7 @@
 namespace thermocline::matmul_internal {
 namespace {
 
-// Byte j of plane p (legacy_x8.h) of row r in a group's block, as the unsigned q_w + o, and the
-// block element it holds.
+// Byte j of plane p (legacy_x8.h) of row r in a group's block, as the unsigned q_w + o.
 template <GgmlType kType>
 int32_t PlaneByte(const uint8_t* wb, int64_t r, int64_t p, int64_t j) {
   using F = LegacyX8Format<kType>;
@@ -34,11 +33,6 @@ int32_t PlaneByte(const uint8_t* wb, int64_t r, int64_t p, int64_t j) {
     }
     return u;
   }
-}
-
-template <GgmlType kType>
-constexpr int64_t PlaneElement(int64_t p, int64_t j) {
-  return kType == GgmlType::kQ8_0 ? 4 * p + j : 16 * (p % 2) + 4 * (p / 2) + j;
 }
 
 }  // namespace
@@ -91,7 +85,7 @@ void DotLegacyX8Portable(const RowSource& groups, int64_t n_groups, int64_t cols
           int32_t sum = bias;
           for (int64_t p = 0; p < 8; ++p) {
             for (int64_t j = 0; j < 4; ++j) {
-              sum += PlaneByte<kType>(wb, r, p, j) * xq[PlaneElement<kType>(p, j)];
+              sum += PlaneByte<kType>(wb, r, p, j) * xq[F::PlaneElement(p) + j];
             }
           }
           acc[r] = std::fma(Fp16ToFp32(dh) * xd, static_cast<float>(sum), acc[r]);

@@ -41,15 +41,8 @@ namespace {
 using simd::Broadcast4;
 using simd::Load32;
 
-// The eight planes (legacy_x8.h) of a group's block as unsigned q_w + o, and the activation
-// quants each meets. Q4_0: plane 2k the low nibbles of chunk k (elements 4k..), 2k + 1 its high
-// nibbles (16 + 4k..). Q5_0: the same with the fifth bit at bit 4: plane p's bits sit at bit
-// 8j + p of each row's word, one shift and mask away. Q8_0: chunk p with the sign bit flipped.
-template <GgmlType kType>
-constexpr int64_t PlaneAt(int p) {
-  return kType == GgmlType::kQ8_0 ? 4 * p : 16 * (p % 2) + 4 * (p / 2);
-}
-
+// Plane p's fifth bits, at bit 8j + p of each row's word, moved to bit 4 of byte j (shifts by a
+// template constant: the immediate forms).
 template <int p>
 inline __m256i FifthBits(__m256i qh) {
   const __m256i bit4 = _mm256_set1_epi8(0x10);
@@ -64,6 +57,10 @@ inline void OrFifthBits(const uint8_t* wb, __m256i (&u)[8], std::integer_sequenc
   ((u[p] = _mm256_or_si256(u[p], FifthBits<p>(qh))), ...);
 }
 
+// The eight planes (legacy_x8.h) of a group's block as unsigned q_w + o. Q4_0: plane 2k the low
+// nibbles of chunk k (elements 4k..), 2k + 1 its high nibbles (16 + 4k..). Q5_0: the same with the
+// fifth bit at bit 4: plane p's bits sit at bit 8j + p of each row's word, one shift and mask away.
+// Q8_0: chunk p with the sign bit flipped.
 template <GgmlType kType>
 inline void UnsignedPlanes(const uint8_t* wb, __m256i (&u)[8]) {
   using F = LegacyX8Format<kType>;
@@ -98,6 +95,7 @@ struct Planes;
 // a one-token tile).
 template <GgmlType kType>
 struct Planes<kType, true> {
+  using F = LegacyX8Format<kType>;
   __m256i u[8];
 
   explicit Planes(const uint8_t* wb) { UnsignedPlanes<kType>(wb, u); }
@@ -106,7 +104,7 @@ struct Planes<kType, true> {
     const uint8_t* xq = xb + 8;
     __m256i s[2] = {_mm256_set1_epi32(Bias(xb)), _mm256_setzero_si256()};
     for (int p = 0; p < 8; ++p) {
-      s[p % 2] = simd::DpbusdVex(s[p % 2], u[p], Broadcast4(xq + PlaneAt<kType>(p)));
+      s[p % 2] = simd::DpbusdVex(s[p % 2], u[p], Broadcast4(xq + F::PlaneElement(p)));
     }
     return _mm256_add_epi32(s[0], s[1]);
   }
@@ -117,6 +115,7 @@ struct Planes<kType, true> {
 // two sums of four.
 template <GgmlType kType>
 struct Planes<kType, false> {
+  using F = LegacyX8Format<kType>;
   __m256i u[8];
 
   explicit Planes(const uint8_t* wb) { UnsignedPlanes<kType>(wb, u); }
@@ -127,9 +126,10 @@ struct Planes<kType, false> {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i s32 = _mm256_set1_epi32(Bias(xb));
     for (int p0 = 0; p0 < 8; p0 += kPerSum) {
-      __m256i s16 = _mm256_maddubs_epi16(u[p0], Broadcast4(xq + PlaneAt<kType>(p0)));
+      __m256i s16 = _mm256_maddubs_epi16(u[p0], Broadcast4(xq + F::PlaneElement(p0)));
       for (int p = p0 + 1; p < p0 + kPerSum; ++p) {
-        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u[p], Broadcast4(xq + PlaneAt<kType>(p))));
+        s16 =
+            _mm256_add_epi16(s16, _mm256_maddubs_epi16(u[p], Broadcast4(xq + F::PlaneElement(p))));
       }
       s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(s16, ones));
     }

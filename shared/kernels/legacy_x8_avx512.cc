@@ -62,17 +62,12 @@ inline void Unpack(const uint8_t* wa, const uint8_t* wb, __m512i (&u)[8]) {
   }
 }
 
-// The activation quants that plane p meets.
-template <GgmlType kType>
-constexpr int64_t PlaneAt(int p) {
-  return kType == GgmlType::kQ8_0 ? 4 * p : 16 * (p % 2) + 4 * (p / 2);
-}
-
 // Groups a (low half) and b (high half), T tokens (avx512::PairFn).
 template <GgmlType kType, int T>
 void PairTile(const uint8_t* a, const uint8_t* b, int64_t n_blocks, const uint8_t* x,
               int64_t x_stride, float* ya, float* yb, int64_t y_stride) {
-  constexpr int64_t kBlockBytes = LegacyX8Format<kType>::kBlockBytes;
+  using F = LegacyX8Format<kType>;
+  constexpr int64_t kBlockBytes = F::kBlockBytes;
   __m512 acc[T];
   for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t k = 0; k < n_blocks; ++k) {
@@ -91,7 +86,7 @@ void PairTile(const uint8_t* a, const uint8_t* b, int64_t n_blocks, const uint8_
       // alone bounds a one-token tile.
       __m512i s[2] = {Broadcast4(xb + 4), _mm512_setzero_si512()};
       for (int p = 0; p < 8; ++p) {
-        s[p % 2] = _mm512_dpbusd_epi32(s[p % 2], u[p], Broadcast4(xq + PlaneAt<kType>(p)));
+        s[p % 2] = _mm512_dpbusd_epi32(s[p % 2], u[p], Broadcast4(xq + F::PlaneElement(p)));
       }
       const __m512i s32 = _mm512_add_epi32(s[0], s[1]);
       const __m512 scale = _mm512_mul_ps(wd, avx512::BroadcastF32(xb));
