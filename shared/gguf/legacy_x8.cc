@@ -5,8 +5,11 @@
 namespace thermocline {
 namespace {
 
-// The Q5_0 fifth-bit word (legacy_x8.h): bit 8j + p holds qh's bit 16 (p % 2) + 4 (p / 2) + j.
-constexpr int QhSource(int bit) { return 16 * (bit % 8 % 2) + 4 * (bit % 8 / 2) + bit / 8; }
+// The Q5_0 fifth-bit word (legacy_x8.h): bit 8j + p holds the fifth bit of byte j of plane p,
+// the file's qh bit of that element.
+constexpr int QhSource(int bit) {
+  return static_cast<int>(LegacyX8Format<GgmlType::kQ5_0>::PlaneElement(bit % 8)) + bit / 8;
+}
 
 uint32_t PermuteQh(uint32_t qh) {
   uint32_t out = 0;
