@@ -5,7 +5,7 @@
 //   gemv_bench [--threads=1,2] [--working_set_mib=1024] [--rounds=4] [--types=f16,q8_0]
 //              [--cols=4096] [--matrix_mib=64] [--gemm_tokens=64] [--sparse_fraction=0.25]
 //
-// Types q4_0x8, q4_Kx8, q5_Kx8 and q6_Kx8 are Q4_0, Q4_K, Q5_K and Q6_K with the 8-row
+// Types q4_0x8, q5_0x8, q8_0x8, q4_Kx8, q5_Kx8 and q6_Kx8 are those types with the 8-row
 // interleaved copy that the model makes at load for its dense-only matrices
 // (shared/gguf/interleaved8.h): their GEMV and GEMM read that copy, their sparse kernels the row
 // layout as always. GB/s counts the row layout's bytes (the weights' size in the file; the Q4_K
@@ -53,7 +53,9 @@ struct Options {
   int64_t working_set_mib = 1024;
   int rounds = 4;
   std::vector<BenchType> types = {{GgmlType::kF32},  {GgmlType::kF16},  {GgmlType::kBF16},
-                                  {GgmlType::kQ8_0}, {GgmlType::kQ4_0}, {GgmlType::kQ4_0, true},
+                                  {GgmlType::kQ8_0}, {GgmlType::kQ8_0, true},
+                                  {GgmlType::kQ4_0}, {GgmlType::kQ4_0, true},
+                                  {GgmlType::kQ5_0}, {GgmlType::kQ5_0, true},
                                   {GgmlType::kQ4_K}, {GgmlType::kQ4_K, true},
                                   {GgmlType::kQ5_K}, {GgmlType::kQ5_K, true},
                                   {GgmlType::kQ6_K}, {GgmlType::kQ6_K, true},
@@ -137,7 +139,7 @@ using bench::Seconds;
 // a few hundred distinct random rows are quantized and tiled over the rows.
 struct Weights {
   std::vector<Buffer> copies;
-  std::vector<Buffer> interleaved;  // q4_0x8, q4_Kx8, q6_Kx8: each copy interleaved
+  std::vector<Buffer> interleaved;  // the x8 types: each copy interleaved
   MatrixView view;  // of copies[0] (and interleaved[0])
   int64_t bytes = 0;
   // The view of copy k, as the GEMVs read it.
@@ -355,7 +357,12 @@ int Main(int argc, char** argv) {
     std::vector<double> row_gemv, row_gemm, x8_gemv, x8_gemm;
   };
   std::vector<Pair> pairs;
-  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K}) {
+  for (const BenchType& bench_type : o.types) {
+    const GgmlType t = bench_type.type;
+    if (!HasInterleaved8Layout(t) ||
+        std::any_of(pairs.begin(), pairs.end(), [&](const Pair& p) { return p.type == t; })) {
+      continue;
+    }
     const size_t n = o.threads.size();
     pairs.push_back({t, std::vector<double>(n), std::vector<double>(n), std::vector<double>(n),
                      std::vector<double>(n)});

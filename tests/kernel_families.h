@@ -12,7 +12,9 @@
 
 #include "gtest/gtest.h"
 #include "shared/gguf/ggml_type.h"
+#include "shared/gguf/interleaved8.h"
 #include "shared/gguf/matrix_view.h"
+#include "shared/gguf/quant.h"
 #include "shared/kernels/dispatch.h"
 #include "shared/kernels/matmul.h"
 #include "shared/util/cpu_features.h"
@@ -81,6 +83,35 @@ inline std::vector<float> NormalVector(int64_t n, std::mt19937& rng) {
   std::vector<float> v(n);
   for (float& f : v) f = normal(rng);
   return v;
+}
+
+// The activations as every kernel with Q8_0 inputs sees them: Q8_0-rounded by ggml's reference,
+// back in f32.
+inline std::vector<float> Q8Rounded(const float* x, int64_t cols) {
+  std::vector<uint8_t> q(RowBytes(GgmlType::kQ8_0, cols));
+  std::vector<float> out(cols);
+  QuantizeRow(GgmlType::kQ8_0, x, q.data(), cols);
+  DequantizeRow(GgmlType::kQ8_0, q.data(), out.data(), cols);
+  return out;
+}
+
+// A matrix of a type with an interleaved layout (interleaved8.h), in both layouts.
+struct InterleavedMatrix {
+  std::vector<uint8_t> rows;         // file layout
+  std::vector<uint8_t> interleaved;  // interleaved8.h layout
+  std::vector<float> deq;            // [rows][cols], where a test fills it
+  MatrixView view;                   // row layout only
+  MatrixView packed;                 // the same with the interleaved copy
+};
+
+// Makes m.interleaved, m.view and m.packed from m.rows (n_rows rows of `cols` columns).
+inline void AddInterleavedCopy(GgmlType type, int64_t n_rows, int64_t cols, InterleavedMatrix& m) {
+  const int64_t row_bytes = RowBytes(type, cols);
+  m.interleaved.resize(Interleaved8Bytes(type, n_rows, cols));
+  Interleave8(type, m.rows.data(), row_bytes, n_rows, cols, m.interleaved.data());
+  m.view = MatrixView{type, n_rows, cols, m.rows.data(), row_bytes};
+  m.packed = m.view;
+  m.packed.interleaved = m.interleaved.data();
 }
 
 // Where the fp16 scales sit in a block of the types we cannot quantize yet (ggml_type.h).

@@ -2,7 +2,7 @@
 
 #include <cstdlib>
 
-#include "shared/gguf/q4_0x8.h"
+#include "shared/gguf/legacy_x8.h"
 #include "shared/gguf/q4_kx8.h"
 #include "shared/gguf/q6_kx8.h"
 
@@ -15,11 +15,19 @@ struct Layout {
   void (*interleave)(const uint8_t*, int64_t, int64_t, int64_t, uint8_t*);
   void (*extract)(const uint8_t*, int64_t, int64_t, uint8_t*);
 };
-static_assert(kQ4_0x8Rows == kInterleaved8Rows && kQ4_Kx8Rows == kInterleaved8Rows &&
+static_assert(kLegacyX8Rows == kInterleaved8Rows && kQ4_Kx8Rows == kInterleaved8Rows &&
               kQ6_Kx8Rows == kInterleaved8Rows);
 
+template <GgmlType kType>
+constexpr Layout LegacyLayout() {
+  return {kType, &LegacyX8GroupBytes<kType>, &InterleaveLegacyX8<kType>,
+          &ExtractLegacyX8Row<kType>};
+}
+
 constexpr Layout kLayouts[] = {
-    {GgmlType::kQ4_0, &Q4_0x8GroupBytes, &InterleaveQ4_0x8, &ExtractQ4_0x8Row},
+    LegacyLayout<GgmlType::kQ4_0>(),
+    LegacyLayout<GgmlType::kQ5_0>(),
+    LegacyLayout<GgmlType::kQ8_0>(),
     {GgmlType::kQ4_K, &Q4_Kx8GroupBytes, &InterleaveQ4_Kx8, &ExtractQ4_Kx8Row},
     {GgmlType::kQ5_K, &Q5_Kx8GroupBytes, &InterleaveQ5_Kx8, &ExtractQ5_Kx8Row},
     {GgmlType::kQ6_K, &Q6_Kx8GroupBytes, &InterleaveQ6_Kx8, &ExtractQ6_Kx8Row},

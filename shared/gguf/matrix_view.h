@@ -15,11 +15,11 @@ struct MatrixView {
   int64_t cols = 0;  // a multiple of the type's block size
   const uint8_t* data = nullptr;
   int64_t row_bytes = 0;  // RowBytes(type, cols) for a packed tensor
-  // Optional second copy of the same weights in a layout made for dense products (Q4_0, Q4_K,
-  // Q5_K, Q6_K: the 8-row interleaved groups of interleaved8.h), set at load for matrices that are
-  // only ever used densely. MatMul reads it when the kernels have that layout; everything that
-  // needs single rows (GatherMatMul, AxpyRows, dequantization, other backends) keeps reading
-  // `data`.
+  // Optional second copy of the same weights in a layout made for dense products (Q4_0, Q5_0,
+  // Q8_0, Q4_K, Q5_K, Q6_K: the 8-row interleaved groups of interleaved8.h), set at load for
+  // matrices that are only ever used densely. MatMul reads it when the kernels have that
+  // layout; everything that needs single rows (GatherMatMul, AxpyRows, dequantization, other
+  // backends) keeps reading `data`.
   const uint8_t* interleaved = nullptr;
 
   const uint8_t* row(int64_t r) const { return data + r * row_bytes; }

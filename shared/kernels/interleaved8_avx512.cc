@@ -14,7 +14,10 @@ void FillInterleavedAvx512(KernelSet& set) {
     set.interleaved8[static_cast<size_t>(type)] = k;
   };
   const bool amx = AmxInt8Usable();
-  fill(GgmlType::kQ4_0, kQ4_0x8Avx2, amx ? &DotQ4_0x8Amx : &DotQ4_0x8Avx512);
+  fill(GgmlType::kQ4_0, kLegacyX8Avx2<GgmlType::kQ4_0>,
+       amx ? &DotQ4_0x8Amx : &DotLegacyX8Avx512<GgmlType::kQ4_0>);
+  fill(GgmlType::kQ5_0, kLegacyX8Avx2<GgmlType::kQ5_0>, &DotLegacyX8Avx512<GgmlType::kQ5_0>);
+  fill(GgmlType::kQ8_0, kLegacyX8Avx2<GgmlType::kQ8_0>, &DotLegacyX8Avx512<GgmlType::kQ8_0>);
   fill(GgmlType::kQ4_K, kQ4_Kx8Avx2, amx ? &DotQ4_Kx8Amx : &DotQ4_Kx8Avx512);
   fill(GgmlType::kQ5_K, kQ5_Kx8Avx2, amx ? &DotQ5_Kx8Amx : &DotQ5_Kx8Avx512);
   fill(GgmlType::kQ6_K, kQ6_Kx8Avx2, &DotQ6_Kx8Avx512);

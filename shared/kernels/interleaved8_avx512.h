@@ -1,7 +1,8 @@
-// What the AVX-512 kernels of the 8-row interleaved layouts (q4_0x8_avx512.cc, q4_kx8_avx512.cc,
-// q6_kx8_avx512.cc) share: a zmm holds two groups side by side (the low half one group's 8 row
-// lanes, the high half another's), so every lane sees the operations the AVX2 kernel gives its
-// row and the results are the avx2 family's bits. Include only from *_avx512.cc files.
+// What the AVX-512 kernels of the 8-row interleaved layouts (legacy_x8_avx512.cc,
+// q4_kx8_avx512.cc, q6_kx8_avx512.cc) share: a zmm holds two groups side by side (the low half
+// one group's 8 row lanes, the high half another's), so every lane sees the operations the AVX2
+// kernel gives its row and the results are the avx2 family's bits. Include only from *_avx512.cc
+// files.
 #pragma once
 
 #include <immintrin.h>
@@ -86,7 +87,7 @@ using PairFn = void (*)(const uint8_t* a, const uint8_t* b, int64_t n_blocks, co
 
 // Runs tiles[nt - 1] over every group of an interleaved product, two groups per tile. With one
 // token tile (decode) group g goes with group g + n_groups / 2, two sequential streams half the
-// range apart as in q4_0x8_avx2.cc; with more, neighbouring groups pair up and the pairs walk
+// range apart as in legacy_x8_avx2.cc; with more, neighbouring groups pair up and the pairs walk
 // ForEachGroupTile's L2 blocks. Which groups share a tile changes no group's arithmetic.
 template <int T>
 inline void ForEachGroupPair(const PairFn (&tiles)[T], const RowSource& groups, int64_t n_groups,

@@ -13,7 +13,7 @@
 // how many tokens share a call: a batch of n tokens equals n single-token calls bit for bit, and
 // GatherMatMul equals the matching rows of MatMul bit for bit.
 //
-// A view with an interleaved copy (MatrixView::interleaved, Q4_0 only: shared/gguf/q4_0x8.h)
+// A view with an interleaved copy (MatrixView::interleaved: shared/gguf/interleaved8.h)
 // is multiplied from that copy by MatMul and MatMulRows when the kernel family has the layout;
 // the guarantees above hold among those calls, while its results differ from the row layout's
 // (and so from GatherMatMul's) by rounding only: the block sums are the same exact integers,

@@ -295,13 +295,10 @@ struct Iq4nlOffset {
 };
 
 // Engines: the int32 lanes of one block's dot product, starting from the bias.
-// AVX-VNNI: one instruction. Inline asm rather than the intrinsic keeps this file buildable
-// with plain -mavx2; it is only reached after a run-time check for avxvnni.
+// AVX-VNNI: one instruction (simd::DpbusdVex).
 struct VnniEngine {
   static __m256i Dot(__m256i w_unsigned, __m256i x, __m256i bias) {
-    __m256i acc = bias;
-    asm("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(w_unsigned), "x"(x));
-    return acc;
+    return simd::DpbusdVex(bias, w_unsigned, x);
   }
 };
 // AVX2: unsigned x signed byte pairs to int16 (15 * 127 * 2 cannot saturate), then int32.
@@ -1208,10 +1205,14 @@ constexpr KernelSet MakeKernelSet() {
       Q8KInput<T::kQ6_K, Q6KInt, Q6KDecode>(),
       Q8KInput<T::kIQ4_XS, Iq4xsInt, Iq4Decode<true>>(),
   };
-  // The interleaved Q4_0 and K-quant kernels form their exact sums with maddubs in both sets
-  // (VNNI would give the same integers).
+  // The interleaved K-quant kernels form their exact sums with maddubs in both sets (VNNI would
+  // give the same integers); the interleaved Q4_0, Q5_0 and Q8_0 ones use vpdpbusd where the set
+  // has VNNI.
   return {kVnni ? "avx2+vnni" : "avx2", MakeTypeTable(kEntries), &QuantizeQ8_0,
-          Interleaved8Table<kQ4_0x8Avx2, kQ4_Kx8Avx2, kQ5_Kx8Avx2, kQ6_Kx8Avx2>()};
+          Interleaved8Table<kLegacyX8Avx2<GgmlType::kQ4_0, kVnni>,
+                            kLegacyX8Avx2<GgmlType::kQ5_0, kVnni>,
+                            kLegacyX8Avx2<GgmlType::kQ8_0, kVnni>, kQ4_Kx8Avx2, kQ5_Kx8Avx2,
+                            kQ6_Kx8Avx2>()};
 }
 
 constexpr KernelSet kAvx2 = MakeKernelSet<false>();

@@ -67,8 +67,8 @@ struct KernelSet {
   // QuantizeRow); bit-identical to QuantizeRow(kQ8_0) for finite input. (The Q8_K types'
   // prepare_input writes plain block_q8_K in every set, bit-identical to QuantizeRowQ8_K.)
   void (*quantize_q8_0)(const float* x, uint8_t* blocks, int64_t n);
-  // Kernels over the 8-row interleaved layout of MatrixView::interleaved (q4_0x8.h), a table of
-  // its own so that a view's layout, not its type alone, picks the kernel. Only dot,
+  // Kernels over the 8-row interleaved layouts of MatrixView::interleaved (interleaved8.h), a
+  // table of its own so that a view's layout, not its type alone, picks the kernel. Only dot,
   // input_bytes and prepare_input are set; dot's RowSource addresses groups (row_bytes: one
   // group's bytes, never ids), n_rows counts groups and group g writes y[t * y_stride + 8g + i]
   // for its rows i < 8.
@@ -102,26 +102,38 @@ constexpr std::array<TypeKernels, kTypeSlots> MakeTypeTable(const TypeEntry (&en
   return table;
 }
 
-// Q4_0 in the interleaved layout (q4_0x8.cc, q4_0x8_avx2.cc). Activations: per block the f32
-// of the fp16 Q8_0 scale, the int32 -8 * sum(q) that takes the nibbles' offset back out, and the
-// 32 quants (ggml's reference rounding, as every Q8_0 input). Per row and block the integer sum
-// is exact and added as acc = fma(fl(d_w * d_x), sum, acc), blocks in order, in both families:
-// portable and AVX2 agree bit for bit.
-inline constexpr int64_t kQ4_0x8InputBlockBytes = 40;
-int64_t Q4_0x8InputBytes(int64_t cols);
-void PrepareQ4_0x8(const float* x, int64_t cols, uint8_t* out);
+// Q4_0, Q5_0 and Q8_0 in their interleaved layouts (legacy_x8.h; legacy_x8.cc,
+// legacy_x8_avx2.cc, legacy_x8_avx512.cc). Activations, the same bytes for the three: per block
+// the f32 of the fp16 Q8_0 scale, the int32 -o * sum(q) with o the type's offset
+// (LegacyX8Offset: the kernels may multiply the weight quants as the unsigned bytes q_w + o, and
+// this takes o back out), and the 32 quants (ggml's reference rounding, as every Q8_0 input). Per
+// row and block the integer sum is exact and added as acc = fma(fl(d_w * d_x), sum, acc), blocks
+// in order, in every family: portable, AVX2 and AVX-512 agree bit for bit.
+inline constexpr int64_t kLegacyX8InputBlockBytes = 40;
+constexpr int32_t LegacyX8Offset(GgmlType type) {
+  return type == GgmlType::kQ4_0 ? 8 : type == GgmlType::kQ5_0 ? 16 : 128;
+}
+int64_t LegacyX8InputBytes(int64_t cols);
+template <GgmlType kType>
+void PrepareLegacyX8(const float* x, int64_t cols, uint8_t* out);
 // The same bytes, rounded by the AVX2 set's Q8_0 quantizer (bit-identical to QuantizeRow).
-void PrepareQ4_0x8Avx2(const float* x, int64_t cols, uint8_t* out);
+template <GgmlType kType>
+void PrepareLegacyX8Avx2(const float* x, int64_t cols, uint8_t* out);
 // Writes the prepared form of n_blocks Q8_0 blocks (shared by both preparations).
-void PackQ4_0x8Input(const BlockQ8_0* q, int64_t n_blocks, uint8_t* out);
-void DotQ4_0x8Portable(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
-                       int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
-void DotQ4_0x8Avx2(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
-                   int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
-inline constexpr TypeKernels kQ4_0x8Portable = {&DotQ4_0x8Portable, nullptr, nullptr,
-                                                &Q4_0x8InputBytes, &PrepareQ4_0x8};
-inline constexpr TypeKernels kQ4_0x8Avx2 = {&DotQ4_0x8Avx2, nullptr, nullptr, &Q4_0x8InputBytes,
-                                            &PrepareQ4_0x8Avx2};
+void PackLegacyX8Input(const BlockQ8_0* q, int64_t n_blocks, int32_t offset, uint8_t* out);
+template <GgmlType kType>
+void DotLegacyX8Portable(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+                         int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
+// kVnni: the block sums by AVX-VNNI's vpdpbusd (the same integers).
+template <GgmlType kType, bool kVnni>
+void DotLegacyX8Avx2(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+                     int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
+template <GgmlType kType>
+inline constexpr TypeKernels kLegacyX8Portable = {&DotLegacyX8Portable<kType>, nullptr, nullptr,
+                                                  &LegacyX8InputBytes, &PrepareLegacyX8<kType>};
+template <GgmlType kType, bool kVnni = false>
+inline constexpr TypeKernels kLegacyX8Avx2 = {&DotLegacyX8Avx2<kType, kVnni>, nullptr, nullptr,
+                                              &LegacyX8InputBytes, &PrepareLegacyX8Avx2<kType>};
 // Q4_K in the interleaved layout (q4_kx8.cc, q4_kx8_avx2.cc). Activations: per super-block
 // the 256 Q8_K quants (QuantizeRowQ8_K's rounding, as every Q8_K input), its f32 d and the 8
 // int16 sums of each 32 quants (two of Q8_K's bsums each), which the mins meet; 288 bytes. Per
@@ -173,11 +185,13 @@ inline constexpr TypeKernels kQ6_Kx8Portable = {&DotQ6_Kx8Portable, nullptr, nul
 inline constexpr TypeKernels kQ6_Kx8Avx2 = {&DotQ6_Kx8Avx2, nullptr, nullptr, &Q6_Kx8InputBytes,
                                             &PrepareQ6_Kx8Avx2};
 
-template <const TypeKernels& kQ4_0, const TypeKernels& kQ4_K, const TypeKernels& kQ5_K,
-          const TypeKernels& kQ6_K>
+template <const TypeKernels& kQ4_0, const TypeKernels& kQ5_0, const TypeKernels& kQ8_0,
+          const TypeKernels& kQ4_K, const TypeKernels& kQ5_K, const TypeKernels& kQ6_K>
 constexpr std::array<TypeKernels, kTypeSlots> Interleaved8Table() {
   std::array<TypeKernels, kTypeSlots> table{};
   table[static_cast<size_t>(GgmlType::kQ4_0)] = kQ4_0;
+  table[static_cast<size_t>(GgmlType::kQ5_0)] = kQ5_0;
+  table[static_cast<size_t>(GgmlType::kQ8_0)] = kQ8_0;
   table[static_cast<size_t>(GgmlType::kQ4_K)] = kQ4_K;
   table[static_cast<size_t>(GgmlType::kQ5_K)] = kQ5_K;
   table[static_cast<size_t>(GgmlType::kQ6_K)] = kQ6_K;
@@ -196,11 +210,12 @@ const KernelSet& Avx512Kernels();
 // Overwrite the set's Q2_K..Q6_K and IQ4_XS row-layout slots with AVX-512 kernels
 // (kquant_avx512.cc).
 void FillKQuantAvx512(KernelSet& set);
-// The interleaved layouts' AVX-512 dot products (q4_0x8_avx512.cc, q4_kx8_avx512.cc,
+// The interleaved layouts' AVX-512 dot products (legacy_x8_avx512.cc, q4_kx8_avx512.cc,
 // q6_kx8_avx512.cc: the avx2 kernels' bits, two groups per zmm) and the slots they fill
 // (interleaved8_avx512.cc), with the AVX2 preparations.
-void DotQ4_0x8Avx512(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
-                     int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
+template <GgmlType kType>
+void DotLegacyX8Avx512(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+                       int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
 void DotQ4_Kx8Avx512(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
                      int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
 void DotQ5_Kx8Avx512(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
@@ -208,7 +223,8 @@ void DotQ5_Kx8Avx512(const RowSource& groups, int64_t n_groups, int64_t cols, co
 void DotQ6_Kx8Avx512(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
                      int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
 // With 16 or more tokens, through AMX tiles (q4_0x8_amx.cc, q4_kx8_amx.cc; only where
-// AmxInt8Usable()): the same bits as the Dot*Avx512 kernels above, which they call for the rest.
+// AmxInt8Usable()): the same bits as the Dot*Avx512 kernels above (DotLegacyX8Avx512<kQ4_0> for
+// Q4_0), which they call for the rest.
 void DotQ4_0x8Amx(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
                   int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
 void DotQ4_Kx8Amx(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,

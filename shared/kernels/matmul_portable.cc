@@ -429,7 +429,9 @@ constexpr TypeEntry kEntries[] = {
 
 constexpr KernelSet kPortable = {
     "portable", MakeTypeTable(kEntries), &QuantizeQ8_0,
-    Interleaved8Table<kQ4_0x8Portable, kQ4_Kx8Portable, kQ5_Kx8Portable, kQ6_Kx8Portable>()};
+    Interleaved8Table<kLegacyX8Portable<GgmlType::kQ4_0>, kLegacyX8Portable<GgmlType::kQ5_0>,
+                      kLegacyX8Portable<GgmlType::kQ8_0>, kQ4_Kx8Portable, kQ5_Kx8Portable,
+                      kQ6_Kx8Portable>()};
 
 }  // namespace
 

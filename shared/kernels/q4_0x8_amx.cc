@@ -2,9 +2,9 @@
 // (shared/gguf/q4_0x8.h) with 16 or more tokens: the prompt's GEMM on CPUs with AMX-INT8 and an
 // OS that grants this process the tile state (AmxInt8Usable). Compiled with the AVX-512 and AMX
 // flags of *_amx.cc; fewer tokens, the tokens past the last 16 and an odd last group go to
-// DotQ4_0x8Avx512.
+// DotLegacyX8Avx512<kQ4_0>.
 //
-// Why. The VNNI kernel (q4_0x8_avx512.cc) spends per block, token and 16 rows 8 vpdpbusd, 8
+// Why. The VNNI kernel (legacy_x8_avx512.cc) spends per block, token and 16 rows 8 vpdpbusd, 8
 // broadcasts, a conversion, a multiply and an FMA: it reaches ~190 GFLOP/s on one core. One
 // TDPBSSD multiplies a whole 16-token x 32-column block of activations by the 32 x 16 block of
 // two groups' weights into 16 x 16 exact int32 sums, so per block and 16 rows the vector units
@@ -17,14 +17,14 @@
 //
 // Arithmetic. Per row and block the tile's sum is sum (q - 8) * q_x, the same exact int32 as the
 // VNNI kernel's bias + sum q * q_x, and every (row, token) adds it as acc = fma(fl(d_w * d_x),
-// sum, acc) over the blocks in order: DotQ4_0x8Avx512's bits, hence the avx2 family's.
+// sum, acc) over the blocks in order: DotLegacyX8Avx512's bits, hence the avx2 family's.
 //
 // Layout. The weights are the tile's B operand, which holds in each 64-byte row, for 16 columns
 // (weight rows) n, 4 consecutive k: B[kk][4n + i] = W[n][4 kk + i]. q4_0x8 stores byte 4r + j of
 // chunk c (32 bytes after the scales) with element 4c + j of row r in its low nibble and element
 // 16 + 4c + j in its high one, so B's row c (c < 4) is chunk c's low nibbles of two groups side
 // by side, and row 4 + c their high nibbles: an and, a shift and a subtract per chunk. The
-// activations are the A operand as PrepareQ4_0x8Avx2 wrote them: token t's 32 quants of block b
+// activations are the A operand as PrepareLegacyX8Avx2 wrote them: token t's 32 quants of block b
 // at x + t * x_stride + 40 b + 8, one tile row per token.
 #include <immintrin.h>
 
@@ -66,7 +66,7 @@ inline void AddBlock(const uint8_t* a, const uint8_t* b, int64_t k, const int32_
                      const uint8_t* x, int64_t x_stride, __m512* acc) {
   const __m512 wd = avx512::Halves2x8(a + k * kQ4_0x8BlockBytes, b + k * kQ4_0x8BlockBytes);
   for (int t = 0; t < kTileTokens; ++t) {
-    const uint8_t* xb = x + t * x_stride + k * kQ4_0x8InputBlockBytes;
+    const uint8_t* xb = x + t * x_stride + k * kLegacyX8InputBlockBytes;
     const __m512 scale = _mm512_mul_ps(wd, avx512::BroadcastF32(xb));
     acc[t] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(_mm512_load_si512(sums[t])), acc[t]);
   }
@@ -86,9 +86,9 @@ void PairTokens(const uint8_t* a, const uint8_t* b, const uint8_t* unpacked, int
   for (; k + 2 <= n_blocks; k += 2) {
     _tile_zero(2);
     _tile_zero(5);
-    _tile_loadd(0, xq + k * kQ4_0x8InputBlockBytes, x_stride);
+    _tile_loadd(0, xq + k * kLegacyX8InputBlockBytes, x_stride);
     _tile_loadd(1, unpacked + k * kBBytes, 64);
-    _tile_loadd(3, xq + (k + 1) * kQ4_0x8InputBlockBytes, x_stride);
+    _tile_loadd(3, xq + (k + 1) * kLegacyX8InputBlockBytes, x_stride);
     _tile_loadd(4, unpacked + (k + 1) * kBBytes, 64);
     _tile_dpbssd(2, 0, 1);
     _tile_dpbssd(5, 3, 4);
@@ -99,7 +99,7 @@ void PairTokens(const uint8_t* a, const uint8_t* b, const uint8_t* unpacked, int
   }
   if (k < n_blocks) {
     _tile_zero(2);
-    _tile_loadd(0, xq + k * kQ4_0x8InputBlockBytes, x_stride);
+    _tile_loadd(0, xq + k * kLegacyX8InputBlockBytes, x_stride);
     _tile_loadd(1, unpacked + k * kBBytes, 64);
     _tile_dpbssd(2, 0, 1);
     _tile_stored(2, sums[0], 64);
@@ -114,8 +114,8 @@ void DotQ4_0x8Amx(const RowSource& groups, int64_t n_groups, int64_t cols, const
                   int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
   const int64_t n_blocks = cols / kQK;
   amx::RunPairs(
-      &DotQ4_0x8Avx512, groups, n_groups, cols, x, x_stride, n_tokens, y, y_stride,
-      n_blocks * kBBytes,
+      &DotLegacyX8Avx512<GgmlType::kQ4_0>, groups, n_groups, cols, x, x_stride, n_tokens, y,
+      y_stride, n_blocks * kBBytes,
       [&](const uint8_t* a, const uint8_t* b, uint8_t* buf) { UnpackPair(a, b, n_blocks, buf); },
       [&](const uint8_t* a, const uint8_t* b, const uint8_t* buf, const uint8_t* xt, float* ya,
           float* yb) { PairTokens(a, b, buf, n_blocks, xt, x_stride, ya, yb, y_stride); });

@@ -29,15 +29,13 @@
 #include "shared/gguf/q4_kx8.h"
 #include "shared/gguf/quant.h"
 #include "shared/kernels/matmul_kernels.h"
+#include "shared/kernels/simd_avx2.h"
 
 namespace thermocline::matmul_internal {
 namespace {
 
-inline __m256i Broadcast4(const uint8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm256_set1_epi32(v);
-}
+using simd::Broadcast4;
+using simd::Load32;
 
 // A group's super-blocks are one sequential stream, which the hardware prefetcher alone does not
 // keep far enough ahead at one thread: prefetching two super-blocks (2368 bytes) ahead into L2
@@ -45,10 +43,6 @@ inline __m256i Broadcast4(const uint8_t* p) {
 // T1 beat T0 and a 4-block distance was no better). Past a group's end it reaches into the
 // next group, which is the next to be read; past the matrix it is a harmless hint.
 constexpr int64_t kPrefetchAhead = 2 * kQ4_Kx8BlockBytes;
-
-inline __m256i Load32(const uint8_t* p) {
-  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-}
 
 // 16 bytes of a scale or min pair (row r's two at 2r, 2r + 1) as int16: lane r holds
 // (first, second) of row r.
@@ -171,7 +165,7 @@ void Dot(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t*
 
 void PrepareQ4_Kx8Avx2(const float* x, int64_t cols, uint8_t* out) {
   // The row kernels' vectorized Q8_K rounding (bit-identical to QuantizeRowQ8_K): at decode the
-  // preparation is a visible share of a small matrix's time, as for Q4_0 (q4_0x8_avx2.cc).
+  // preparation is a visible share of a small matrix's time, as for Q4_0 (legacy_x8_avx2.cc).
   thread_local std::vector<uint8_t> q;
   q.resize(cols / kQK_K * kQ8KBlockBytes);
   Avx2Kernels(false).by_type[static_cast<size_t>(GgmlType::kQ4_K)].prepare_input(x, cols,

@@ -25,9 +25,13 @@
 #include "shared/gguf/q6_kx8.h"
 #include "shared/gguf/quant.h"
 #include "shared/kernels/matmul_kernels.h"
+#include "shared/kernels/simd_avx2.h"
 
 namespace thermocline::matmul_internal {
 namespace {
+
+using simd::Broadcast4;
+using simd::Load32;
 
 // As for Q4_K (q4_kx8_avx2.cc): a group is one sequential stream, prefetched two super-blocks
 // ahead into L2.
@@ -35,16 +39,6 @@ constexpr int64_t kPrefetchAhead = 2 * kQ6_Kx8BlockBytes;
 
 // block_q8_K offsets: f32 d, int8 qs[256], int16 bsums[16].
 constexpr int64_t kXq = 4, kXBsums = 4 + kQK_K;
-
-inline __m256i Broadcast4(const uint8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm256_set1_epi32(v);
-}
-
-inline __m256i Load32(const uint8_t* p) {
-  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-}
 
 // Bits 4-5 of every byte: the quant's top 2 bits for element range j (0..3) of a qh chunk, whose
 // bytes hold them in bits 2j, 2j + 1. A 16-bit shift keeps each byte's own bits for these

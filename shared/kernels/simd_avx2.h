@@ -1,9 +1,13 @@
 // Inline AVX2 helpers shared by the *_avx2.cc kernel files: the one order in which an 8-lane
 // accumulator is reduced (the *_avx512.cc files reproduce it, simd_avx512.h, to give the same
-// bits). Include only from files compiled with AVX2 enabled.
+// bits), and the loads of the interleaved layouts' kernels. Include only from files compiled with
+// AVX2 enabled.
 #pragma once
 
 #include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
 
 namespace thermocline::simd {
 
@@ -13,6 +17,25 @@ inline float HorizontalSum(__m256 v) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
+}
+
+// 4 bytes at p in every 32-bit lane (a load, no shuffle).
+inline __m256i Broadcast4(const uint8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+inline __m256i Load32(const uint8_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+
+// AVX-VNNI's vpdpbusd: acc + the sums of 4 unsigned x signed byte products per 32-bit lane.
+// Inline asm rather than the intrinsic keeps the *_avx2.cc files buildable with plain -mavx2;
+// callers reach it only after a run-time check for avxvnni.
+inline __m256i DpbusdVex(__m256i acc, __m256i u, __m256i s) {
+  asm("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(u), "x"(s));
+  return acc;
 }
 
 }  // namespace thermocline::simd

@@ -460,8 +460,8 @@ absl::StatusOr<bool> RepackFromEnvironment() {
   if (v == nullptr || std::string_view(v) == "1") return true;
   if (std::string_view(v) == "0") return false;
   return absl::InvalidArgumentError(absl::StrCat(
-      "THERMOCLINE_REPACK must be 0 (keep the file's row layout) or 1 (interleave the Q4_0 "
-      "and K-quant matrices that are only used densely), got '", v, "'"));
+      "THERMOCLINE_REPACK must be 0 (keep the file's row layout) or 1 (interleave the Q4_0, "
+      "Q5_0, Q8_0 and K-quant matrices that are only used densely), got '", v, "'"));
 }
 
 }  // namespace

@@ -152,9 +152,9 @@ class Model {
   int64_t decode_bytes_per_token() const;
   // Bytes of the interleaved copies made at load (MatrixView::interleaved; THERMOCLINE_REPACK).
   int64_t interleaved_bytes() const;
-  // Interleaves the dense FFN's Q4_0, Q4_K, Q5_K and Q6_K matrices too (gate, up, down of non-MoE
-  // layers; never down_t), for a caller that multiplies the FFN whole: the `dense` sparsity
-  // mode without TEAL on the FFN. The row layout stays, so anything built later that gathers
+  // Interleaves the dense FFN's matrices of the types with an interleaved layout too (gate, up,
+  // down of non-MoE layers; never down_t), for a caller that multiplies the FFN whole: the
+  // `dense` sparsity mode without TEAL on the FFN. The row layout stays, so anything built later that gathers
   // rows still works (the copy's memory is then wasted). Nothing happens with
   // THERMOCLINE_REPACK=0; an invalid value is an error, as at load.
   absl::Status InterleaveDenseFfn();

@@ -49,12 +49,7 @@ namespace {
 constexpr int64_t kRows[] = {1, 7, 8, 9, 33};
 constexpr int64_t kCols[] = {256, 512, 4096 + 256};
 
-struct KMatrix {
-  std::vector<uint8_t> rows;         // file layout
-  std::vector<uint8_t> interleaved;  // interleaved8.h layout
-  MatrixView view;                   // row layout only
-  MatrixView packed;                 // the same with the interleaved copy
-};
+using KMatrix = testing::InterleavedMatrix;
 
 // Rows quantized by ggml's reference quantizer of `type`, or (random_bytes) arbitrary bytes,
 // which exercise every bit of the layouts (Q4_K's 6-bit scale packing among them).
@@ -78,11 +73,7 @@ KMatrix MakeMatrix(GgmlType type, int64_t rows, int64_t cols, uint32_t seed,
     for (float& v : f) v = scale * (dist(rng) + 0.3f);
     QuantizeRow(type, f.data(), row, cols);
   }
-  m.interleaved.resize(Interleaved8Bytes(type, rows, cols));
-  Interleave8(type, m.rows.data(), row_bytes, rows, cols, m.interleaved.data());
-  m.view = MatrixView{type, rows, cols, m.rows.data(), row_bytes};
-  m.packed = m.view;
-  m.packed.interleaved = m.interleaved.data();
+  testing::AddInterleavedCopy(type, rows, cols, m);
   return m;
 }
 

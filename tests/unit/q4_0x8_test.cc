@@ -79,14 +79,6 @@ std::vector<float> Activations(int64_t n, uint32_t seed) {
   return x;
 }
 
-// The activations as every Q4_0 kernel sees them: Q8_0-rounded by ggml's reference, back in f32.
-std::vector<float> Q8Rounded(const float* x, int64_t cols) {
-  std::vector<uint8_t> q(RowBytes(GgmlType::kQ8_0, cols));
-  std::vector<float> out(cols);
-  QuantizeRow(GgmlType::kQ8_0, x, q.data(), cols);
-  DequantizeRow(GgmlType::kQ8_0, q.data(), out.data(), cols);
-  return out;
-}
 
 TEST(Q4_0x8LayoutTest, EveryRowComesBackByteForByte) {
   for (int64_t rows : kRows) {
@@ -124,7 +116,7 @@ TEST_P(Q4_0x8KernelTest, MatchesDoubleReferenceAndRowLayout) {
         const std::vector<float> y_rows = testing::MultiplyOnPool(m.view, x, n_tokens, 2);
         const double nb = static_cast<double>(cols / kQK);
         for (int64_t t = 0; t < n_tokens; ++t) {
-          const std::vector<float> xq = Q8Rounded(x.data() + t * cols, cols);
+          const std::vector<float> xq = testing::Q8Rounded(x.data() + t * cols, cols);
           for (int64_t r = 0; r < rows; ++r) {
             double ref = 0, p = 0;
             for (int64_t c = 0; c < cols; ++c) {
@@ -209,8 +201,8 @@ TEST_P(Q4_0x8KernelTest, GatherAndAxpyKeepTheRowLayout) {
 INSTANTIATE_TEST_SUITE_P(Families, Q4_0x8KernelTest, ::testing::ValuesIn(testing::kKernelFamilies),
                          testing::KernelFamilyName);
 
-// Same operations in the same order (q4_0x8.cc, q4_0x8_avx2.cc, q4_0x8_avx512.cc): the same
-// bits.
+// Same operations in the same order (legacy_x8.cc, legacy_x8_avx2.cc, legacy_x8_avx512.cc): the
+// same bits.
 TEST(Q4_0x8FamiliesTest, PortableAvx2AndAvx512AgreeBitForBit) {
   if (!matmul_internal::CpuHasAvx2()) GTEST_SKIP() << "no AVX2";
   const SimdLevel saved = ActiveKernelSimdLevel();

@@ -1,0 +1,118 @@
+// AVX-512 dot product of Q4_0, Q5_0 and Q8_0 weights in their 8-row interleaved layouts
+// (shared/gguf/legacy_x8.h) against the activations of PrepareLegacyX8Avx2 (legacy_x8_avx2.cc).
+//
+// Why. A zmm holds two groups' 8 row lanes (interleaved8_avx512.h), so every step after the
+// loads serves 16 rows: per block and token the AVX2 kernel's 8 maddubs, int16 adds, madds and
+// bias add (Q8_0: 8 sign, maddubs, madd and add) become 8 vpdpbusd (the byte products and their
+// int32 sum in one instruction), and the conversion, scale multiply and FMA are shared by twice
+// the rows. vpdpbusd multiplies unsigned weight bytes: every type's planes are q_w + o (Q4_0's
+// nibbles as they are, Q5_0's with the fifth bit or-ed in, Q8_0's bytes with the sign bit
+// flipped) and the activations' bias takes the offset back out. With many tokens a tile is
+// 2 groups x up to 8 tokens (8 weight registers, 8 accumulators), against AVX2's 1 x 4.
+//
+// Arithmetic. Per row and block the sum bias + sum (q_w + o) * q_x is the exact int32 the AVX2
+// kernel forms (vpdpbusd does not saturate; nor does any int16 step there), and every lane adds
+// it as acc = fma(fl(d_w * d_x), sum, acc) over the blocks in order: the avx2 family's bits.
+#include <cstdint>
+#include <cstring>
+
+#include "shared/gguf/legacy_x8.h"
+#include "shared/kernels/interleaved8_avx512.h"
+#include "shared/kernels/matmul_kernels.h"
+
+namespace thermocline::matmul_internal {
+namespace {
+
+using avx512::Broadcast4;
+
+// As in legacy_x8_avx2.cc: every 4 blocks, the 4 blocks 16 ahead.
+constexpr int64_t kPrefetchEvery = 4;
+
+// The eight planes (legacy_x8.h) of one block of groups a (low half) and b (high half) as
+// unsigned q_w + o.
+template <GgmlType kType>
+inline void Unpack(const uint8_t* wa, const uint8_t* wb, __m512i (&u)[8]) {
+  using F = LegacyX8Format<kType>;
+  if constexpr (kType == GgmlType::kQ8_0) {
+    const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
+    for (int p = 0; p < 8; ++p) {
+      const int64_t at = F::kChunksAt + 32 * p;
+      u[p] = _mm512_xor_si512(avx512::Load2x32(wa + at, wb + at), sign);
+    }
+  } else {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    for (int c = 0; c < 4; ++c) {
+      const int64_t at = F::kChunksAt + 32 * c;
+      const __m512i v = avx512::Load2x32(wa + at, wb + at);
+      u[2 * c] = _mm512_and_si512(v, low);
+      u[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+    }
+    if constexpr (kType == GgmlType::kQ5_0) {
+      // Plane p's fifth bits are at bit 8j + p of each row's word: moved to bit 4 of byte j and
+      // or-ed in with one ternary logic (u | (bits & 0x10)).
+      const __m512i qh = avx512::Load2x32(wa + F::kQhAt, wb + F::kQhAt);
+      const __m512i bit4 = _mm512_set1_epi8(0x10);
+      for (int p = 0; p < 8; ++p) {
+        const __m512i bits = p < 4    ? _mm512_slli_epi32(qh, 4 - p)
+                             : p == 4 ? qh
+                                      : _mm512_srli_epi32(qh, p - 4);
+        u[p] = _mm512_ternarylogic_epi32(u[p], bits, bit4, 0xF8);
+      }
+    }
+  }
+}
+
+// Groups a (low half) and b (high half), T tokens (avx512::PairFn).
+template <GgmlType kType, int T>
+void PairTile(const uint8_t* a, const uint8_t* b, int64_t n_blocks, const uint8_t* x,
+              int64_t x_stride, float* ya, float* yb, int64_t y_stride) {
+  using F = LegacyX8Format<kType>;
+  constexpr int64_t kBlockBytes = F::kBlockBytes;
+  __m512 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < n_blocks; ++k) {
+    const uint8_t* wa = a + k * kBlockBytes;
+    const uint8_t* wb = b + k * kBlockBytes;
+    if (k % kPrefetchEvery == 0) {
+      avx512::PrefetchPair(wa, wb, 16 * kBlockBytes, kPrefetchEvery * kBlockBytes);
+    }
+    const __m512 wd = avx512::Halves2x8(wa, wb);
+    __m512i u[8];
+    Unpack<kType>(wa, wb, u);
+    for (int t = 0; t < T; ++t) {
+      const uint8_t* xb = x + t * x_stride + k * kLegacyX8InputBlockBytes;
+      const uint8_t* xq = xb + 8;
+      // Two chains of 4 (the bias starts one): half the latency of one chain of 8, which
+      // alone bounds a one-token tile.
+      __m512i s[2] = {Broadcast4(xb + 4), _mm512_setzero_si512()};
+      for (int p = 0; p < 8; ++p) {
+        s[p % 2] = _mm512_dpbusd_epi32(s[p % 2], u[p], Broadcast4(xq + F::PlaneElement(p)));
+      }
+      const __m512i s32 = _mm512_add_epi32(s[0], s[1]);
+      const __m512 scale = _mm512_mul_ps(wd, avx512::BroadcastF32(xb));
+      acc[t] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s32), acc[t]);
+    }
+  }
+  avx512::StoreTile(acc, ya, yb, y_stride);
+}
+
+template <GgmlType kType, int... T>
+constexpr avx512::PairFn kPairTiles[] = {&PairTile<kType, T>...};
+
+}  // namespace
+
+template <GgmlType kType>
+void DotLegacyX8Avx512(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+                       int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
+  avx512::ForEachGroupPair(kPairTiles<kType, 1, 2, 3, 4, 5, 6, 7, 8>, groups, n_groups, cols / kQK,
+                           x, x_stride, n_tokens, y, y_stride);
+}
+
+template void DotLegacyX8Avx512<GgmlType::kQ4_0>(const RowSource&, int64_t, int64_t, const uint8_t*,
+                                                 int64_t, int64_t, float*, int64_t);
+template void DotLegacyX8Avx512<GgmlType::kQ5_0>(const RowSource&, int64_t, int64_t, const uint8_t*,
+                                                 int64_t, int64_t, float*, int64_t);
+template void DotLegacyX8Avx512<GgmlType::kQ8_0>(const RowSource&, int64_t, int64_t, const uint8_t*,
+                                                 int64_t, int64_t, float*, int64_t);
+
+}  // namespace thermocline::matmul_internal
