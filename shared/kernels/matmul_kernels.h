@@ -222,11 +222,12 @@ void DotQ5_Kx8Avx512(const RowSource& groups, int64_t n_groups, int64_t cols, co
                      int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
 void DotQ6_Kx8Avx512(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
                      int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
-// With 16 or more tokens, through AMX tiles (q4_0x8_amx.cc, q4_kx8_amx.cc; only where
+// With 16 or more tokens, through AMX tiles (legacy_x8_amx.cc, q4_kx8_amx.cc; only where
 // AmxInt8Usable()): the same bits as the Dot*Avx512 kernels above (DotLegacyX8Avx512<kQ4_0> for
 // Q4_0), which they call for the rest.
-void DotQ4_0x8Amx(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
-                  int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
+template <GgmlType kType>
+void DotLegacyX8Amx(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+                    int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
 void DotQ4_Kx8Amx(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
                   int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
 void DotQ5_Kx8Amx(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,

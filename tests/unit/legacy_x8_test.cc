@@ -175,7 +175,7 @@ TEST(LegacyX8FamiliesTest, EveryFamilyGivesThePortableBits) {
         const Matrix m = MakeMatrix(type, rows, cols, static_cast<uint32_t>(3 * rows + cols),
                                     /*random_bytes=*/true);
         std::mt19937 rng(11);
-        for (int64_t n_tokens : {1, 4, 5, 8, 17}) {
+        for (int64_t n_tokens : {1, 4, 5, 8, 17, 35}) {  // 17, 35: AMX tiles where the CPU has them
           const std::vector<float> x = testing::NormalVector(n_tokens * cols, rng);
           ASSERT_TRUE(SetSimdLevelForTesting(SimdLevel::kPortable));
           const std::vector<float> portable = testing::MultiplyOnPool(m.packed, x, n_tokens, 2);
