@@ -8,12 +8,14 @@
 #include <cstdint>
 #include <vector>
 
+#include "shared/kernels/interleaved8_avx512.h"
 #include "shared/kernels/matmul_kernels.h"
 
 namespace thermocline::matmul_internal::amx {
 
 inline constexpr int kTileTokens = 16;
-inline constexpr int kPairRows = 16;       // two groups of 8 rows: a B operand's 16 columns
+using avx512::kGroupRows;
+inline constexpr int kPairRows = 2 * kGroupRows;  // two groups: a B operand's 16 columns
 inline constexpr int64_t kBBytes = 8 * 64;  // a 32-column block's B operand: 8 rows of 64 bytes
 
 // Tiles 0 and 3: activations (16 tokens x 32 bytes); 1 and 4: weights (8 x 64 bytes: 32
@@ -27,8 +29,7 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {kTileTokens, 8, kTileTokens, kTileTokens, 8, kTileTokens};
 };
 
-using DotFn = void (*)(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
-                       int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
+using DotFn = decltype(TypeKernels::dot);
 
 // An interleaved product through AMX: for each pair of neighbouring groups a, b,
 // unpack(a, b, buf) writes the pair's B operands (unpacked_bytes), and
@@ -59,8 +60,8 @@ void RunPairs(DotFn fallback, const RowSource& groups, int64_t n_groups, int64_t
     const uint8_t* b = a + gb;
     unpack(a, b, buf);
     for (int64_t t0 = 0; t0 < amx_tokens; t0 += kTileTokens) {
-      float* out = y + t0 * y_stride + 2 * p * 8;
-      tokens(a, b, buf, x + t0 * x_stride, out, out + 8);
+      float* out = y + t0 * y_stride + 2 * p * kGroupRows;
+      tokens(a, b, buf, x + t0 * x_stride, out, out + kGroupRows);
     }
   }
   // Tiles off before other code runs on this thread (a context switch then saves less).
@@ -71,7 +72,7 @@ void RunPairs(DotFn fallback, const RowSource& groups, int64_t n_groups, int64_t
   }
   if (n_groups % 2 != 0) {
     fallback(RowSource{groups.base + (n_groups - 1) * gb, gb, nullptr}, 1, cols, x, x_stride,
-             n_tokens, y + (n_groups - 1) * 8, y_stride);
+             n_tokens, y + (n_groups - 1) * kGroupRows, y_stride);
   }
 }
 
