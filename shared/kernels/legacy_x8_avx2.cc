@@ -27,7 +27,6 @@
 #include <immintrin.h>
 
 #include <cstdint>
-#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -80,11 +79,8 @@ inline void UnsignedPlanes(const uint8_t* wb, __m256i (&u)[8]) {
   }
 }
 
-inline int32_t Bias(const uint8_t* xb) {
-  int32_t bias;
-  std::memcpy(&bias, xb + 4, 4);
-  return bias;
-}
+// The prepared block's int32 bias in every lane (a broadcasting load, as Broadcast4).
+inline __m256i Bias(const uint8_t* xb) { return Broadcast4(xb + 4); }
 
 // A group's block unpacked, and its 8 rows' exact int32 block sums against one token's block xb
 // (the prepared [d][bias][32 quants]): one class per way of forming them.
@@ -102,7 +98,7 @@ struct Planes<kType, true> {
 
   __m256i Sum(const uint8_t* xb) const {
     const uint8_t* xq = xb + 8;
-    __m256i s[2] = {_mm256_set1_epi32(Bias(xb)), _mm256_setzero_si256()};
+    __m256i s[2] = {Bias(xb), _mm256_setzero_si256()};
     for (int p = 0; p < 8; ++p) {
       s[p % 2] = simd::DpbusdVex(s[p % 2], u[p], Broadcast4(xq + F::PlaneElement(p)));
     }
@@ -124,7 +120,7 @@ struct Planes<kType, false> {
     constexpr int kPerSum = kType == GgmlType::kQ4_0 ? 8 : 4;
     const uint8_t* xq = xb + 8;
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256i s32 = _mm256_set1_epi32(Bias(xb));
+    __m256i s32 = Bias(xb);
     for (int p0 = 0; p0 < 8; p0 += kPerSum) {
       __m256i s16 = _mm256_maddubs_epi16(u[p0], Broadcast4(xq + F::PlaneElement(p0)));
       for (int p = p0 + 1; p < p0 + kPerSum; ++p) {

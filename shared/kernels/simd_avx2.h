@@ -7,7 +7,6 @@
 #include <immintrin.h>
 
 #include <cstdint>
-#include <cstring>
 
 namespace thermocline::simd {
 
@@ -19,11 +18,12 @@ inline float HorizontalSum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// 4 bytes at p in every 32-bit lane (a load, no shuffle).
+// 4 bytes at p in every 32-bit lane, as one broadcasting load. Written as a memcpy and
+// _mm256_set1_epi32, GCC 12 emitted a scalar load, a vmovd to a vector register and a
+// vpbroadcastd from it: two extra vector-pipe uops per call, 16 per block in the interleaved
+// kernels (Zen 3: the Q4_0 group kernel ran at 20 GB/s in L2 with it).
 inline __m256i Broadcast4(const uint8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm256_set1_epi32(v);
+  return _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(p)));
 }
 
 inline __m256i Load32(const uint8_t* p) {
