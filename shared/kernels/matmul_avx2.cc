@@ -87,10 +87,14 @@ struct Bf16Load {
 
 template <class L>
 struct FloatKernel {
-  // Tile shapes: 8 rows for GEMV (8 independent FMA chains cover the FMA latency); 4 x 3 for
-  // many tokens (12 accumulators + 3 activations + 1 weight = all 16 ymm registers; measured
-  // ahead of 6 x 2, 3 x 4 and 2 x 5).
-  static constexpr int kGemvRows = 8;
+  // Tile shapes: 4 rows for GEMV, which the striped tiles of ForEachTile make 4 memory streams;
+  // 4 x 3 for many tokens (12 accumulators + 3 activations + 1 weight = all 16 ymm registers;
+  // measured ahead of 6 x 2, 3 x 4 and 2 x 5). Eight GEMV rows cover the FMA latency twice over
+  // (in L2, one core, f16 at 2048 columns: 61 GB/s, against 44 with 4 and 23 with 2), but from
+  // DRAM the 8 streams read slower than 4 (Zen 3, 2048 columns, one thread: f16 73-76% of the
+  // read floor with 8 rows, 103-106% with 4; bf16 70% / 94-105%; f32 85-87% / 91-95%; two
+  // threads f16 75-93% / 96-103%; at 5504 columns the same within noise).
+  static constexpr int kGemvRows = 4;
   static constexpr int kRows = 4;
   static constexpr int kTokens = 3;
 
