@@ -119,8 +119,25 @@ struct FloatKernel {
       }
     };
     const int64_t c = StepColumns<L::kBytes, 8, R>(next, cols, step);
-    if (c < cols) {
-      // The ragged end goes through zero-padded copies so it takes the same vector path.
+    if (c < cols && cols >= 8) {
+      // The ragged end: the row's last 8 columns loaded in place, its n new ones moved to lanes
+      // 0..n-1 and the others zeroed, which is what the zero-padded copies below hold, without
+      // their narrow stores (a wide load of them waits for the stores to retire instead of
+      // being forwarded: the predictors' 257-column rows paid that once per row).
+      const int64_t n = cols - c, back = cols - 8;
+      const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+      const __m256i from = _mm256_add_epi32(lane, _mm256_set1_epi32(static_cast<int>(8 - n)));
+      const __m256 keep =
+          _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), lane));
+      auto tail = [&](__m256 v) { return _mm256_and_ps(_mm256_permutevar8x32_ps(v, from), keep); };
+      __m256 xv[T];
+      for (int t = 0; t < T; ++t) xv[t] = tail(_mm256_loadu_ps(x[t] + back));
+      for (int r = 0; r < R; ++r) {
+        const __m256 w = tail(L::Load(rows[r] + back * L::kBytes));
+        for (int t = 0; t < T; ++t) acc[r][t] = _mm256_fmadd_ps(w, xv[t], acc[r][t]);
+      }
+    } else if (c < cols) {
+      // Fewer than 8 columns in all: zero-padded copies, so that they take the same vector path.
       const int64_t n = cols - c;
       alignas(32) float xt[T][8] = {};
       for (int t = 0; t < T; ++t) CopyShort(xt[t], x[t] + c, n * sizeof(float));

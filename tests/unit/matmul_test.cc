@@ -322,6 +322,39 @@ TEST_P(KernelTest, BatchThreadsAndRowSplitsAreBitIdentical) {
   }
 }
 
+// A float row's ragged end (cols not a multiple of 8) must add exactly what the same row padded
+// with zero columns adds: its columns in the step's first lanes, zeros in the others. The avx2
+// and avx512 families handle the end differently (in-place loads moved into those lanes, masked
+// loads) and agree bit for bit only through this shared rule.
+TEST_P(KernelTest, RaggedFloatEndEqualsZeroPaddedColumns) {
+  std::mt19937 rng(31);
+  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16}) {
+    for (int64_t cols : {3, 9, 13, 15, 257, 2043}) {
+      const int64_t rows = 37, padded = (cols + 7) / 8 * 8;
+      TestMatrix m = MakeMatrix(type, rows, cols, rng);
+      const int64_t rb = m.view.row_bytes, prb = RowBytes(type, padded);
+      std::vector<uint8_t> pbytes(rows * prb, 0);  // 0 bytes are +0 in all three types
+      for (int64_t r = 0; r < rows; ++r) {
+        std::memcpy(pbytes.data() + r * prb, m.view.data + r * rb, rb);
+      }
+      const MatrixView pview{type, rows, padded, pbytes.data(), prb};
+      for (int64_t n_tokens : {1, 5}) {
+        std::vector<float> x = testing::NormalVector(n_tokens * cols, rng);
+        std::vector<float> px(n_tokens * padded, 0.0f);
+        for (int64_t t = 0; t < n_tokens; ++t) {
+          std::copy_n(x.data() + t * cols, cols, px.data() + t * padded);
+        }
+        ThreadPool pool(1);
+        std::vector<float> y(n_tokens * rows), py(n_tokens * rows);
+        MatMul(m.view, x.data(), n_tokens, cols, y.data(), rows, pool);
+        MatMul(pview, px.data(), n_tokens, padded, py.data(), rows, pool);
+        EXPECT_TRUE(testing::SameBits(y, py))
+            << TypeName(type) << " cols=" << cols << " tokens=" << n_tokens;
+      }
+    }
+  }
+}
+
 TEST_P(KernelTest, GatherMatMulEqualsDenseRows) {
   std::mt19937 rng(7);
   for (GgmlType type : testing::kWeightTypes) {
