@@ -328,6 +328,7 @@ TEST_P(KernelTest, BatchThreadsAndRowSplitsAreBitIdentical) {
 // loads) and agree bit for bit only through this shared rule.
 TEST_P(KernelTest, RaggedFloatEndEqualsZeroPaddedColumns) {
   std::mt19937 rng(31);
+  ThreadPool pool(1);
   for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16}) {
     for (int64_t cols : {3, 9, 13, 15, 257, 2043}) {
       const int64_t rows = 37, padded = (cols + 7) / 8 * 8;
@@ -344,7 +345,6 @@ TEST_P(KernelTest, RaggedFloatEndEqualsZeroPaddedColumns) {
         for (int64_t t = 0; t < n_tokens; ++t) {
           std::copy_n(x.data() + t * cols, cols, px.data() + t * padded);
         }
-        ThreadPool pool(1);
         std::vector<float> y(n_tokens * rows), py(n_tokens * rows);
         MatMul(m.view, x.data(), n_tokens, cols, y.data(), rows, pool);
         MatMul(pview, px.data(), n_tokens, padded, py.data(), rows, pool);
