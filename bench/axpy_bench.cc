@@ -5,8 +5,8 @@
 //         AxpyRows call with the pool: threads split the ids and add partial sums at the end,
 //         as NeuronFfn's shares do.
 //   teal: 1024 of 2048 rows of 5504 (the transposed gate/up at TEAL 50%), one
-//         InputSparseMatVec: threads split the output columns, each running AxpyRows over
-//         every kept row's slice of its columns.
+//         InputSparseMatVec: threads split the kept inputs into shares, each summed by AxpyRows
+//         (IntAxpyRows for q4_0) into its own partial.
 //   teal2k: the same over 2048 rows of 2048 (the transposed q, k, v, o at TEAL 50%).
 //
 //   axpy_bench [--threads=1,2] [--rounds=5] [--types=f16,q8_0,q4_0] [--working_set_mib=256]
@@ -197,9 +197,14 @@ struct Call {
       InputSparseMatVec(w, coeffs.data(), 0.0f, teal_ids, teal_coeffs, y.data(), pool);
       return;
     }
-    // The in-L2 form: the first n kept rows, into InputSparseMatVec's zeroed output.
+    // The in-L2 form: the first n kept rows, into InputSparseMatVec's zeroed output, by the
+    // kernel it uses.
     std::fill(y.begin(), y.end(), 0.0f);
-    AxpyRows(w, ids.data(), id_coeffs.data(), n, y.data(), pool);
+    if (HasIntAxpy(w.type)) {
+      IntAxpyRows(w, ids.data(), id_coeffs.data(), n, y.data());
+    } else {
+      AxpyRows(w, ids.data(), id_coeffs.data(), n, y.data(), pool);
+    }
   }
 };
 

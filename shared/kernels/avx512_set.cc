@@ -7,7 +7,7 @@ namespace thermocline::matmul_internal {
 const KernelSet& Avx512Kernels() {
   static const KernelSet set = [] {
     // The avx2 family's entries are the starting point; every *_avx512.cc file below replaces
-    // the slots it has kernels for.
+    // the slots it has kernels for (none of IntAxpyRows': the AVX2 one runs there).
     KernelSet s = Avx2Kernels(CpuHasAvxVnni());
     s.name = "avx512";
     FillKQuantAvx512(s);

@@ -218,6 +218,18 @@ void GatherMatMul(const MatrixView& w, const int32_t* row_ids, int64_t n_ids, co
       kRowGrain);
 }
 
+bool HasIntAxpy(GgmlType type) { return Kernels().HasIntAxpy(type); }
+
+void IntAxpyRows(const MatrixView& w, const int32_t* row_ids, const float* coeffs, int64_t n_ids,
+                 float* y) {
+  if (n_ids <= 0) return;
+  const KernelSet& k = Kernels();
+  // Callers check HasIntAxpy; another type here is a programming error.
+  if (!k.HasIntAxpy(w.type)) std::abort();
+  k.int_axpy[static_cast<size_t>(w.type)](RowSource{w.data, w.row_bytes, row_ids}, coeffs, n_ids,
+                                          w.cols, y);
+}
+
 void AxpyRows(const MatrixView& w, const int32_t* row_ids, const float* coeffs, int64_t n_ids,
               float* y, ThreadPool& pool) {
   if (n_ids <= 0) return;

@@ -55,4 +55,15 @@ void GatherMatMul(const MatrixView& w, const int32_t* row_ids, int64_t n_ids, co
 void AxpyRows(const MatrixView& w, const int32_t* row_ids, const float* coeffs, int64_t n_ids,
               float* y, ThreadPool& pool);
 
+// AxpyRows' sum with integer products, for TEAL's input-sparse products over Q4_0 copies
+// (sparsity/teal.h), on the calling thread: per group of 16 ids in order and block of 32
+// columns, each coefficient times the row's block scale is rounded to 8 bits against the
+// group's largest (as a quantized GEMV rounds its activations), the block's column sums are
+// exact integers, and each is scaled into y once: y[c] += s * n_c. Per term the rounding errs by
+// at most max_i |coeffs[i] * d_i| / 254 times |q_c - 8|; the bits are the same in every kernel
+// family (matmul_kernels.h has the exact operations). Only for types HasIntAxpy names (Q4_0).
+bool HasIntAxpy(GgmlType type);
+void IntAxpyRows(const MatrixView& w, const int32_t* row_ids, const float* coeffs, int64_t n_ids,
+                 float* y);
+
 }  // namespace thermocline

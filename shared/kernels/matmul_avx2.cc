@@ -1261,7 +1261,8 @@ constexpr KernelSet MakeKernelSet() {
   return {kVnni ? "avx2+vnni" : "avx2", MakeTypeTable(kEntries), &QuantizeQ8_0,
           Interleaved8Table<
               kLegacyX8Avx2<GgmlType::kQ4_0, kVnni>, kLegacyX8Avx2<GgmlType::kQ5_0, kVnni>,
-              kLegacyX8Avx2<GgmlType::kQ8_0, kVnni>, kQ4_Kx8Avx2, kQ5_Kx8Avx2, kQ6_Kx8Avx2>()};
+              kLegacyX8Avx2<GgmlType::kQ8_0, kVnni>, kQ4_Kx8Avx2, kQ5_Kx8Avx2, kQ6_Kx8Avx2>(),
+          IntAxpyTable(&IntAxpyQ4_0Avx2)};
 }
 
 constexpr KernelSet kAvx2 = MakeKernelSet<false>();

@@ -60,6 +60,33 @@ struct TypeKernels {
 // Type ids run from 0 to 39 (ggml_type.h); a set's table has a slot for each.
 inline constexpr size_t kTypeSlots = 40;
 
+using AxpyFn = void (*)(const RowSource& rows, const float* coeffs, int64_t n_rows, int64_t cols,
+                        float* y);
+
+// The integer axpy over Q4_0 rows (IntAxpyRows; q4_0_int_axpy.cc, q4_0_int_axpy_avx2.cc). Rows
+// go in groups of kIntAxpyGroupRows, in order, the last one shorter. Per group and block b of
+// 32 columns, with d_i the block's fp16 scale in row i and u_ic its unsigned nibbles:
+//   a_i = coeffs[i] * f32(d_i); s = max_i |a_i| / 127; id = s >= 2^-100 ? 1 / s : 0;
+//   q_i = nearbyint(a_i * id) (ties to even; a NaN gives 0), in [-127, 127] since
+//   |a_i| * id <= 127 (1 + 2^-22) for finite a_i;
+//   n_c = sum_i q_i * (u_ic - 8), an exact int32; y[c] = fma(s, f32(n_c), y[c]);
+// groups in order. Every family performs exactly these operations: the same bits.
+// Sixteen rows because the AVX2 kernel sums pairs of rows (maddubs, |pair| <= 2*15*127 = 3810)
+// into int16 lanes: eight pairs stay below 32767.
+inline constexpr int64_t kIntAxpyGroupRows = 16;
+// Below it a block's products are dropped (they are under 2^-93 in all) rather than scaled by
+// an id that 1 / s could overflow to infinity.
+inline constexpr float kIntAxpyMinScale = 0x1p-100f;
+void IntAxpyQ4_0Portable(const RowSource& rows, const float* coeffs, int64_t n_rows, int64_t cols,
+                         float* y);
+void IntAxpyQ4_0Avx2(const RowSource& rows, const float* coeffs, int64_t n_rows, int64_t cols,
+                     float* y);
+constexpr std::array<AxpyFn, kTypeSlots> IntAxpyTable(AxpyFn q4_0) {
+  std::array<AxpyFn, kTypeSlots> table{};
+  table[static_cast<size_t>(GgmlType::kQ4_0)] = q4_0;
+  return table;
+}
+
 struct KernelSet {
   const char* name;
   std::array<TypeKernels, kTypeSlots> by_type;  // indexed by ggml type id
@@ -73,6 +100,14 @@ struct KernelSet {
   // group's bytes, never ids), n_rows counts groups and group g writes y[t * y_stride + 8g + i]
   // for its rows i < 8.
   std::array<TypeKernels, kTypeSlots> interleaved8{};
+  // IntAxpyRows (matmul.h) by type; nullptr where a type has none (every set has the same
+  // types, so whether a product takes the integer form never depends on the family).
+  std::array<AxpyFn, kTypeSlots> int_axpy{};
+
+  bool HasIntAxpy(GgmlType type) const {
+    const size_t i = static_cast<size_t>(type);
+    return i < kTypeSlots && int_axpy[i] != nullptr;
+  }
 
   bool HasInterleaved8(GgmlType type) const {
     const size_t i = static_cast<size_t>(type);

@@ -132,8 +132,19 @@ int64_t InputSparseMatVec(const MatrixView& wt, const float* x, float cut,
   const int64_t bytes = k * wt.row_bytes;
   const int64_t shares = std::clamp<int64_t>(bytes / ThreadPool::kMinParallelBytes, 1, kMaxShares);
   thread_local ThreadPool solo(1);
+  // Q4_0 copies take the integer axpy (coefficients rounded to 8 bits per group of rows, as a
+  // quantized GEMV rounds its activations): on AVX2 the f32 decode of each block cost more per
+  // weight than the dense integer GEMV, so TEAL at 50% was slower than dense (docs/sparsity.md).
+  const bool integer = HasIntAxpy(wt.type);
+  auto axpy = [&](int64_t i0, int64_t i1, float* acc) {
+    if (integer) {
+      IntAxpyRows(wt, ids.data() + i0, coeffs.data() + i0, i1 - i0, acc);
+    } else {
+      AxpyRows(wt, ids.data() + i0, coeffs.data() + i0, i1 - i0, acc, solo);
+    }
+  };
   if (shares == 1) {
-    AxpyRows(wt, ids.data(), coeffs.data(), k, y, solo);
+    axpy(0, k, y);
     return k;
   }
   thread_local std::vector<float> partials;
@@ -144,7 +155,7 @@ int64_t InputSparseMatVec(const MatrixView& wt, const float* x, float cut,
     const int64_t i0 = k * s / shares, i1 = k * (s + 1) / shares;
     float* acc = s == 0 ? y : part + (s - 1) * cols;
     if (s > 0) std::fill(acc, acc + cols, 0.0f);
-    AxpyRows(wt, ids.data() + i0, coeffs.data() + i0, i1 - i0, acc, solo);
+    axpy(i0, i1, acc);
   });
   for (int64_t s = 1; s < shares; ++s) {
     const float* p = part + (s - 1) * cols;

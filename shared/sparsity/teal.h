@@ -69,6 +69,8 @@ float TopShareCut(const float* x, int64_t n, float share, std::vector<float>& sc
 // skipped at any cut (exactly: they add nothing), so a ReLU output's zeros cost no reads.
 // ids and coeffs are scratch. Returns the number of inputs kept. Threads split the kept inputs
 // into shares fixed by the bytes to read, so the result does not depend on the pool size.
+// Q4_0 copies are summed by IntAxpyRows (kernels/matmul.h: each x_c times a block scale rounded
+// to 8 bits against the largest of its group of 16 kept inputs), every other type in f32.
 int64_t InputSparseMatVec(const MatrixView& wt, const float* x, float cut,
                           std::vector<int32_t>& ids, std::vector<float>& coeffs, float* y,
                           ThreadPool& pool);
