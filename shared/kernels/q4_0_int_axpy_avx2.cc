@@ -1,13 +1,12 @@
 // The AVX2 integer axpy over Q4_0 rows (IntAxpyRows; the operations matmul_kernels.h specifies,
-// in q4_0_int_axpy.cc's order). Per group of 16 rows, a prepass reads every block's scale
-// (gathered: the scales of one row sit 18 bytes apart), forms the 8-bit coefficients q_i of
-// each block and lays them out by pairs of rows; the main pass then takes the group two rows at
-// a time: the nibbles of both rows, interleaved byte by byte, times the pair's coefficients
-// (maddubs) give one int16 per column, eight pairs summed in int16 (bounded, see
-// kIntAxpyGroupRows), widened and scaled into y once per group. Per weight that is about a
-// quarter of the f32 decode's work (four columns per instruction, not one per lane), which
-// is what makes TEAL's input-sparse products over Q4_0 copies cheaper than the dense integer
-// GEMV (docs/sparsity.md).
+// in q4_0_int_axpy.cc's order). Per group of 16 rows and chunk of 8 blocks, a prepass reads
+// every block's scale (the scales of one row sit 18 bytes apart), forms the 8-bit coefficients
+// q_i of each block and lays them out by pairs of rows; the products then take the group two
+// rows at a time: the nibbles of both rows, interleaved byte by byte, times the pair's
+// coefficients (maddubs) give one int16 per column, eight pairs summed in int16 (bounded, see
+// kIntAxpyGroupRows), widened and scaled into y once per group. About a third of the f32
+// decode's operations per weight; measured 1.35x its rate in L2 (docs/performance.md,
+// "IntAxpyRows"), the prepass 40% of the time.
 #include <immintrin.h>
 
 #include <algorithm>
