@@ -7,12 +7,13 @@ namespace thermocline::matmul_internal {
 const KernelSet& Avx512Kernels() {
   static const KernelSet set = [] {
     // The avx2 family's entries are the starting point; every *_avx512.cc file below replaces
-    // the slots it has kernels for (none of IntAxpyRows': the AVX2 one runs there).
+    // the slots it has kernels for.
     KernelSet s = Avx2Kernels(CpuHasAvxVnni());
     s.name = "avx512";
     FillKQuantAvx512(s);
     FillInterleavedAvx512(s);
     FillRowAvx512(s);
+    s.int_axpy = IntAxpyTable(&IntAxpyQ4_0Avx512);
     return s;
   }();
   return set;

@@ -63,10 +63,12 @@ inline constexpr size_t kTypeSlots = 40;
 using AxpyFn = void (*)(const RowSource& rows, const float* coeffs, int64_t n_rows, int64_t cols,
                         float* y);
 
-// The integer axpy over Q4_0 rows (IntAxpyRows; q4_0_int_axpy.cc, q4_0_int_axpy_avx2.cc). Rows
+// The integer axpy over Q4_0 rows (IntAxpyRows; q4_0_int_axpy{,_avx2,_avx512}.cc). Rows
 // go in groups of kIntAxpyGroupRows, in order, the last one shorter. Per group and block b of
 // 32 columns, with d_i the block's fp16 scale in row i and u_ic its unsigned nibbles:
-//   a_i = coeffs[i] * f32(d_i); s = max_i |a_i| / 127; id = s >= 2^-100 ? 1 / s : 0;
+//   a_i = coeffs[i] * f32(d_i); s = max |a_i| / 127 over the a_i that are not NaN (0 if none),
+//   so that the maximum does not depend on the order the rows are taken in;
+//   id = s >= 2^-100 ? 1 / s : 0;
 //   q_i = nearbyint(a_i * id) (ties to even; a NaN gives 0), in [-127, 127] since
 //   |a_i| * id <= 127 (1 + 2^-22) for finite a_i;
 //   n_c = sum_i q_i * (u_ic - 8), an exact int32; y[c] = fma(s, f32(n_c), y[c]);
@@ -81,6 +83,8 @@ void IntAxpyQ4_0Portable(const RowSource& rows, const float* coeffs, int64_t n_r
                          float* y);
 void IntAxpyQ4_0Avx2(const RowSource& rows, const float* coeffs, int64_t n_rows, int64_t cols,
                      float* y);
+void IntAxpyQ4_0Avx512(const RowSource& rows, const float* coeffs, int64_t n_rows, int64_t cols,
+                       float* y);
 constexpr std::array<AxpyFn, kTypeSlots> IntAxpyTable(AxpyFn q4_0) {
   std::array<AxpyFn, kTypeSlots> table{};
   table[static_cast<size_t>(GgmlType::kQ4_0)] = q4_0;

@@ -22,7 +22,7 @@ void IntAxpyQ4_0Portable(const RowSource& rows, const float* coeffs, int64_t n_r
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk[kIntAxpyGroupRows];
       float a[kIntAxpyGroupRows];
-      // max(m, |a|) as SIMD max computes it (m > v ? m : v); the order does not matter.
+      // The maximum over the a_i that are not NaN (matmul_kernels.h), in any order.
       float amax = 0.0f;
       for (int64_t i = 0; i < n; ++i) {
         blk[i] = rows.row(g0 + i) + b * kBlockBytes;
@@ -30,7 +30,7 @@ void IntAxpyQ4_0Portable(const RowSource& rows, const float* coeffs, int64_t n_r
         std::memcpy(&d, blk[i], sizeof d);
         a[i] = coeffs[g0 + i] * Fp16ToFp32(d);
         const float m = std::fabs(a[i]);
-        amax = amax > m ? amax : m;
+        amax = m > amax ? m : amax;
       }
       const float s = amax / 127;
       const float id = s >= kIntAxpyMinScale ? 1.0f / s : 0.0f;

@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "shared/gguf/ggml_type.h"
+#include "shared/kernels/int_axpy_groups.h"
 #include "shared/kernels/matmul_kernels.h"
 #include "shared/util/fp16.h"
 
@@ -84,7 +85,8 @@ void Prepare(const uint8_t* const* rows, const float* coeffs, int n, int64_t b, 
       }
       a[i] = _mm256_load_ps(t);
     }
-    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, a[i]));
+    // max(|a|, m) is |a| > m ? |a| : m: a NaN |a| leaves m (matmul_kernels.h).
+    amax = _mm256_max_ps(_mm256_andnot_ps(sign, a[i]), amax);
   }
   const __m256 s = _mm256_div_ps(amax, _mm256_set1_ps(127.0f));
   const __m256 id = _mm256_and_ps(_mm256_cmp_ps(s, _mm256_set1_ps(kIntAxpyMinScale), _CMP_GE_OQ),
@@ -118,32 +120,14 @@ void IntAxpyQ4_0Avx2(const RowSource& rows, const float* coeffs, int64_t n_rows,
   const __m256i spread = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2,
                                           3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
   for (int64_t g0 = 0; g0 < n_rows; g0 += kIntAxpyGroupRows) {
-    const int n = static_cast<int>(std::min(kIntAxpyGroupRows, n_rows - g0));
-    const uint8_t* r[kG];
-    for (int i = 0; i < kG; ++i) r[i] = rows.row(g0 + (i < n ? i : 0));
-    // The next group's rows are fetched while this one computes, chunk by chunk (without this
-    // each group's prepass starts with sixteen misses to DRAM).
-    const int n_next = static_cast<int>(std::min(kIntAxpyGroupRows, n_rows - g0 - kG));
-    const uint8_t* next[kG];
-    for (int i = 0; i < n_next; ++i) next[i] = rows.row(g0 + kG + i);
+    IntAxpyGroup group(rows, g0, n_rows);
+    const int n = group.n;
+    const uint8_t* const* r = group.r;
     const int np = (n + 1) / 2;
-    int64_t fetched = 0;  // bytes of each next row prefetched so far
-    // Chunks of 8 blocks: the prepass of a chunk reads its 16 x 144 bytes into L1 for the
-    // products right after it.
     for (int64_t b0 = 0; b0 < nb; b0 += 8) {
       Chunk c;
       Prepare(r, coeffs + g0, n, b0, nb, c);
-      const int64_t end = std::min(nb, b0 + 8) * kBlockBytes;
-      for (; fetched < end; fetched += 64) {
-        for (int i = 0; i < n_next; ++i) {
-          _mm_prefetch(reinterpret_cast<const char*>(next[i] + fetched), _MM_HINT_T0);
-        }
-      }
-      if (end == nb * kBlockBytes) {
-        for (int i = 0; i < n_next; ++i) {
-          _mm_prefetch(reinterpret_cast<const char*>(next[i] + end - 1), _MM_HINT_T0);
-        }
-      }
+      group.FetchNext(std::min(nb, b0 + 8) * kBlockBytes, nb * kBlockBytes);
       for (int64_t b = b0; b < std::min(nb, b0 + 8); b += 2) {
         const bool two = b + 1 < nb;
         __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),

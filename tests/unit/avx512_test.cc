@@ -258,6 +258,12 @@ TEST(Avx512SetTest, EverySlotHasItsOwnKernels) {
       if (b.prepare_input != nullptr) {
         EXPECT_NE(a.prepare_input, b.prepare_input) << name;
       }
+      if (avx2.HasIntAxpy(type)) {
+        ASSERT_TRUE(avx512.HasIntAxpy(type)) << name;
+        EXPECT_NE(avx512.int_axpy[static_cast<size_t>(type)],
+                  avx2.int_axpy[static_cast<size_t>(type)])
+            << name;
+      }
       if (avx2.HasInterleaved8(type)) {
         ASSERT_TRUE(avx512.HasInterleaved8(type)) << name;
         EXPECT_NE(avx512.interleaved8[static_cast<size_t>(type)].dot,

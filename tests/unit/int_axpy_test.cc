@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -176,7 +177,8 @@ TEST_P(IntAxpyTest, ExactOnTheRoundingGrid) {
 
 TEST_P(IntAxpyTest, SameBitsAsPortable) {
   std::mt19937 rng(13);
-  for (int64_t cols : {32, 64, 288, 2080, 5504}) {
+  // 1..9 blocks: every short chunk of 8 blocks and half-chunk of 4; 65 and 172: long rows.
+  for (int64_t cols : {32, 64, 96, 128, 160, 192, 224, 256, 288, 2080, 5504}) {
     const int64_t rows = 90;
     const Q4Rows m = RandomRows(rows, cols, rng);
     for (const std::vector<int32_t>& ids : IdLists(rows, rng)) {
@@ -185,6 +187,51 @@ TEST_P(IntAxpyTest, SameBitsAsPortable) {
       const std::vector<float> y0 = testing::NormalVector(cols, rng);
       EXPECT_TRUE(testing::SameBits(Kernel(m, ids, coeffs, y0), RunPortable(m, ids, coeffs, y0)))
           << GetParam().name << " " << cols << " cols, " << ids.size() << " ids";
+    }
+  }
+}
+
+// Values no model should produce, but a corrupt file or a diverged activation can: every family
+// must still give the portable kernel's bits, and a NaN coefficient must drop only its own row
+// (its q is 0 and it is left out of the group's maximum), wherever it sits in the group.
+TEST_P(IntAxpyTest, SpecialValuesSameBitsAsPortable) {
+  std::mt19937 rng(14);
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t cols : {32, 160, 288}) {
+    const int64_t rows = 40;
+    Q4Rows m = RandomRows(rows, cols, rng);
+    // fp16 scales: zero, a subnormal, the largest finite, infinity, NaN.
+    const uint16_t specials[] = {0x0000, 0x0001, 0x7BFF, 0x7C00, 0x7E00};
+    for (int64_t r = 0; r < rows; r += 3) {
+      const uint16_t d = specials[(r / 3) % 5];
+      std::memcpy(m.bytes.data() + r * m.view.row_bytes + ((r / 3) % (cols / kQK)) * kBlockBytes,
+                  &d, 2);
+    }
+    std::vector<int32_t> ids(rows);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::vector<float> coeffs = testing::NormalVector(rows, rng);
+    const float special_coeffs[] = {inf, -inf, 1e-38f, 3e38f, 0.0f, -0.0f};
+    for (int64_t i = 1; i < rows; i += 5) coeffs[i] = special_coeffs[(i / 5) % 6];
+    const std::vector<float> y0 = testing::NormalVector(cols, rng);
+    EXPECT_TRUE(testing::SameBits(Kernel(m, ids, coeffs, y0), RunPortable(m, ids, coeffs, y0)))
+        << GetParam().name << " " << cols << " cols";
+  }
+  // A NaN coefficient at each position of a group: the same bits as a zero there.
+  for (int64_t cols : {32, 288}) {
+    const int64_t rows = kIntAxpyGroupRows;
+    const Q4Rows m = RandomRows(rows, cols, rng);
+    std::vector<int32_t> ids(rows);
+    std::iota(ids.begin(), ids.end(), 0);
+    const std::vector<float> y0 = testing::NormalVector(cols, rng);
+    for (int64_t at = 0; at < rows; ++at) {
+      std::vector<float> coeffs = testing::NormalVector(rows, rng);
+      coeffs[at] = 0.0f;
+      const std::vector<float> zero = Kernel(m, ids, coeffs, y0);
+      coeffs[at] = nan;
+      EXPECT_TRUE(testing::SameBits(Kernel(m, ids, coeffs, y0), zero))
+          << GetParam().name << " " << cols << " cols, NaN at " << at;
+      EXPECT_TRUE(testing::SameBits(RunPortable(m, ids, coeffs, y0), zero)) << "portable, " << at;
     }
   }
 }
