@@ -111,12 +111,18 @@ struct Bf16Load {
 
 template <class L>
 struct FloatKernel {
-  // Tile shapes: 8 rows (4 pairs) for GEMV; 8 rows x 6 tokens for many tokens (24 accumulators,
-  // 6 activations, a weight pair: 31 of the 32 zmm; on one core, 64 tokens of 4096 columns in
-  // L2, ahead of 8 x 4, 8 x 7, 12 x 4 and 16 x 3).
-  static constexpr int kGemvRows = 8;
+  // Tile shapes: 4 rows (2 pairs) for GEMV, 4 memory streams per thread as in AVX2's float
+  // kernel (from DRAM, Zen 4, one thread, f16 at 4096 columns: 74-79% of the read floor with 8
+  // rows, 86-98% with 4; bf16 76-81% / 83-94%; two threads f16 76-85% / 93-97%; relu1b3-f16
+  // decode, one thread, 0.76 -> 0.91-0.93 of its floor); 8 rows x 6 tokens for many tokens (24
+  // accumulators, 6 activations, a weight pair: 31 of the 32 zmm; on one core, 64 tokens of
+  // 4096 columns in L2, ahead of 8 x 4, 8 x 7, 12 x 4 and 16 x 3).
+  static constexpr int kGemvRows = 4;
   static constexpr int kRows = 8;
   static constexpr int kTokens = 6;
+  // As AVX2's: f16 / bf16 rows longer than a page read faster with each stream's next row
+  // prefetched (ForEachTile).
+  static constexpr bool kPrefetchLongStripes = L::kBytes == 2;
 
   template <int R, int T>
   static void Tile(const uint8_t* const* rows, const uint8_t* const* next, int64_t cols,
