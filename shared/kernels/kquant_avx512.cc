@@ -389,8 +389,9 @@ struct Iq4xsInt {
 // faster from DRAM, paired ratio 80-85% against 75-79%, but on Zen 4, one thread, 4096
 // columns, 8 rows reach 46-57% of the read floor and 4 rows 60-78%: q6_K 47% -> 75-78%, q5_K
 // 53-54% -> 63-65%, q4_K 56-57% -> 60-62%, in-L2 rate 2-6% lower; the legacy types' QuantKernel
-// stays at 8, where 4 rows read slower on Zen 4 too); many tokens one pair x 6 tokens (each unpacked pair meets 6 tokens: GEMM 2.2-2.3x avx2 for
-// q4_K/q6_K, against 1.8-2.0x at 4 x 4 and 1.6x at 4 x 2). In a GEMV whose rows are slices
+// stays at 8, where 4 rows read slower on Zen 4 too); many tokens one pair x 6 tokens (each
+// unpacked pair meets 6 tokens: GEMM 2.2-2.3x avx2 for q4_K/q6_K, against 1.8-2.0x at 4 x 4 and
+// 1.6x at 4 x 2). In a GEMV whose rows are slices
 // (next == nullptr), each row's block kAhead blocks on is prefetched too: paired ratio 87-89%
 // against 81-83% without (q4_K, q5_K, q6_K at 1 and 2 threads).
 template <class B>

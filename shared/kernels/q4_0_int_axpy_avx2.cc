@@ -124,6 +124,8 @@ void IntAxpyQ4_0Avx2(const RowSource& rows, const float* coeffs, int64_t n_rows,
     const int n = group.n;
     const uint8_t* const* r = group.r;
     const int np = (n + 1) / 2;
+    // Chunks of 8 blocks: the prepass of a chunk reads its 16 x 144 bytes into L1 for the
+    // products right after it.
     for (int64_t b0 = 0; b0 < nb; b0 += 8) {
       Chunk c;
       Prepare(r, coeffs + g0, n, b0, nb, c);

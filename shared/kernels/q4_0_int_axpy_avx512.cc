@@ -113,10 +113,9 @@ void Prepare(const uint8_t* const* rows, const float* coeffs, int n, int64_t b0,
   const __m512 s = _mm512_div_ps(amax, _mm512_set1_ps(127.0f));
   const __mmask16 usable = _mm512_cmp_ps_mask(s, _mm512_set1_ps(kIntAxpyMinScale), _CMP_GE_OQ);
   const __m512 id = _mm512_maskz_div_ps(usable, _mm512_set1_ps(1.0f), s);
-  // The even elements hold s per block.
-  _mm256_store_ps(c.s,
-                  _mm512_castps512_ps256(_mm512_permutexvar_ps(
-                      _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 0, 0, 0, 0, 0, 0, 0), s)));
+  // Element 2k holds block k's s (and, below, its correction): gathered to element k.
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 0, 0, 0, 0, 0, 0, 0);
+  _mm256_store_ps(c.s, _mm512_castps512_ps256(_mm512_permutexvar_ps(even, s)));
   __m512i corr = _mm512_setzero_si512();
   __m128i packed[kG / 2];
   for (int j = 0; j < kG / 2; ++j) {
@@ -130,10 +129,7 @@ void Prepare(const uint8_t* const* rows, const float* coeffs, int n, int64_t b0,
   corr = _mm512_add_epi32(corr, _mm512_shuffle_epi32(corr, _MM_PERM_CDAB));
   _mm256_store_si256(
       reinterpret_cast<__m256i*>(c.corr),
-      _mm512_castsi512_si256(_mm512_slli_epi32(
-          _mm512_permutexvar_epi32(
-              _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 0, 0, 0, 0, 0, 0, 0), corr),
-          3)));
+      _mm512_castsi512_si256(_mm512_slli_epi32(_mm512_permutexvar_epi32(even, corr), 3)));
   // Pairs 0-3 and 4-7, then word j of block k (k < 4 from the first permute) = pair j's word k.
   const __m512i lo = _mm512_inserti32x4(
       _mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(packed[0]), packed[1], 1),
