@@ -3,10 +3,14 @@
 # 13, cmake, ninja and PyTorch but none of the build's Debian libraries (docs/cuda.md, "The
 # device bundle"):
 #   out/gpu-bundle/bin/      thermocline, thermocline-gpu-worker, thermocline-cpu-worker,
-#                            cuda_kernels_test, cuda_worker_test, gpu_decode_bench (stripped)
+#                            cuda_kernels_test, cuda_worker_test, cuda_arch_test,
+#                            gpu_decode_bench (stripped)
 #   out/gpu-bundle/lib/      every shared library they load that a minimal base system lacks
 #                            (found with ldd; not packed: glibc's, libstdc++, libgcc_s, and the
 #                            CUDA runtime and cuBLAS, which come from the device's own CUDA 13)
+#   out/gpu-bundle/data/models/archs/  llama.cpp's reference models and logits (../shared, or
+#                            $THERMOCLINE_SHARED_DATA_DIR) for cuda_arch_test; absent when
+#                            there is no such folder (the test then reports the missing data)
 #   out/gpu-bundle/run.sh    the device run (scripts/gpu-run.sh; sets LD_LIBRARY_PATH itself)
 #   out/gpu-bundle/bundle.txt  what was packed, from which commit and build, and what it needs
 # and the same folder as out/gpu-bundle.tar.gz, the file to copy.
@@ -36,7 +40,7 @@ fail() { echo "gpu-bundle: $*" >&2; exit 1; }
 stamp() { echo "[gpu-bundle] $*"; }
 limit=$(( 64 << 20 ))
 exes=(thermocline thermocline-gpu-worker thermocline-cpu-worker cuda_kernels_test cuda_worker_test
-      gpu_decode_bench)
+      cuda_arch_test gpu_decode_bench)
 
 if [[ -z $build ]]; then
   build=$repo/build-gpu-bundle
@@ -91,6 +95,11 @@ for e in "${exes[@]}"; do
     fi
   done < <(ldd "$build/bin/$e")
 done
+data=${THERMOCLINE_SHARED_DATA_DIR:-$repo/../shared}
+if [[ -d $data/models/archs ]]; then
+  mkdir -p "$stage/data/models"
+  cp -r "$data/models/archs" "$stage/data/models/archs"
+fi
 cp "$repo/scripts/gpu-run.sh" "$stage/run.sh"
 chmod 0755 "$stage/run.sh"
 
@@ -112,6 +121,11 @@ nvcc=$(sed -n 's/^set(CMAKE_CUDA_COMPILER_VERSION "\(.*\)")$/\1/p' \
   echo "needs from the device: glibc >= $(needs GLIBC_ | sed 's/GLIBC_//'), libstdc++ with $(needs GLIBCXX_), CUDA 13 (libcudart.so.13, libcublas.so.13, libcublasLt.so.13) and its driver"
   echo "run: ./run.sh   (environment: OUT, BUDGET, MODEL, HOT_FRACTION, VRAM_BUDGET, TOKENS, ROUNDS, SPARSITY, THREADS; see its header)"
   echo "by hand: LD_LIBRARY_PATH=\$PWD/lib bin/thermocline --help"
+  if [[ -d $stage/data/models/archs ]]; then
+    echo "data: models/archs from $(cd "$data" && pwd) (cuda_arch_test's references)"
+  else
+    echo "data: none ($data/models/archs not found; cuda_arch_test will report it missing)"
+  fi
   echo "bin:"
   for e in "${exes[@]}"; do echo "  $e"; done
   echo "lib (from):"

@@ -128,6 +128,33 @@ __global__ void RmsNormKernel(const float* x, const float* w, const int32_t* row
   }
 }
 
+__global__ void LayerNormKernel(const float* x, const float* w, const float* b,
+                                const int32_t* row_map, int64_t n, float eps, float* out,
+                                __half* out_half) {
+  __shared__ float red[32];
+  const int64_t r = blockIdx.x;
+  const float* xr = x + (row_map ? row_map[r] : r) * n;
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += xr[i];
+  const float mean = BlockReduce<false>(sum, red) / static_cast<float>(n);
+  float var = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) var += (xr[i] - mean) * (xr[i] - mean);
+  var = BlockReduce<false>(var, red) / static_cast<float>(n);
+  const float scale = 1.0f / sqrtf(var + eps);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float y = (xr[i] - mean) * scale * w[i];
+    const float v = b ? y + b[i] : y;
+    if (out) out[r * n + i] = v;
+    if (out_half) out_half[r * n + i] = __float2half_rn(v);
+  }
+}
+
+__global__ void AddBiasKernel(float* y, const float* b, int64_t rows, int64_t n) {
+  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (t >= rows * n) return;
+  y[t] += b[t % n];
+}
+
 __global__ void ToHalfKernel(const float* x, int64_t n, bool relu, __half* out) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= n) return;
@@ -135,20 +162,31 @@ __global__ void ToHalfKernel(const float* x, int64_t n, bool relu, __half* out) 
 }
 
 __global__ void RopeKernel(float* x, int64_t rows, int64_t row_stride, int64_t n_heads,
-                           int64_t head_dim, int64_t rope_dim, const int32_t* positions,
-                           float base) {
-  const int64_t pairs = rope_dim / 2;
+                           RopeDesc p, const int32_t* positions) {
+  const int64_t pairs = p.rope_dim / 2;
   const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (t >= rows * n_heads * pairs) return;
   const int64_t r = t / (n_heads * pairs), h = (t / pairs) % n_heads, i = 2 * (t % pairs);
-  // The same float operations as ops.cc: base^(i / rope_dim), then pos * freq.
-  const float freq = 1.0f / powf(base, static_cast<float>(i) / static_cast<float>(rope_dim));
-  const float val = static_cast<float>(positions[r]) * freq;
-  const float fcr = cosf(val), fci = sinf(val);
-  float* v = x + r * row_stride + h * head_dim + i;
-  const float v0 = v[0], v1 = v[1];
-  v[0] = v0 * fcr - v1 * fci;
-  v[1] = v0 * fci + v1 * fcr;
+  // The same float operations as ops.cc's RopeExt: base^(i / rope_dim), pos * freq, then
+  // llama.cpp's adjustments in its order.
+  const float freq = 1.0f / powf(p.base, static_cast<float>(i) / static_cast<float>(p.rope_dim));
+  float theta_extrap = static_cast<float>(positions[r]) * freq;
+  if (p.freq_factors) theta_extrap /= p.freq_factors[i / 2];
+  float theta = p.freq_scale * theta_extrap;
+  float mscale = p.attn_factor;
+  if (p.ext_factor != 0.0f) {
+    const float y = (static_cast<float>(i / 2) - p.corr_low) / fmaxf(0.001f, p.corr_high - p.corr_low);
+    const float ramp = (1.0f - fminf(1.0f, fmaxf(0.0f, y))) * p.ext_factor;
+    theta = theta * (1.0f - ramp) + theta_extrap * ramp;
+    mscale *= 1.0f + 0.1f * logf(1.0f / p.freq_scale);
+  }
+  const float fcr = cosf(theta) * mscale, fci = sinf(theta) * mscale;
+  float* v = x + r * row_stride + h * p.head_dim;
+  float* a = p.neox ? v + i / 2 : v + i;
+  float* b = p.neox ? v + i / 2 + pairs : v + i + 1;
+  const float v0 = *a, v1 = *b;
+  *a = v0 * fcr - v1 * fci;
+  *b = v0 * fci + v1 * fcr;
 }
 
 // ---- KV cache and attention ----
@@ -173,33 +211,36 @@ __global__ void KvStoreKernel(KvDesc kv, int64_t layer, const float* k, const fl
 // one key row at a time, coalesced), then threads take output dims for the weighted sum.
 template <typename T>
 __global__ void AttentionKernel(KvDesc kv, int64_t layer, const float* q, const int32_t* slots,
-                                const int32_t* positions, int64_t n_heads, int64_t n_kv_heads,
-                                int64_t head_dim, float* scores, float* out) {
+                                const int32_t* positions, AttentionDesc att, float* scores,
+                                float* out) {
   __shared__ float red[32];
   const int64_t r = blockIdx.x, h = blockIdx.y;
+  const int64_t n_heads = att.n_heads, head_dim = att.head_dim;
   const int64_t n_pos = static_cast<int64_t>(positions[r]) + 1;
-  const int64_t kv_off = (h / (n_heads / n_kv_heads)) * head_dim;
+  // A sliding-window layer sees the last `window` positions, itself included.
+  const int64_t first = att.window > 0 && n_pos > att.window ? n_pos - att.window : 0;
+  const int64_t kv_off = (h / (n_heads / att.n_kv_heads)) * head_dim;
   const int64_t base = (layer * kv.n_slots + slots[r]) * kv.capacity;
   const T* keys = static_cast<const T*>(kv.k);
   const T* vals = static_cast<const T*>(kv.v);
   const float* qh = q + r * n_heads * head_dim + h * head_dim;
   float* s = scores + (r * n_heads + h) * kv.capacity;
-  const float scale = 1.0f / sqrtf(static_cast<float>(head_dim));
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int n_warps = blockDim.x / kWarp;
-  for (int64_t t = warp; t < n_pos; t += n_warps) {
+  for (int64_t t = first + warp; t < n_pos; t += n_warps) {
     const T* kr = keys + (base + t) * kv.kv_dim + kv_off;
     float d = 0.0f;
     for (int64_t i = lane; i < head_dim; i += kWarp) d += qh[i] * LoadKv(kr + i);
-    d = WarpSum(d);
-    if (lane == 0) s[t] = d * scale;
+    d = WarpSum(d) * att.scale;
+    if (att.softcap > 0.0f) d = att.softcap * tanhf(d / att.softcap);
+    if (lane == 0) s[t] = d;
   }
   __syncthreads();
   float m = -INFINITY;
-  for (int64_t t = threadIdx.x; t < n_pos; t += blockDim.x) m = fmaxf(m, s[t]);
+  for (int64_t t = first + threadIdx.x; t < n_pos; t += blockDim.x) m = fmaxf(m, s[t]);
   m = BlockReduce<true>(m, red);
   float sum = 0.0f;
-  for (int64_t t = threadIdx.x; t < n_pos; t += blockDim.x) {
+  for (int64_t t = first + threadIdx.x; t < n_pos; t += blockDim.x) {
     const float e = expf(s[t] - m);
     s[t] = e;
     sum += e;
@@ -208,7 +249,7 @@ __global__ void AttentionKernel(KvDesc kv, int64_t layer, const float* q, const 
   const float inv = 1.0f / sum;
   for (int64_t i = threadIdx.x; i < head_dim; i += blockDim.x) {
     float acc = 0.0f;
-    for (int64_t t = 0; t < n_pos; ++t) acc += (s[t] * inv) * LoadKv(vals + (base + t) * kv.kv_dim + kv_off + i);
+    for (int64_t t = first; t < n_pos; ++t) acc += (s[t] * inv) * LoadKv(vals + (base + t) * kv.kv_dim + kv_off + i);
     out[r * n_heads * head_dim + h * head_dim + i] = acc;
   }
 }
@@ -284,6 +325,27 @@ __device__ __forceinline__ int32_t CandidateCount(const HotFfnArgs& a, int64_t r
   return a.counts ? a.counts[r] : a.fixed_count;
 }
 
+// act(g) as ops.cc / neuron_ffn.cc compute it: relu; silu as v * (1 / (1 + exp(-v))); GELU as
+// ggml's table, the tanh form of the fp16-rounded input rounded to fp16 (and 0 / x beyond
+// -10 / 10).
+__device__ __forceinline__ float Act(HotAct act, float g) {
+  switch (act) {
+    case HotAct::kRelu:
+    case HotAct::kDrelu:
+      return g > 0.0f ? g : 0.0f;
+    case HotAct::kGelu: {
+      if (g <= -10.0f) return 0.0f;
+      if (g >= 10.0f) return g;
+      const float x = __half2float(__float2half_rn(g));
+      const float y = 0.5f * x * (1.0f + tanhf(0.79788456080286535587989211986876f * x * (1.0f + 0.044715f * x * x)));
+      return __half2float(__float2half_rn(y));
+    }
+    case HotAct::kSilu:
+      break;
+  }
+  return g * (1.0f / (1.0f + expf(-g)));
+}
+
 // Gate and up: one warp per candidate. Writes each candidate's coefficient (0 when filtered).
 template <typename W>
 __global__ void HotGateUpKernel(HotFfnArgs a) {
@@ -296,16 +358,22 @@ __global__ void HotGateUpKernel(HotFfnArgs a) {
   if (k >= count) return;
   const int64_t n = a.idx[r * a.idx_stride + k];
   const float* h = a.h + r * a.dim;
-  const float g = WarpRowDot<W>(a.gate + n * a.row_bytes, h, a.dim);
-  // act(g) as ops.cc computes it: relu, or v * (1 / (1 + exp(-v))).
-  const float act = a.relu ? (g > 0.0f ? g : 0.0f) : g * (1.0f / (1.0f + expf(-g)));
+  const bool gated = a.gate != nullptr;
+  // The selector: the gate, or up plus its bias in an FFN without a gate.
+  float g = WarpRowDot<W>((gated ? a.gate : a.up) + n * a.row_bytes, h, a.dim);
+  if (!gated && a.up_b) g += a.up_b[n];
+  const float act = Act(a.act, g);
   bool pass = true;
   if (a.filter == 1) pass = act > 0.0f;
   if (a.filter == 2) pass = fabsf(act) >= a.cut;
   float c = 0.0f;
   if (pass) {
-    const float u = WarpRowDot<W>(a.up + n * a.row_bytes, h, a.dim);
-    c = a.relu ? (g > 0.0f ? g * u : 0.0f) : act * u;
+    c = act;
+    if (gated) {
+      float u = WarpRowDot<W>(a.up + n * a.row_bytes, h, a.dim);
+      if (a.up_b) u += a.up_b[n];
+      c = a.act == HotAct::kDrelu ? act * (u > 0.0f ? u : 0.0f) : act * u;
+    }
     if (a.coeff_cut > 0.0f && fabsf(c) < a.coeff_cut) c = 0.0f;
     if (a.stats && lane == 0) atomicAdd(a.stats, 1u);
   }
@@ -382,14 +450,37 @@ cudaError_t LaunchToHalf(const float* x, int64_t n, bool relu, uint16_t* out, cu
   return cudaGetLastError();
 }
 
+cudaError_t LaunchLayerNorm(const float* x, const float* w, const float* b, const int32_t* row_map,
+                            int64_t rows, int64_t n, float eps, float* out, uint16_t* out_half,
+                            cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  LayerNormKernel<<<static_cast<unsigned>(rows), 256, 0, stream>>>(
+      x, w, b, row_map, n, eps, out, reinterpret_cast<__half*>(out_half));
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAddBias(float* y, const float* b, int64_t rows, int64_t n, cudaStream_t stream) {
+  if (rows * n == 0) return cudaSuccess;
+  AddBiasKernel<<<Blocks(rows * n, 256), 256, 0, stream>>>(y, b, rows, n);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRopeExt(float* x, int64_t rows, int64_t row_stride, int64_t n_heads,
+                          const RopeDesc& rope, const int32_t* positions, cudaStream_t stream) {
+  const int64_t n = rows * n_heads * (rope.rope_dim / 2);
+  if (n == 0) return cudaSuccess;
+  RopeKernel<<<Blocks(n, 256), 256, 0, stream>>>(x, rows, row_stride, n_heads, rope, positions);
+  return cudaGetLastError();
+}
+
 cudaError_t LaunchRope(float* x, int64_t rows, int64_t row_stride, int64_t n_heads,
                        int64_t head_dim, int64_t rope_dim, const int32_t* positions, float base,
                        cudaStream_t stream) {
-  const int64_t n = rows * n_heads * (rope_dim / 2);
-  if (n == 0) return cudaSuccess;
-  RopeKernel<<<Blocks(n, 256), 256, 0, stream>>>(x, rows, row_stride, n_heads, head_dim, rope_dim,
-                                                 positions, base);
-  return cudaGetLastError();
+  RopeDesc rope;
+  rope.head_dim = head_dim;
+  rope.rope_dim = rope_dim;
+  rope.base = base;
+  return LaunchRopeExt(x, rows, row_stride, n_heads, rope, positions, stream);
 }
 
 cudaError_t LaunchKvStore(const KvDesc& kv, int64_t layer, const float* k, const float* v,
@@ -406,17 +497,14 @@ cudaError_t LaunchKvStore(const KvDesc& kv, int64_t layer, const float* k, const
 }
 
 cudaError_t LaunchAttention(const KvDesc& kv, int64_t layer, const float* q, const int32_t* slots,
-                            const int32_t* positions, int64_t rows, int64_t n_heads,
-                            int64_t n_kv_heads, int64_t head_dim, float* scores, float* out,
-                            cudaStream_t stream) {
+                            const int32_t* positions, int64_t rows, const AttentionDesc& att,
+                            float* scores, float* out, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(n_heads));
+  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(att.n_heads));
   if (kv.f16) {
-    AttentionKernel<__half><<<grid, 256, 0, stream>>>(kv, layer, q, slots, positions, n_heads,
-                                                      n_kv_heads, head_dim, scores, out);
+    AttentionKernel<__half><<<grid, 256, 0, stream>>>(kv, layer, q, slots, positions, att, scores, out);
   } else {
-    AttentionKernel<float><<<grid, 256, 0, stream>>>(kv, layer, q, slots, positions, n_heads,
-                                                     n_kv_heads, head_dim, scores, out);
+    AttentionKernel<float><<<grid, 256, 0, stream>>>(kv, layer, q, slots, positions, att, scores, out);
   }
   return cudaGetLastError();
 }

@@ -19,11 +19,34 @@ cudaError_t LaunchRmsNorm(const float* x, const float* w, const int32_t* row_map
                           int64_t n, float eps, float* out, uint16_t* out_half,
                           cudaStream_t stream);
 
+// LayerNorm as ops.h: out[r][i] = w[i] * (x[src][i] - mean) / sqrt(var + eps) + b[i] (b may be
+// null), src = row_map ? row_map[r] : r; out_half as LaunchRmsNorm's. In place when out == x.
+cudaError_t LaunchLayerNorm(const float* x, const float* w, const float* b, const int32_t* row_map,
+                            int64_t rows, int64_t n, float eps, float* out, uint16_t* out_half,
+                            cudaStream_t stream);
+
+// y[r][i] += b[i] for r < rows, i < n.
+cudaError_t LaunchAddBias(float* y, const float* b, int64_t rows, int64_t n, cudaStream_t stream);
+
 // out[i] = fp16(relu ? max(x[i], 0) : x[i]) for i < n.
 cudaError_t LaunchToHalf(const float* x, int64_t n, bool relu, uint16_t* out, cudaStream_t stream);
 
-// Rotates adjacent pairs of the first rope_dim dims of each head of row r (x + r * row_stride)
-// by positions[r] * base^(-2j / rope_dim), as shared/runtime/ops.h's Rope.
+// RoPE as ops.h's RopeExt (llama.cpp's adjustments: frequency factors, linear and YaRN scaling;
+// pairs adjacent or NeoX-style), with the same float operations in the same order.
+struct RopeDesc {
+  int64_t head_dim = 0, rope_dim = 0;
+  bool neox = false;
+  float base = 10000.0f;
+  float freq_scale = 1.0f;
+  float ext_factor = 0.0f;
+  float attn_factor = 1.0f;
+  float corr_low = 0.0f, corr_high = 0.0f;
+  const float* freq_factors = nullptr;  // device, rope_dim / 2 values, or null
+};
+// Rotates the first rope_dim dims of each head of row r (x + r * row_stride) at positions[r].
+cudaError_t LaunchRopeExt(float* x, int64_t rows, int64_t row_stride, int64_t n_heads,
+                          const RopeDesc& rope, const int32_t* positions, cudaStream_t stream);
+// The unscaled adjacent-pair RoPE of ops.h's Rope (LaunchRopeExt with the defaults).
 cudaError_t LaunchRope(float* x, int64_t rows, int64_t row_stride, int64_t n_heads,
                        int64_t head_dim, int64_t rope_dim, const int32_t* positions, float base,
                        cudaStream_t stream);
@@ -42,13 +65,20 @@ cudaError_t LaunchKvStore(const KvDesc& kv, int64_t layer, const float* k, const
                           const int32_t* slots, const int32_t* positions, int64_t rows,
                           cudaStream_t stream);
 
-// Decode attention with grouped-query heads: row r's query heads q[r][h * head_dim ..] attend
-// over positions [0, positions[r]] of slot slots[r] (kv head h / (n_heads / n_kv_heads)).
+// Attention with grouped-query heads: row r's query heads q[r][h * head_dim ..] attend over
+// positions [first, positions[r]] of slot slots[r] (kv head h / (n_heads / n_kv_heads)), first
+// = 0, or positions[r] + 1 - window when window > 0 (sliding-window layers). Scores are
+// (q . k) * scale, then softcap * tanh(s / softcap) when softcap > 0 (gemma2), then softmax.
 // scores: scratch of rows * n_heads * kv.capacity floats. out: [rows][n_heads * head_dim].
+struct AttentionDesc {
+  int64_t n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  float scale = 1.0f;
+  float softcap = 0.0f;
+  int64_t window = 0;
+};
 cudaError_t LaunchAttention(const KvDesc& kv, int64_t layer, const float* q, const int32_t* slots,
-                            const int32_t* positions, int64_t rows, int64_t n_heads,
-                            int64_t n_kv_heads, int64_t head_dim, float* scores, float* out,
-                            cudaStream_t stream);
+                            const int32_t* positions, int64_t rows, const AttentionDesc& att,
+                            float* scores, float* out, cudaStream_t stream);
 
 // The predictor's decision for each row: neuron i is predicted active when
 // scores[r][i] >= threshold. Active hot neurons (hot_slot[i] >= 0) go to
@@ -68,22 +98,28 @@ cudaError_t LaunchPackCold(const int32_t* cold_ids, const int32_t* cold_count, i
 // Q8_0 / Q4_0 blocks.
 enum class HotWeights : int { kF16 = 0, kQ8_0 = 1, kQ4_0 = 2 };
 
+// The activation of the hot FFN: arch.h's FfnActivation by the same numbers (cuda_backend.cc
+// asserts it); GELU through ggml's fp16 rounding, as ops.h's Gelu.
+enum class HotAct : int { kSilu = 0, kRelu = 1, kGelu = 2, kDrelu = 3 };
+
 // The sparse hot FFN of one layer for `rows` rows (neuron_ffn.h's arithmetic):
 //   candidates of row r: idx[r * idx_stride + k] for k < count(r), compact hot row numbers,
 //   count(r) = counts ? counts[r] : fixed_count (at most max_count);
-//   g = gate_k . h_r; a = act(g); filter (0 none, 1 a > 0, 2 |a| >= cut);
-//   c = act(g) * (up_k . h_r), dropped when coeff_cut > 0 and |c| < coeff_cut;
-//   y[r] = sum_k c_k down_k (y is overwritten).
+//   gated: g = gate_k . h_r; a = act(g); u = up_k . h_r + up_b[k]; c = a * u (dReLU: a * relu(u));
+//   not gated (gate null): g = up_k . h_r + up_b[k]; c = a = act(g);
+//   filter (0 none, 1 a > 0, 2 |a| >= cut); c dropped when coeff_cut > 0 and |c| < coeff_cut;
+//   y[r] = sum_k c_k down_k (y is overwritten). up_b may be null (no bias).
 // coeff: scratch of rows * max_count floats. stats[0] += neurons that passed the filter,
 // stats[1] += candidates (for the worker's metrics); stats may be null.
 struct HotFfnArgs {
   HotWeights weights = HotWeights::kF16;
-  const uint8_t* gate = nullptr;
+  const uint8_t* gate = nullptr;  // null: an FFN without a gate
   const uint8_t* up = nullptr;
   const uint8_t* down = nullptr;  // one row per neuron (ffn_down_t)
+  const float* up_b = nullptr;    // [n_hot], compact like the rows, or null
   int64_t row_bytes = 0;
   int64_t dim = 0;  // a multiple of 32
-  bool relu = false;
+  HotAct act = HotAct::kSilu;
   int filter = 0;
   float cut = 0.0f;
   float coeff_cut = 0.0f;
@@ -100,7 +136,8 @@ struct HotFfnArgs {
 };
 cudaError_t LaunchHotFfn(const HotFfnArgs& args, cudaStream_t stream);
 
-// x[i] += y_hot[i] + y_cold[i] (y_cold may be null: the layer had no cold work) for i < n.
+// x[i] += y_hot[i] + y_cold[i] (y_cold may be null: x[i] += y_hot[i]) for i < n: the residual
+// adds of the layer program, and the cold partial's add to the hot one.
 cudaError_t LaunchMerge(float* x, const float* y_hot, const float* y_cold, int64_t n,
                         cudaStream_t stream);
 

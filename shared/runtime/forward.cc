@@ -9,8 +9,10 @@
 #include "absl/strings/str_cat.h"
 #include "shared/kernels/attention.h"
 #include "shared/kernels/matmul.h"
+#include "shared/runtime/layer_program.h"
 #include "shared/runtime/ops.h"
 #include "shared/util/fp16.h"
+#include "shared/util/status_macros.h"
 
 namespace thermocline {
 namespace {
@@ -45,33 +47,7 @@ ForwardPass::ForwardPass(const Model& model, KvCache& kv, ThreadPool& pool, FfnE
     own_ffn_->set_linear(linear);
     ffn_ = own_ffn_.get();
   }
-  const ModelConfig& c = model.config();
-  rope_.head_dim = c.head_dim;
-  rope_.rope_dim = c.rope_dim;
-  rope_.neox = c.arch != nullptr && c.arch->rope == RopeStyle::kNeox;
-  rope_.freq_factors = model.rope_freqs().empty() ? nullptr : model.rope_freqs().data();
-  const RopeScaling& rs = c.rope_scaling;
-  if (rs.kind != RopeScaling::Kind::kNone) rope_.freq_scale = 1.0f / rs.factor;
-  if (rs.kind == RopeScaling::Kind::kYarn) {
-    rope_.ext_factor = rs.ext_factor;
-    rope_.attn_factor = rs.attn_factor;
-    RopeYarnCorrDims(c.rope_dim, rs.original_context, c.rope_freq_base, rs.beta_fast,
-                     rs.beta_slow, &rope_.corr_low, &rope_.corr_high);
-  }
-}
-
-void ForwardPass::Norm(const std::vector<float>& w, const std::vector<float>& b, const float* x,
-                       int64_t n, float* out) const {
-  const ModelConfig& c = model_.config();
-  const bool layer_norm = c.arch != nullptr && c.arch->norm == NormKind::kLayer;
-  for (int64_t e = 0; e < n; ++e) {
-    if (layer_norm) {
-      LayerNorm(x + e * c.dim, w.data(), b.empty() ? nullptr : b.data(), c.dim, c.rms_eps,
-                out + e * c.dim);
-    } else {
-      RmsNorm(x + e * c.dim, w.data(), c.dim, c.rms_eps, out + e * c.dim);
-    }
-  }
+  rope_ = ModelRope(model);
 }
 
 absl::Status ForwardPass::Validate(std::span<const BatchEntry> batch) const {
@@ -153,67 +129,225 @@ void ForwardPass::Project(int64_t layer, Projection p, const MatrixView& w, cons
   }
 }
 
-void ForwardPass::QkvAndRope(int64_t layer, std::span<const BatchEntry> batch, const float* in) {
-  const ModelConfig& c = model_.config();
-  const LayerWeights& w = model_.layer(layer);
-  const int64_t n = static_cast<int64_t>(batch.size());
-  Project(layer, Projection::kQ, w.wq, in, n, c.dim, q_.data(), c.q_dim);
-  Project(layer, Projection::kK, w.wk, in, n, c.dim, k_.data(), c.kv_dim);
-  Project(layer, Projection::kV, w.wv, in, n, c.dim, v_.data(), c.kv_dim);
-  AddRowBias(w.bq, n, q_.data());
-  AddRowBias(w.bk, n, k_.data());
-  AddRowBias(w.bv, n, v_.data());
-  // q/k norms: over the whole projection (olmo2) or per head (qwen3, gemma3), before RoPE.
-  auto qk_norm = [&](const std::vector<float>& nw, float* x, int64_t width) {
-    if (nw.empty()) return;
-    const int64_t span = static_cast<int64_t>(nw.size());
-    for (int64_t e = 0; e < n; ++e) {
-      for (int64_t off = 0; off < width; off += span) {
-        RmsNorm(x + e * width + off, nw.data(), span, c.rms_eps, x + e * width + off);
+// The CPU's operations of the layer program (layer_program.h) over the pass's buffers.
+class ForwardPass::Ops {
+ public:
+  Ops(ForwardPass& p, std::span<const BatchEntry> batch, std::vector<float>& logits)
+      : p_(p),
+        c_(p.model_.config()),
+        batch_(batch),
+        n_(static_cast<int64_t>(batch.size())),
+        logits_(logits) {}
+
+  absl::Status Embed(float scale) {
+    const int64_t dim = c_.dim;
+    for (int64_t e = 0; e < n_; ++e) {
+      float* x = p_.x_.data() + e * dim;
+      DequantizeMatrixRow(p_.model_.token_embd(), batch_[e].token, x);
+      if (scale != 1.0f) {
+        for (int64_t i = 0; i < dim; ++i) x[i] *= scale;
       }
     }
-  };
-  qk_norm(w.q_norm, q_.data(), c.q_dim);
-  qk_norm(w.k_norm, k_.data(), c.kv_dim);
-  RopeParams rope = rope_;
-  rope.base = c.layers.empty() ? c.rope_freq_base : c.layers[layer].rope_freq_base;
-  const bool plain = !rope.neox && rope.freq_factors == nullptr && rope.freq_scale == 1.0f &&
-                     rope.ext_factor == 0.0f && rope.attn_factor == 1.0f;
-  for (int64_t e = 0; e < n; ++e) {
-    const BatchEntry& entry = batch[e];
-    float* q = q_.data() + e * c.q_dim;
-    float* k = k_.data() + e * c.kv_dim;
-    if (plain) {  // run.c's rope, kept as the reference path for llama2.c's models
-      Rope(q, c.n_heads, c.head_dim, c.rope_dim, entry.position, rope.base);
-      Rope(k, c.n_kv_heads, c.head_dim, c.rope_dim, entry.position, rope.base);
-    } else {
-      RopeExt(q, c.n_heads, rope, entry.position);
-      RopeExt(k, c.n_kv_heads, rope, entry.position);
-    }
-    kv_.Store(layer, entry.slot, entry.position, k, v_.data() + e * c.kv_dim);
+    return absl::OkStatus();
   }
-}
 
-absl::Status ForwardPass::Stopped(std::vector<float>& logits) {
-  logits.clear();
-  return absl::OkStatus();
-}
+  absl::Status Norm(int64_t l, NormWeights which, NormKind kind, Act in, Act out) {
+    const LayerWeights& w = p_.model_.layer(l);
+    const std::vector<float>* nw = &w.attn_norm;
+    const std::vector<float>* nb = &w.attn_norm_b;
+    switch (which) {
+      case NormWeights::kAttn:
+        break;
+      case NormWeights::kFfn:
+        nw = &w.ffn_norm;
+        nb = &w.ffn_norm_b;
+        break;
+      case NormWeights::kPostAttn:
+        nw = &w.post_attn_norm;
+        nb = nullptr;
+        break;
+      case NormWeights::kPostFfn:
+        nw = &w.post_ffn_norm;
+        nb = nullptr;
+        break;
+      case NormWeights::kQ:
+      case NormWeights::kK:
+        return absl::InternalError("forward: a q/k norm is a HeadNorm");
+    }
+    NormRows(kind, *nw, nb, Buf(in), n_, Buf(out));
+    return absl::OkStatus();
+  }
+
+  absl::Status Project(int64_t l, Projection p, Act in, Act out) {
+    const LayerWeights& w = p_.model_.layer(l);
+    const MatrixView* m = p == Projection::kQ   ? &w.wq
+                          : p == Projection::kK ? &w.wk
+                          : p == Projection::kV ? &w.wv
+                                                : &w.wo;
+    p_.Project(l, p, *m, Buf(in), n_, Width(in), Buf(out), Width(out));
+    return absl::OkStatus();
+  }
+
+  absl::Status AddBias(int64_t l, Projection p, Act a) {
+    const LayerWeights& w = p_.model_.layer(l);
+    const std::vector<float>& b = p == Projection::kQ   ? w.bq
+                                  : p == Projection::kK ? w.bk
+                                  : p == Projection::kV ? w.bv
+                                                        : w.bo;
+    AddRowBias(b, n_, Buf(a));
+    return absl::OkStatus();
+  }
+
+  absl::Status HeadNorm(int64_t l, NormWeights which, Act a) {
+    const LayerWeights& w = p_.model_.layer(l);
+    const std::vector<float>& nw = which == NormWeights::kQ ? w.q_norm : w.k_norm;
+    const int64_t width = Width(a), span = static_cast<int64_t>(nw.size());
+    float* x = Buf(a);
+    for (int64_t e = 0; e < n_; ++e) {
+      for (int64_t off = 0; off < width; off += span) {
+        RmsNorm(x + e * width + off, nw.data(), span, c_.rms_eps, x + e * width + off);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status RopeAndStore(int64_t l) {
+    RopeParams rope = p_.rope_;
+    rope.base = LayerRopeBase(c_, l);
+    const bool plain = !rope.neox && rope.freq_factors == nullptr && rope.freq_scale == 1.0f &&
+                       rope.ext_factor == 0.0f && rope.attn_factor == 1.0f;
+    for (int64_t e = 0; e < n_; ++e) {
+      const BatchEntry& entry = batch_[e];
+      float* q = p_.q_.data() + e * c_.q_dim;
+      float* k = p_.k_.data() + e * c_.kv_dim;
+      if (plain) {  // run.c's rope, kept as the reference path for llama2.c's models
+        Rope(q, c_.n_heads, c_.head_dim, c_.rope_dim, entry.position, rope.base);
+        Rope(k, c_.n_kv_heads, c_.head_dim, c_.rope_dim, entry.position, rope.base);
+      } else {
+        RopeExt(q, c_.n_heads, rope, entry.position);
+        RopeExt(k, c_.n_kv_heads, rope, entry.position);
+      }
+      p_.kv_.Store(l, entry.slot, entry.position, k, p_.v_.data() + e * c_.kv_dim);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Attend(int64_t l, Act out) {
+    if (out != Act::kAtt) return absl::InternalError("forward: attention writes kAtt");
+    p_.Attention(l, batch_);
+    return absl::OkStatus();
+  }
+
+  absl::Status Ffn(int64_t l, Act in, Act predictor_in, Act out) {
+    p_.ffn_->Compute(l, Buf(in), Buf(predictor_in), n_, Buf(out));
+    return absl::OkStatus();
+  }
+
+  absl::Status AddResidual(Act a) {
+    float* x = p_.x_.data();
+    const float* y = Buf(a);
+    for (int64_t i = 0; i < n_ * c_.dim; ++i) x[i] += y[i];
+    return absl::OkStatus();
+  }
+  absl::Status AddResidual(Act a, Act b) {
+    float* x = p_.x_.data();
+    const float* y = Buf(a);
+    const float* z = Buf(b);
+    for (int64_t i = 0; i < n_ * c_.dim; ++i) x[i] += y[i] + z[i];
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<bool> LayerDone(int64_t l) {
+    return !p_.layer_observer_ || p_.layer_observer_(l, p_.x_.data(), n_);
+  }
+
+  // Only the rows that want logits go through the final norm and the (large) output head.
+  absl::Status Head(NormKind kind, float final_softcap) {
+    const int64_t dim = c_.dim;
+    int64_t n_out = 0;
+    for (int64_t e = 0; e < n_; ++e) {
+      if (!batch_[e].want_logits) continue;
+      std::copy(p_.x_.begin() + e * dim, p_.x_.begin() + (e + 1) * dim,
+                p_.proj_.begin() + n_out * dim);
+      ++n_out;
+    }
+    NormRows(kind, p_.model_.output_norm(), &p_.model_.output_norm_b(), p_.proj_.data(), n_out,
+             p_.xb_.data());
+    logits_.resize(n_out * c_.vocab_size);
+    if (n_out > 0) {
+      MatMul(p_.model_.output(), p_.xb_.data(), n_out, dim, logits_.data(), c_.vocab_size,
+             p_.pool_);
+      if (final_softcap > 0.0f) SoftCap(logits_.data(), n_out * c_.vocab_size, final_softcap);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  float* Buf(Act a) {
+    switch (a) {
+      case Act::kX:
+        return p_.x_.data();
+      case Act::kNormed:
+        return p_.xb_.data();
+      case Act::kQ:
+        return p_.q_.data();
+      case Act::kK:
+        return p_.k_.data();
+      case Act::kV:
+        return p_.v_.data();
+      case Act::kAtt:
+        return p_.att_.data();
+      case Act::kAttnOut:
+        return p_.proj_.data();
+      case Act::kFfnOut:
+        return p_.ffn_out_.data();
+    }
+    return nullptr;
+  }
+  int64_t Width(Act a) const {
+    switch (a) {
+      case Act::kQ:
+      case Act::kAtt:
+        return c_.q_dim;
+      case Act::kK:
+      case Act::kV:
+        return c_.kv_dim;
+      default:
+        return c_.dim;
+    }
+  }
+  // n rows of x normed into out; b (LayerNorm's bias) may be null or empty.
+  void NormRows(NormKind kind, const std::vector<float>& w, const std::vector<float>* b,
+                const float* x, int64_t n, float* out) const {
+    const float* bias = b == nullptr || b->empty() ? nullptr : b->data();
+    for (int64_t e = 0; e < n; ++e) {
+      if (kind == NormKind::kLayer) {
+        LayerNorm(x + e * c_.dim, w.data(), bias, c_.dim, c_.rms_eps, out + e * c_.dim);
+      } else {
+        RmsNorm(x + e * c_.dim, w.data(), c_.dim, c_.rms_eps, out + e * c_.dim);
+      }
+    }
+  }
+
+  ForwardPass& p_;
+  const ModelConfig& c_;
+  std::span<const BatchEntry> batch_;
+  const int64_t n_;
+  std::vector<float>& logits_;
+};
 
 absl::Status ForwardPass::Run(std::span<const BatchEntry> batch, std::vector<float>& logits) {
   if (absl::Status s = Validate(batch); !s.ok()) return s;
   const ModelConfig& c = model_.config();
-  const ArchSpec* arch = c.arch;
-  const bool parallel = arch != nullptr && arch->parallel_block;
   const int64_t n = static_cast<int64_t>(batch.size());
-  const int64_t dim = c.dim;
-  x_.resize(n * dim);
-  xb_.resize(n * dim);
+  x_.resize(n * c.dim);
+  xb_.resize(n * c.dim);
   q_.resize(n * c.q_dim);
   k_.resize(n * c.kv_dim);
   v_.resize(n * c.kv_dim);
   att_.resize(n * c.q_dim);
-  proj_.resize(n * dim);
-  ffn_out_.resize(n * dim);
+  proj_.resize(n * c.dim);
+  ffn_out_.resize(n * c.dim);
   if (linear_ != nullptr) {
     // A slot with one entry in the batch is decoding; one with several is taking a prompt.
     absl::flat_hash_map<int32_t, int> per_slot;
@@ -222,72 +356,14 @@ absl::Status ForwardPass::Run(std::span<const BatchEntry> batch, std::vector<flo
     for (int64_t e = 0; e < n; ++e) decode_[e] = per_slot[batch[e].slot] == 1 ? 1 : 0;
     linear_->BeginBatch(decode_);
   }
-
-  const float embed_scale =
-      arch != nullptr && arch->embed_scale ? std::sqrt(static_cast<float>(dim)) : 1.0f;
-  for (int64_t e = 0; e < n; ++e) {
-    DequantizeMatrixRow(model_.token_embd(), batch[e].token, x_.data() + e * dim);
-    if (embed_scale != 1.0f) {
-      for (int64_t i = 0; i < dim; ++i) x_[e * dim + i] *= embed_scale;
-    }
-  }
-  for (int64_t l = 0; l < c.n_layers; ++l) {
-    const LayerWeights& w = model_.layer(l);
-    // Attention reads the pre-norm of x, or x itself in blocks without one (olmo2).
-    const float* attn_in = x_.data();
-    if (!w.attn_norm.empty()) {
-      Norm(w.attn_norm, w.attn_norm_b, x_.data(), n, xb_.data());
-      attn_in = xb_.data();
-    }
-    QkvAndRope(l, batch, attn_in);
-    Attention(l, batch);
-    Project(l, Projection::kO, w.wo, att_.data(), n, c.q_dim, proj_.data(), dim);
-    AddRowBias(w.bo, n, proj_.data());
-    if (!w.post_attn_norm.empty()) {
-      for (int64_t e = 0; e < n; ++e) {
-        RmsNorm(proj_.data() + e * dim, w.post_attn_norm.data(), dim, c.rms_eps,
-                proj_.data() + e * dim);
-      }
-    }
-    if (parallel) {
-      // x += ffn(n(x)) + attn(n(x)) from the one norm; the predictors read x (falcon).
-      ffn_->Compute(l, attn_in, x_.data(), n, ffn_out_.data());
-      for (int64_t i = 0; i < n * dim; ++i) x_[i] += ffn_out_[i] + proj_[i];
-      if (layer_observer_ && !layer_observer_(l, x_.data(), n)) return Stopped(logits);
-      continue;
-    }
-    for (int64_t i = 0; i < n * dim; ++i) x_[i] += proj_[i];
-    // x is now ffn_inp, what PowerInfer's llama-family predictors read.
-    const float* ffn_in = x_.data();
-    if (!w.ffn_norm.empty()) {
-      Norm(w.ffn_norm, w.ffn_norm_b, x_.data(), n, xb_.data());
-      ffn_in = xb_.data();
-    }
-    ffn_->Compute(l, ffn_in, x_.data(), n, ffn_out_.data());
-    if (!w.post_ffn_norm.empty()) {
-      for (int64_t e = 0; e < n; ++e) {
-        RmsNorm(ffn_out_.data() + e * dim, w.post_ffn_norm.data(), dim, c.rms_eps,
-                ffn_out_.data() + e * dim);
-      }
-    }
-    for (int64_t i = 0; i < n * dim; ++i) x_[i] += ffn_out_[i];
-    if (layer_observer_ && !layer_observer_(l, x_.data(), n)) return Stopped(logits);
+  Ops ops(*this, batch, logits);
+  TC_ASSIGN_OR_RETURN(const bool complete, RunModel(model_, ops));
+  if (!complete) {
+    // The layer observer ended the batch: no logits, the slots' lengths unchanged.
+    logits.clear();
+    return absl::OkStatus();
   }
   for (const BatchEntry& e : batch) kv_.set_length(e.slot, e.position + 1);
-
-  // Only the rows that want logits go through the final norm and the (large) output head.
-  int64_t n_out = 0;
-  for (int64_t e = 0; e < n; ++e) {
-    if (!batch[e].want_logits) continue;
-    std::copy(x_.begin() + e * dim, x_.begin() + (e + 1) * dim, proj_.begin() + n_out * dim);
-    ++n_out;
-  }
-  Norm(model_.output_norm(), model_.output_norm_b(), proj_.data(), n_out, xb_.data());
-  logits.resize(n_out * c.vocab_size);
-  if (n_out > 0) {
-    MatMul(model_.output(), xb_.data(), n_out, dim, logits.data(), c.vocab_size, pool_);
-    if (c.final_softcap > 0.0f) SoftCap(logits.data(), n_out * c.vocab_size, c.final_softcap);
-  }
   return absl::OkStatus();
 }
 

@@ -1,6 +1,6 @@
 // The transformer forward pass on the CPU for a batch of (slot, position, token) entries, for
-// every architecture: it executes the one layer description of model.h (norms, attention
-// features, FFN form) that the loader resolved from the architecture's spec (arch.h):
+// every architecture: it executes the layer program (layer_program.h) over the model description
+// the loader resolved from the architecture's spec (arch.h):
 // many positions of one sequence (prompt processing), one position of many sequences (decode),
 // or a mix. Keys and values of every entry are stored before any entry attends, so an entry
 // sees the earlier positions of its own slot, including those earlier in the same batch.
@@ -52,14 +52,10 @@ class ForwardPass {
   void set_layer_observer(LayerObserver observer) { layer_observer_ = std::move(observer); }
 
  private:
+  class Ops;  // the layer program's operations (layer_program.h), in forward.cc
+
   absl::Status Validate(std::span<const BatchEntry> batch) const;
-  // Run's end when the layer observer stops the batch.
-  absl::Status Stopped(std::vector<float>& logits);
   void Attention(int64_t layer, std::span<const BatchEntry> batch);
-  // The layer's pre-norm (RMS or LayerNorm per the architecture) of n rows of x into out.
-  void Norm(const std::vector<float>& w, const std::vector<float>& b, const float* x, int64_t n,
-            float* out) const;
-  void QkvAndRope(int64_t layer, std::span<const BatchEntry> batch, const float* in);
   // W x for one of the layer's projections, through linear_ when set.
   void Project(int64_t layer, Projection p, const MatrixView& w, const float* x, int64_t n,
                int64_t x_stride, float* y, int64_t y_stride);

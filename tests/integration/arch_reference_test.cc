@@ -34,42 +34,21 @@
 #include "shared/ipc/worker_metrics.h"
 #include "shared/model/model.h"
 #include "shared/runtime/forward.h"
+#include "tests/arch_references.h"
 #include "tests/test_support.h"
 
 namespace thermocline {
 namespace {
 
-constexpr int64_t kVocab = 512;
-constexpr int kGreedy = 16;
-
-struct ArchCase {
-  const char* name;
-  bool gelu;
-};
-
-const ArchCase kCases[] = {
-    {"llama-rope-llama3", false}, {"llama-rope-yarn", false}, {"llama-rope-linear", false},
-    {"llama-gqa-headdim", false}, {"llama-moe", false},       {"qwen2", false},
-    {"qwen2moe", false},          {"olmo2", false},           {"gemma2", true},
-    {"phi3", false},              {"starcoder2", true},       {"falcon", true},
-};
-
-std::string ArchPath(const std::string& file) { return testing::ModelPath("archs/" + file); }
-
-std::vector<int32_t> Ints(const std::string& text) {
-  std::istringstream in(text);
-  std::vector<int32_t> v;
-  int32_t x;
-  while (in >> x) v.push_back(x);
-  return v;
-}
-
-// "greedy 16: 391 97 ..." on the first line of X.greedy.txt.
-std::vector<int32_t> ReferenceGreedy(const std::string& name) {
-  const std::string text = testing::ReadFileOrDie(ArchPath(name + ".greedy.txt"));
-  const std::string first = text.substr(0, text.find('\n'));
-  return Ints(first.substr(first.find(':') + 1));
-}
+using testing::ArchCase;
+using testing::ArchPath;
+using testing::Ints;
+using testing::kArchCases;
+using testing::kGreedy;
+using testing::kVocab;
+using testing::ReferenceGreedy;
+using testing::RunGreedy;
+using testing::RunOutput;
 
 double Bound(const ArchCase& c, const float* ref, int64_t n) {
   double m = 1.0;
@@ -92,38 +71,6 @@ void ExpectClose(const ArchCase& c, const std::vector<float>& got, const std::ve
     ASSERT_LE(d, bound) << what << ": row " << r;
   }
   std::printf("%s %s: worst row at %.3f of its bound\n", c.name, what, worst);
-}
-
-int32_t Argmax(const float* x) { return static_cast<int32_t>(std::max_element(x, x + kVocab) - x); }
-
-// The prompt batch, then greedy single-token steps: all prompt logits, and the logits behind
-// each greedy pick (row 0 = last prompt row).
-struct RunOutput {
-  std::vector<float> prompt;
-  std::vector<float> steps;
-  std::vector<int32_t> greedy;
-};
-
-RunOutput RunGreedy(BatchRunner& runner, const std::vector<int32_t>& ids) {
-  RunOutput out;
-  std::vector<BatchEntry> batch;
-  for (size_t p = 0; p < ids.size(); ++p) {
-    batch.push_back({0, static_cast<int32_t>(p), ids[p], true});
-  }
-  EXPECT_TRUE(runner.Run(batch, out.prompt).ok());
-  if (out.prompt.size() != ids.size() * kVocab) return out;
-  std::vector<float> row(out.prompt.end() - kVocab, out.prompt.end());
-  for (int s = 0; s < kGreedy; ++s) {
-    out.steps.insert(out.steps.end(), row.begin(), row.end());
-    const int32_t pick = Argmax(row.data());
-    out.greedy.push_back(pick);
-    if (s + 1 == kGreedy) break;
-    BatchEntry e{0, static_cast<int32_t>(ids.size() + s), pick, true};
-    row.clear();
-    EXPECT_TRUE(runner.Run({&e, 1}, row).ok());
-    if (row.size() != static_cast<size_t>(kVocab)) return out;
-  }
-  return out;
 }
 
 class ArchReferenceTest : public ::testing::TestWithParam<ArchCase> {};
@@ -164,14 +111,8 @@ TEST_P(ArchReferenceTest, SplitMatchesLlamaCpp) {
   static int counter = 0;
   for (double hot : {0.0, 0.5, 1.0}) {
     SCOPED_TRACE(hot);
-    driver::SplitEngineOptions o;
-    o.instance = "archref-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
-    o.model_path = path;
-    o.config = config;
-    o.hot_fraction = hot;
-    o.kv_slots = 1;
-    o.context = 64;
-    o.bindir = testing::BinDir();
+    driver::SplitEngineOptions o = testing::ArchSplitOptions(
+        path, config, hot, "archref-" + std::to_string(getpid()) + "-" + std::to_string(counter++));
     {
       // Created before the workers start, so they report from their first activation.
       auto metrics = ipc::WorkerMetricsRegion::Create(o.instance);
@@ -209,12 +150,8 @@ TEST_P(ArchReferenceTest, SplitMatchesLlamaCpp) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Archs, ArchReferenceTest, ::testing::ValuesIn(kCases),
-                         [](const ::testing::TestParamInfo<ArchCase>& info) {
-                           std::string n = info.param.name;
-                           std::replace(n.begin(), n.end(), '-', '_');
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Archs, ArchReferenceTest, ::testing::ValuesIn(kArchCases),
+                         testing::ArchCaseName);
 
 }  // namespace
 }  // namespace thermocline
