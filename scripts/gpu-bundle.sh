@@ -3,14 +3,15 @@
 # 13, cmake, ninja and PyTorch but none of the build's Debian libraries (docs/cuda.md, "The
 # device bundle"):
 #   out/gpu-bundle/bin/      thermocline, thermocline-gpu-worker, thermocline-cpu-worker,
-#                            cuda_kernels_test, cuda_worker_test, cuda_arch_test,
+#                            cuda_kernels_test, cuda_worker_test, cuda_reference_test,
 #                            gpu_decode_bench (stripped)
 #   out/gpu-bundle/lib/      every shared library they load that a minimal base system lacks
 #                            (found with ldd; not packed: glibc's, libstdc++, libgcc_s, and the
 #                            CUDA runtime and cuBLAS, which come from the device's own CUDA 13)
 #   out/gpu-bundle/data/models/archs/  llama.cpp's reference models and logits (../shared, or
-#                            $THERMOCLINE_SHARED_DATA_DIR) for cuda_arch_test; absent when
-#                            there is no such folder (the test then reports the missing data)
+#                            $THERMOCLINE_SHARED_DATA_DIR) for cuda_reference_test: archs/ and the
+#                            files of quants/ it reads; absent when there is no such folder
+#                            (the test then reports the missing data)
 #   out/gpu-bundle/run.sh    the device run (scripts/gpu-run.sh; sets LD_LIBRARY_PATH itself)
 #   out/gpu-bundle/bundle.txt  what was packed, from which commit and build, and what it needs
 # and the same folder as out/gpu-bundle.tar.gz, the file to copy.
@@ -40,7 +41,7 @@ fail() { echo "gpu-bundle: $*" >&2; exit 1; }
 stamp() { echo "[gpu-bundle] $*"; }
 limit=$(( 64 << 20 ))
 exes=(thermocline thermocline-gpu-worker thermocline-cpu-worker cuda_kernels_test cuda_worker_test
-      cuda_arch_test gpu_decode_bench)
+      cuda_reference_test gpu_decode_bench)
 
 if [[ -z $build ]]; then
   build=$repo/build-gpu-bundle
@@ -97,8 +98,13 @@ for e in "${exes[@]}"; do
 done
 data=${THERMOCLINE_SHARED_DATA_DIR:-$repo/../shared}
 if [[ -d $data/models/archs ]]; then
-  mkdir -p "$stage/data/models"
+  mkdir -p "$stage/data/models/quants"
   cp -r "$data/models/archs" "$stage/data/models/archs"
+  # tests/gpu/cuda_reference_test.cc's list (the whole folder would not fit under 64 MiB).
+  cp "$data/models/quants/ids32.txt" "$stage/data/models/quants/"
+  for q in Q4_K_M pure-Q2_K pure-Q3_K pure-Q5_K pure-IQ4_NL pure-IQ4_XS; do
+    cp "$data/models/quants/$q.gguf" "$data/models/quants/$q.deqf32.logits.f32" "$stage/data/models/quants/"
+  done
 fi
 cp "$repo/scripts/gpu-run.sh" "$stage/run.sh"
 chmod 0755 "$stage/run.sh"
@@ -122,9 +128,9 @@ nvcc=$(sed -n 's/^set(CMAKE_CUDA_COMPILER_VERSION "\(.*\)")$/\1/p' \
   echo "run: ./run.sh   (environment: OUT, BUDGET, MODEL, HOT_FRACTION, VRAM_BUDGET, TOKENS, ROUNDS, SPARSITY, THREADS; see its header)"
   echo "by hand: LD_LIBRARY_PATH=\$PWD/lib bin/thermocline --help"
   if [[ -d $stage/data/models/archs ]]; then
-    echo "data: models/archs from $(cd "$data" && pwd) (cuda_arch_test's references)"
+    echo "data: models/archs from $(cd "$data" && pwd) (cuda_reference_test's references)"
   else
-    echo "data: none ($data/models/archs not found; cuda_arch_test will report it missing)"
+    echo "data: none ($data/models/archs not found; cuda_reference_test will report it missing)"
   fi
   echo "bin:"
   for e in "${exes[@]}"; do echo "  $e"; done

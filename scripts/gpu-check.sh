@@ -19,7 +19,7 @@ stamp "configure ($dir, CUDA ON)"
 cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTHERMOCLINE_CUDA=ON >/dev/null
 stamp "build"
 cmake --build "$dir" -j"$(nproc)" --target thermocline thermocline-gpu-worker \
-  thermocline-cpu-worker cuda_kernels_test cuda_worker_test cuda_arch_test gpu_decode_bench
+  thermocline-cpu-worker cuda_kernels_test cuda_worker_test cuda_reference_test gpu_decode_bench
 
 export MODEL=${MODEL:-$dir/synth-7b-relu-q4_0.gguf}
 exec scripts/gpu-run.sh "$dir/bin"

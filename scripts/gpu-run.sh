@@ -4,8 +4,8 @@
 #   gpu        the GPU, driver, compute mode and free memory (nvidia-smi)
 #   libraries  every executable's shared libraries resolve (the bundle's lib/, the device's CUDA)
 #   device     the gpu worker accepts --backend cuda (else: the runtime's reason, and stop)
-#   cuda_kernels_test, cuda_worker_test, cuda_arch_test   under timeout; full output in $OUT
-#              (cuda_arch_test reads the references in data/ beside this script, when there)
+#   cuda_kernels_test, cuda_worker_test, cuda_reference_test   under timeout; full
+#              output in $OUT (cuda_reference_test reads the references in data/ beside this script)
 #   memcheck, racecheck                        compute-sanitizer on cuda_kernels_test
 #   model      the 7B-shape ReLU model (thermocline synth on every core, in the background
 #              while the tests run, at low priority), unless $MODEL exists
@@ -61,7 +61,7 @@ if [[ -f $here/bundle.txt && -d $here/lib ]]; then
 fi
 # cuda_worker_test runs the worker executables from the directory it is told, not its build tree.
 export THERMOCLINE_BIN_DIR=$bin
-# The bundle carries llama.cpp's reference models for cuda_arch_test (scripts/gpu-bundle.sh).
+# The bundle carries llama.cpp's reference models for cuda_reference_test (scripts/gpu-bundle.sh).
 if [[ -d $here/data/models && -z ${THERMOCLINE_SHARED_DATA_DIR:-} ]]; then
   export THERMOCLINE_SHARED_DATA_DIR=$here/data
 fi
@@ -249,7 +249,7 @@ gtest_stage() {
 }
 gtest_stage cuda_kernels_test 90 "$bin/cuda_kernels_test"
 gtest_stage cuda_worker_test 150 "$bin/cuda_worker_test"
-gtest_stage cuda_arch_test 120 "$bin/cuda_arch_test"
+gtest_stage cuda_reference_test 180 "$bin/cuda_reference_test"
 
 # ---- compute-sanitizer ----
 sanitizer=$(command -v compute-sanitizer || true)

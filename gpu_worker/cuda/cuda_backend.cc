@@ -55,17 +55,54 @@ absl::StatusOr<CudaArray<T>> UploadVector(const std::vector<T>& v) {
   return d;
 }
 
-bool IsQuantized(GgmlType t) { return t == GgmlType::kQ8_0 || t == GgmlType::kQ4_0; }
-
-// How the hot rows of a layer are stored: the file's own blocks when gate (if any), up and down
-// rows share a quantized type (the kernels read Q8_0/Q4_0 directly), else fp16.
-HotWeights HotKind(const MatrixView& gate, const MatrixView& up, const MatrixView& down_t) {
-  const bool same = (gate.empty() || gate.type == up.type) && up.type == down_t.type;
-  if (same) {
-    if (up.type == GgmlType::kQ8_0) return HotWeights::kQ8_0;
-    if (up.type == GgmlType::kQ4_0) return HotWeights::kQ4_0;
+// The block types the hot FFN kernels read as the file stores them (block_decode.h); rows of
+// any other type are converted to fp16 at load.
+HotWeights NativeKind(GgmlType t) {
+  switch (t) {
+    case GgmlType::kQ8_0:
+      return HotWeights::kQ8_0;
+    case GgmlType::kQ4_0:
+      return HotWeights::kQ4_0;
+    case GgmlType::kQ4_1:
+      return HotWeights::kQ4_1;
+    case GgmlType::kQ5_0:
+      return HotWeights::kQ5_0;
+    case GgmlType::kQ5_1:
+      return HotWeights::kQ5_1;
+    case GgmlType::kQ2_K:
+      return HotWeights::kQ2_K;
+    case GgmlType::kQ3_K:
+      return HotWeights::kQ3_K;
+    case GgmlType::kQ4_K:
+      return HotWeights::kQ4_K;
+    case GgmlType::kQ5_K:
+      return HotWeights::kQ5_K;
+    case GgmlType::kQ6_K:
+      return HotWeights::kQ6_K;
+    case GgmlType::kIQ4_NL:
+      return HotWeights::kIQ4_NL;
+    case GgmlType::kIQ4_XS:
+      return HotWeights::kIQ4_XS;
+    default:
+      return HotWeights::kF16;
   }
-  return HotWeights::kF16;
+}
+
+// How a layer's hot rows are stored: gate and up (one kernel reads both) in their own blocks
+// when they share a type, down rows in theirs (Q4_K_M files: q4_K gate/up, q6_K or q5_0 down).
+struct HotKinds {
+  HotWeights gate_up = HotWeights::kF16, down = HotWeights::kF16;
+};
+HotKinds KindsOf(const MatrixView& gate, const MatrixView& up, const MatrixView& down_t) {
+  HotKinds k;
+  if (gate.empty() || gate.type == up.type) k.gate_up = NativeKind(up.type);
+  k.down = NativeKind(down_t.type);
+  return k;
+}
+
+// Bytes of one stored row of `dim` values of `type` in `kind`'s storage.
+int64_t HotRowBytes(HotWeights kind, GgmlType type, int64_t dim) {
+  return kind == HotWeights::kF16 ? dim * 2 : RowBytes(type, dim);
 }
 
 // kernels.h names the activations without arch.h (it is plain C++17 for nvcc), by the same
@@ -75,18 +112,6 @@ static_assert(static_cast<int>(HotAct::kSilu) == static_cast<int>(FfnActivation:
               static_cast<int>(HotAct::kGelu) == static_cast<int>(FfnActivation::kGelu) &&
               static_cast<int>(HotAct::kDrelu) == static_cast<int>(FfnActivation::kDrelu));
 HotAct ToHotAct(FfnActivation a) { return static_cast<HotAct>(static_cast<int>(a)); }
-
-int64_t HotRowBytes(HotWeights kind, int64_t dim) {
-  switch (kind) {
-    case HotWeights::kQ8_0:
-      return RowBytes(GgmlType::kQ8_0, dim);
-    case HotWeights::kQ4_0:
-      return RowBytes(GgmlType::kQ4_0, dim);
-    case HotWeights::kF16:
-      break;
-  }
-  return dim * 2;
-}
 
 // The rows `ids` of m in `kind`'s storage, back to back.
 std::vector<uint8_t> GatherHotRows(const MatrixView& m, const std::vector<int32_t>& ids,
@@ -113,8 +138,8 @@ struct DeviceLayer {
   CudaArray<uint16_t> wq, wk, wv, wo;
   // Hot FFN rows, compacted: row k belongs to neuron partition.hot[k]; no gate rows in an FFN
   // without a gate.
-  HotWeights kind = HotWeights::kF16;
-  int64_t n_hot = 0, row_bytes = 0;
+  HotKinds kinds;
+  int64_t n_hot = 0, row_bytes = 0, down_row_bytes = 0;
   CudaArray<uint8_t> gate, up, down;
   CudaArray<float> up_b;    // the hot neurons' up biases, compacted like the rows
   CudaArray<float> down_b;  // [dim], added once to the merged hot + cold output
@@ -256,9 +281,11 @@ MemoryPlan CudaBackend::Plan() const {
     const int64_t n_hot = static_cast<int64_t>(partition_.layers[l].hot.size());
     // DownRows keeps the model's type for down_t (a transposed quantized copy is requantized
     // to the same type), so the kind follows from gate, up and down's types.
-    const HotWeights kind = HotKind(w.gate, w.up, down);
-    const int64_t matrices = w.gate.empty() ? 2 : 3;
-    p.hot_ffn += n_hot * matrices * HotRowBytes(kind, c.dim) + 4 * n_hot;
+    const HotKinds kinds = KindsOf(w.gate, w.up, down);
+    const int64_t gate_up = w.gate.empty() ? 1 : 2;
+    p.hot_ffn += n_hot * (gate_up * HotRowBytes(kinds.gate_up, w.up.type, c.dim) +
+                          HotRowBytes(kinds.down, down.type, c.dim)) +
+                 4 * n_hot;
     if (!w.up_b.empty()) p.hot_ffn += 4 * n_hot;
     if (plan_.mode(l) == SparsityMode::kPredicted) {
       const int64_t rank = plan_.predictors->layer(l).rank;
@@ -367,18 +394,21 @@ absl::Status CudaBackend::Init() {
     d.n_hot = static_cast<int64_t>(part.hot.size());
     if (d.n_hot > 0) {
       TC_ASSIGN_OR_RETURN(DownRows down, DownRows::ForLayer(model_, l, std::nullopt, pool));
-      d.kind = HotKind(w.gate, w.up, down.view());
-      d.row_bytes = HotRowBytes(d.kind, c.dim);
+      d.kinds = KindsOf(w.gate, w.up, down.view());
+      d.row_bytes = HotRowBytes(d.kinds.gate_up, w.up.type, c.dim);
+      d.down_row_bytes = HotRowBytes(d.kinds.down, down.view().type, c.dim);
       if (!w.gate.empty()) {
-        TC_ASSIGN_OR_RETURN(d.gate, UploadVector(GatherHotRows(w.gate, part.hot, d.kind, pool)));
+        TC_ASSIGN_OR_RETURN(d.gate,
+                            UploadVector(GatherHotRows(w.gate, part.hot, d.kinds.gate_up, pool)));
       }
-      TC_ASSIGN_OR_RETURN(d.up, UploadVector(GatherHotRows(w.up, part.hot, d.kind, pool)));
+      TC_ASSIGN_OR_RETURN(d.up, UploadVector(GatherHotRows(w.up, part.hot, d.kinds.gate_up, pool)));
       if (!w.up_b.empty()) {
         std::vector<float> up_b(d.n_hot);
         for (int64_t k = 0; k < d.n_hot; ++k) up_b[k] = w.up_b[part.hot[k]];
         TC_ASSIGN_OR_RETURN(d.up_b, UploadVector(up_b));
       }
-      TC_ASSIGN_OR_RETURN(d.down, UploadVector(GatherHotRows(down.view(), part.hot, d.kind, pool)));
+      TC_ASSIGN_OR_RETURN(d.down,
+                          UploadVector(GatherHotRows(down.view(), part.hot, d.kinds.down, pool)));
       std::vector<int32_t> iota(d.n_hot);
       for (int64_t k = 0; k < d.n_hot; ++k) iota[k] = static_cast<int32_t>(k);
       TC_ASSIGN_OR_RETURN(d.hot_iota, UploadVector(iota));
@@ -816,12 +846,14 @@ absl::Status CudaBackend::Ffn(int64_t l, Act in, Act predictor_in, Act out) {
 
   const NeuronFilter filter = plan_.FilterFor(l, c.activation);
   HotFfnArgs a;
-  a.weights = d.kind;
+  a.weights = d.kinds.gate_up;
+  a.down_weights = d.kinds.down;
   a.gate = d.gate.get();  // null in an FFN without a gate
   a.up = d.up.get();
   a.down = d.down.get();
   a.up_b = d.up_b.get();
   a.row_bytes = d.row_bytes;
+  a.down_row_bytes = d.down_row_bytes;
   a.dim = dim;
   a.act = ToHotAct(c.activation);
   a.filter = filter.kind == NeuronFilter::Kind::kNone       ? 0

@@ -5,6 +5,7 @@
 // shared/sparsity/neuron_ffn.h): the same formulas in fp32, summed in a different order.
 #include <cuda_fp16.h>
 
+#include "gpu_worker/cuda/block_decode.h"
 #include "gpu_worker/cuda/kernels.h"
 
 namespace thermocline::gpu_worker::cuda {
@@ -98,6 +99,20 @@ struct Q4Rows {  // {fp16 d; uint8 qs[16]}: byte j = element j (low nibble), j +
     const int q = j < kQK / 2 ? (blk[2 + j] & 0x0F) : (blk[2 + j - kQK / 2] >> 4);
     return static_cast<float>(q - 8) * HalfBits(blk);
   }
+};
+
+// Any block type of block_decode.h: each 32-element stretch decoded element by element (every
+// block size is a multiple of 32, so a stretch lies in one block).
+template <class D>
+struct DecodedRows {
+  __device__ static float BlockDot(const uint8_t* row, int64_t b, const float* h) {
+    const float* x = h + b * kQK;
+    float s = 0.0f;
+#pragma unroll 8
+    for (int j = 0; j < kQK; ++j) s += D::Element(row, b * kQK + j) * x[j];
+    return s;
+  }
+  __device__ static float Load(const uint8_t* row, int64_t c) { return D::Element(row, c); }
 };
 
 // One warp: the dot product of a whole row with h (lanes take blocks in turn, so the warp
@@ -403,26 +418,72 @@ __global__ void HotDownKernel(HotFfnArgs a) {
   float acc = 0.0f;
   for (int64_t j = 0; j < kn; ++j) {
     if (cf[j] == 0.0f) continue;  // the same for every thread: no divergence
-    acc += cf[j] * W::Load(a.down + ids[j] * a.row_bytes, c);
+    acc += cf[j] * W::Load(a.down + ids[j] * a.down_row_bytes, c);
   }
   if (acc != 0.0f) atomicAdd(a.y + r * a.dim + c, acc);
 }
 
+// The two kernels of the hot FFN, each over its own block type (gate and up share one).
 template <typename W>
-cudaError_t HotFfn(const HotFfnArgs& a, cudaStream_t stream) {
-  if (cudaError_t e = cudaMemsetAsync(a.y, 0, a.rows * a.dim * sizeof(float), stream); e != cudaSuccess) {
-    return e;
-  }
-  if (a.max_count == 0 || a.rows == 0) return cudaSuccess;
+cudaError_t LaunchGateUp(const HotFfnArgs& a, cudaStream_t stream) {
   constexpr int kThreads = 256;
   const dim3 gu((a.max_count + kThreads / kWarp - 1) / (kThreads / kWarp), a.rows);
   HotGateUpKernel<W><<<gu, kThreads, 0, stream>>>(a);
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  return cudaGetLastError();
+}
+
+template <typename W>
+cudaError_t LaunchDown(const HotFfnArgs& a, cudaStream_t stream) {
+  constexpr int kThreads = 256;
   const dim3 dn((a.dim + kThreads - 1) / kThreads, (a.max_count + kDownChunk - 1) / kDownChunk,
                 a.rows);
   HotDownKernel<W><<<dn, kThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }
+
+// Calls Launch<W>(a, stream) with W the row reader of `kind`.
+template <template <typename> class Launch>
+cudaError_t ForKind(HotWeights kind, const HotFfnArgs& a, cudaStream_t stream) {
+  namespace b = blocks;
+  switch (kind) {
+    case HotWeights::kF16:
+      return Launch<F16Rows>::Run(a, stream);
+    case HotWeights::kQ8_0:
+      return Launch<Q8Rows>::Run(a, stream);
+    case HotWeights::kQ4_0:
+      return Launch<Q4Rows>::Run(a, stream);
+    case HotWeights::kQ4_1:
+      return Launch<DecodedRows<b::Q4_1>>::Run(a, stream);
+    case HotWeights::kQ5_0:
+      return Launch<DecodedRows<b::Q5_0>>::Run(a, stream);
+    case HotWeights::kQ5_1:
+      return Launch<DecodedRows<b::Q5_1>>::Run(a, stream);
+    case HotWeights::kQ2_K:
+      return Launch<DecodedRows<b::Q2_K>>::Run(a, stream);
+    case HotWeights::kQ3_K:
+      return Launch<DecodedRows<b::Q3_K>>::Run(a, stream);
+    case HotWeights::kQ4_K:
+      return Launch<DecodedRows<b::Q4_K>>::Run(a, stream);
+    case HotWeights::kQ5_K:
+      return Launch<DecodedRows<b::Q5_K>>::Run(a, stream);
+    case HotWeights::kQ6_K:
+      return Launch<DecodedRows<b::Q6_K>>::Run(a, stream);
+    case HotWeights::kIQ4_NL:
+      return Launch<DecodedRows<b::IQ4_NL>>::Run(a, stream);
+    case HotWeights::kIQ4_XS:
+      return Launch<DecodedRows<b::IQ4_XS>>::Run(a, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <typename W>
+struct GateUpLauncher {
+  static cudaError_t Run(const HotFfnArgs& a, cudaStream_t s) { return LaunchGateUp<W>(a, s); }
+};
+template <typename W>
+struct DownLauncher {
+  static cudaError_t Run(const HotFfnArgs& a, cudaStream_t s) { return LaunchDown<W>(a, s); }
+};
 
 __global__ void MergeKernel(float* x, const float* y_hot, const float* y_cold, int64_t n) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -528,15 +589,15 @@ cudaError_t LaunchPackCold(const int32_t* cold_ids, const int32_t* cold_count, i
 }
 
 cudaError_t LaunchHotFfn(const HotFfnArgs& args, cudaStream_t stream) {
-  switch (args.weights) {
-    case HotWeights::kF16:
-      return HotFfn<F16Rows>(args, stream);
-    case HotWeights::kQ8_0:
-      return HotFfn<Q8Rows>(args, stream);
-    case HotWeights::kQ4_0:
-      return HotFfn<Q4Rows>(args, stream);
+  if (cudaError_t e = cudaMemsetAsync(args.y, 0, args.rows * args.dim * sizeof(float), stream);
+      e != cudaSuccess) {
+    return e;
   }
-  return cudaErrorInvalidValue;
+  if (args.max_count == 0 || args.rows == 0) return cudaSuccess;
+  if (cudaError_t e = ForKind<GateUpLauncher>(args.weights, args, stream); e != cudaSuccess) {
+    return e;
+  }
+  return ForKind<DownLauncher>(args.down_weights, args, stream);
 }
 
 cudaError_t LaunchMerge(float* x, const float* y_hot, const float* y_cold, int64_t n,

@@ -94,9 +94,23 @@ cudaError_t LaunchPackCold(const int32_t* cold_ids, const int32_t* cold_count, i
                            int64_t stride, int32_t* packed, uint32_t* row_end,
                            cudaStream_t stream);
 
-// Storage of the hot FFN rows on the device: fp16 (F32/F16/BF16 models) or the model's own
-// Q8_0 / Q4_0 blocks.
-enum class HotWeights : int { kF16 = 0, kQ8_0 = 1, kQ4_0 = 2 };
+// Storage of the hot FFN rows on the device: fp16 (F32/F16/BF16 models, or gate and up of
+// different types) or the model's own blocks (block_decode.h decodes them).
+enum class HotWeights : int {
+  kF16 = 0,
+  kQ8_0,
+  kQ4_0,
+  kQ4_1,
+  kQ5_0,
+  kQ5_1,
+  kQ2_K,
+  kQ3_K,
+  kQ4_K,
+  kQ5_K,
+  kQ6_K,
+  kIQ4_NL,
+  kIQ4_XS,
+};
 
 // The activation of the hot FFN: arch.h's FfnActivation by the same numbers (cuda_backend.cc
 // asserts it); GELU through ggml's fp16 rounding, as ops.h's Gelu.
@@ -112,13 +126,15 @@ enum class HotAct : int { kSilu = 0, kRelu = 1, kGelu = 2, kDrelu = 3 };
 // coeff: scratch of rows * max_count floats. stats[0] += neurons that passed the filter,
 // stats[1] += candidates (for the worker's metrics); stats may be null.
 struct HotFfnArgs {
-  HotWeights weights = HotWeights::kF16;
+  HotWeights weights = HotWeights::kF16;  // gate and up rows
+  HotWeights down_weights = HotWeights::kF16;
   const uint8_t* gate = nullptr;  // null: an FFN without a gate
   const uint8_t* up = nullptr;
   const uint8_t* down = nullptr;  // one row per neuron (ffn_down_t)
   const float* up_b = nullptr;    // [n_hot], compact like the rows, or null
-  int64_t row_bytes = 0;
-  int64_t dim = 0;  // a multiple of 32
+  int64_t row_bytes = 0;          // of a gate or up row
+  int64_t down_row_bytes = 0;
+  int64_t dim = 0;  // a multiple of the types' block sizes (32, or 256 for K-quants and IQ4_XS)
   HotAct act = HotAct::kSilu;
   int filter = 0;
   float cut = 0.0f;

@@ -6,7 +6,7 @@
 #     bundle or one of an explicit list of base-system and device-CUDA libraries;
 #   - the CUDA runtime and cuBLAS are not packed (they come from the device's CUDA 13);
 #   - every executable starts (--version, --gtest_list_tests, or the benchmark's usage), and the
-#     architecture references cuda_arch_test reads are packed (data/models/archs);
+#     architecture references cuda_reference_test reads are packed (data/models/archs);
 #   - thermocline synth makes a model from the bundle, generate runs it, in one process and
 #     split over the bundle's two workers;
 #   - on a machine without a usable CUDA device the GPU tests skip cleanly (exit 0, the reason)
@@ -36,15 +36,17 @@ b=$tmp/empty/gpu-bundle
 clean=(env -i PATH=/usr/bin:/bin "LD_LIBRARY_PATH=$b/lib" "TMPDIR=$tmp")
 
 exes=(thermocline thermocline-gpu-worker thermocline-cpu-worker cuda_kernels_test cuda_worker_test
-      cuda_arch_test gpu_decode_bench)
+      cuda_reference_test gpu_decode_bench)
 for f in run.sh bundle.txt "${exes[@]/#/bin/}"; do
   [[ -f $b/$f ]] || bad "the bundle lacks $f"
 done
 [[ -x $b/run.sh ]] || bad "run.sh is not executable"
-# cuda_arch_test's references travel with it when this machine has them.
+# cuda_reference_test's references travel with it when this machine has them.
 if [[ -d ${THERMOCLINE_SHARED_DATA_DIR:-$src/../shared}/models/archs ]]; then
   [[ -f $b/data/models/archs/ids32.txt && -f $b/data/models/archs/gemma2.logits.f32 ]] ||
     bad "the bundle lacks llama.cpp's reference models (data/models/archs)"
+  [[ -f $b/data/models/quants/ids32.txt && -f $b/data/models/quants/Q4_K_M.deqf32.logits.f32 ]] ||
+    bad "the bundle lacks the quantized references (data/models/quants)"
 fi
 (( $(find "$b/lib" -type f | wc -l) > 0 )) || bad "lib/ is empty"
 
@@ -77,7 +79,7 @@ for e in thermocline thermocline-gpu-worker thermocline-cpu-worker; do
   v=$("${clean[@]}" "$b/bin/$e" --version 2>&1)
   [[ $v =~ ^$e\ [0-9]+\.[0-9]+\.[0-9]+$ ]] || bad "$e --version printed '$v'"
 done
-for e in cuda_kernels_test cuda_worker_test cuda_arch_test; do
+for e in cuda_kernels_test cuda_worker_test cuda_reference_test; do
   v=$("${clean[@]}" "$b/bin/$e" --gtest_list_tests 2>&1)
   [[ $? == 0 && $v == *"."* ]] || bad "$e --gtest_list_tests: $v"
 done
@@ -103,7 +105,7 @@ probe=$("${clean[@]}" "$b/bin/thermocline-gpu-worker" --backend cuda --instance 
           --model /nonexistent.gguf --hot-fraction 1 2>&1)
 if [[ $? == 2 ]]; then
   echo "no usable CUDA device here ($probe): the GPU tests must skip"
-  for e in cuda_kernels_test cuda_worker_test cuda_arch_test; do
+  for e in cuda_kernels_test cuda_worker_test cuda_reference_test; do
     v=$("${clean[@]}" "THERMOCLINE_BIN_DIR=$b/bin" "THERMOCLINE_SHARED_DATA_DIR=$b/data" "$b/bin/$e" 2>&1)
     rc=$?
     [[ $rc == 0 ]] || bad "$e from the bundle: exit $rc: $(tail -n3 <<<"$v")"

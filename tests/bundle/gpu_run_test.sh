@@ -51,7 +51,7 @@ cat <<END
 [==========] 3 tests from 1 test suite ran. (3 ms total)
 [  PASSED  ] 3 tests.
 END' "$bin"
-stub cuda_arch_test 'cat <<END
+stub cuda_reference_test 'cat <<END
 [==========] Running 2 tests from 1 test suite.
 [ RUN      ] Archs.Gemma2
 [       OK ] Archs.Gemma2 (1 ms)
@@ -97,7 +97,7 @@ expect '^model +ok +0 +reused ' "model row"
 expect '^  FAILED Kernels.AttentionFails: tests/gpu/cuda_kernels_test.cc:120: Failure \| The difference between got and want is 0.5' "the failing case's first lines on the terminal"
 expect '^cuda_kernels_test +FAIL +[0-9]+ +1 passed, 1 failed, 0 skipped$' "kernel test row"
 expect '^cuda_worker_test +ok +[0-9]+ +3 passed, 0 failed, 0 skipped$' "worker test row (THERMOCLINE_BIN_DIR given)"
-expect '^cuda_arch_test +ok +[0-9]+ +2 passed, 0 failed, 0 skipped$' "architecture test row"
+expect '^cuda_reference_test +ok +[0-9]+ +2 passed, 0 failed, 0 skipped$' "reference test row"
 expect '^memcheck +ok +[0-9]+ +ERROR SUMMARY: 0 errors$' "memcheck row"
 expect '^  Error: Race reported between Write access' "the racecheck finding on the terminal"
 expect '^racecheck +FAIL +[0-9]+ +exit 99; RACECHECK SUMMARY: 1 hazard' "racecheck row"
@@ -107,7 +107,7 @@ expect '^  hybrid +0.40 +50.00 +20.00 +2.000x' "the benchmark's rows"
 expect '^overall: FAIL \(2 of 10 stages not ok\)$' "overall line, last"
 [[ $(tail -n1 <<<"$v") == "overall: FAIL (2 of 10 stages not ok)" ]] || bad "the overall line is not last"
 grep -q 'RmsNormPasses\|detail line that stays' <<<"$v" && bad "passing cases or later failure lines reached the terminal"
-for f in cuda_kernels_test.log cuda_worker_test.log cuda_arch_test.log memcheck.log racecheck.log gpu_decode_bench.txt nvidia-smi.txt; do
+for f in cuda_kernels_test.log cuda_worker_test.log cuda_reference_test.log memcheck.log racecheck.log gpu_decode_bench.txt nvidia-smi.txt; do
   [[ -s $tmp/out/$f ]] || bad "no $f in OUT"
 done
 grep -q 'detail line that stays' "$tmp/out/cuda_kernels_test.log" || bad "the full test output is not in OUT"
@@ -117,7 +117,7 @@ rm -rf "$tmp/out"/*
 run STUB_NO_DEVICE=1
 [[ $rc == 1 ]] || bad "exit $rc without a device (want 1)"
 expect '^device +FAIL +0 +gpu_worker: --backend cuda: no usable CUDA device: stub reason$' "device row gives the reason"
-for s in cuda_kernels_test cuda_worker_test cuda_arch_test memcheck racecheck bench; do
+for s in cuda_kernels_test cuda_worker_test cuda_reference_test memcheck racecheck bench; do
   expect "^$s +skipped +0 +no usable CUDA device$" "$s skipped without a device"
 done
 [[ -e $tmp/out/cuda_kernels_test.log ]] && bad "a GPU test ran without a device"

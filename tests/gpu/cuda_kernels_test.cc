@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -463,6 +464,9 @@ struct FfnCase {
   const char* name;
   bool gated = true;     // false: down(act(up h + up_b)) (falcon, starcoder2)
   bool up_bias = false;  // an up bias (starcoder2; gated FFNs with one too)
+  // down rows of another type than gate and up (Q4_K_M: q6_K, q5_0 or q8_0); none: the same.
+  std::optional<GgmlType> down_type;
+  HotWeights down_kind = HotWeights::kF16;
 };
 
 // The backend's mapping (cuda_backend.cc asserts the numbers agree).
@@ -473,19 +477,24 @@ class HotFfnTest : public CudaKernelsTest, public ::testing::WithParamInterface<
 TEST_P(HotFfnTest, MatchesNeuronFfn) {
   const FfnCase& fc = GetParam();
   const int64_t n_hot = 300, dim = 256, rows = 3;
-  const int64_t row_bytes = RowBytes(fc.type, dim);
+  const GgmlType down_type = fc.down_type.value_or(fc.type);
+  const HotWeights down_kind = fc.down_type ? fc.down_kind : fc.kind;
+  const int64_t row_bytes = RowBytes(fc.type, dim), down_row_bytes = RowBytes(down_type, dim);
   // Compact hot rows of gate, up and down_t, stored as the device stores them.
-  std::vector<uint8_t> gate(n_hot * row_bytes), up(n_hot * row_bytes), down(n_hot * row_bytes);
+  std::vector<uint8_t> gate(n_hot * row_bytes), up(n_hot * row_bytes), down(n_hot * down_row_bytes);
   for (auto* m : {&gate, &up, &down}) {
+    const GgmlType t = m == &down ? down_type : fc.type;
+    const int64_t rb = m == &down ? down_row_bytes : row_bytes;
     for (int64_t r = 0; r < n_hot; ++r) {
       const std::vector<float> v = Random(dim, 0.1f);
-      QuantizeRow(fc.type, v.data(), m->data() + r * row_bytes, dim);
+      QuantizeRow(t, v.data(), m->data() + r * rb, dim);
     }
   }
   auto view = [&](const std::vector<uint8_t>& m) {
     return MatrixView{fc.type, n_hot, dim, m.data(), row_bytes};
   };
-  NeuronWeights w{fc.gated ? view(gate) : MatrixView{}, view(up), view(down), fc.act};
+  const MatrixView down_view{down_type, n_hot, dim, down.data(), down_row_bytes};
+  NeuronWeights w{fc.gated ? view(gate) : MatrixView{}, view(up), down_view, fc.act};
   const std::vector<float> up_b = fc.up_bias ? Random(n_hot, 0.3f) : std::vector<float>{};
   w.up_b = up_b;
   const std::vector<float> h = Random(rows * dim);
@@ -511,11 +520,13 @@ TEST_P(HotFfnTest, MatchesNeuronFfn) {
   ASSERT_EQ(cudaMemset(stats.get(), 0, stats.bytes()), cudaSuccess);
   HotFfnArgs a;
   a.weights = fc.kind;
+  a.down_weights = down_kind;
   a.gate = fc.gated ? dg.get() : nullptr;
   a.up = du.get();
   a.down = dd.get();
   a.up_b = fc.up_bias ? dub.get() : nullptr;
   a.row_bytes = row_bytes;
+  a.down_row_bytes = down_row_bytes;
   a.dim = dim;
   a.act = HotActOf(fc.act);
   a.filter = fc.filter.kind == NeuronFilter::Kind::kNone ? 0 : fc.filter.kind == NeuronFilter::Kind::kPositive ? 1 : 2;
@@ -571,7 +582,7 @@ TEST_P(HotFfnTest, MatchesNeuronFfn) {
         cf = fc.act == FfnActivation::kDrelu ? act * std::max(u, 0.0) : act * u;
       }
       if (a.coeff_cut > 0 && std::fabs(cf) < a.coeff_cut) continue;
-      DequantizeRow(fc.type, down.data() + k * row_bytes, row.data(), dim);
+      DequantizeRow(down_type, down.data() + k * down_row_bytes, row.data(), dim);
       double mx = 0;
       for (int64_t c = 0; c < dim; ++c) {
         exact[c] += cf * row[c];
@@ -619,7 +630,20 @@ INSTANTIATE_TEST_SUITE_P(
         FfnCase{GgmlType::kF16, HotWeights::kF16, FfnActivation::kGelu, NeuronFilter::None(), "f16_gelu_gated", true, true},
         FfnCase{GgmlType::kF16, HotWeights::kF16, FfnActivation::kDrelu, NeuronFilter::Positive(), "f16_drelu_positive"},
         FfnCase{GgmlType::kF16, HotWeights::kF16, FfnActivation::kRelu, NeuronFilter::Positive(), "f16_relu_plain_bias", false, true},
-        FfnCase{GgmlType::kQ8_0, HotWeights::kQ8_0, FfnActivation::kGelu, NeuronFilter::None(), "q8_0_gelu_plain_bias", false, true}),
+        FfnCase{GgmlType::kQ8_0, HotWeights::kQ8_0, FfnActivation::kGelu, NeuronFilter::None(), "q8_0_gelu_plain_bias", false, true},
+        // Every other block type read as stored (gpu_worker/cuda/block_decode.h), and Q4_K_M's
+        // mix: q4_K gate and up with q6_K down rows.
+        FfnCase{GgmlType::kQ4_1, HotWeights::kQ4_1, FfnActivation::kRelu, NeuronFilter::None(), "q4_1_relu_none"},
+        FfnCase{GgmlType::kQ5_0, HotWeights::kQ5_0, FfnActivation::kSilu, NeuronFilter::None(), "q5_0_silu_none"},
+        FfnCase{GgmlType::kQ5_1, HotWeights::kQ5_1, FfnActivation::kRelu, NeuronFilter::Positive(), "q5_1_relu_positive"},
+        FfnCase{GgmlType::kQ2_K, HotWeights::kQ2_K, FfnActivation::kRelu, NeuronFilter::None(), "q2_K_relu_none"},
+        FfnCase{GgmlType::kQ3_K, HotWeights::kQ3_K, FfnActivation::kSilu, NeuronFilter::None(), "q3_K_silu_none"},
+        FfnCase{GgmlType::kQ4_K, HotWeights::kQ4_K, FfnActivation::kRelu, NeuronFilter::Positive(), "q4_K_relu_positive"},
+        FfnCase{GgmlType::kQ5_K, HotWeights::kQ5_K, FfnActivation::kSilu, NeuronFilter::None(), "q5_K_silu_none"},
+        FfnCase{GgmlType::kQ6_K, HotWeights::kQ6_K, FfnActivation::kRelu, NeuronFilter::None(), "q6_K_relu_none"},
+        FfnCase{GgmlType::kIQ4_NL, HotWeights::kIQ4_NL, FfnActivation::kSilu, NeuronFilter::None(), "iq4_nl_silu_none"},
+        FfnCase{GgmlType::kIQ4_XS, HotWeights::kIQ4_XS, FfnActivation::kRelu, NeuronFilter::None(), "iq4_xs_relu_none"},
+        FfnCase{GgmlType::kQ4_K, HotWeights::kQ4_K, FfnActivation::kRelu, NeuronFilter::None(), "q4_K_m_mix", true, false, GgmlType::kQ6_K, HotWeights::kQ6_K}),
     [](const ::testing::TestParamInfo<FfnCase>& info) { return std::string(info.param.name); });
 
 }  // namespace
