@@ -57,41 +57,41 @@ absl::StatusOr<CudaArray<T>> UploadVector(const std::vector<T>& v) {
 
 // The block types the hot FFN kernels read as the file stores them (block_decode.h); rows of
 // any other type are converted to fp16 at load.
-HotWeights NativeKind(GgmlType t) {
+WeightFormat NativeKind(GgmlType t) {
   switch (t) {
     case GgmlType::kQ8_0:
-      return HotWeights::kQ8_0;
+      return WeightFormat::kQ8_0;
     case GgmlType::kQ4_0:
-      return HotWeights::kQ4_0;
+      return WeightFormat::kQ4_0;
     case GgmlType::kQ4_1:
-      return HotWeights::kQ4_1;
+      return WeightFormat::kQ4_1;
     case GgmlType::kQ5_0:
-      return HotWeights::kQ5_0;
+      return WeightFormat::kQ5_0;
     case GgmlType::kQ5_1:
-      return HotWeights::kQ5_1;
+      return WeightFormat::kQ5_1;
     case GgmlType::kQ2_K:
-      return HotWeights::kQ2_K;
+      return WeightFormat::kQ2_K;
     case GgmlType::kQ3_K:
-      return HotWeights::kQ3_K;
+      return WeightFormat::kQ3_K;
     case GgmlType::kQ4_K:
-      return HotWeights::kQ4_K;
+      return WeightFormat::kQ4_K;
     case GgmlType::kQ5_K:
-      return HotWeights::kQ5_K;
+      return WeightFormat::kQ5_K;
     case GgmlType::kQ6_K:
-      return HotWeights::kQ6_K;
+      return WeightFormat::kQ6_K;
     case GgmlType::kIQ4_NL:
-      return HotWeights::kIQ4_NL;
+      return WeightFormat::kIQ4_NL;
     case GgmlType::kIQ4_XS:
-      return HotWeights::kIQ4_XS;
+      return WeightFormat::kIQ4_XS;
     default:
-      return HotWeights::kF16;
+      return WeightFormat::kF16;
   }
 }
 
 // How a layer's hot rows are stored: gate and up (one kernel reads both) in their own blocks
 // when they share a type, down rows in theirs (Q4_K_M files: q4_K gate/up, q6_K or q5_0 down).
 struct HotKinds {
-  HotWeights gate_up = HotWeights::kF16, down = HotWeights::kF16;
+  WeightFormat gate_up = WeightFormat::kF16, down = WeightFormat::kF16;
 };
 HotKinds KindsOf(const MatrixView& gate, const MatrixView& up, const MatrixView& down_t) {
   HotKinds k;
@@ -101,8 +101,8 @@ HotKinds KindsOf(const MatrixView& gate, const MatrixView& up, const MatrixView&
 }
 
 // Bytes of one stored row of `dim` values of `type` in `kind`'s storage.
-int64_t HotRowBytes(HotWeights kind, GgmlType type, int64_t dim) {
-  return kind == HotWeights::kF16 ? dim * 2 : RowBytes(type, dim);
+int64_t HotRowBytes(WeightFormat kind, GgmlType type, int64_t dim) {
+  return kind == WeightFormat::kF16 ? dim * 2 : RowBytes(type, dim);
 }
 
 // kernels.h names the activations without arch.h (it is plain C++17 for nvcc), by the same
@@ -115,9 +115,9 @@ HotAct ToHotAct(FfnActivation a) { return static_cast<HotAct>(static_cast<int>(a
 
 // The rows `ids` of m in `kind`'s storage, back to back.
 std::vector<uint8_t> GatherHotRows(const MatrixView& m, const std::vector<int32_t>& ids,
-                                   HotWeights kind, ThreadPool& pool) {
+                                   WeightFormat kind, ThreadPool& pool) {
   const int64_t n = static_cast<int64_t>(ids.size());
-  if (kind == HotWeights::kF16) {
+  if (kind == WeightFormat::kF16) {
     std::vector<uint16_t> h = RowsToF16(m, ids.data(), n, pool);
     std::vector<uint8_t> out(h.size() * 2);
     std::memcpy(out.data(), h.data(), out.size());
@@ -128,6 +128,38 @@ std::vector<uint8_t> GatherHotRows(const MatrixView& m, const std::vector<int32_
   return out;
 }
 
+// A dense matrix on the device: the file's own blocks where block_decode.h reads them (a
+// decode-sized product is one BlockGemv kernel; a prompt-sized one converts row chunks to fp16
+// for cuBLAS), else fp16.
+struct DeviceMatrix {
+  WeightFormat format = WeightFormat::kF16;
+  int64_t rows = 0, cols = 0, row_bytes = 0;
+  CudaArray<uint8_t> data;
+  const uint16_t* half() const { return reinterpret_cast<const uint16_t*>(data.get()); }
+};
+
+// Up to this many tokens a product over a matrix in blocks is one BlockGemv kernel (each row read
+// once for all of them); above, cuBLAS over fp16 chunks.
+constexpr int64_t kGemvTokens = 8;
+
+// Bytes m takes on the device.
+int64_t DeviceBytes(const MatrixView& m) {
+  const WeightFormat f = NativeKind(m.type);
+  return m.rows * HotRowBytes(f, m.type, m.cols);
+}
+
+absl::StatusOr<DeviceMatrix> UploadMatrix(const MatrixView& m, ThreadPool& pool) {
+  DeviceMatrix d;
+  d.format = NativeKind(m.type);
+  d.rows = m.rows;
+  d.cols = m.cols;
+  d.row_bytes = HotRowBytes(d.format, m.type, m.cols);
+  std::vector<int32_t> all(m.rows);
+  for (int64_t r = 0; r < m.rows; ++r) all[r] = static_cast<int32_t>(r);
+  TC_ASSIGN_OR_RETURN(d.data, UploadVector(GatherHotRows(m, all, d.format, pool)));
+  return d;
+}
+
 struct DeviceLayer {
   // Norms and biases as the model description has them (model.h LayerWeights); an absent one
   // is an empty array (null pointer), and the layer program never asks for it.
@@ -135,7 +167,7 @@ struct DeviceLayer {
   CudaArray<float> q_norm, k_norm;
   int64_t q_norm_span = 0, k_norm_span = 0;
   CudaArray<float> bq, bk, bv, bo;
-  CudaArray<uint16_t> wq, wk, wv, wo;
+  DeviceMatrix wq, wk, wv, wo;
   // Hot FFN rows, compacted: row k belongs to neuron partition.hot[k]; no gate rows in an FFN
   // without a gate.
   HotKinds kinds;
@@ -197,6 +229,9 @@ class CudaBackend final : public Backend {
 
  private:
   MemoryPlan Plan() const;
+  // fp16 elements of wscratch_: the largest attention matrix, when some dense matrix keeps its
+  // blocks; 0 otherwise.
+  int64_t WeightScratchElems() const;
   absl::Status Validate(std::span<const BatchEntry> batch) const;
   absl::Status RunStep(std::vector<float>* logits);
   // The f32 buffer of an activation, its width, and its fp16 copy for cuBLAS (null for those
@@ -205,6 +240,10 @@ class CudaBackend final : public Backend {
   int64_t Width(Act a) const;
   uint16_t* HalfBuffer(Act a) const;
   absl::StatusOr<const uint16_t*> Half(Act a);
+  // y[t][r] = W x[t] for n rows (ldy = m.rows); x in f32 and, for fp16 and prompt-sized
+  // products, fp16 (x_half).
+  absl::Status Product(const DeviceMatrix& m, const float* x, const uint16_t* x_half, int64_t n,
+                       float* y);
   void Wrote(Act a) { half_ok_[static_cast<int>(a)] = false; }
 
   const Model& model_;
@@ -221,7 +260,7 @@ class CudaBackend final : public Backend {
   cublasHandle_t blas_ = nullptr;
 
   std::vector<DeviceLayer> layers_;
-  CudaArray<uint16_t> output_;
+  DeviceMatrix output_;
   CudaArray<float> output_norm_, output_norm_b_;
   CudaArray<float> rope_freqs_;
   RopeDesc rope_;  // the model's RoPE; the base is set per layer
@@ -234,6 +273,9 @@ class CudaBackend final : public Backend {
   CudaArray<float> x_, q_, k_, v_, att_, h_, ao_, y_hot_, y_cold_, pred_mid_, scores_,
       att_scores_, coeff_, logits_;
   CudaArray<uint16_t> xh_, atth_, hh_, pred_mid_h_;
+  // Quantized dense matrices as fp16, a chunk of rows at a time, for prompt-sized products.
+  CudaArray<uint16_t> wscratch_;
+  int64_t wscratch_elems_ = 0;
   CudaArray<int32_t> slots_, positions_, row_map_, hot_idx_, hot_count_, cold_ids_, cold_count_,
       packed_;
   CudaArray<uint32_t> row_end_, stats_;
@@ -267,8 +309,11 @@ MemoryPlan CudaBackend::Plan() const {
   const ModelConfig& c = model_.config();
   MemoryPlan p;
   const int64_t b = options_.max_batch;
-  p.attention = c.n_layers * 2 * (2 * c.q_dim * c.dim + 2 * c.kv_dim * c.dim);
-  p.head = 2 * c.vocab_size * c.dim;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& w = model_.layer(l);
+    p.attention += DeviceBytes(w.wq) + DeviceBytes(w.wk) + DeviceBytes(w.wv) + DeviceBytes(w.wo);
+  }
+  p.head = DeviceBytes(model_.output());
   p.norms = 4 * (2 * c.dim + static_cast<int64_t>(model_.rope_freqs().size()));
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = model_.layer(l);
@@ -302,8 +347,21 @@ MemoryPlan CudaBackend::Plan() const {
   p.scratch = 4 * b * (5 * c.dim + 2 * c.q_dim + 2 * c.kv_dim + max_rank_ + c.ffn_dim +
                        c.n_heads * context_ + std::max<int64_t>(max_hot, 1) + c.vocab_size) +
               2 * b * (2 * c.dim + c.q_dim + max_rank_) + 4 * b * (6 + 3 * c.ffn_dim) +
-              8 * c.n_layers;
+              8 * c.n_layers + 2 * WeightScratchElems();
   return p;
+}
+
+int64_t CudaBackend::WeightScratchElems() const {
+  const ModelConfig& c = model_.config();
+  bool blocks = NativeKind(model_.output().type) != WeightFormat::kF16;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& w = model_.layer(l);
+    for (const MatrixView* m : {&w.wq, &w.wk, &w.wv, &w.wo}) {
+      blocks |= NativeKind(m->type) != WeightFormat::kF16;
+    }
+  }
+  if (!blocks) return 0;
+  return std::max({c.q_dim, c.kv_dim, c.dim}) * std::max(c.dim, c.q_dim);
 }
 
 absl::Status CudaBackend::Init() {
@@ -386,10 +444,10 @@ absl::Status CudaBackend::Init() {
     TC_ASSIGN_OR_RETURN(d.bv, UploadVector(w.bv));
     TC_ASSIGN_OR_RETURN(d.bo, UploadVector(w.bo));
     TC_ASSIGN_OR_RETURN(d.down_b, UploadVector(w.down_b));
-    TC_ASSIGN_OR_RETURN(d.wq, UploadF16(w.wq, pool));
-    TC_ASSIGN_OR_RETURN(d.wk, UploadF16(w.wk, pool));
-    TC_ASSIGN_OR_RETURN(d.wv, UploadF16(w.wv, pool));
-    TC_ASSIGN_OR_RETURN(d.wo, UploadF16(w.wo, pool));
+    TC_ASSIGN_OR_RETURN(d.wq, UploadMatrix(w.wq, pool));
+    TC_ASSIGN_OR_RETURN(d.wk, UploadMatrix(w.wk, pool));
+    TC_ASSIGN_OR_RETURN(d.wv, UploadMatrix(w.wv, pool));
+    TC_ASSIGN_OR_RETURN(d.wo, UploadMatrix(w.wo, pool));
     const LayerPartition& part = partition_.layers[l];
     d.n_hot = static_cast<int64_t>(part.hot.size());
     if (d.n_hot > 0) {
@@ -423,7 +481,7 @@ absl::Status CudaBackend::Init() {
       TC_ASSIGN_OR_RETURN(d.fc2, UploadF16(p.fc2, pool));
     }
   }
-  TC_ASSIGN_OR_RETURN(output_, UploadF16(model_.output(), pool));
+  TC_ASSIGN_OR_RETURN(output_, UploadMatrix(model_.output(), pool));
   TC_ASSIGN_OR_RETURN(output_norm_, UploadVector(model_.output_norm()));
   TC_ASSIGN_OR_RETURN(output_norm_b_, UploadVector(model_.output_norm_b()));
   TC_ASSIGN_OR_RETURN(rope_freqs_, UploadVector(model_.rope_freqs()));
@@ -467,6 +525,8 @@ absl::Status CudaBackend::Init() {
   TC_RETURN_IF_ERROR(logits_.Allocate(b * c.vocab_size));
   for (CudaArray<uint16_t>* a : {&xh_, &hh_}) TC_RETURN_IF_ERROR(a->Allocate(b * c.dim));
   TC_RETURN_IF_ERROR(atth_.Allocate(b * c.q_dim));
+  wscratch_elems_ = WeightScratchElems();
+  TC_RETURN_IF_ERROR(wscratch_.Allocate(wscratch_elems_));
   for (CudaArray<int32_t>* a : {&slots_, &positions_, &row_map_, &hot_count_, &cold_count_}) {
     TC_RETURN_IF_ERROR(a->Allocate(b));
   }
@@ -696,21 +756,42 @@ absl::Status CudaBackend::Norm(int64_t l, NormWeights which, NormKind kind, Act 
 }
 
 absl::Status CudaBackend::Project(int64_t l, Projection p, Act in, Act out) {
-  const ModelConfig& c = model_.config();
   const DeviceLayer& d = layers_[l];
   if (p != Projection::kQ && p != Projection::kK && p != Projection::kV && p != Projection::kO) {
     return absl::InternalError("cuda backend: an FFN product outside the FFN");
   }
-  // q: [q_dim][dim], k and v: [kv_dim][dim], o: [dim][q_dim].
-  const uint16_t* w = p == Projection::kQ   ? d.wq.get()
-                      : p == Projection::kK ? d.wk.get()
-                      : p == Projection::kV ? d.wv.get()
-                                            : d.wo.get();
-  const int64_t rows = p == Projection::kO ? c.dim : Width(out);
-  const int64_t cols = p == Projection::kO ? c.q_dim : c.dim;
-  TC_ASSIGN_OR_RETURN(const uint16_t* x, Half(in));
-  TC_RETURN_IF_ERROR(GemmF16(blas_, w, rows, cols, x, n_, F32(out), rows, 0.0f));
+  const DeviceMatrix& w = p == Projection::kQ   ? d.wq
+                          : p == Projection::kK ? d.wk
+                          : p == Projection::kV ? d.wv
+                                                : d.wo;
+  const uint16_t* x_half = nullptr;
+  if (w.format == WeightFormat::kF16 || n_ > kGemvTokens) {
+    TC_ASSIGN_OR_RETURN(x_half, Half(in));
+  }
+  TC_RETURN_IF_ERROR(Product(w, F32(in), x_half, n_, F32(out)));
   Wrote(out);
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Product(const DeviceMatrix& m, const float* x, const uint16_t* x_half,
+                                  int64_t n, float* y) {
+  if (m.format == WeightFormat::kF16) {
+    return GemmF16(blas_, m.half(), m.rows, m.cols, x_half, n, y, m.rows, 0.0f);
+  }
+  if (n <= kGemvTokens) {
+    TC_CUDA(LaunchBlockGemv(m.format, m.data.get(), m.row_bytes, m.rows, m.cols, x, n, y, m.rows,
+                            compute_));
+    return absl::OkStatus();
+  }
+  // Chunks of rows through the fp16 scratch; the stream orders each chunk's GEMM before the
+  // next chunk's conversion overwrites it.
+  const int64_t chunk = std::max<int64_t>(1, wscratch_elems_ / m.cols);
+  for (int64_t r0 = 0; r0 < m.rows; r0 += chunk) {
+    const int64_t nr = std::min(chunk, m.rows - r0);
+    TC_CUDA(LaunchBlockToHalf(m.format, m.data.get() + r0 * m.row_bytes, m.row_bytes, nr, m.cols,
+                              wscratch_.get(), compute_));
+    TC_RETURN_IF_ERROR(GemmF16(blas_, wscratch_.get(), nr, m.cols, x_half, n, y + r0, m.rows, 0.0f));
+  }
   return absl::OkStatus();
 }
 
@@ -789,17 +870,17 @@ absl::StatusOr<bool> CudaBackend::LayerDone(int64_t l) {
 
 absl::Status CudaBackend::Head(NormKind kind, float final_softcap) {
   const ModelConfig& c = model_.config();
-  // Only the rows that want logits (row_map_) are normed, into the fp16 copy the head reads.
+  // Only the rows that want logits (row_map_) are normed, into h_ and the fp16 copy xh_.
   if (kind == NormKind::kLayer) {
     TC_CUDA(LaunchLayerNorm(x_.get(), output_norm_.get(), output_norm_b_.get(), row_map_.get(),
-                            n_out_, c.dim, c.rms_eps, nullptr, xh_.get(), compute_));
+                            n_out_, c.dim, c.rms_eps, h_.get(), xh_.get(), compute_));
   } else {
     TC_CUDA(LaunchRmsNorm(x_.get(), output_norm_.get(), row_map_.get(), n_out_, c.dim, c.rms_eps,
-                          nullptr, xh_.get(), compute_));
+                          h_.get(), xh_.get(), compute_));
   }
-  half_ok_[static_cast<int>(Act::kX)] = false;  // xh_ now holds the normed rows
-  TC_RETURN_IF_ERROR(GemmF16(blas_, output_.get(), c.vocab_size, c.dim, xh_.get(), n_out_,
-                             logits_.get(), c.vocab_size, 0.0f));
+  Wrote(Act::kX);  // xh_ and h_ now hold the normed rows
+  Wrote(Act::kNormed);
+  TC_RETURN_IF_ERROR(Product(output_, h_.get(), xh_.get(), n_out_, logits_.get()));
   TC_CUDA(cudaMemcpyAsync(logits_pin_.get(), logits_.get(), n_out_ * c.vocab_size * sizeof(float),
                           cudaMemcpyDeviceToHost, compute_));
   TC_CUDA(cudaMemcpyAsync(stats_pin_.get(), stats_.get(), stats_.bytes(), cudaMemcpyDeviceToHost, compute_));

@@ -441,40 +441,90 @@ cudaError_t LaunchDown(const HotFfnArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// Calls Launch<W>(a, stream) with W the row reader of `kind`.
-template <template <typename> class Launch>
-cudaError_t ForKind(HotWeights kind, const HotFfnArgs& a, cudaStream_t stream) {
+// Calls Launch<W>::Run(a, stream) with W the row reader of `kind`.
+template <template <typename> class Launch, typename Args>
+cudaError_t ForKind(WeightFormat kind, const Args& a, cudaStream_t stream) {
   namespace b = blocks;
   switch (kind) {
-    case HotWeights::kF16:
+    case WeightFormat::kF16:
       return Launch<F16Rows>::Run(a, stream);
-    case HotWeights::kQ8_0:
+    case WeightFormat::kQ8_0:
       return Launch<Q8Rows>::Run(a, stream);
-    case HotWeights::kQ4_0:
+    case WeightFormat::kQ4_0:
       return Launch<Q4Rows>::Run(a, stream);
-    case HotWeights::kQ4_1:
+    case WeightFormat::kQ4_1:
       return Launch<DecodedRows<b::Q4_1>>::Run(a, stream);
-    case HotWeights::kQ5_0:
+    case WeightFormat::kQ5_0:
       return Launch<DecodedRows<b::Q5_0>>::Run(a, stream);
-    case HotWeights::kQ5_1:
+    case WeightFormat::kQ5_1:
       return Launch<DecodedRows<b::Q5_1>>::Run(a, stream);
-    case HotWeights::kQ2_K:
+    case WeightFormat::kQ2_K:
       return Launch<DecodedRows<b::Q2_K>>::Run(a, stream);
-    case HotWeights::kQ3_K:
+    case WeightFormat::kQ3_K:
       return Launch<DecodedRows<b::Q3_K>>::Run(a, stream);
-    case HotWeights::kQ4_K:
+    case WeightFormat::kQ4_K:
       return Launch<DecodedRows<b::Q4_K>>::Run(a, stream);
-    case HotWeights::kQ5_K:
+    case WeightFormat::kQ5_K:
       return Launch<DecodedRows<b::Q5_K>>::Run(a, stream);
-    case HotWeights::kQ6_K:
+    case WeightFormat::kQ6_K:
       return Launch<DecodedRows<b::Q6_K>>::Run(a, stream);
-    case HotWeights::kIQ4_NL:
+    case WeightFormat::kIQ4_NL:
       return Launch<DecodedRows<b::IQ4_NL>>::Run(a, stream);
-    case HotWeights::kIQ4_XS:
+    case WeightFormat::kIQ4_XS:
       return Launch<DecodedRows<b::IQ4_XS>>::Run(a, stream);
   }
   return cudaErrorInvalidValue;
 }
+
+// One warp per row r: y[t][r] for every token t (the row stays in L1 after the first).
+template <typename W>
+__global__ void BlockGemvKernel(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t cols,
+                                const float* x, int64_t n, float* y, int64_t ldy) {
+  const int warps = blockDim.x / kWarp;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * warps + threadIdx.x / kWarp;
+  if (r >= rows) return;
+  const uint8_t* row = w + r * row_bytes;
+  for (int64_t t = 0; t < n; ++t) {
+    const float s = WarpRowDot<W>(row, x + t * cols, cols);
+    if (threadIdx.x % kWarp == 0) y[t * ldy + r] = s;
+  }
+}
+
+template <typename W>
+__global__ void BlockToHalfKernel(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t cols,
+                                  __half* out) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= rows * cols) return;
+  out[i] = __float2half_rn(W::Load(w + (i / cols) * row_bytes, i % cols));
+}
+
+struct BlockArgs {
+  const uint8_t* w;
+  int64_t row_bytes, rows, cols;
+  const float* x;
+  int64_t n;
+  float* y;
+  int64_t ldy;
+  __half* half;
+};
+
+template <typename W>
+struct GemvLauncher {
+  static cudaError_t Run(const BlockArgs& a, cudaStream_t s) {
+    constexpr int kThreads = 256;
+    const unsigned blocks = static_cast<unsigned>((a.rows + kThreads / kWarp - 1) / (kThreads / kWarp));
+    BlockGemvKernel<W><<<blocks, kThreads, 0, s>>>(a.w, a.row_bytes, a.rows, a.cols, a.x, a.n, a.y, a.ldy);
+    return cudaGetLastError();
+  }
+};
+template <typename W>
+struct ToHalfLauncher {
+  static cudaError_t Run(const BlockArgs& a, cudaStream_t s) {
+    const int64_t n = a.rows * a.cols;
+    BlockToHalfKernel<W><<<static_cast<unsigned>((n + 255) / 256), 256, 0, s>>>(a.w, a.row_bytes, a.rows, a.cols, a.half);
+    return cudaGetLastError();
+  }
+};
 
 template <typename W>
 struct GateUpLauncher {
@@ -598,6 +648,23 @@ cudaError_t LaunchHotFfn(const HotFfnArgs& args, cudaStream_t stream) {
     return e;
   }
   return ForKind<DownLauncher>(args.down_weights, args, stream);
+}
+
+cudaError_t LaunchBlockGemv(WeightFormat format, const uint8_t* w, int64_t row_bytes, int64_t rows,
+                            int64_t cols, const float* x, int64_t n, float* y, int64_t ldy,
+                            cudaStream_t stream) {
+  if (rows == 0 || n == 0) return cudaSuccess;
+  return ForKind<GemvLauncher>(format, BlockArgs{w, row_bytes, rows, cols, x, n, y, ldy, nullptr},
+                               stream);
+}
+
+cudaError_t LaunchBlockToHalf(WeightFormat format, const uint8_t* w, int64_t row_bytes,
+                              int64_t rows, int64_t cols, uint16_t* out, cudaStream_t stream) {
+  if (rows * cols == 0) return cudaSuccess;
+  return ForKind<ToHalfLauncher>(
+      format,
+      BlockArgs{w, row_bytes, rows, cols, nullptr, 0, nullptr, 0, reinterpret_cast<__half*>(out)},
+      stream);
 }
 
 cudaError_t LaunchMerge(float* x, const float* y_hot, const float* y_cold, int64_t n,

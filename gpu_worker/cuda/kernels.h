@@ -94,9 +94,9 @@ cudaError_t LaunchPackCold(const int32_t* cold_ids, const int32_t* cold_count, i
                            int64_t stride, int32_t* packed, uint32_t* row_end,
                            cudaStream_t stream);
 
-// Storage of the hot FFN rows on the device: fp16 (F32/F16/BF16 models, or gate and up of
-// different types) or the model's own blocks (block_decode.h decodes them).
-enum class HotWeights : int {
+// Storage of weight rows on the device: fp16 (F32/F16/BF16 models, or hot gate and up rows of
+// two different types) or the model's own blocks (block_decode.h decodes them).
+enum class WeightFormat : int {
   kF16 = 0,
   kQ8_0,
   kQ4_0,
@@ -126,8 +126,8 @@ enum class HotAct : int { kSilu = 0, kRelu = 1, kGelu = 2, kDrelu = 3 };
 // coeff: scratch of rows * max_count floats. stats[0] += neurons that passed the filter,
 // stats[1] += candidates (for the worker's metrics); stats may be null.
 struct HotFfnArgs {
-  HotWeights weights = HotWeights::kF16;  // gate and up rows
-  HotWeights down_weights = HotWeights::kF16;
+  WeightFormat weights = WeightFormat::kF16;  // gate and up rows
+  WeightFormat down_weights = WeightFormat::kF16;
   const uint8_t* gate = nullptr;  // null: an FFN without a gate
   const uint8_t* up = nullptr;
   const uint8_t* down = nullptr;  // one row per neuron (ffn_down_t)
@@ -151,6 +151,17 @@ struct HotFfnArgs {
   float* y = nullptr;
 };
 cudaError_t LaunchHotFfn(const HotFfnArgs& args, cudaStream_t stream);
+
+// A dense matrix in the model's own blocks (format != kF16; rows of row_bytes):
+// y[t * ldy + r] = sum_c W[r][c] x[t * cols + c] for r < rows, t < n, with f32 x: decode-sized
+// products (one warp per row, every token per warp, so a row is read from memory once).
+cudaError_t LaunchBlockGemv(WeightFormat format, const uint8_t* w, int64_t row_bytes, int64_t rows,
+                            int64_t cols, const float* x, int64_t n, float* y, int64_t ldy,
+                            cudaStream_t stream);
+// The same rows as fp16, out[r * cols + c] = fp16(W[r][c]) for r < rows, for prompt-sized
+// products through cuBLAS.
+cudaError_t LaunchBlockToHalf(WeightFormat format, const uint8_t* w, int64_t row_bytes,
+                              int64_t rows, int64_t cols, uint16_t* out, cudaStream_t stream);
 
 // x[i] += y_hot[i] + y_cold[i] (y_cold may be null: x[i] += y_hot[i]) for i < n: the residual
 // adds of the layer program, and the cold partial's add to the hot one.

@@ -454,11 +454,80 @@ TEST_F(CudaKernelsTest, MergeAddsBothPartials) {
   for (int64_t i = 0; i < n; ++i) EXPECT_EQ(got2[i], got[i] + yh[i]);
 }
 
+// ---- dense matrices kept in their blocks (the attention projections and the output head) ----
+
+struct BlockCase {
+  GgmlType type;
+  WeightFormat format;
+};
+
+class BlockMatrixTest : public CudaKernelsTest, public ::testing::WithParamInterface<BlockCase> {};
+
+TEST_P(BlockMatrixTest, GemvAndHalfCopyMatchTheDequantizedRows) {
+  const BlockCase& bc = GetParam();
+  const int64_t rows = 70, cols = 512, n = 3;
+  const int64_t row_bytes = RowBytes(bc.type, cols);
+  std::vector<uint8_t> w(rows * row_bytes);
+  for (int64_t r = 0; r < rows; ++r) {
+    const std::vector<float> v = Random(cols, 0.1f);
+    QuantizeRow(bc.type, v.data(), w.data() + r * row_bytes, cols);
+  }
+  std::vector<float> deq(rows * cols);
+  for (int64_t r = 0; r < rows; ++r) DequantizeRow(bc.type, w.data() + r * row_bytes, deq.data() + r * cols, cols);
+  const std::vector<float> x = Random(n * cols);
+  auto dw = Up(w);
+  auto dx = Up(x);
+  CudaArray<float> y;
+  CudaArray<uint16_t> half;
+  ASSERT_TRUE(y.Allocate(n * rows).ok());
+  ASSERT_TRUE(half.Allocate(rows * cols).ok());
+  ASSERT_EQ(LaunchBlockGemv(bc.format, dw.get(), row_bytes, rows, cols, dx.get(), n, y.get(), rows, stream_), cudaSuccess);
+  ASSERT_EQ(LaunchBlockToHalf(bc.format, dw.get(), row_bytes, rows, cols, half.get(), stream_), cudaSuccess);
+  Sync();
+  const std::vector<float> got = Down(y, n * rows);
+  const std::vector<uint16_t> got_h = Down(half, rows * cols);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t r = 0; r < rows; ++r) {
+      double exact = 0, mag = 0;
+      for (int64_t c = 0; c < cols; ++c) {
+        exact += static_cast<double>(deq[r * cols + c]) * x[t * cols + c];
+        mag += std::fabs(static_cast<double>(deq[r * cols + c]) * x[t * cols + c]);
+      }
+      // fp32 products of the decoded weights (the device may fuse a decoder's multiply-add:
+      // one rounding less, 2^-24 of each weight) summed in another order: cols * 2^-24 of
+      // sum |w x| at most, 3e-5 for 512 columns; 1e-4 leaves room.
+      EXPECT_NEAR(got[t * rows + r], exact, 1e-4 * mag + 1e-6) << "token " << t << " row " << r;
+    }
+  }
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    // The fp16 of the decoded value: within half an fp16 step (2^-11 relative) of it.
+    EXPECT_NEAR(Fp16ToFp32(got_h[i]), deq[i], std::ldexp(std::fabs(deq[i]), -10) + 1e-7) << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Types, BlockMatrixTest,
+    ::testing::Values(BlockCase{GgmlType::kQ8_0, WeightFormat::kQ8_0},
+                      BlockCase{GgmlType::kQ4_0, WeightFormat::kQ4_0},
+                      BlockCase{GgmlType::kQ4_1, WeightFormat::kQ4_1},
+                      BlockCase{GgmlType::kQ5_0, WeightFormat::kQ5_0},
+                      BlockCase{GgmlType::kQ5_1, WeightFormat::kQ5_1},
+                      BlockCase{GgmlType::kQ2_K, WeightFormat::kQ2_K},
+                      BlockCase{GgmlType::kQ3_K, WeightFormat::kQ3_K},
+                      BlockCase{GgmlType::kQ4_K, WeightFormat::kQ4_K},
+                      BlockCase{GgmlType::kQ5_K, WeightFormat::kQ5_K},
+                      BlockCase{GgmlType::kQ6_K, WeightFormat::kQ6_K},
+                      BlockCase{GgmlType::kIQ4_NL, WeightFormat::kIQ4_NL},
+                      BlockCase{GgmlType::kIQ4_XS, WeightFormat::kIQ4_XS}),
+    [](const ::testing::TestParamInfo<BlockCase>& info) {
+      return std::string(TypeTraits(info.param.type).name);
+    });
+
 // ---- the sparse hot FFN, per weight type ----
 
 struct FfnCase {
   GgmlType type;
-  HotWeights kind;
+  WeightFormat kind;
   FfnActivation act;
   NeuronFilter filter;
   const char* name;
@@ -466,7 +535,7 @@ struct FfnCase {
   bool up_bias = false;  // an up bias (starcoder2; gated FFNs with one too)
   // down rows of another type than gate and up (Q4_K_M: q6_K, q5_0 or q8_0); none: the same.
   std::optional<GgmlType> down_type;
-  HotWeights down_kind = HotWeights::kF16;
+  WeightFormat down_kind = WeightFormat::kF16;
 };
 
 // The backend's mapping (cuda_backend.cc asserts the numbers agree).
@@ -478,7 +547,7 @@ TEST_P(HotFfnTest, MatchesNeuronFfn) {
   const FfnCase& fc = GetParam();
   const int64_t n_hot = 300, dim = 256, rows = 3;
   const GgmlType down_type = fc.down_type.value_or(fc.type);
-  const HotWeights down_kind = fc.down_type ? fc.down_kind : fc.kind;
+  const WeightFormat down_kind = fc.down_type ? fc.down_kind : fc.kind;
   const int64_t row_bytes = RowBytes(fc.type, dim), down_row_bytes = RowBytes(down_type, dim);
   // Compact hot rows of gate, up and down_t, stored as the device stores them.
   std::vector<uint8_t> gate(n_hot * row_bytes), up(n_hot * row_bytes), down(n_hot * down_row_bytes);
@@ -616,34 +685,34 @@ TEST_P(HotFfnTest, MatchesNeuronFfn) {
 INSTANTIATE_TEST_SUITE_P(
     Types, HotFfnTest,
     ::testing::Values(
-        FfnCase{GgmlType::kF16, HotWeights::kF16, FfnActivation::kRelu, NeuronFilter::None(), "f16_relu_none"},
-        FfnCase{GgmlType::kF16, HotWeights::kF16, FfnActivation::kRelu, NeuronFilter::Positive(), "f16_relu_positive"},
-        FfnCase{GgmlType::kF16, HotWeights::kF16, FfnActivation::kSilu, NeuronFilter::Magnitude(0.05f, 0.001f), "f16_silu_magnitude"},
-        FfnCase{GgmlType::kQ8_0, HotWeights::kQ8_0, FfnActivation::kRelu, NeuronFilter::None(), "q8_0_relu_none"},
-        FfnCase{GgmlType::kQ8_0, HotWeights::kQ8_0, FfnActivation::kRelu, NeuronFilter::Positive(), "q8_0_relu_positive"},
-        FfnCase{GgmlType::kQ8_0, HotWeights::kQ8_0, FfnActivation::kSilu, NeuronFilter::None(), "q8_0_silu_none"},
-        FfnCase{GgmlType::kQ4_0, HotWeights::kQ4_0, FfnActivation::kRelu, NeuronFilter::None(), "q4_0_relu_none"},
-        FfnCase{GgmlType::kQ4_0, HotWeights::kQ4_0, FfnActivation::kRelu, NeuronFilter::Positive(), "q4_0_relu_positive"},
-        FfnCase{GgmlType::kQ4_0, HotWeights::kQ4_0, FfnActivation::kSilu, NeuronFilter::None(), "q4_0_silu_none"},
+        FfnCase{GgmlType::kF16, WeightFormat::kF16, FfnActivation::kRelu, NeuronFilter::None(), "f16_relu_none"},
+        FfnCase{GgmlType::kF16, WeightFormat::kF16, FfnActivation::kRelu, NeuronFilter::Positive(), "f16_relu_positive"},
+        FfnCase{GgmlType::kF16, WeightFormat::kF16, FfnActivation::kSilu, NeuronFilter::Magnitude(0.05f, 0.001f), "f16_silu_magnitude"},
+        FfnCase{GgmlType::kQ8_0, WeightFormat::kQ8_0, FfnActivation::kRelu, NeuronFilter::None(), "q8_0_relu_none"},
+        FfnCase{GgmlType::kQ8_0, WeightFormat::kQ8_0, FfnActivation::kRelu, NeuronFilter::Positive(), "q8_0_relu_positive"},
+        FfnCase{GgmlType::kQ8_0, WeightFormat::kQ8_0, FfnActivation::kSilu, NeuronFilter::None(), "q8_0_silu_none"},
+        FfnCase{GgmlType::kQ4_0, WeightFormat::kQ4_0, FfnActivation::kRelu, NeuronFilter::None(), "q4_0_relu_none"},
+        FfnCase{GgmlType::kQ4_0, WeightFormat::kQ4_0, FfnActivation::kRelu, NeuronFilter::Positive(), "q4_0_relu_positive"},
+        FfnCase{GgmlType::kQ4_0, WeightFormat::kQ4_0, FfnActivation::kSilu, NeuronFilter::None(), "q4_0_silu_none"},
         // The FFN forms of the other architectures: GELU-gated (gemma2), dReLU (bamboo), and
         // without a gate, with an up bias (falcon's ReLU MLP, starcoder2's GELU MLP).
-        FfnCase{GgmlType::kF16, HotWeights::kF16, FfnActivation::kGelu, NeuronFilter::None(), "f16_gelu_gated", true, true},
-        FfnCase{GgmlType::kF16, HotWeights::kF16, FfnActivation::kDrelu, NeuronFilter::Positive(), "f16_drelu_positive"},
-        FfnCase{GgmlType::kF16, HotWeights::kF16, FfnActivation::kRelu, NeuronFilter::Positive(), "f16_relu_plain_bias", false, true},
-        FfnCase{GgmlType::kQ8_0, HotWeights::kQ8_0, FfnActivation::kGelu, NeuronFilter::None(), "q8_0_gelu_plain_bias", false, true},
+        FfnCase{GgmlType::kF16, WeightFormat::kF16, FfnActivation::kGelu, NeuronFilter::None(), "f16_gelu_gated", true, true},
+        FfnCase{GgmlType::kF16, WeightFormat::kF16, FfnActivation::kDrelu, NeuronFilter::Positive(), "f16_drelu_positive"},
+        FfnCase{GgmlType::kF16, WeightFormat::kF16, FfnActivation::kRelu, NeuronFilter::Positive(), "f16_relu_plain_bias", false, true},
+        FfnCase{GgmlType::kQ8_0, WeightFormat::kQ8_0, FfnActivation::kGelu, NeuronFilter::None(), "q8_0_gelu_plain_bias", false, true},
         // Every other block type read as stored (gpu_worker/cuda/block_decode.h), and Q4_K_M's
         // mix: q4_K gate and up with q6_K down rows.
-        FfnCase{GgmlType::kQ4_1, HotWeights::kQ4_1, FfnActivation::kRelu, NeuronFilter::None(), "q4_1_relu_none"},
-        FfnCase{GgmlType::kQ5_0, HotWeights::kQ5_0, FfnActivation::kSilu, NeuronFilter::None(), "q5_0_silu_none"},
-        FfnCase{GgmlType::kQ5_1, HotWeights::kQ5_1, FfnActivation::kRelu, NeuronFilter::Positive(), "q5_1_relu_positive"},
-        FfnCase{GgmlType::kQ2_K, HotWeights::kQ2_K, FfnActivation::kRelu, NeuronFilter::None(), "q2_K_relu_none"},
-        FfnCase{GgmlType::kQ3_K, HotWeights::kQ3_K, FfnActivation::kSilu, NeuronFilter::None(), "q3_K_silu_none"},
-        FfnCase{GgmlType::kQ4_K, HotWeights::kQ4_K, FfnActivation::kRelu, NeuronFilter::Positive(), "q4_K_relu_positive"},
-        FfnCase{GgmlType::kQ5_K, HotWeights::kQ5_K, FfnActivation::kSilu, NeuronFilter::None(), "q5_K_silu_none"},
-        FfnCase{GgmlType::kQ6_K, HotWeights::kQ6_K, FfnActivation::kRelu, NeuronFilter::None(), "q6_K_relu_none"},
-        FfnCase{GgmlType::kIQ4_NL, HotWeights::kIQ4_NL, FfnActivation::kSilu, NeuronFilter::None(), "iq4_nl_silu_none"},
-        FfnCase{GgmlType::kIQ4_XS, HotWeights::kIQ4_XS, FfnActivation::kRelu, NeuronFilter::None(), "iq4_xs_relu_none"},
-        FfnCase{GgmlType::kQ4_K, HotWeights::kQ4_K, FfnActivation::kRelu, NeuronFilter::None(), "q4_K_m_mix", true, false, GgmlType::kQ6_K, HotWeights::kQ6_K}),
+        FfnCase{GgmlType::kQ4_1, WeightFormat::kQ4_1, FfnActivation::kRelu, NeuronFilter::None(), "q4_1_relu_none"},
+        FfnCase{GgmlType::kQ5_0, WeightFormat::kQ5_0, FfnActivation::kSilu, NeuronFilter::None(), "q5_0_silu_none"},
+        FfnCase{GgmlType::kQ5_1, WeightFormat::kQ5_1, FfnActivation::kRelu, NeuronFilter::Positive(), "q5_1_relu_positive"},
+        FfnCase{GgmlType::kQ2_K, WeightFormat::kQ2_K, FfnActivation::kRelu, NeuronFilter::None(), "q2_K_relu_none"},
+        FfnCase{GgmlType::kQ3_K, WeightFormat::kQ3_K, FfnActivation::kSilu, NeuronFilter::None(), "q3_K_silu_none"},
+        FfnCase{GgmlType::kQ4_K, WeightFormat::kQ4_K, FfnActivation::kRelu, NeuronFilter::Positive(), "q4_K_relu_positive"},
+        FfnCase{GgmlType::kQ5_K, WeightFormat::kQ5_K, FfnActivation::kSilu, NeuronFilter::None(), "q5_K_silu_none"},
+        FfnCase{GgmlType::kQ6_K, WeightFormat::kQ6_K, FfnActivation::kRelu, NeuronFilter::None(), "q6_K_relu_none"},
+        FfnCase{GgmlType::kIQ4_NL, WeightFormat::kIQ4_NL, FfnActivation::kSilu, NeuronFilter::None(), "iq4_nl_silu_none"},
+        FfnCase{GgmlType::kIQ4_XS, WeightFormat::kIQ4_XS, FfnActivation::kRelu, NeuronFilter::None(), "iq4_xs_relu_none"},
+        FfnCase{GgmlType::kQ4_K, WeightFormat::kQ4_K, FfnActivation::kRelu, NeuronFilter::None(), "q4_K_m_mix", true, false, GgmlType::kQ6_K, WeightFormat::kQ6_K}),
     [](const ::testing::TestParamInfo<FfnCase>& info) { return std::string(info.param.name); });
 
 }  // namespace
