@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -11,6 +12,7 @@
 #include "gpu_worker/cuda/kernels.h"
 #include "shared/ipc/futex.h"
 #include "shared/kernels/matmul.h"
+#include "shared/runtime/ffn.h"
 #include "shared/runtime/layer_program.h"
 #include "shared/runtime/ops.h"
 #include "shared/sparsity/neuron_ffn.h"
@@ -175,6 +177,11 @@ struct DeviceLayer {
   CudaArray<uint8_t> gate, up, down;
   CudaArray<float> up_b;    // the hot neurons' up biases, compacted like the rows
   CudaArray<float> down_b;  // [dim], added once to the merged hot + cold output
+  // MoE layers: every expert's hot rows, then the shared expert's whole (it stays here, as in
+  // the host backend), back to back; expert e's are rows [expert_begin[e], expert_begin[e + 1]).
+  bool moe = false;
+  std::vector<int64_t> expert_begin;
+  int64_t shared_begin = 0, shared_rows = 0;
   CudaArray<int32_t> hot_iota;  // 0..n_hot-1: every hot neuron is a candidate
   // Predicted layers: hot_slot[i] = compact hot index of neuron i, or -1 when cold; the predictor.
   CudaArray<int32_t> hot_slot;
@@ -234,6 +241,15 @@ class CudaBackend final : public Backend {
   int64_t WeightScratchElems() const;
   absl::Status Validate(std::span<const BatchEntry> batch) const;
   absl::Status RunStep(std::vector<float>* logits);
+  // An MoE layer's device part: the hot rows of the experts and the shared expert.
+  absl::Status InitMoeLayer(int64_t l, ThreadPool& pool);
+  // Ffn of an MoE layer: routing on the host (RouteExperts, as the host backend), then every
+  // row's picked experts' hot rows and the shared expert as one candidate list, each candidate
+  // weighted by its expert's router weight (or the shared gate).
+  absl::Status MoeFfn(int64_t l, Act in, Act out);
+  // The cold round trip of layer l over h_pin_ (already on the host), its partial added to y,
+  // then the down bias. `request` is sent when set.
+  absl::Status FinishCold(int64_t l, const ColdRequest* request, float* y);
   // The f32 buffer of an activation, its width, and its fp16 copy for cuBLAS (null for those
   // no product reads). Half() converts on first use after the f32 values changed.
   float* F32(Act a) const;
@@ -285,6 +301,15 @@ class CudaBackend final : public Backend {
   PinnedArray<int32_t> ids_pin_, step_pin_;  // step_pin_: slots, positions, row map
   PinnedArray<uint32_t> row_end_pin_, stats_pin_;
 
+  // MoE: routing on the host, candidate lists staged in pinned memory for the device.
+  ThreadPool route_pool_{1};
+  std::vector<float> route_probs_, pick_w_;
+  std::vector<int32_t> picks_;
+  CudaArray<float> cand_scale_;
+  PinnedArray<int32_t> cand_pin_, count_pin_;
+  PinnedArray<float> scale_pin_;
+  int64_t max_cand_ = 0;  // the most candidates a row can have in any layer
+
   std::vector<BatchEntry> batch_;
   ColdLink* cold_ = nullptr;
   int64_t n_ = 0, n_out_ = 0;  // the running step's rows, and those that want logits
@@ -322,6 +347,7 @@ MemoryPlan CudaBackend::Plan() const {
           &w.post_ffn_norm, &w.q_norm, &w.k_norm, &w.bq, &w.bk, &w.bv, &w.bo, &w.down_b}) {
       p.norms += 4 * static_cast<int64_t>(v->size());
     }
+    if (c.layers[l].moe) continue;  // below, with the MoE scratch
     const MatrixView& down = w.has_down_t ? w.down_t : w.down;
     const int64_t n_hot = static_cast<int64_t>(partition_.layers[l].hot.size());
     // DownRows keeps the model's type for down_t (a transposed quantized copy is requantized
@@ -340,8 +366,27 @@ MemoryPlan CudaBackend::Plan() const {
   const int64_t kv_elem = options_.kv_type == GgmlType::kF16 ? 2 : 4;
   p.kv = 2 * c.n_layers * options_.n_kv_slots * context_ * c.kv_dim * kv_elem;
   int64_t max_hot = 0;
-  for (const LayerPartition& lp : partition_.layers) {
-    max_hot = std::max<int64_t>(max_hot, static_cast<int64_t>(lp.hot.size()));
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    int64_t rows = static_cast<int64_t>(partition_.layers[l].hot.size());
+    if (c.layers[l].moe) rows += c.shared_expert_ffn_dim;
+    max_hot = std::max(max_hot, rows);
+  }
+  if (c.moe()) {
+    // MoE shares hot_idx_ and adds a weight per candidate (device and pinned) and its indices
+    // pinned.
+    p.scratch += 4 * b * 3 * std::max<int64_t>(max_hot, 1);
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      if (!c.layers[l].moe) continue;
+      const LayerWeights& w = model_.layer(l);
+      const LayerPartition& part = partition_.layers[l];
+      const HotKinds k = KindsOf(w.experts[0].gate, w.experts[0].up, w.experts[0].down);
+      p.hot_ffn += static_cast<int64_t>(part.hot.size()) *
+                   (2 * HotRowBytes(k.gate_up, w.experts[0].up.type, c.dim) +
+                    HotRowBytes(k.down, w.experts[0].down.type, c.dim));
+      if (!w.shared.up.empty()) {
+        p.hot_ffn += c.shared_expert_ffn_dim * 3 * c.dim * 2;  // an upper bound: fp16
+      }
+    }
   }
   // The allocations of Init, per row of the batch: f32, fp16 and int32 buffers.
   p.scratch = 4 * b * (5 * c.dim + 2 * c.q_dim + 2 * c.kv_dim + max_rank_ + c.ffn_dim +
@@ -449,6 +494,10 @@ absl::Status CudaBackend::Init() {
     TC_ASSIGN_OR_RETURN(d.wv, UploadMatrix(w.wv, pool));
     TC_ASSIGN_OR_RETURN(d.wo, UploadMatrix(w.wo, pool));
     const LayerPartition& part = partition_.layers[l];
+    if (c.layers[l].moe) {
+      TC_RETURN_IF_ERROR(InitMoeLayer(l, pool));
+      continue;
+    }
     d.n_hot = static_cast<int64_t>(part.hot.size());
     if (d.n_hot > 0) {
       TC_ASSIGN_OR_RETURN(DownRows down, DownRows::ForLayer(model_, l, std::nullopt, pool));
@@ -522,6 +571,13 @@ absl::Status CudaBackend::Init() {
   TC_RETURN_IF_ERROR(scores_.Allocate(b * c.ffn_dim));
   TC_RETURN_IF_ERROR(att_scores_.Allocate(b * c.n_heads * context_));
   TC_RETURN_IF_ERROR(coeff_.Allocate(b * std::max<int64_t>(max_hot, 1)));
+  if (c.moe()) {
+    max_cand_ = std::max<int64_t>(max_hot, 1);
+    TC_RETURN_IF_ERROR(cand_scale_.Allocate(b * max_cand_));
+    TC_RETURN_IF_ERROR(cand_pin_.Allocate(b * max_cand_));
+    TC_RETURN_IF_ERROR(scale_pin_.Allocate(b * max_cand_));
+    TC_RETURN_IF_ERROR(count_pin_.Allocate(b));
+  }
   TC_RETURN_IF_ERROR(logits_.Allocate(b * c.vocab_size));
   for (CudaArray<uint16_t>* a : {&xh_, &hh_}) TC_RETURN_IF_ERROR(a->Allocate(b * c.dim));
   TC_RETURN_IF_ERROR(atth_.Allocate(b * c.q_dim));
@@ -530,9 +586,10 @@ absl::Status CudaBackend::Init() {
   for (CudaArray<int32_t>* a : {&slots_, &positions_, &row_map_, &hot_count_, &cold_count_}) {
     TC_RETURN_IF_ERROR(a->Allocate(b));
   }
-  for (CudaArray<int32_t>* a : {&hot_idx_, &cold_ids_, &packed_}) {
+  for (CudaArray<int32_t>* a : {&cold_ids_, &packed_}) {
     TC_RETURN_IF_ERROR(a->Allocate(b * c.ffn_dim));
   }
+  TC_RETURN_IF_ERROR(hot_idx_.Allocate(b * std::max(c.ffn_dim, max_cand_)));
   TC_RETURN_IF_ERROR(row_end_.Allocate(b));
   TC_RETURN_IF_ERROR(stats_.Allocate(2 * c.n_layers));
   TC_RETURN_IF_ERROR(x_pin_.Allocate(b * c.dim));
@@ -553,6 +610,167 @@ absl::Status CudaBackend::Init() {
                                  prop.name, mp.total() / 1048576.0, mp.ToString(),
                                  budget / 1048576.0));
   }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::InitMoeLayer(int64_t l, ThreadPool& pool) {
+  const ModelConfig& c = model_.config();
+  const LayerWeights& w = model_.layer(l);
+  const LayerPartition& part = partition_.layers[l];
+  DeviceLayer& d = layers_[l];
+  const SparsityMode mode = plan_.mode(l);
+  if (mode != SparsityMode::kDense && mode != SparsityMode::kExact) {
+    // Threshold cuts differ per expert (and predicted is refused for MoE everywhere).
+    return absl::UnimplementedError(absl::StrCat(
+        "the cuda backend runs mixture-of-experts layers dense or exact; layer ", l, " is ",
+        std::string(SparsityModeName(mode)), ": use --backend host"));
+  }
+  d.moe = true;
+  const int64_t n_exp = static_cast<int64_t>(w.experts.size());
+  const bool shared = !w.shared.up.empty();
+  // Gate and up of every expert share one tensor's type, and so do their downs; the shared
+  // expert is its own tensors: where its type differs, both go as fp16.
+  TC_ASSIGN_OR_RETURN(DownRows down0, DownRows::ForMatrix(w.experts[0].down, std::nullopt, pool));
+  d.kinds = KindsOf(w.experts[0].gate, w.experts[0].up, down0.view());
+  std::optional<DownRows> shared_down;
+  if (shared) {
+    TC_ASSIGN_OR_RETURN(shared_down, DownRows::ForMatrix(w.shared.down, std::nullopt, pool));
+    const HotKinds sk = KindsOf(w.shared.gate, w.shared.up, shared_down->view());
+    if (sk.gate_up != d.kinds.gate_up) d.kinds.gate_up = WeightFormat::kF16;
+    if (sk.down != d.kinds.down) d.kinds.down = WeightFormat::kF16;
+  }
+  d.row_bytes = HotRowBytes(d.kinds.gate_up, w.experts[0].up.type, c.dim);
+  d.down_row_bytes = HotRowBytes(d.kinds.down, down0.view().type, c.dim);
+  std::vector<uint8_t> gate, up, down;
+  auto append = [](std::vector<uint8_t>& to, const std::vector<uint8_t>& rows) {
+    to.insert(to.end(), rows.begin(), rows.end());
+  };
+  d.expert_begin.assign(n_exp + 1, 0);
+  for (int64_t e = 0; e < n_exp; ++e) {
+    std::vector<int32_t> ids;
+    for (int32_t id : ExpertSlice(part.hot, e, c.ffn_dim)) {
+      ids.push_back(static_cast<int32_t>(id - e * c.ffn_dim));
+    }
+    d.expert_begin[e + 1] = d.expert_begin[e] + static_cast<int64_t>(ids.size());
+    if (ids.empty()) continue;
+    const FfnWeights& x = w.experts[e];
+    TC_ASSIGN_OR_RETURN(DownRows down_e, DownRows::ForMatrix(x.down, std::nullopt, pool));
+    append(gate, GatherHotRows(x.gate, ids, d.kinds.gate_up, pool));
+    append(up, GatherHotRows(x.up, ids, d.kinds.gate_up, pool));
+    append(down, GatherHotRows(down_e.view(), ids, d.kinds.down, pool));
+  }
+  d.shared_begin = d.expert_begin[n_exp];
+  if (shared) {
+    d.shared_rows = c.shared_expert_ffn_dim;
+    std::vector<int32_t> all(d.shared_rows);
+    for (int64_t i = 0; i < d.shared_rows; ++i) all[i] = static_cast<int32_t>(i);
+    append(gate, GatherHotRows(w.shared.gate, all, d.kinds.gate_up, pool));
+    append(up, GatherHotRows(w.shared.up, all, d.kinds.gate_up, pool));
+    append(down, GatherHotRows(shared_down->view(), all, d.kinds.down, pool));
+  }
+  d.n_hot = d.shared_begin + d.shared_rows;
+  TC_ASSIGN_OR_RETURN(d.gate, UploadVector(gate));
+  TC_ASSIGN_OR_RETURN(d.up, UploadVector(up));
+  TC_ASSIGN_OR_RETURN(d.down, UploadVector(down));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::MoeFfn(int64_t l, Act in, Act out) {
+  const ModelConfig& c = model_.config();
+  const LayerWeights& w = model_.layer(l);
+  const DeviceLayer& d = layers_[l];
+  const int64_t n = n_, dim = c.dim, k = c.n_experts_used, stride = max_cand_;
+  float* h = F32(in);
+  float* y = F32(out);
+  // h to the host: the router runs there with the host backend's own RouteExperts (the same
+  // picks and weights for the same h), and the cold side needs h anyway. The wait also means
+  // the previous layer's uploads from the pinned buffers below are done.
+  TC_CUDA(cudaMemcpyAsync(h_pin_.get(), h, n * dim * sizeof(float), cudaMemcpyDeviceToHost, compute_));
+  TC_CUDA(cudaStreamSynchronize(compute_));
+  RouteExperts(c, w, h_pin_.get(), n, route_pool_, route_probs_, picks_, pick_w_);
+  int32_t* idx = cand_pin_.get();
+  float* scale = scale_pin_.get();
+  int32_t* count = count_pin_.get();
+  for (int64_t t = 0; t < n; ++t) {
+    int64_t m = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t e = picks_[t * k + j];
+      for (int64_t q = d.expert_begin[e]; q < d.expert_begin[e + 1]; ++q, ++m) {
+        idx[t * stride + m] = static_cast<int32_t>(q);
+        scale[t * stride + m] = pick_w_[t * k + j];
+      }
+    }
+    if (d.shared_rows > 0) {
+      const float g = SharedExpertGate(w, h_pin_.get() + t * dim);
+      for (int64_t q = 0; q < d.shared_rows; ++q, ++m) {
+        idx[t * stride + m] = static_cast<int32_t>(d.shared_begin + q);
+        scale[t * stride + m] = g;
+      }
+    }
+    count[t] = static_cast<int32_t>(m);
+  }
+  TC_CUDA(cudaMemcpyAsync(hot_idx_.get(), idx, n * stride * sizeof(int32_t), cudaMemcpyHostToDevice, compute_));
+  TC_CUDA(cudaMemcpyAsync(cand_scale_.get(), scale, n * stride * sizeof(float), cudaMemcpyHostToDevice, compute_));
+  TC_CUDA(cudaMemcpyAsync(hot_count_.get(), count, n * sizeof(int32_t), cudaMemcpyHostToDevice, compute_));
+
+  const NeuronFilter filter = plan_.FilterFor(l, c.activation, 0);  // dense or exact: one for all
+  HotFfnArgs a;
+  a.weights = d.kinds.gate_up;
+  a.down_weights = d.kinds.down;
+  a.gate = d.gate.get();
+  a.up = d.up.get();
+  a.down = d.down.get();
+  a.row_bytes = d.row_bytes;
+  a.down_row_bytes = d.down_row_bytes;
+  a.dim = dim;
+  a.act = ToHotAct(c.activation);
+  a.filter = filter.kind == NeuronFilter::Kind::kPositive ? 1 : 0;
+  a.idx = hot_idx_.get();
+  a.idx_stride = stride;
+  a.scale = cand_scale_.get();
+  a.counts = hot_count_.get();
+  a.max_count = d.n_hot;
+  a.h = h;
+  a.rows = n;
+  a.coeff = coeff_.get();
+  a.stats = stats_.get() + 2 * l;
+  a.y = y;
+  TC_CUDA(LaunchHotFfn(a, compute_));
+  Wrote(out);
+
+  if (partition_.layers[l].cold.empty()) return FinishCold(l, nullptr, y);
+  ColdRequest request;
+  request.layer = l;
+  request.rows = n;
+  request.dim = dim;
+  request.h = std::span<const float>(h_pin_.get(), n * dim);
+  request.all_cold = true;
+  request.picks = k;
+  request.experts = picks_;
+  request.expert_weights = pick_w_;
+  return FinishCold(l, &request, y);
+}
+
+absl::Status CudaBackend::FinishCold(int64_t l, const ColdRequest* request, float* y) {
+  const ModelConfig& c = model_.config();
+  const int64_t n = n_, dim = c.dim;
+  if (request != nullptr) {
+    TC_RETURN_IF_ERROR(cold_->SendCold(*request));
+    if (metrics_ != nullptr) metrics_->AddActivation();
+    const int64_t wait_start = ipc::MonotonicNs();
+    TC_RETURN_IF_ERROR(cold_->ReceiveCold(l, std::span<float>(y_cold_pin_.get(), n * dim)));
+    if (metrics_ != nullptr) {
+      metrics_->AddRingWait(static_cast<uint64_t>(std::max<int64_t>(0, ipc::MonotonicNs() - wait_start)));
+    }
+    TC_CUDA(cudaMemcpyAsync(y_cold_.get(), y_cold_pin_.get(), n * dim * sizeof(float), cudaMemcpyHostToDevice, copy_));
+    TC_CUDA(cudaEventRecord(cold_in_, copy_));
+    TC_CUDA(cudaStreamWaitEvent(compute_, cold_in_, 0));
+    // hot + cold, as the host split FFN sums them.
+    TC_CUDA(LaunchMerge(y, y_cold_.get(), nullptr, n * dim, compute_));
+  }
+  // The down bias once, on the merged output (the host split FFN's order).
+  const DeviceLayer& d = layers_[l];
+  if (d.down_b.get() != nullptr) TC_CUDA(LaunchAddBias(y, d.down_b.get(), n, dim, compute_));
   return absl::OkStatus();
 }
 
@@ -893,6 +1111,7 @@ absl::Status CudaBackend::Head(NormKind kind, float final_softcap) {
 absl::Status CudaBackend::Ffn(int64_t l, Act in, Act predictor_in, Act out) {
   const ModelConfig& c = model_.config();
   const DeviceLayer& d = layers_[l];
+  if (d.moe) return MoeFfn(l, in, out);
   const LayerPartition& part = partition_.layers[l];
   const int64_t n = n_, dim = c.dim, ffn = c.ffn_dim;
   const bool predicted = plan_.mode(l) == SparsityMode::kPredicted;
@@ -960,74 +1179,36 @@ absl::Status CudaBackend::Ffn(int64_t l, Act in, Act predictor_in, Act out) {
   TC_CUDA(LaunchHotFfn(a, compute_));
   Wrote(out);
 
-  bool sent = false;
-  if (has_cold) {
-    TC_CUDA(cudaEventSynchronize(copied_));
-    ColdRequest request;
-    request.layer = l;
-    request.rows = n;
-    request.dim = dim;
-    request.h = std::span<const float>(h_pin_.get(), n * dim);
-    request.all_cold = !predicted;
-    int64_t total = 0;
-    if (predicted) {
-      total = row_end_pin_.get()[n - 1];
-      if (total > n * ffn) {
-        return absl::InternalError(absl::StrCat("cuda backend: layer ", l, ": ", total,
-                                                " cold candidates for ", n, " rows"));
-      }
-      if (total > 0) {
-        TC_CUDA(cudaMemcpyAsync(ids_pin_.get(), packed_.get(), total * sizeof(int32_t), cudaMemcpyDeviceToHost, copy_));
-        TC_CUDA(cudaStreamSynchronize(copy_));
-      }
-      request.row_end = std::span<const uint32_t>(row_end_pin_.get(), n);
-      request.ids = std::span<const int32_t>(ids_pin_.get(), total);
+  if (!has_cold) return FinishCold(l, nullptr, y);
+  TC_CUDA(cudaEventSynchronize(copied_));
+  ColdRequest request;
+  request.layer = l;
+  request.rows = n;
+  request.dim = dim;
+  request.h = std::span<const float>(h_pin_.get(), n * dim);
+  request.all_cold = !predicted;
+  if (predicted) {
+    const int64_t total = row_end_pin_.get()[n - 1];
+    if (total > n * ffn) {
+      return absl::InternalError(absl::StrCat("cuda backend: layer ", l, ": ", total,
+                                              " cold candidates for ", n, " rows"));
     }
-    if (!predicted || total > 0) {
-      TC_RETURN_IF_ERROR(cold_->SendCold(request));
-      sent = true;
-      if (metrics_ != nullptr) metrics_->AddActivation();
-    }
+    // No cold candidate in any row: no round trip.
+    if (total == 0) return FinishCold(l, nullptr, y);
+    TC_CUDA(cudaMemcpyAsync(ids_pin_.get(), packed_.get(), total * sizeof(int32_t), cudaMemcpyDeviceToHost, copy_));
+    TC_CUDA(cudaStreamSynchronize(copy_));
+    request.row_end = std::span<const uint32_t>(row_end_pin_.get(), n);
+    request.ids = std::span<const int32_t>(ids_pin_.get(), total);
   }
-  if (sent) {
-    const int64_t wait_start = ipc::MonotonicNs();
-    TC_RETURN_IF_ERROR(cold_->ReceiveCold(l, std::span<float>(y_cold_pin_.get(), n * dim)));
-    if (metrics_ != nullptr) {
-      metrics_->AddRingWait(static_cast<uint64_t>(std::max<int64_t>(0, ipc::MonotonicNs() - wait_start)));
-    }
-    TC_CUDA(cudaMemcpyAsync(y_cold_.get(), y_cold_pin_.get(), n * dim * sizeof(float), cudaMemcpyHostToDevice, copy_));
-    TC_CUDA(cudaEventRecord(cold_in_, copy_));
-    TC_CUDA(cudaStreamWaitEvent(compute_, cold_in_, 0));
-    // hot + cold, as the host split FFN sums them.
-    TC_CUDA(LaunchMerge(y, y_cold_.get(), nullptr, n * dim, compute_));
-  }
-  // The down bias once, on the merged output (the host split FFN's order).
-  if (d.down_b.get() != nullptr) TC_CUDA(LaunchAddBias(y, d.down_b.get(), n, dim, compute_));
-  return absl::OkStatus();
+  return FinishCold(l, &request, y);
 }
 
 }  // namespace
 }  // namespace cuda
 
-namespace {
-
-// The backend executes the layer program (layer_program.h) for every dense architecture; a
-// mixture-of-experts layer (router, per-expert hot sets) has no device kernels yet, so such a
-// model is refused by name before anything is allocated rather than run wrongly.
-absl::Status CheckDeviceFeatures(const Model& model) {
-  const ModelConfig& c = model.config();
-  if (!c.moe()) return absl::OkStatus();
-  return absl::UnimplementedError(absl::StrCat(
-      "the cuda backend does not run this ", c.arch_name(),
-      " model yet (it needs: mixture of experts); use --backend host"));
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const Model& model,
                                                            SparsityPlan plan, Partition partition,
                                                            const CudaBackendOptions& options) {
-  TC_RETURN_IF_ERROR(CheckDeviceFeatures(model));
   auto b = std::make_unique<cuda::CudaBackend>(model, std::move(plan), std::move(partition), options);
   TC_RETURN_IF_ERROR(b->Init());
   return std::unique_ptr<Backend>(std::move(b));

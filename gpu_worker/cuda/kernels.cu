@@ -390,6 +390,7 @@ __global__ void HotGateUpKernel(HotFfnArgs a) {
       c = a.act == HotAct::kDrelu ? act * (u > 0.0f ? u : 0.0f) : act * u;
     }
     if (a.coeff_cut > 0.0f && fabsf(c) < a.coeff_cut) c = 0.0f;
+    if (a.scale) c *= a.scale[r * a.idx_stride + k];
     if (a.stats && lane == 0) atomicAdd(a.stats, 1u);
   }
   if (lane == 0) a.coeff[r * a.max_count + k] = c;

@@ -122,6 +122,8 @@ enum class HotAct : int { kSilu = 0, kRelu = 1, kGelu = 2, kDrelu = 3 };
 //   gated: g = gate_k . h_r; a = act(g); u = up_k . h_r + up_b[k]; c = a * u (dReLU: a * relu(u));
 //   not gated (gate null): g = up_k . h_r + up_b[k]; c = a = act(g);
 //   filter (0 none, 1 a > 0, 2 |a| >= cut); c dropped when coeff_cut > 0 and |c| < coeff_cut;
+//   then c *= scale[r * idx_stride + k] when scale is set (MoE: the router's weight of the
+//   candidate's expert, or the shared expert's gate);
 //   y[r] = sum_k c_k down_k (y is overwritten). up_b may be null (no bias).
 // coeff: scratch of rows * max_count floats. stats[0] += neurons that passed the filter,
 // stats[1] += candidates (for the worker's metrics); stats may be null.
@@ -141,6 +143,7 @@ struct HotFfnArgs {
   float coeff_cut = 0.0f;
   const int32_t* idx = nullptr;
   int64_t idx_stride = 0;
+  const float* scale = nullptr;  // laid out as idx, or null
   const int32_t* counts = nullptr;
   int32_t fixed_count = 0;
   int64_t max_count = 0;
