@@ -26,10 +26,18 @@ struct ArchCase {
 };
 
 inline constexpr ArchCase kArchCases[] = {
-    {"llama-rope-llama3", false}, {"llama-rope-yarn", false}, {"llama-rope-linear", false},
-    {"llama-gqa-headdim", false}, {"llama-moe", false},       {"qwen2", false},
-    {"qwen2moe", false},          {"olmo2", false},           {"gemma2", true},
-    {"phi3", false},              {"starcoder2", true},       {"falcon", true},
+    {"llama-rope-llama3", false},
+    {"llama-rope-yarn", false},
+    {"llama-rope-linear", false},
+    {"llama-gqa-headdim", false},
+    {"llama-moe", false},
+    {"qwen2", false},
+    {"qwen2moe", false},
+    {"olmo2", false},
+    {"gemma2", true},
+    {"phi3", false},
+    {"starcoder2", true},
+    {"falcon", true},
 };
 
 // The test name of a case: its model's name with '-' as '_'.

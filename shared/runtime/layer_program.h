@@ -72,8 +72,8 @@ inline RopeParams ModelRope(const Model& model) {
   if (rs.kind == RopeScaling::Kind::kYarn) {
     rope.ext_factor = rs.ext_factor;
     rope.attn_factor = rs.attn_factor;
-    RopeYarnCorrDims(c.rope_dim, rs.original_context, c.rope_freq_base, rs.beta_fast,
-                     rs.beta_slow, &rope.corr_low, &rope.corr_high);
+    RopeYarnCorrDims(c.rope_dim, rs.original_context, c.rope_freq_base, rs.beta_fast, rs.beta_slow,
+                     &rope.corr_low, &rope.corr_high);
   }
   return rope;
 }

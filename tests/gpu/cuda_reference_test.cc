@@ -26,6 +26,7 @@
 // against the f32 reference only the dense products' fp16 inputs and weights remain (2^-10 of
 // sum |w x| per product, ~5 products per layer and the head): sqrt(21) * 2^-10 ~ 4.5e-3 of the
 // logits' scale if nothing cancels; we allow 2e-2 of max(1, max|logit|) per row.
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,8 +34,6 @@
 #include <cstdio>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "gpu_worker/cuda/cuda_backend.h"
 #include "shared/driver/split_engine.h"
@@ -79,7 +78,8 @@ TEST_P(CudaArchTest, SplitOnTheDeviceMatchesLlamaCpp) {
   ASSERT_TRUE(model.ok()) << model.status();
   const ModelConfig& config = (*model)->config();
   const std::vector<int32_t> ids = testing::Ints(testing::ReadFileOrDie(ArchPath("ids32.txt")));
-  const std::vector<float> ref = testing::ReadF32File(ArchPath(std::string(c.name) + ".logits.f32"));
+  const std::vector<float> ref =
+      testing::ReadF32File(ArchPath(std::string(c.name) + ".logits.f32"));
   const std::vector<float> ref_steps =
       testing::ReadF32File(ArchPath(std::string(c.name) + ".greedy_steps.f32"));
   const std::vector<int32_t> ref_greedy = testing::ReferenceGreedy(c.name);
@@ -87,7 +87,8 @@ TEST_P(CudaArchTest, SplitOnTheDeviceMatchesLlamaCpp) {
   for (double hot : {0.0, 0.5, 1.0}) {
     SCOPED_TRACE(hot);
     driver::SplitEngineOptions o = testing::ArchSplitOptions(
-        path, config, hot, "cudaarch-" + std::to_string(getpid()) + "-" + std::to_string(counter++));
+        path, config, hot,
+        "cudaarch-" + std::to_string(getpid()) + "-" + std::to_string(counter++));
     o.gpu_backend = "cuda";
     auto engine = driver::SplitEngine::Create(o);
     ASSERT_TRUE(engine.ok()) << engine.status();
@@ -99,7 +100,8 @@ TEST_P(CudaArchTest, SplitOnTheDeviceMatchesLlamaCpp) {
       const float* b = ref.data() + r * kVocab;
       const double bound = RowBound(b);
       double d = 0;
-      for (int64_t i = 0; i < kVocab; ++i) d = std::max(d, static_cast<double>(std::abs(a[i] - b[i])));
+      for (int64_t i = 0; i < kVocab; ++i)
+        d = std::max(d, static_cast<double>(std::abs(a[i] - b[i])));
       worst = std::max(worst, d / bound);
       EXPECT_LE(d, bound) << c.name << " prompt row " << r;
     }
@@ -118,7 +120,6 @@ TEST_P(CudaArchTest, SplitOnTheDeviceMatchesLlamaCpp) {
 
 INSTANTIATE_TEST_SUITE_P(Archs, CudaArchTest, ::testing::ValuesIn(testing::kArchCases),
                          testing::ArchCaseName);
-
 
 constexpr double kQuantRelBound = 2e-2;
 
@@ -149,7 +150,8 @@ TEST_P(CudaQuantTest, SplitOnTheDeviceMatchesTheDequantizedReference) {
     auto engine = driver::SplitEngine::Create(o);
     ASSERT_TRUE(engine.ok()) << engine.status();
     std::vector<BatchEntry> batch;
-    for (size_t p = 0; p < ids.size(); ++p) batch.push_back({0, static_cast<int32_t>(p), ids[p], true});
+    for (size_t p = 0; p < ids.size(); ++p)
+      batch.push_back({0, static_cast<int32_t>(p), ids[p], true});
     std::vector<float> logits;
     ASSERT_TRUE((*engine)->Run(batch, logits).ok());
     ASSERT_EQ(logits.size(), ids.size() * kVocab);

@@ -3,7 +3,7 @@
 // bit for bit. The same header is compiled by nvcc for the device kernels, so what is checked
 // here is the decoders' arithmetic; the kernels around them are tests/gpu/cuda_kernels_test.cc's.
 // The fp16 conversion is checked on all 65536 values.
-#include "gpu_worker/cuda/block_decode.h"
+#include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
@@ -11,8 +11,7 @@
 #include <string>
 #include <vector>
 
-#include <gtest/gtest.h>
-
+#include "gpu_worker/cuda/block_decode.h"
 #include "shared/gguf/ggml_type.h"
 #include "shared/gguf/quant.h"
 #include "shared/util/fp16.h"
