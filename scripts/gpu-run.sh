@@ -20,9 +20,10 @@
 # Usage: run.sh [BIN_DIR]        (default: bin/ beside this script)
 # Environment: OUT (logs; default a new directory under /tmp), BUDGET (480 s), MODEL (default
 # $WORK_DIR/thermocline-synth-7b-relu-q4_0.gguf, WORK_DIR default /tmp: the 3.8 GB file stays
-# out of $OUT), HOT_FRACTION (0.4), VRAM_BUDGET (6G: attention, head and KV in fp16 take
-# ~4.6 GiB on this shape, leaving room for ~40% of the Q4_0 FFN neurons and not for all of
-# them), TOKENS (16), ROUNDS (2), SPARSITY (exact), THREADS (all cores).
+# out of $OUT), HOT_FRACTION (0.4: the share of a 7B model's FFN a consumer card holds beside
+# everything else), VRAM_BUDGET (6G, an upper bound the plan is checked against: attention and
+# the head stay in Q4_0 on the device, ~1.3 GiB on this shape, and 40% of the FFN is ~0.9 GiB),
+# TOKENS (16), ROUNDS (2), SPARSITY (exact), THREADS (all cores).
 # Exit status: 0 when every stage passed, 1 otherwise, 2 on a usage error.
 set -uo pipefail  # no -e: a failing stage is recorded and the next one still runs
 
