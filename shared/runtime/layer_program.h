@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cmath>
+#include <concepts>
 #include <cstdint>
 
 #include "absl/status/status.h"
@@ -47,6 +48,25 @@ enum class Act {
 
 // Which of a layer's norm vectors (model.h LayerWeights) an operation uses.
 enum class NormWeights { kAttn, kFfn, kPostAttn, kPostFfn, kQ, kK };
+
+// What an executor provides (the list at the top of this file), so that one lacking an
+// operation is named by the compiler at its RunModel call.
+template <class E>
+concept LayerExecutor = requires(E e, int64_t l, NormWeights w, NormKind k, Act a, Projection p,
+                                 float f) {
+  { e.Embed(f) } -> std::same_as<absl::Status>;
+  { e.Norm(l, w, k, a, a) } -> std::same_as<absl::Status>;
+  { e.Project(l, p, a, a) } -> std::same_as<absl::Status>;
+  { e.AddBias(l, p, a) } -> std::same_as<absl::Status>;
+  { e.HeadNorm(l, w, a) } -> std::same_as<absl::Status>;
+  { e.RopeAndStore(l) } -> std::same_as<absl::Status>;
+  { e.Attend(l, a) } -> std::same_as<absl::Status>;
+  { e.Ffn(l, a, a, a) } -> std::same_as<absl::Status>;
+  { e.AddResidual(a) } -> std::same_as<absl::Status>;
+  { e.AddResidual(a, a) } -> std::same_as<absl::Status>;
+  { e.LayerDone(l) } -> std::same_as<absl::StatusOr<bool>>;
+  { e.Head(k, f) } -> std::same_as<absl::Status>;
+};
 
 // The norm of the block's pre-norms and the output norm (post-norms and q/k norms are RMSNorm).
 inline NormKind PreNormKind(const ModelConfig& c) {
@@ -84,7 +104,7 @@ inline float LayerRopeBase(const ModelConfig& c, int64_t l) {
 }
 
 // One block.
-template <class E>
+template <LayerExecutor E>
 absl::Status RunLayer(const ModelConfig& c, const LayerWeights& w, int64_t l, E& e) {
   const NormKind pre = PreNormKind(c);
   // Attention reads the pre-norm of x, or x itself in blocks without one (olmo2).
@@ -134,7 +154,7 @@ absl::Status RunLayer(const ModelConfig& c, const LayerWeights& w, int64_t l, E&
 }
 
 // A whole step. Returns false when the executor's LayerDone stopped it before the head.
-template <class E>
+template <LayerExecutor E>
 absl::StatusOr<bool> RunModel(const Model& model, E& e) {
   const ModelConfig& c = model.config();
   TC_RETURN_IF_ERROR(e.Embed(EmbeddingScale(c)));
