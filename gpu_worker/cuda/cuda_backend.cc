@@ -250,6 +250,9 @@ class CudaBackend final : public Backend {
   // The cold round trip of layer l over h_pin_ (already on the host), its partial added to y,
   // then the down bias. `request` is sent when set.
   absl::Status FinishCold(int64_t l, const ColdRequest* request, float* y);
+  // The hot FFN's arguments every layer shares: layer l's rows, the filter, h, y and the
+  // scratch; the caller sets the candidates (idx, counts or fixed_count, scale).
+  HotFfnArgs HotArgs(int64_t l, const NeuronFilter& filter, const float* h, float* y);
   // The f32 buffer of an activation, its width, and its fp16 copy for cuBLAS (null for those
   // no product reads). Half() converts on first use after the f32 values changed.
   float* F32(Act a) const;
@@ -713,28 +716,12 @@ absl::Status CudaBackend::MoeFfn(int64_t l, Act in, Act out) {
   TC_CUDA(cudaMemcpyAsync(cand_scale_.get(), scale, n * stride * sizeof(float), cudaMemcpyHostToDevice, compute_));
   TC_CUDA(cudaMemcpyAsync(hot_count_.get(), count, n * sizeof(int32_t), cudaMemcpyHostToDevice, compute_));
 
-  const NeuronFilter filter = plan_.FilterFor(l, c.activation, 0);  // dense or exact: one for all
-  HotFfnArgs a;
-  a.weights = d.kinds.gate_up;
-  a.down_weights = d.kinds.down;
-  a.gate = d.gate.get();
-  a.up = d.up.get();
-  a.down = d.down.get();
-  a.row_bytes = d.row_bytes;
-  a.down_row_bytes = d.down_row_bytes;
-  a.dim = dim;
-  a.act = ToHotAct(c.activation);
-  a.filter = filter.kind == NeuronFilter::Kind::kPositive ? 1 : 0;
+  // Dense or exact: one filter for every expert and the shared one.
+  HotFfnArgs a = HotArgs(l, plan_.FilterFor(l, c.activation, 0), h, y);
   a.idx = hot_idx_.get();
   a.idx_stride = stride;
   a.scale = cand_scale_.get();
   a.counts = hot_count_.get();
-  a.max_count = d.n_hot;
-  a.h = h;
-  a.rows = n;
-  a.coeff = coeff_.get();
-  a.stats = stats_.get() + 2 * l;
-  a.y = y;
   TC_CUDA(LaunchHotFfn(a, compute_));
   Wrote(out);
 
@@ -749,6 +736,34 @@ absl::Status CudaBackend::MoeFfn(int64_t l, Act in, Act out) {
   request.experts = picks_;
   request.expert_weights = pick_w_;
   return FinishCold(l, &request, y);
+}
+
+HotFfnArgs CudaBackend::HotArgs(int64_t l, const NeuronFilter& filter, const float* h, float* y) {
+  const ModelConfig& c = model_.config();
+  const DeviceLayer& d = layers_[l];
+  HotFfnArgs a;
+  a.weights = d.kinds.gate_up;
+  a.down_weights = d.kinds.down;
+  a.gate = d.gate.get();  // null in an FFN without a gate
+  a.up = d.up.get();
+  a.down = d.down.get();
+  a.up_b = d.up_b.get();
+  a.row_bytes = d.row_bytes;
+  a.down_row_bytes = d.down_row_bytes;
+  a.dim = c.dim;
+  a.act = ToHotAct(c.activation);
+  a.filter = filter.kind == NeuronFilter::Kind::kNone       ? 0
+             : filter.kind == NeuronFilter::Kind::kPositive ? 1
+                                                            : 2;
+  a.cut = filter.cut;
+  a.coeff_cut = filter.coeff_cut;
+  a.max_count = d.n_hot;
+  a.h = h;
+  a.rows = n_;
+  a.coeff = coeff_.get();
+  a.stats = stats_.get() + 2 * l;
+  a.y = y;
+  return a;
 }
 
 absl::Status CudaBackend::FinishCold(int64_t l, const ColdRequest* request, float* y) {
@@ -882,19 +897,7 @@ float* CudaBackend::F32(Act a) const {
   return nullptr;
 }
 
-int64_t CudaBackend::Width(Act a) const {
-  const ModelConfig& c = model_.config();
-  switch (a) {
-    case Act::kQ:
-    case Act::kAtt:
-      return c.q_dim;
-    case Act::kK:
-    case Act::kV:
-      return c.kv_dim;
-    default:
-      return c.dim;
-  }
-}
+int64_t CudaBackend::Width(Act a) const { return ActWidth(model_.config(), a); }
 
 uint16_t* CudaBackend::HalfBuffer(Act a) const {
   switch (a) {
@@ -1144,23 +1147,7 @@ absl::Status CudaBackend::Ffn(int64_t l, Act in, Act predictor_in, Act out) {
     TC_CUDA(cudaEventRecord(copied_, copy_));
   }
 
-  const NeuronFilter filter = plan_.FilterFor(l, c.activation);
-  HotFfnArgs a;
-  a.weights = d.kinds.gate_up;
-  a.down_weights = d.kinds.down;
-  a.gate = d.gate.get();  // null in an FFN without a gate
-  a.up = d.up.get();
-  a.down = d.down.get();
-  a.up_b = d.up_b.get();
-  a.row_bytes = d.row_bytes;
-  a.down_row_bytes = d.down_row_bytes;
-  a.dim = dim;
-  a.act = ToHotAct(c.activation);
-  a.filter = filter.kind == NeuronFilter::Kind::kNone       ? 0
-             : filter.kind == NeuronFilter::Kind::kPositive ? 1
-                                                            : 2;
-  a.cut = filter.cut;
-  a.coeff_cut = filter.coeff_cut;
+  HotFfnArgs a = HotArgs(l, plan_.FilterFor(l, c.activation), h, y);
   if (predicted) {
     a.idx = hot_idx_.get();
     a.idx_stride = ffn;
@@ -1170,12 +1157,6 @@ absl::Status CudaBackend::Ffn(int64_t l, Act in, Act predictor_in, Act out) {
     a.idx_stride = 0;
     a.fixed_count = static_cast<int32_t>(d.n_hot);
   }
-  a.max_count = d.n_hot;
-  a.h = h;
-  a.rows = n;
-  a.coeff = coeff_.get();
-  a.stats = stats_.get() + 2 * l;
-  a.y = y;
   TC_CUDA(LaunchHotFfn(a, compute_));
   Wrote(out);
 

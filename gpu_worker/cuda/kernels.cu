@@ -74,8 +74,7 @@ struct Q8Rows {  // {fp16 d; int8 qs[32]}: x = q * d
     return s * HalfBits(blk);
   }
   __device__ static float Load(const uint8_t* row, int64_t c) {
-    const uint8_t* blk = row + (c / kQK) * kBytes;
-    return static_cast<float>(reinterpret_cast<const int8_t*>(blk + 2)[c % kQK]) * HalfBits(blk);
+    return blocks::Q8_0::Element(row, c);
   }
 };
 
@@ -94,10 +93,7 @@ struct Q4Rows {  // {fp16 d; uint8 qs[16]}: byte j = element j (low nibble), j +
     return s * HalfBits(blk);
   }
   __device__ static float Load(const uint8_t* row, int64_t c) {
-    const uint8_t* blk = row + (c / kQK) * kBytes;
-    const int j = static_cast<int>(c % kQK);
-    const int q = j < kQK / 2 ? (blk[2 + j] & 0x0F) : (blk[2 + j - kQK / 2] >> 4);
-    return static_cast<float>(q - 8) * HalfBits(blk);
+    return blocks::Q4_0::Element(row, c);
   }
 };
 

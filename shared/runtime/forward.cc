@@ -304,18 +304,7 @@ class ForwardPass::Ops {
     }
     return nullptr;
   }
-  int64_t Width(Act a) const {
-    switch (a) {
-      case Act::kQ:
-      case Act::kAtt:
-        return c_.q_dim;
-      case Act::kK:
-      case Act::kV:
-        return c_.kv_dim;
-      default:
-        return c_.dim;
-    }
-  }
+  int64_t Width(Act a) const { return ActWidth(c_, a); }
   // n rows of x normed into out; b (LayerNorm's bias) may be null or empty.
   void NormRows(NormKind kind, const std::vector<float>& w, const std::vector<float>* b,
                 const float* x, int64_t n, float* out) const {

@@ -46,6 +46,20 @@ enum class Act {
   kFfnOut,   // the FFN's output (with its post-norm) [dim]
 };
 
+// Values per row of an activation.
+inline int64_t ActWidth(const ModelConfig& c, Act a) {
+  switch (a) {
+    case Act::kQ:
+    case Act::kAtt:
+      return c.q_dim;
+    case Act::kK:
+    case Act::kV:
+      return c.kv_dim;
+    default:
+      return c.dim;
+  }
+}
+
 // Which of a layer's norm vectors (model.h LayerWeights) an operation uses.
 enum class NormWeights { kAttn, kFfn, kPostAttn, kPostFfn, kQ, kK };
 
