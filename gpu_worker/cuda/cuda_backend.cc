@@ -182,6 +182,7 @@ struct DeviceLayer {
   bool moe = false;
   std::vector<int64_t> expert_begin;
   int64_t shared_begin = 0, shared_rows = 0;
+  CudaArray<float> row_cut;  // threshold MoE layers: [n_hot][2] (cut, coefficient cut)
   CudaArray<int32_t> hot_iota;  // 0..n_hot-1: every hot neuron is a candidate
   // Predicted layers: hot_slot[i] = compact hot index of neuron i, or -1 when cold; the predictor.
   CudaArray<int32_t> hot_slot;
@@ -389,10 +390,14 @@ MemoryPlan CudaBackend::Plan() const {
       if (!w.shared.up.empty()) {
         p.hot_ffn += c.shared_expert_ffn_dim * 3 * c.dim * 2;  // an upper bound: fp16
       }
+      if (plan_.mode(l) == SparsityMode::kThreshold) {
+        p.hot_ffn += 8 * (static_cast<int64_t>(part.hot.size()) + c.shared_expert_ffn_dim);
+      }
     }
   }
-  // The allocations of Init, per row of the batch: f32, fp16 and int32 buffers.
-  p.scratch = 4 * b * (5 * c.dim + 2 * c.q_dim + 2 * c.kv_dim + max_rank_ + c.ffn_dim +
+  // The allocations of Init, per row of the batch: f32, fp16 and int32 buffers (added to the
+  // MoE scratch above).
+  p.scratch += 4 * b * (5 * c.dim + 2 * c.q_dim + 2 * c.kv_dim + max_rank_ + c.ffn_dim +
                        c.n_heads * context_ + std::max<int64_t>(max_hot, 1) + c.vocab_size) +
               2 * b * (2 * c.dim + c.q_dim + max_rank_) + 4 * b * (6 + 3 * c.ffn_dim) +
               8 * c.n_layers + 2 * WeightScratchElems();
@@ -622,11 +627,10 @@ absl::Status CudaBackend::InitMoeLayer(int64_t l, ThreadPool& pool) {
   const LayerPartition& part = partition_.layers[l];
   DeviceLayer& d = layers_[l];
   const SparsityMode mode = plan_.mode(l);
-  if (mode != SparsityMode::kDense && mode != SparsityMode::kExact) {
-    // Threshold cuts differ per expert (and predicted is refused for MoE everywhere).
-    return absl::UnimplementedError(absl::StrCat(
-        "the cuda backend runs mixture-of-experts layers dense or exact; layer ", l, " is ",
-        std::string(SparsityModeName(mode)), ": use --backend host"));
+  if (mode == SparsityMode::kPredicted) {
+    // SparsityPlan::Validate refuses predictors in MoE layers before we get here.
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer ", l, " is a mixture-of-experts layer: predicted mode has no predictors for experts"));
   }
   d.moe = true;
   const int64_t n_exp = static_cast<int64_t>(w.experts.size());
@@ -672,6 +676,19 @@ absl::Status CudaBackend::InitMoeLayer(int64_t l, ThreadPool& pool) {
     append(down, GatherHotRows(shared_down->view(), all, d.kinds.down, pool));
   }
   d.n_hot = d.shared_begin + d.shared_rows;
+  if (mode == SparsityMode::kThreshold) {
+    // Each expert's rows carry that expert's cuts; the shared expert keeps every neuron (the
+    // plan's SharedExpertFilter), which cut 0 / coefficient cut 0 does.
+    std::vector<float> cuts(2 * d.n_hot, 0.0f);
+    for (int64_t e = 0; e < n_exp; ++e) {
+      const NeuronFilter f = plan_.FilterFor(l, c.activation, e);
+      for (int64_t q = d.expert_begin[e]; q < d.expert_begin[e + 1]; ++q) {
+        cuts[2 * q] = f.cut;
+        cuts[2 * q + 1] = f.coeff_cut;
+      }
+    }
+    TC_ASSIGN_OR_RETURN(d.row_cut, UploadVector(cuts));
+  }
   TC_ASSIGN_OR_RETURN(d.gate, UploadVector(gate));
   TC_ASSIGN_OR_RETURN(d.up, UploadVector(up));
   TC_ASSIGN_OR_RETURN(d.down, UploadVector(down));
@@ -716,8 +733,10 @@ absl::Status CudaBackend::MoeFfn(int64_t l, Act in, Act out) {
   TC_CUDA(cudaMemcpyAsync(cand_scale_.get(), scale, n * stride * sizeof(float), cudaMemcpyHostToDevice, compute_));
   TC_CUDA(cudaMemcpyAsync(hot_count_.get(), count, n * sizeof(int32_t), cudaMemcpyHostToDevice, compute_));
 
-  // Dense or exact: one filter for every expert and the shared one.
+  // Dense or exact: one filter for every expert and the shared one; threshold: the filter's
+  // kind from expert 0, each row's cuts from row_cut.
   HotFfnArgs a = HotArgs(l, plan_.FilterFor(l, c.activation, 0), h, y);
+  a.row_cut = d.row_cut.get();
   a.idx = hot_idx_.get();
   a.idx_stride = stride;
   a.scale = cand_scale_.get();

@@ -374,9 +374,11 @@ __global__ void HotGateUpKernel(HotFfnArgs a) {
   float g = WarpRowDot<W>((gated ? a.gate : a.up) + n * a.row_bytes, h, a.dim);
   if (!gated && a.up_b) g += a.up_b[n];
   const float act = Act(a.act, g);
+  const float cut = a.row_cut ? a.row_cut[2 * n] : a.cut;
+  const float coeff_cut = a.row_cut ? a.row_cut[2 * n + 1] : a.coeff_cut;
   bool pass = true;
   if (a.filter == 1) pass = act > 0.0f;
-  if (a.filter == 2) pass = fabsf(act) >= a.cut;
+  if (a.filter == 2) pass = fabsf(act) >= cut;
   float c = 0.0f;
   if (pass) {
     c = act;
@@ -385,7 +387,7 @@ __global__ void HotGateUpKernel(HotFfnArgs a) {
       if (a.up_b) u += a.up_b[n];
       c = a.act == HotAct::kDrelu ? act * (u > 0.0f ? u : 0.0f) : act * u;
     }
-    if (a.coeff_cut > 0.0f && fabsf(c) < a.coeff_cut) c = 0.0f;
+    if (coeff_cut > 0.0f && fabsf(c) < coeff_cut) c = 0.0f;
     if (a.scale) c *= a.scale[r * a.idx_stride + k];
     if (a.stats && lane == 0) atomicAdd(a.stats, 1u);
   }

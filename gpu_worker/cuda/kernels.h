@@ -122,6 +122,8 @@ enum class HotAct : int { kSilu = 0, kRelu = 1, kGelu = 2, kDrelu = 3 };
 //   gated: g = gate_k . h_r; a = act(g); u = up_k . h_r + up_b[k]; c = a * u (dReLU: a * relu(u));
 //   not gated (gate null): g = up_k . h_r + up_b[k]; c = a = act(g);
 //   filter (0 none, 1 a > 0, 2 |a| >= cut); c dropped when coeff_cut > 0 and |c| < coeff_cut;
+//   with row_cut set, (cut, coeff_cut) are row_cut[2n], row_cut[2n + 1] for hot row n instead
+//   (MoE under threshold: each expert's own cuts, and 0 / 0 for the shared expert's rows);
 //   then c *= scale[r * idx_stride + k] when scale is set (MoE: the router's weight of the
 //   candidate's expert, or the shared expert's gate);
 //   y[r] = sum_k c_k down_k (y is overwritten). up_b may be null (no bias).
@@ -141,6 +143,7 @@ struct HotFfnArgs {
   int filter = 0;
   float cut = 0.0f;
   float coeff_cut = 0.0f;
+  const float* row_cut = nullptr;  // [n_hot][2], or null: cut and coeff_cut for every row
   const int32_t* idx = nullptr;
   int64_t idx_stride = 0;
   const float* scale = nullptr;  // laid out as idx, or null

@@ -715,5 +715,116 @@ INSTANTIATE_TEST_SUITE_P(
         FfnCase{GgmlType::kQ4_K, WeightFormat::kQ4_K, FfnActivation::kRelu, NeuronFilter::None(), "q4_K_m_mix", true, false, GgmlType::kQ6_K, WeightFormat::kQ6_K}),
     [](const ::testing::TestParamInfo<FfnCase>& info) { return std::string(info.param.name); });
 
+
+// Threshold MoE: each hot row filtered by its own expert's cuts (row_cut), the shared expert's
+// rows by none (cut 0), every coefficient scaled by its candidate's router weight. The fallback
+// cut of the arguments is far above every activation, so a kernel that ignored row_cut would
+// drop nearly every neuron and fail the count and the sums.
+TEST_F(CudaKernelsTest, HotFfnFiltersEachRowByItsOwnCutsAndScales) {
+  const int64_t group = 32, n_hot = 3 * group, dim = 256, rows = 2;
+  const float cuts[3][2] = {{0.3f, 0.2f}, {1.0f, 0.5f}, {0.0f, 0.0f}};  // expert 0, 1, shared
+  const int64_t row_bytes = RowBytes(GgmlType::kF16, dim);
+  std::vector<uint8_t> gate(n_hot * row_bytes), up(n_hot * row_bytes), down(n_hot * row_bytes);
+  for (auto* m : {&gate, &up, &down}) {
+    for (int64_t r = 0; r < n_hot; ++r) {
+      const std::vector<float> v = Random(dim, 0.1f);
+      QuantizeRow(GgmlType::kF16, v.data(), m->data() + r * row_bytes, dim);
+    }
+  }
+  std::vector<float> row_cut(2 * n_hot);
+  for (int64_t q = 0; q < n_hot; ++q) {
+    row_cut[2 * q] = cuts[q / group][0];
+    row_cut[2 * q + 1] = cuts[q / group][1];
+  }
+  const std::vector<float> h = Random(rows * dim);
+  // Row 0: every hot row in a shuffled order; row 1: expert 1's and the shared rows.
+  std::vector<int32_t> idx(rows * n_hot, 0), counts(rows);
+  std::vector<float> scale(rows * n_hot, 0.0f);
+  std::uniform_real_distribution<float> weight(0.1f, 1.0f);
+  for (int64_t k = 0; k < n_hot; ++k) idx[k] = static_cast<int32_t>(k);
+  std::shuffle(idx.begin(), idx.begin() + n_hot, rng_);
+  counts[0] = static_cast<int32_t>(n_hot);
+  for (int64_t k = 0; k < 2 * group; ++k) idx[n_hot + k] = static_cast<int32_t>(group + k);
+  counts[1] = static_cast<int32_t>(2 * group);
+  for (float& w : scale) w = weight(rng_);
+
+  auto dg = Up(gate), du = Up(up), dd = Up(down);
+  auto dh = Up(h), dcut = Up(row_cut), dscale = Up(scale);
+  auto didx = Up(idx), dcnt = Up(counts);
+  CudaArray<float> coeff, y;
+  CudaArray<uint32_t> stats;
+  ASSERT_TRUE(coeff.Allocate(rows * n_hot).ok());
+  ASSERT_TRUE(y.Allocate(rows * dim).ok());
+  ASSERT_TRUE(stats.Allocate(2).ok());
+  ASSERT_EQ(cudaMemset(stats.get(), 0, stats.bytes()), cudaSuccess);
+  HotFfnArgs a;
+  a.gate = dg.get();
+  a.up = du.get();
+  a.down = dd.get();
+  a.row_bytes = row_bytes;
+  a.down_row_bytes = row_bytes;
+  a.dim = dim;
+  a.act = HotAct::kSilu;
+  a.filter = 2;
+  a.cut = 1e6f;
+  a.coeff_cut = 1e6f;
+  a.row_cut = dcut.get();
+  a.idx = didx.get();
+  a.idx_stride = n_hot;
+  a.scale = dscale.get();
+  a.counts = dcnt.get();
+  a.max_count = n_hot;
+  a.h = dh.get();
+  a.rows = rows;
+  a.coeff = coeff.get();
+  a.stats = stats.get();
+  a.y = y.get();
+  ASSERT_EQ(LaunchHotFfn(a, stream_), cudaSuccess);
+  Sync();
+  const std::vector<float> got = Down(y, rows * dim);
+  const std::vector<uint32_t> st = Down(stats, 2);
+
+  uint32_t want_ran = 0;
+  int dropped[3] = {0, 0, 0};
+  std::vector<float> wrow(dim);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* hr = h.data() + r * dim;
+    std::vector<double> want(dim, 0.0);
+    double mag = 1e-6;
+    for (int64_t k = 0; k < counts[r]; ++k) {
+      const int32_t q = idx[r * n_hot + k];
+      auto dot = [&](const std::vector<uint8_t>& m) {
+        DequantizeRow(GgmlType::kF16, m.data() + q * row_bytes, wrow.data(), dim);
+        double s = 0;
+        for (int64_t c = 0; c < dim; ++c) s += static_cast<double>(wrow[c]) * hr[c];
+        return s;
+      };
+      const double g = dot(gate);
+      const double act = g / (1 + std::exp(-g));
+      const double cf = act * dot(up);
+      const bool act_passes = std::fabs(act) >= row_cut[2 * q];
+      want_ran += act_passes;  // the kernel counts the gate's pass, before the coefficient cut
+      if (!act_passes || (row_cut[2 * q + 1] > 0 && std::fabs(cf) < row_cut[2 * q + 1])) {
+        ++dropped[q / group];
+        continue;
+      }
+      const double c = cf * scale[r * n_hot + k];
+      DequantizeRow(GgmlType::kF16, down.data() + q * row_bytes, wrow.data(), dim);
+      for (int64_t i = 0; i < dim; ++i) {
+        want[i] += c * wrow[i];
+        mag += std::fabs(c * wrow[i]);
+      }
+    }
+    // fp32 dot products and sums in another order: 1e-4 of the magnitude (as MatchesNeuronFfn).
+    for (int64_t i = 0; i < dim; ++i) EXPECT_NEAR(got[r * dim + i], want[i], 1e-4 * mag) << r << " " << i;
+  }
+  // The cuts bite where they are set and nowhere else.
+  EXPECT_GT(dropped[0], 0);
+  EXPECT_GT(dropped[1], dropped[0]);
+  EXPECT_EQ(dropped[2], 0);
+  EXPECT_EQ(st[1], static_cast<uint32_t>(counts[0] + counts[1]));
+  EXPECT_EQ(st[0], want_ran);
+}
+
 }  // namespace
 }  // namespace thermocline::gpu_worker::cuda

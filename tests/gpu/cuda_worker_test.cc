@@ -18,6 +18,7 @@
 #include "shared/driver/split_engine.h"
 #include "shared/model/model.h"
 #include "shared/sparsity/predictor.h"
+#include "shared/sparsity/profiler.h"
 #include "tests/test_support.h"
 
 namespace thermocline {
@@ -61,6 +62,13 @@ std::string FixedPredictor(const std::string& dir, const Model& model) {
   EXPECT_TRUE(WritePredictors(*set, c, path).ok());
   return path;
 }
+
+// Bounds, relative to the RMS of a logits row: the device rounds the input of every dense
+// product (q, k, v, o, the output head) to fp16, 2^-11 relative each, and sums in another
+// order; through 2 layers and the head that is a few 1e-3 of the RMS, so 1e-2 for fp16
+// weights. With Q8_0/Q4_0 FFN weights the host also quantizes each FFN input to Q8_0 (half a
+// step, amax/254, per element: ~0.4% per dot product) where the device keeps fp32: 3e-2.
+constexpr double kF16Bound = 1e-2, kQuantBound = 3e-2;
 
 class CudaWorkerTest : public ::testing::Test {
  protected:
@@ -109,21 +117,58 @@ class CudaWorkerTest : public ::testing::Test {
     SparsityFlags flags;
     flags.mode = mode;
     if (mode == "predicted") flags.predictor_path = FixedPredictor(dir_, **model);
-    driver::SplitEngineOptions host_o = Options(path, **model, hot, flags);
+    CompareBackends(path, **model, flags, hot, bound, type + " " + mode);
+  }
+
+  // A ReLU MoE model (4 experts, 2 used) under threshold: each expert's cuts profiled here
+  // (over fixed pseudo-random ids: the bundle carries no corpus), the workers read the file.
+  void CompareThresholdMoe(const std::string& arch, double hot) {
+    const std::string path = dir_ + "/moe_" + arch + ".gguf";
+    const testing::CommandResult r = testing::RunCommand(
+        {BinDir() + "/thermocline", "synth", "--arch", arch, "--experts", "4", "--ffn-kind",
+         "relu-gated", "--dim", "128", "--ffn", "256", "--layers", "2", "--heads", "4",
+         "--kv-heads", "2", "--vocab", "512", "--context", "64", "--seed", "17",
+         "--active-fraction", "0", "--type", "f16", "-o", path});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    auto model = Model::Load(path);
+    ASSERT_TRUE(model.ok()) << model.status();
+    ASSERT_TRUE((*model)->config().moe());
+    std::vector<int32_t> ids(1024);
+    std::mt19937 rng(5);
+    for (int32_t& id : ids) id = static_cast<int32_t>(rng() % 512);
+    ProfileOptions po;
+    po.window = 64;
+    po.batch = 64;
+    ThreadPool pool(1);
+    auto profile = ProfileActivations(**model, ids, po, pool);
+    ASSERT_TRUE(profile.ok()) << profile.status();
+    SparsityFlags flags;
+    flags.mode = "threshold";
+    flags.stats_path = dir_ + "/moe_stats_" + arch + ".gguf";
+    ASSERT_TRUE(WriteActivationStats(profile->stats, flags.stats_path).ok());
+    flags.target_sparsity = 0.8f;
+    flags.gate_sparsity = 0.7f;
+    CompareBackends(path, **model, flags, hot, kF16Bound, arch + " moe threshold");
+  }
+
+  void CompareBackends(const std::string& path, const Model& model, const SparsityFlags& flags,
+                       double hot, double bound, const std::string& name) {
+    const int64_t vocab = model.config().vocab_size;
+    driver::SplitEngineOptions host_o = Options(path, model, hot, flags);
     driver::SplitEngineOptions cuda_o = host_o;
     cuda_o.gpu_backend = "cuda";
     std::vector<std::vector<float>> want, got;
     {
       auto host = driver::SplitEngine::Create(host_o);
       ASSERT_TRUE(host.ok()) << host.status();
-      auto rows = Drive(**host, (*model)->config().vocab_size);
+      auto rows = Drive(**host, vocab);
       ASSERT_TRUE(rows.ok()) << rows.status();
       want = *rows;
     }
     {
       auto cuda = driver::SplitEngine::Create(cuda_o);
       ASSERT_TRUE(cuda.ok()) << cuda.status();
-      auto rows = Drive(**cuda, (*model)->config().vocab_size);
+      auto rows = Drive(**cuda, vocab);
       ASSERT_TRUE(rows.ok()) << rows.status();
       got = *rows;
       EXPECT_EQ((*cuda)->stats().restarts, 0);
@@ -138,20 +183,13 @@ class CudaWorkerTest : public ::testing::Test {
         worst = std::max(worst, std::fabs(static_cast<double>(got[t][i]) - want[t][i]) / scale);
       }
     }
-    std::printf("%s %s hot %.2f: max |cuda - host| / max(1, RMS) = %.3g (bound %g)\n",
-                type.c_str(), mode.c_str(), hot, worst, bound);
+    std::printf("%s hot %.2f: max |cuda - host| / max(1, RMS) = %.3g (bound %g)\n",
+                name.c_str(), hot, worst, bound);
     EXPECT_LE(worst, bound);
   }
 
   std::string dir_;
 };
-
-// Bounds, relative to the RMS of a logits row: the device rounds the input of every dense
-// product (q, k, v, o, the output head) to fp16, 2^-11 relative each, and sums in another
-// order; through 2 layers and the head that is a few 1e-3 of the RMS, so 1e-2 for fp16
-// weights. With Q8_0/Q4_0 FFN weights the host also quantizes each FFN input to Q8_0 (half a
-// step, amax/254, per element: ~0.4% per dot product) where the device keeps fp32: 3e-2.
-constexpr double kF16Bound = 1e-2, kQuantBound = 3e-2;
 
 TEST_F(CudaWorkerTest, DenseHalfHotF16) { Compare("f16", "dense", 0.5, kF16Bound); }
 TEST_F(CudaWorkerTest, ExactHalfHotF16) { Compare("f16", "exact", 0.5, kF16Bound); }
@@ -161,6 +199,10 @@ TEST_F(CudaWorkerTest, ExactHalfHotQ8) { Compare("q8_0", "exact", 0.5, kQuantBou
 TEST_F(CudaWorkerTest, ExactHalfHotQ4) { Compare("q4_0", "exact", 0.5, kQuantBound); }
 TEST_F(CudaWorkerTest, PredictedHalfHotQ4) { Compare("q4_0", "predicted", 0.5, kQuantBound); }
 TEST_F(CudaWorkerTest, PredictedAllHotF16) { Compare("f16", "predicted", 1.0, kF16Bound); }
+// Threshold MoE: each expert's own cuts on the device (row_cut) and on the cpu worker, and the
+// shared expert (qwen2moe) unfiltered, as the host backend runs them.
+TEST_F(CudaWorkerTest, ThresholdMoeHalfHotLlama) { CompareThresholdMoe("llama", 0.5); }
+TEST_F(CudaWorkerTest, ThresholdMoeAllHotQwen2Moe) { CompareThresholdMoe("qwen2moe", 1.0); }
 
 TEST_F(CudaWorkerTest, BudgetTooSmallIsRefusedWithBytes) {
   const std::string path = SynthModel(dir_, "q8_0");
