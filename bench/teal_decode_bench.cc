@@ -85,6 +85,14 @@ int main(int argc, char** argv) {
                    std::string(model.status().message()).c_str());
       return 1;
     }
+    // The dense rounds are the product's dense mode (thermocline generate --sparsity dense),
+    // which multiplies the FFN from its interleaved copy; TEAL's rounds read their own transposed
+    // copies (and the prompt's dense rows the interleaved ones). Without this the dense rounds
+    // ran the FFN from the row layout, slower at Q4_0, and TEAL's ratio read high.
+    if (absl::Status s = (*model)->InterleaveDenseFfn(); !s.ok()) {
+      std::fprintf(stderr, "teal_decode_bench: %s\n", std::string(s.message()).c_str());
+      return 1;
+    }
     const ModelConfig& c = (*model)->config();
     auto kv = KvCache::Create(
         c, 1, std::min<int64_t>(c.context_length, bench::kPrompt + tokens + 1), GgmlType::kF32);
