@@ -175,6 +175,10 @@ int RunPerplexity(const std::vector<std::string>& args) {
       std::cerr << absl::StrFormat("perplexity: transposed down rows hold %.1f MiB\n",
                                    sparse->down_t_bytes() / double(1 << 20));
     }
+    if (sparse->bundle_bytes() > 0) {
+      std::cerr << absl::StrFormat("perplexity: neuron bundles hold %.1f MiB\n",
+                                   sparse->bundle_bytes() / double(1 << 20));
+    }
   }
   return 0;
 }

@@ -23,6 +23,10 @@ struct MatrixView {
   const uint8_t* interleaved = nullptr;
 
   const uint8_t* row(int64_t r) const { return data + r * row_bytes; }
+  // Bytes of one row's values. row_bytes is the stride between rows: equal for a packed tensor,
+  // larger in a strided view (a neuron bundle's, sparsity/neuron_bundle.h). What a row costs
+  // to read is this, not the stride.
+  int64_t row_data_bytes() const { return RowBytes(type, cols); }
   bool empty() const { return rows == 0; }
   // Rows [begin, begin + n) as a matrix of their own (fused tensors such as attn_qkv hold
   // several projections one after the other).

@@ -47,7 +47,7 @@ constexpr int64_t kParallelMinElems = 1 << 16;
 
 // Weight bytes one row costs for n_tokens tokens: what the pool balances pieces by.
 int64_t RowCost(const MatrixView& w, int64_t n_tokens) {
-  return std::max<int64_t>(1, w.row_bytes * std::max<int64_t>(1, n_tokens));
+  return std::max<int64_t>(1, w.row_data_bytes() * std::max<int64_t>(1, n_tokens));
 }
 
 // Scratch owned by the calling thread: quantized activations and AxpyRows partial sums. Pool

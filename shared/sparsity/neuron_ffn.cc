@@ -128,7 +128,8 @@ int64_t NeuronFfn::Compute(const NeuronWeights& w, const float* h,
   // One parallel region for the whole pipeline: each share runs the gate over its candidates,
   // then up and down over its own survivors. Survivor counts per share differ only by sampling
   // noise (a predicted set is mostly survivors), which costs less than a second region.
-  const int shares = SharesFor(static_cast<int64_t>(n), w.selector().row_bytes, pool.size());
+  const int shares =
+      SharesFor(static_cast<int64_t>(n), w.selector().row_data_bytes(), pool.size());
   auto run_share = [&](int s) {
     const size_t k0 = n * s / shares, k1 = n * (s + 1) / shares;
     ThreadPool& solo = *lanes_[s].solo;
@@ -223,7 +224,8 @@ void NeuronFfn::RunSurvivors(const NeuronWeights& w, const float* h, float coeff
   down_rows_ = 0;
   if (m == 0) return;
   const int shares =
-      SharesFor(static_cast<int64_t>(m), w.up.row_bytes + w.down_t.row_bytes, pool.size());
+      SharesFor(static_cast<int64_t>(m), w.up.row_data_bytes() + w.down_t.row_data_bytes(),
+                pool.size());
   auto run_share = [&](int s) {
     lanes_[s].down_kept =
         RunRange(w, h, m * s / shares, m * (s + 1) / shares, coeff_cut,

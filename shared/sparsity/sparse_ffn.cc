@@ -19,6 +19,7 @@ absl::StatusOr<std::unique_ptr<SparseFfn>> SparseFfn::Create(const Model& model,
   TC_RETURN_IF_ERROR(plan.Validate(c));
   std::unique_ptr<SparseFfn> ffn(new SparseFfn(model, std::move(plan), pool));
   ffn->down_rows_.resize(c.n_layers);
+  ffn->bundles_.resize(c.n_layers);
   ffn->weights_.resize(c.n_layers);
   ffn->activity_.assign(c.n_layers, LayerActivity{});
   ffn->moe_.resize(c.n_layers);
@@ -53,6 +54,12 @@ absl::StatusOr<std::unique_ptr<SparseFfn>> SparseFfn::Create(const Model& model,
                         DownRows::ForLayer(model, l, options.quantized_down_t_type, pool));
     nw.down_t = ffn->down_rows_[l].view();
     TC_RETURN_IF_ERROR(ValidateNeuronWeights(nw));
+    if (options.neuron_bundles) {
+      const bool with_gate = ffn->plan_.mode(l) == SparsityMode::kPredicted;
+      TC_ASSIGN_OR_RETURN(ffn->bundles_[l], NeuronBundle::Build(nw, with_gate, pool));
+      nw = ffn->bundles_[l].weights();
+      ffn->down_rows_[l] = DownRows();  // its rows live in the bundle now
+    }
   }
   // 0..n-1 for every neuron set the layers run whole: the FFN, or an MoE shared expert.
   ffn->all_ids_.resize(std::max(c.ffn_dim, c.shared_expert_ffn_dim));
@@ -218,9 +225,9 @@ double SparseFfn::FfnBytesPerToken() const {
       continue;
     }
     const NeuronWeights& w = weights_[l];
-    bytes += (static_cast<double>(a.candidates) * w.gate.row_bytes +
-              static_cast<double>(a.active) * w.up.row_bytes +
-              static_cast<double>(a.down) * w.down_t.row_bytes) /
+    bytes += (static_cast<double>(a.candidates) * w.gate.row_data_bytes() +
+              static_cast<double>(a.active) * w.up.row_data_bytes() +
+              static_cast<double>(a.down) * w.down_t.row_data_bytes()) /
              n;
     if (plan_.mode(static_cast<int64_t>(l)) == SparsityMode::kPredicted) {
       const LayerPredictor& p = plan_.predictors->layer(static_cast<int64_t>(l));
@@ -228,6 +235,12 @@ double SparseFfn::FfnBytesPerToken() const {
     }
   }
   return bytes;
+}
+
+int64_t SparseFfn::bundle_bytes() const {
+  int64_t total = 0;
+  for (const NeuronBundle& b : bundles_) total += b.bytes();
+  return total;
 }
 
 int64_t SparseFfn::down_t_bytes() const {

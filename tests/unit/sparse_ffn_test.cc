@@ -19,6 +19,7 @@
 #include "shared/model/synth.h"
 #include "shared/runtime/ffn.h"
 #include "shared/runtime/ops.h"
+#include "shared/sparsity/neuron_bundle.h"
 #include "shared/sparsity/neuron_ffn.h"
 #include "shared/sparsity/predictor.h"
 #include "shared/sparsity/sparsity_mode.h"
@@ -299,6 +300,63 @@ TEST(NeuronFfnValidationTest, ShapesAndIds) {
 // down_t[i][c] == down[c][i]: the same bits for float types; for Q8_0/Q4_0 re-stored along the
 // other axis, within one requantization step of the new block (or exactly when kept as F16
 // or F32, up to the F16 rounding of the dequantized value).
+// A bundle holds every neuron's rows byte for byte at one stride, the gate only when asked
+// (and when there is one), and NeuronFfn over it gives the separate rows' bits for every
+// candidate set, filter and pool size.
+TEST(NeuronBundleTest, HoldsEachNeuronsRowsSideBySideWithTheSameBits) {
+  std::mt19937 rng(41);
+  for (GgmlType type : {GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_K}) {
+    const int64_t ffn = 150, dim = 256;
+    TestLayer layer = MakeLayer(type, FfnActivation::kRelu, ffn, dim, rng);
+    for (bool gated : {true, false}) {
+      NeuronWeights w = layer.weights;
+      if (!gated) w.gate = MatrixView{};
+      for (bool with_gate : {true, false}) {
+        ThreadPool build_pool(2);
+        auto bundle = NeuronBundle::Build(w, with_gate, build_pool);
+        ASSERT_TRUE(bundle.ok()) << bundle.status();
+        const NeuronWeights& b = bundle->weights();
+        const std::string what = std::string(TypeTraits(type).name) + (gated ? " gated" : " plain") +
+                                 (with_gate ? " with gate" : " without gate");
+        EXPECT_EQ(bundle->has_gate(), gated && with_gate) << what;
+        const int64_t rb = RowBytes(type, dim);
+        // Each part padded to whole cache lines (q8_0's 272-byte rows to 320).
+        EXPECT_EQ(b.up.row_bytes, (bundle->has_gate() ? 3 : 2) * ((rb + 63) / 64 * 64)) << what;
+        EXPECT_EQ(bundle->bytes(), ffn * b.up.row_bytes) << what;
+        if (gated && !with_gate) {
+          EXPECT_EQ(b.gate.data, w.gate.data) << what;
+        }
+        if (!gated) {
+          EXPECT_TRUE(b.gate.empty()) << what;
+        }
+        for (int64_t i = 0; i < ffn; ++i) {
+          ASSERT_EQ(std::memcmp(b.up.row(i), w.up.row(i), rb), 0) << what << " up " << i;
+          ASSERT_EQ(std::memcmp(b.down_t.row(i), w.down_t.row(i), rb), 0) << what << " down " << i;
+          if (gated) {
+            ASSERT_EQ(std::memcmp(b.gate.row(i), w.gate.row(i), rb), 0) << what << " gate " << i;
+          }
+        }
+        const std::vector<float> h = RandomVector(dim, rng);
+        for (const std::vector<int32_t>& cand : CandidateSets(ffn, rng)) {
+          for (const NeuronFilter& f : {NeuronFilter::None(), NeuronFilter::Positive(),
+                                        NeuronFilter::Magnitude(0.05f, 0.01f)}) {
+            for (int threads : {1, 2, 3}) {
+              ThreadPool pool(threads);
+              NeuronFfn separate(ffn), bundled(ffn);
+              std::vector<float> want(dim, 0.0f), got(dim, 0.0f);
+              const int64_t n_want = separate.Compute(w, h.data(), cand, f, want.data(), pool);
+              const int64_t n_got = bundled.Compute(b, h.data(), cand, f, got.data(), pool);
+              ASSERT_EQ(n_got, n_want) << what;
+              ASSERT_EQ(std::memcmp(got.data(), want.data(), dim * sizeof(float)), 0)
+                  << what << ", " << cand.size() << " candidates, " << threads << " threads";
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(DownRowsTest, TransposeIsExactForFloatsAndBoundedForQuantized) {
   std::mt19937 rng(41);
   for (GgmlType src : kAllTypes) {
@@ -497,8 +555,16 @@ float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
   return m;
 }
 
+// Bytes of the [up | down] bundles of `layers` exact or threshold layers (each part whole
+// cache lines).
+int64_t UpDownBundleBytes(const ModelConfig& c, GgmlType up, GgmlType down, int64_t layers) {
+  auto lines = [](int64_t b) { return (b + 63) / 64 * 64; };
+  return layers * c.ffn_dim * (lines(RowBytes(up, c.dim)) + lines(RowBytes(down, c.dim)));
+}
+
 // SparseFfn layer by layer against DenseFfn on one token (GatherMatMul gate) and on a batch
-// (one MatMul for the gate), with the transposed down copy of a llama.cpp-layout model.
+// (one MatMul for the gate), with the transposed down copy of a llama.cpp-layout model, and
+// with it inside the neuron bundles.
 TEST(SparseFfnTest, ExactEqualsDenseAndCountsActiveNeurons) {
   for (GgmlType type : {GgmlType::kF32, GgmlType::kF16}) {
     auto model = SynthModel(type, SynthFfnKind::kReluGated);
@@ -506,11 +572,16 @@ TEST(SparseFfnTest, ExactEqualsDenseAndCountsActiveNeurons) {
     const ModelConfig& c = model->config();
     std::mt19937 rng(5);
     for (int threads : {1, 2}) {
+     for (bool bundles : {false, true}) {
       ThreadPool pool(threads);
       DenseFfn dense(*model, pool);
-      auto sparse = SparseFfn::Create(*model, SparsityPlan::Uniform(SparsityMode::kExact, 2), pool);
+      SparseFfnOptions o;
+      o.neuron_bundles = bundles;
+      auto sparse =
+          SparseFfn::Create(*model, SparsityPlan::Uniform(SparsityMode::kExact, 2), pool, o);
       ASSERT_TRUE(sparse.ok()) << sparse.status();
-      EXPECT_EQ((*sparse)->down_t_bytes(), 2 * c.ffn_dim * RowBytes(type, c.dim));
+      EXPECT_EQ((*sparse)->down_t_bytes(), bundles ? 0 : 2 * c.ffn_dim * RowBytes(type, c.dim));
+      EXPECT_EQ((*sparse)->bundle_bytes(), bundles ? UpDownBundleBytes(c, type, type, 2) : 0);
       for (int64_t n_tokens : {1, 3}) {
         const std::vector<float> h = RandomVector(n_tokens * c.dim, rng);
         for (int64_t l = 0; l < c.n_layers; ++l) {
@@ -532,6 +603,7 @@ TEST(SparseFfnTest, ExactEqualsDenseAndCountsActiveNeurons) {
                            static_cast<double>(positive) / (n_tokens * c.ffn_dim));
         }
       }
+     }
     }
   }
 }
@@ -550,7 +622,10 @@ TEST(SparseFfnTest, ThresholdDropsExactlyTheNeuronsUnderTheCut) {
   plan.modes[1] = SparsityMode::kDense;
   auto sparse = SparseFfn::Create(*model, plan, pool);
   ASSERT_TRUE(sparse.ok()) << sparse.status();
-  EXPECT_EQ((*sparse)->down_t_bytes(), c.ffn_dim * RowBytes(GgmlType::kF32, c.dim));
+  // Layer 0's up and down rows sit in its bundle (the gate runs whole: not in it); the dense
+  // layer has neither.
+  EXPECT_EQ((*sparse)->down_t_bytes(), 0);
+  EXPECT_EQ((*sparse)->bundle_bytes(), UpDownBundleBytes(c, GgmlType::kF32, GgmlType::kF32, 1));
   const std::vector<float> h = RandomVector(2 * c.dim, rng);
   std::vector<float> got(2 * c.dim);
   (*sparse)->Compute(0, h.data(), 2, got.data());
@@ -604,7 +679,10 @@ TEST(SparseFfnTest, QuantizedDownTypeChoice) {
   ASSERT_TRUE(model);
   const ModelConfig& c = model->config();
   ThreadPool pool(2);
-  auto same = SparseFfn::Create(*model, SparsityPlan::Uniform(SparsityMode::kExact, 2), pool);
+  SparseFfnOptions unbundled;
+  unbundled.neuron_bundles = false;  // the copy's own bytes; bundled below
+  auto same =
+      SparseFfn::Create(*model, SparsityPlan::Uniform(SparsityMode::kExact, 2), pool, unbundled);
   ASSERT_TRUE(same.ok()) << same.status();
   EXPECT_EQ((*same)->weights(0).down_t.type, GgmlType::kQ4_0);
   EXPECT_EQ((*same)->down_t_bytes(), 2 * c.ffn_dim * RowBytes(GgmlType::kQ4_0, c.dim));
@@ -613,6 +691,8 @@ TEST(SparseFfnTest, QuantizedDownTypeChoice) {
   auto f16 = SparseFfn::Create(*model, SparsityPlan::Uniform(SparsityMode::kExact, 2), pool, o);
   ASSERT_TRUE(f16.ok()) << f16.status();
   EXPECT_EQ((*f16)->weights(1).down_t.type, GgmlType::kF16);
+  EXPECT_EQ((*f16)->down_t_bytes(), 0);  // bundled: the f16 down rows beside the q4_0 up rows
+  EXPECT_EQ((*f16)->bundle_bytes(), UpDownBundleBytes(c, GgmlType::kQ4_0, GgmlType::kF16, 2));
   // Both stay close to dense (which rounds its down input to Q8_0): a smoke check of scale.
   std::mt19937 rng(3);
   const std::vector<float> h = RandomVector(c.dim, rng);
@@ -705,6 +785,44 @@ TEST(SparseFfnTest, PredictedRunsThePredictedNeuronsThatFire) {
   (*exact)->Compute(1, h.data(), 2, b.data());
   EXPECT_EQ(a, b);
   EXPECT_EQ((*all)->activity()[1].active, (*exact)->activity()[1].active);
+}
+
+// Bundled and separate rows through the whole SparseFfn, exact and predicted, one token and a
+// batch, one to three threads: the same bits and the same counts.
+TEST(SparseFfnTest, NeuronBundlesGiveTheSeparateRowsBits) {
+  for (GgmlType type : {GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kQ4_0}) {
+    auto model = SynthModel(type, SynthFfnKind::kReluGated);
+    ASSERT_TRUE(model);
+    const ModelConfig& c = model->config();
+    std::mt19937 rng(23);
+    SparsityPlan predicted = SparsityPlan::Uniform(SparsityMode::kPredicted, c.n_layers);
+    predicted.predictors = RandomPredictors(c, 0.0f, rng);
+    for (const SparsityPlan& plan :
+         {SparsityPlan::Uniform(SparsityMode::kExact, c.n_layers), predicted}) {
+      for (int threads : {1, 2, 3}) {
+        ThreadPool pool(threads);
+        SparseFfnOptions off, on;
+        off.neuron_bundles = false;
+        on.neuron_bundles = true;
+        auto separate = SparseFfn::Create(*model, plan, pool, off);
+        auto bundled = SparseFfn::Create(*model, plan, pool, on);
+        ASSERT_TRUE(separate.ok() && bundled.ok());
+        EXPECT_GT((*bundled)->bundle_bytes(), 0);
+        for (int64_t n_tokens : {1, 3}) {
+          const std::vector<float> h = RandomVector(n_tokens * c.dim, rng);
+          for (int64_t l = 0; l < c.n_layers; ++l) {
+            std::vector<float> want(n_tokens * c.dim), got(n_tokens * c.dim);
+            (*separate)->Compute(l, h.data(), n_tokens, want.data());
+            (*bundled)->Compute(l, h.data(), n_tokens, got.data());
+            EXPECT_EQ(got, want) << TypeTraits(type).name << " " << SparsityModeName(plan.mode(0))
+                                 << " layer " << l << " threads " << threads;
+            EXPECT_EQ((*bundled)->activity()[l].active, (*separate)->activity()[l].active);
+          }
+        }
+        EXPECT_DOUBLE_EQ((*bundled)->FfnBytesPerToken(), (*separate)->FfnBytesPerToken());
+      }
+    }
+  }
 }
 
 // A plan whose predictors do not fit the model is refused with the layer and shapes.
