@@ -1,6 +1,8 @@
 #include "cpu_worker/cold_rows.h"
 
+#include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "shared/util/status_macros.h"
 
@@ -18,10 +20,72 @@ MatrixView Gather(const MatrixView& src, const std::vector<int32_t>& ids, uint8_
   return MatrixView{src.type, static_cast<int64_t>(ids.size()), src.cols, dst, src.row_bytes};
 }
 
+// The bytes of one non-MoE layer's n cold neurons, and where its parts go: the gate as its own
+// matrix unless it joins the bundle, then n bundles of `stride` bytes with up at `up_at` and
+// down_t at `down_at` (or, without bundles, three compact matrices).
+struct LayerLayout {
+  bool bundled = false, gate_in_bundle = false;
+  int64_t gate_bytes = 0;  // the separate gate matrix
+  int64_t stride = 0, up_at = 0, down_at = 0;
+  int64_t total = 0;
+};
+
+LayerLayout Layout(const MatrixView& gate, const MatrixView& up, int64_t down_row, int64_t n,
+                   bool bundles, bool gate_in_bundle) {
+  LayerLayout o;
+  o.bundled = bundles;
+  if (!bundles) {
+    o.total = AlignUp(n * gate.row_bytes) + AlignUp(n * up.row_bytes) + AlignUp(n * down_row);
+    return o;
+  }
+  o.gate_in_bundle = gate_in_bundle && !gate.empty();
+  if (!gate.empty() && !o.gate_in_bundle) o.gate_bytes = AlignUp(n * gate.row_bytes);
+  o.up_at = o.gate_in_bundle ? AlignUp(gate.row_bytes) : 0;
+  o.down_at = o.up_at + AlignUp(up.row_bytes);
+  o.stride = o.down_at + AlignUp(down_row);
+  o.total = o.gate_bytes + n * o.stride;
+  return o;
+}
+
+// One non-MoE layer's cold rows at `at`, laid out as `o` says (bundled).
+absl::Status BundleLayer(const LayerWeights& w, const std::vector<int32_t>& cold,
+                         const LayerLayout& o, const ModelConfig& c, ThreadPool& pool, uint8_t* at,
+                         NeuronWeights& nw) {
+  const int64_t n = static_cast<int64_t>(cold.size());
+  nw.activation = c.activation;
+  // The down rows: the model's ffn_down_t, or one transposed copy of this layer's ffn_down,
+  // dropped when this returns.
+  std::optional<DownRows> transposed;
+  MatrixView down_t = w.down_t;
+  if (!w.has_down_t) {
+    if (n > 0) {
+      TC_ASSIGN_OR_RETURN(transposed, DownRows::ForMatrix(w.down, std::nullopt, pool));
+      down_t = transposed->view();
+    } else {
+      const GgmlType type = DownRows::TransposedType(w.down.type, std::nullopt);
+      down_t = MatrixView{type, 0, c.dim, at, RowBytes(type, c.dim)};
+    }
+  }
+  uint8_t* bundles = at + o.gate_bytes;
+  if (!w.gate.empty() && !o.gate_in_bundle) nw.gate = Gather(w.gate, cold, at);
+  for (int64_t k = 0; k < n; ++k) {
+    uint8_t* b = bundles + k * o.stride;
+    if (o.gate_in_bundle) std::memcpy(b, w.gate.row(cold[k]), w.gate.row_bytes);
+    std::memcpy(b + o.up_at, w.up.row(cold[k]), w.up.row_bytes);
+    std::memcpy(b + o.down_at, down_t.row(cold[k]), down_t.row_bytes);
+  }
+  const int64_t stride = std::max<int64_t>(o.stride, 1);
+  if (o.gate_in_bundle) nw.gate = MatrixView{w.gate.type, n, c.dim, bundles, stride};
+  nw.up = MatrixView{w.up.type, n, c.dim, bundles + o.up_at, stride};
+  nw.down_t = MatrixView{down_t.type, n, c.dim, bundles + o.down_at, stride};
+  return n > 0 ? ValidateNeuronWeights(nw) : absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<ColdRows> ColdRows::Build(const Model& model, const Partition& partition,
-                                         std::optional<int> node, ThreadPool& pool) {
+                                         std::optional<int> node, ThreadPool& pool,
+                                         const SparsityPlan* plan, bool bundles) {
   const ModelConfig& c = model.config();
   if (static_cast<int64_t>(partition.layers.size()) != c.n_layers) {
     return absl::InvalidArgumentError("cold rows: partition and model disagree on layers");
@@ -35,6 +99,11 @@ absl::StatusOr<ColdRows> ColdRows::Build(const Model& model, const Partition& pa
   auto bytes = [](const FfnWeights& f, int64_t n, int64_t down_row) {
     return AlignUp(n * f.gate.row_bytes) + AlignUp(n * f.up.row_bytes) + AlignUp(n * down_row);
   };
+  auto gate_in_bundle = [&](int64_t l) {
+    return plan != nullptr && l < static_cast<int64_t>(plan->modes.size()) &&
+           plan->mode(l) == SparsityMode::kPredicted;
+  };
+  std::vector<LayerLayout> layouts(c.n_layers);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = model.layer(l);
     const std::vector<int32_t>& cold = partition.layers[l].cold;
@@ -47,7 +116,9 @@ absl::StatusOr<ColdRows> ColdRows::Build(const Model& model, const Partition& pa
       continue;
     }
     const int64_t down_row = w.has_down_t ? w.down_t.row_bytes : down_t_row_bytes(w.down);
-    total += bytes(FfnWeights{w.gate, w.up, {}}, partition.layers[l].n_cold(), down_row);
+    layouts[l] = Layout(w.gate, w.up, down_row, partition.layers[l].n_cold(), bundles,
+                        gate_in_bundle(l));
+    total += layouts[l].total;
   }
   ColdRows rows;
   TC_ASSIGN_OR_RETURN(rows.memory_, NodeMemory::Allocate(static_cast<size_t>(total), node));
@@ -104,11 +175,17 @@ absl::StatusOr<ColdRows> ColdRows::Build(const Model& model, const Partition& pa
       }
       continue;
     }
-    gather_ffn(w.gate, w.up, cold, nw);
     if (!w.up_b.empty()) {
       for (int32_t id : cold) rows.up_b_[l].push_back(w.up_b[id]);
-      nw.up_b = rows.up_b_[l];
     }
+    if (layouts[l].bundled) {
+      TC_RETURN_IF_ERROR(BundleLayer(w, cold, layouts[l], c, pool, p, nw));
+      nw.up_b = rows.up_b_[l];
+      p += layouts[l].total;
+      continue;
+    }
+    gather_ffn(w.gate, w.up, cold, nw);
+    nw.up_b = rows.up_b_[l];
     if (w.has_down_t) {
       nw.down_t = Gather(w.down_t, cold, p);
       p += AlignUp(nw.down_t.rows * nw.down_t.row_bytes);

@@ -57,7 +57,8 @@ int main(int argc, char** argv) {
   if (!loaded.ok()) s.Fail(loaded.status());
   const ModelConfig& config = loaded->model->config();
   ThreadPool pool(flags.threads);
-  auto rows = cpu_worker::ColdRows::Build(*loaded->model, loaded->partition, placed->node, pool);
+  auto rows = cpu_worker::ColdRows::Build(*loaded->model, loaded->partition, placed->node, pool,
+                                          &loaded->plan);
   if (!rows.ok()) s.Fail(rows.status());
   if (lock) {
     if (absl::Status l = rows->memory().Lock(); !l.ok()) s.Fail(l);

@@ -100,13 +100,33 @@ TEST(SplitWorkerTest, PartitionIsDisjointAndCoversEveryNeuron) {
   EXPECT_FALSE(PlacementFromFlags(c, bad).ok());
 }
 
-TEST(SplitWorkerTest, ColdRowsEqualTheModelsRows) {
+// The cold rows' layouts: three compact matrices, neuron bundles of [up | down] with the gate
+// apart (exact, threshold, dense layers), bundles of [gate | up | down] (predicted layers).
+struct ColdLayoutCase {
+  const char* name;
+  bool bundles;
+  bool gate_in_bundle;
+};
+
+class ColdLayoutTest : public ::testing::TestWithParam<ColdLayoutCase> {
+ protected:
+  absl::StatusOr<cpu_worker::ColdRows> Build(const Model& model, const Partition& part,
+                                             ThreadPool& pool) {
+    const ModelConfig& c = model.config();
+    plan_ = SparsityPlan::Uniform(
+        GetParam().gate_in_bundle ? SparsityMode::kPredicted : SparsityMode::kExact, c.n_layers);
+    return cpu_worker::ColdRows::Build(model, part, std::nullopt, pool, &plan_, GetParam().bundles);
+  }
+  SparsityPlan plan_;  // only its modes are read: which layers gather their gate by candidate
+};
+
+TEST_P(ColdLayoutTest, ColdRowsEqualTheModelsRows) {
   auto model = Stories();
   const ModelConfig& c = model->config();
   ThreadPool pool(1);
   auto part = Partition::FromPlacement(RandomPlacement(c, 7), c);
   ASSERT_TRUE(part.ok());
-  auto rows = cpu_worker::ColdRows::Build(*model, *part, std::nullopt, pool);
+  auto rows = Build(*model, *part, pool);
   ASSERT_TRUE(rows.ok()) << rows.status();
   for (int64_t l = 0; l < c.n_layers; ++l) {
     auto down = DownRows::ForLayer(*model, l, std::nullopt, pool);
@@ -118,18 +138,25 @@ TEST(SplitWorkerTest, ColdRowsEqualTheModelsRows) {
       const LayerWeights& lw = model->layer(l);
       EXPECT_EQ(std::memcmp(w.gate.row(k), lw.gate.row(cold[k]), lw.gate.row_bytes), 0);
       EXPECT_EQ(std::memcmp(w.up.row(k), lw.up.row(cold[k]), lw.up.row_bytes), 0);
-      EXPECT_EQ(std::memcmp(w.down_t.row(k), down->view().row(cold[k]), w.down_t.row_bytes), 0);
+      EXPECT_EQ(std::memcmp(w.down_t.row(k), down->view().row(cold[k]), w.down_t.row_data_bytes()), 0);
+    }
+    // The layout asked for: one neuron's rows one stride apart, or packed matrices.
+    const int64_t packed = RowBytes(w.up.type, c.dim);
+    EXPECT_EQ(w.up.row_bytes == packed, !GetParam().bundles) << "layer " << l;
+    if (GetParam().bundles) {
+      EXPECT_EQ(w.up.row_bytes, w.down_t.row_bytes) << "layer " << l;
+      EXPECT_EQ(w.gate.row_bytes == w.up.row_bytes, GetParam().gate_in_bundle) << "layer " << l;
     }
   }
 }
 
-TEST(SplitWorkerTest, ColdExecutorEqualsNeuronFfnOverTheSameIds) {
+TEST_P(ColdLayoutTest, ColdExecutorEqualsNeuronFfnOverTheSameIds) {
   auto model = Stories();
   const ModelConfig& c = model->config();
   ThreadPool pool(1);
   auto part = Partition::FromPlacement(RandomPlacement(c, 11), c);
   ASSERT_TRUE(part.ok());
-  auto rows = cpu_worker::ColdRows::Build(*model, *part, std::nullopt, pool);
+  auto rows = Build(*model, *part, pool);
   ASSERT_TRUE(rows.ok());
   const SparsityPlan plan = SparsityPlan::Uniform(SparsityMode::kDense, c.n_layers);
   cpu_worker::ColdExecutor exec(*rows, *part, plan, c.activation, pool);
@@ -187,6 +214,14 @@ TEST(SplitWorkerTest, ColdExecutorEqualsNeuronFfnOverTheSameIds) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("is hot, not cold"), std::string::npos) << s;
 }
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ColdLayoutTest,
+                         ::testing::Values(ColdLayoutCase{"separate", false, false},
+                                           ColdLayoutCase{"up_down_bundles", true, false},
+                                           ColdLayoutCase{"gate_up_down_bundles", true, true}),
+                         [](const ::testing::TestParamInfo<ColdLayoutCase>& info) {
+                           return std::string(info.param.name);
+                         });
 
 TEST(SplitWorkerTest, ParseCpuList) {
   auto cpus = cpu_worker::ParseCpuList("0-3,6,2");
