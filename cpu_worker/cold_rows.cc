@@ -1,6 +1,5 @@
 #include "cpu_worker/cold_rows.h"
 
-#include <algorithm>
 #include <cstring>
 #include <optional>
 
@@ -20,65 +19,45 @@ MatrixView Gather(const MatrixView& src, const std::vector<int32_t>& ids, uint8_
   return MatrixView{src.type, static_cast<int64_t>(ids.size()), src.cols, dst, src.row_bytes};
 }
 
-// The bytes of one non-MoE layer's n cold neurons, and where its parts go: the gate as its own
-// matrix unless it joins the bundle, then n bundles of `stride` bytes with up at `up_at` and
-// down_t at `down_at` (or, without bundles, three compact matrices).
-struct LayerLayout {
-  bool bundled = false, gate_in_bundle = false;
+// A non-MoE layer's cold neurons as bundles (sparsity/neuron_bundle.h): the gate first as its
+// own compact matrix unless it joins the bundle, then one bundle per cold neuron.
+struct ColdBundles {
+  BundleLayout layout;
   int64_t gate_bytes = 0;  // the separate gate matrix
-  int64_t stride = 0, up_at = 0, down_at = 0;
   int64_t total = 0;
 };
 
-LayerLayout Layout(const MatrixView& gate, const MatrixView& up, int64_t down_row, int64_t n,
-                   bool bundles, bool gate_in_bundle) {
-  LayerLayout o;
-  o.bundled = bundles;
-  if (!bundles) {
-    o.total = AlignUp(n * gate.row_bytes) + AlignUp(n * up.row_bytes) + AlignUp(n * down_row);
-    return o;
-  }
-  o.gate_in_bundle = gate_in_bundle && !gate.empty();
-  if (!gate.empty() && !o.gate_in_bundle) o.gate_bytes = AlignUp(n * gate.row_bytes);
-  o.up_at = o.gate_in_bundle ? AlignUp(gate.row_bytes) : 0;
-  o.down_at = o.up_at + AlignUp(up.row_bytes);
-  o.stride = o.down_at + AlignUp(down_row);
-  o.total = o.gate_bytes + n * o.stride;
-  return o;
+ColdBundles ColdBundlesFor(const LayerWeights& w, int64_t down_row, int64_t n,
+                           bool gate_in_bundle) {
+  ColdBundles b;
+  const bool joins = gate_in_bundle && !w.gate.empty();
+  b.layout = BundleLayout::For(joins ? w.gate.row_bytes : 0, w.up.row_bytes, down_row);
+  if (!w.gate.empty() && !joins) b.gate_bytes = AlignUp(n * w.gate.row_bytes);
+  b.total = b.gate_bytes + n * b.layout.stride;
+  return b;
 }
 
-// One non-MoE layer's cold rows at `at`, laid out as `o` says (bundled).
+// One non-MoE layer's cold rows at `at`, laid out as `b` says.
 absl::Status BundleLayer(const LayerWeights& w, const std::vector<int32_t>& cold,
-                         const LayerLayout& o, const ModelConfig& c, ThreadPool& pool, uint8_t* at,
+                         const ColdBundles& b, const ModelConfig& c, ThreadPool& pool, uint8_t* at,
                          NeuronWeights& nw) {
-  const int64_t n = static_cast<int64_t>(cold.size());
-  nw.activation = c.activation;
   // The down rows: the model's ffn_down_t, or one transposed copy of this layer's ffn_down,
   // dropped when this returns.
   std::optional<DownRows> transposed;
   MatrixView down_t = w.down_t;
   if (!w.has_down_t) {
-    if (n > 0) {
-      TC_ASSIGN_OR_RETURN(transposed, DownRows::ForMatrix(w.down, std::nullopt, pool));
-      down_t = transposed->view();
-    } else {
+    if (cold.empty()) {
       const GgmlType type = DownRows::TransposedType(w.down.type, std::nullopt);
       down_t = MatrixView{type, 0, c.dim, at, RowBytes(type, c.dim)};
+    } else {
+      TC_ASSIGN_OR_RETURN(transposed, DownRows::ForMatrix(w.down, std::nullopt, pool));
+      down_t = transposed->view();
     }
   }
-  uint8_t* bundles = at + o.gate_bytes;
-  if (!w.gate.empty() && !o.gate_in_bundle) nw.gate = Gather(w.gate, cold, at);
-  for (int64_t k = 0; k < n; ++k) {
-    uint8_t* b = bundles + k * o.stride;
-    if (o.gate_in_bundle) std::memcpy(b, w.gate.row(cold[k]), w.gate.row_bytes);
-    std::memcpy(b + o.up_at, w.up.row(cold[k]), w.up.row_bytes);
-    std::memcpy(b + o.down_at, down_t.row(cold[k]), down_t.row_bytes);
-  }
-  const int64_t stride = std::max<int64_t>(o.stride, 1);
-  if (o.gate_in_bundle) nw.gate = MatrixView{w.gate.type, n, c.dim, bundles, stride};
-  nw.up = MatrixView{w.up.type, n, c.dim, bundles + o.up_at, stride};
-  nw.down_t = MatrixView{down_t.type, n, c.dim, bundles + o.down_at, stride};
-  return n > 0 ? ValidateNeuronWeights(nw) : absl::OkStatus();
+  nw = WriteBundles(NeuronWeights{w.gate, w.up, down_t, c.activation}, b.layout, cold,
+                    at + b.gate_bytes, pool);
+  if (!w.gate.empty() && !b.layout.gate) nw.gate = Gather(w.gate, cold, at);
+  return cold.empty() ? absl::OkStatus() : ValidateNeuronWeights(nw);
 }
 
 }  // namespace
@@ -103,7 +82,7 @@ absl::StatusOr<ColdRows> ColdRows::Build(const Model& model, const Partition& pa
     return plan != nullptr && l < static_cast<int64_t>(plan->modes.size()) &&
            plan->mode(l) == SparsityMode::kPredicted;
   };
-  std::vector<LayerLayout> layouts(c.n_layers);
+  std::vector<ColdBundles> layouts(c.n_layers);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = model.layer(l);
     const std::vector<int32_t>& cold = partition.layers[l].cold;
@@ -116,8 +95,12 @@ absl::StatusOr<ColdRows> ColdRows::Build(const Model& model, const Partition& pa
       continue;
     }
     const int64_t down_row = w.has_down_t ? w.down_t.row_bytes : down_t_row_bytes(w.down);
-    layouts[l] = Layout(w.gate, w.up, down_row, partition.layers[l].n_cold(), bundles,
-                        gate_in_bundle(l));
+    const int64_t n = partition.layers[l].n_cold();
+    if (!bundles) {
+      total += bytes(FfnWeights{w.gate, w.up, {}}, n, down_row);
+      continue;
+    }
+    layouts[l] = ColdBundlesFor(w, down_row, n, gate_in_bundle(l));
     total += layouts[l].total;
   }
   ColdRows rows;
@@ -178,7 +161,7 @@ absl::StatusOr<ColdRows> ColdRows::Build(const Model& model, const Partition& pa
     if (!w.up_b.empty()) {
       for (int32_t id : cold) rows.up_b_[l].push_back(w.up_b[id]);
     }
-    if (layouts[l].bundled) {
+    if (bundles) {
       TC_RETURN_IF_ERROR(BundleLayer(w, cold, layouts[l], c, pool, p, nw));
       nw.up_b = rows.up_b_[l];
       p += layouts[l].total;

@@ -4,8 +4,9 @@
 // partition.layers[l].cold[k]. In layers other than MoE ones the rows are laid out as neuron
 // bundles (sparsity/neuron_bundle.h): each cold neuron's [gate | up | down_t] side by side in
 // predicted layers, [up | down_t] with the gate as its own matrix elsewhere, read through
-// strided views with the same bits; the same bytes as three matrices, give or take alignment. The hot rows are never copied (the model file is mapped, and
-// only the cold pages of it are read). In mixture-of-experts layers each expert has its own
+// strided views with the same bits; the same bytes as three matrices, give or take alignment.
+// The hot rows are never copied (the model file is mapped, and only the cold pages of it are
+// read). In mixture-of-experts layers each expert has its own
 // compact rows: expert e's compact row k is its neuron ExpertSlice(cold, e)[k] - e * ffn_dim.
 #pragma once
 

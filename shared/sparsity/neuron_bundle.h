@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 
 #include "absl/status/statusor.h"
 #include "shared/sparsity/neuron_ffn.h"
@@ -26,6 +27,22 @@
 #include "shared/util/thread_pool.h"
 
 namespace thermocline {
+
+// Where one neuron's rows sit in a bundle: [gate | up | down_t] (no gate when gate_bytes is 0),
+// each part on whole cache lines, `stride` bytes a neuron.
+struct BundleLayout {
+  bool gate = false;
+  int64_t up_at = 0, down_at = 0, stride = 0;
+  // From each part's row bytes (gate_bytes 0: the gate stays out).
+  static BundleLayout For(int64_t gate_bytes, int64_t up_bytes, int64_t down_bytes);
+};
+
+// Writes neuron ids[k] of w as bundle k at dst + k * layout.stride (dst 64-byte aligned, room
+// for ids.size() bundles), and returns w with up and down_t (and the gate, when it joins) as
+// strided views of dst of ids.size() rows. A gate that stays out is returned as w's own: a
+// caller writing a subset of the neurons gathers it itself.
+NeuronWeights WriteBundles(const NeuronWeights& w, const BundleLayout& layout,
+                           std::span<const int32_t> ids, uint8_t* dst, ThreadPool& pool);
 
 class NeuronBundle {
  public:
