@@ -61,6 +61,24 @@ class CudaKernelsTest : public ::testing::Test {
     return v;
   }
 
+  // The hot FFN over a's inputs into fresh coefficient, output and (zeroed) count buffers:
+  // y [a.rows][a.dim] and the two counts back on the host.
+  void RunHotFfn(HotFfnArgs a, std::vector<float>& y_out, std::vector<uint32_t>& stats_out) {
+    CudaArray<float> coeff, y;
+    CudaArray<uint32_t> stats;
+    ASSERT_TRUE(coeff.Allocate(a.rows * a.max_count).ok());
+    ASSERT_TRUE(y.Allocate(a.rows * a.dim).ok());
+    ASSERT_TRUE(stats.Allocate(2).ok());
+    ASSERT_EQ(cudaMemset(stats.get(), 0, stats.bytes()), cudaSuccess);
+    a.coeff = coeff.get();
+    a.stats = stats.get();
+    a.y = y.get();
+    ASSERT_EQ(LaunchHotFfn(a, stream_), cudaSuccess);
+    Sync();
+    y_out = Down(y, a.rows * a.dim);
+    stats_out = Down(stats, 2);
+  }
+
   std::mt19937 rng_{1234};
   cudaStream_t stream_ = nullptr;
 };
@@ -581,12 +599,6 @@ TEST_P(HotFfnTest, MatchesNeuronFfn) {
   auto dub = Up(up_b);
   auto dh = Up(h);
   auto didx = Up(idx), dcnt = Up(counts);
-  CudaArray<float> coeff, y;
-  CudaArray<uint32_t> stats;
-  ASSERT_TRUE(coeff.Allocate(rows * n_hot).ok());
-  ASSERT_TRUE(y.Allocate(rows * dim).ok());
-  ASSERT_TRUE(stats.Allocate(2).ok());
-  ASSERT_EQ(cudaMemset(stats.get(), 0, stats.bytes()), cudaSuccess);
   HotFfnArgs a;
   a.weights = fc.kind;
   a.down_weights = down_kind;
@@ -607,13 +619,9 @@ TEST_P(HotFfnTest, MatchesNeuronFfn) {
   a.max_count = n_hot;
   a.h = dh.get();
   a.rows = rows;
-  a.coeff = coeff.get();
-  a.stats = stats.get();
-  a.y = y.get();
-  ASSERT_EQ(LaunchHotFfn(a, stream_), cudaSuccess);
-  Sync();
-  const std::vector<float> got = Down(y, rows * dim);
-  const std::vector<uint32_t> st = Down(stats, 2);
+  std::vector<float> got;
+  std::vector<uint32_t> st;
+  ASSERT_NO_FATAL_FAILURE(RunHotFfn(a, got, st));
 
   ThreadPool pool(1);
   NeuronFfn ffn(n_hot);
@@ -751,12 +759,6 @@ TEST_F(CudaKernelsTest, HotFfnFiltersEachRowByItsOwnCutsAndScales) {
   auto dg = Up(gate), du = Up(up), dd = Up(down);
   auto dh = Up(h), dcut = Up(row_cut), dscale = Up(scale);
   auto didx = Up(idx), dcnt = Up(counts);
-  CudaArray<float> coeff, y;
-  CudaArray<uint32_t> stats;
-  ASSERT_TRUE(coeff.Allocate(rows * n_hot).ok());
-  ASSERT_TRUE(y.Allocate(rows * dim).ok());
-  ASSERT_TRUE(stats.Allocate(2).ok());
-  ASSERT_EQ(cudaMemset(stats.get(), 0, stats.bytes()), cudaSuccess);
   HotFfnArgs a;
   a.gate = dg.get();
   a.up = du.get();
@@ -776,13 +778,9 @@ TEST_F(CudaKernelsTest, HotFfnFiltersEachRowByItsOwnCutsAndScales) {
   a.max_count = n_hot;
   a.h = dh.get();
   a.rows = rows;
-  a.coeff = coeff.get();
-  a.stats = stats.get();
-  a.y = y.get();
-  ASSERT_EQ(LaunchHotFfn(a, stream_), cudaSuccess);
-  Sync();
-  const std::vector<float> got = Down(y, rows * dim);
-  const std::vector<uint32_t> st = Down(stats, 2);
+  std::vector<float> got;
+  std::vector<uint32_t> st;
+  ASSERT_NO_FATAL_FAILURE(RunHotFfn(a, got, st));
 
   uint32_t want_ran = 0;
   int dropped[3] = {0, 0, 0};
