@@ -32,7 +32,6 @@ constexpr int64_t kCallerSpinNs = 50'000;
 constexpr int64_t kCallerBusySpinNs = 2'000;
 // /proc/loadavg is read at most this often, by a caller starting a region.
 constexpr int64_t kLoadCheckNs = 50'000'000;
-constexpr int kPiecesPerThread = 4;
 
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -235,16 +234,27 @@ void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t, int64_
     fn(0, n);
     return;
   }
-  // A few pieces per thread: enough that a thread scheduled late finds others have taken its
-  // share, few enough that claiming them costs nothing next to the work.
-  const int64_t pieces = std::min<int64_t>(chunks, int64_t{kPiecesPerThread} * nth);
-  const int64_t per = chunks / pieces, extra = chunks % pieces;
-  ForEachPiece(pieces, [&](int, int64_t p) {
-    const int64_t c0 = p * per + std::min<int64_t>(p, extra);
-    const int64_t c1 = c0 + per + (p < extra ? 1 : 0);
-    const int64_t begin = c0 * grain, end = std::min(n, c1 * grain);
+  // Claimed pieces of shrinking size (GuidedCut). Equal pieces (four per thread) left the
+  // caller or the worker idle for half a piece, on average, at the end of every region: about
+  // 3% of each thread's decode time at two threads, 170 regions per token.
+  Cut starts;
+  GuidedCut(chunks, nth, starts);
+  ForEachPiece(static_cast<int64_t>(starts.size()) - 1, [&](int, int64_t p) {
+    const int64_t begin = starts[p] * grain, end = std::min(n, starts[p + 1] * grain);
     if (begin < end) fn(begin, end);
   });
+}
+
+void ThreadPool::GuidedCut(int64_t chunks, int threads, Cut& starts) {
+  starts.clear();
+  const int64_t split = 2 * std::max(1, threads);
+  const int64_t least = std::max<int64_t>(1, chunks / (32 * split));
+  for (int64_t c = 0; c < chunks;) {
+    starts.push_back(c);
+    const int64_t left = chunks - c;
+    c += std::min(left, std::max(least, left / split));
+  }
+  starts.push_back(chunks);
 }
 
 int64_t ThreadPool::GrainForBytes(int64_t item_bytes, int64_t align) {

@@ -6,7 +6,8 @@
 //  - Work is claimed, not assigned: a region is cut into pieces that whoever is running takes
 //    from a shared counter, the caller included, and the caller waits only for pieces that a
 //    worker has actually taken. A worker that is not scheduled holds up nothing; one that wakes
-//    after the last piece is taken skips the region.
+//    after the last piece is taken skips the region. ParallelFor's pieces shrink as the region
+//    goes (GuidedCut), so both threads run out of work within one short piece of each other.
 //  - Small work stays on the caller: ParallelForBytes runs a region below kMinParallelBytes of
 //    memory traffic on the calling thread without waking anyone (the threshold is measured by
 //    bench/thread_pool_bench).
@@ -24,6 +25,8 @@
 #include <functional>
 #include <thread>
 #include <vector>
+
+#include "absl/container/inlined_vector.h"
 
 namespace thermocline {
 
@@ -66,8 +69,15 @@ class ThreadPool {
 
   // Cuts [0, n) into contiguous pieces, each a multiple of `grain` except the last, and calls
   // fn(begin, end) once per piece, on whichever threads claim them. The cut depends only on n,
-  // grain and size(), never on timing.
+  // grain and size(), never on timing (GuidedCut).
   void ParallelFor(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t grain = 1);
+
+  // ParallelFor's cut of `chunks` grains over `threads` threads: the start of every piece, then
+  // `chunks`. Pieces shrink as the work left does (each about the rest over 2 x threads, never
+  // under chunks / (64 x threads) nor 1), so the threads start on long runs and finish on
+  // short ones: a region ends at most one short piece after its first thread runs out of work.
+  using Cut = absl::InlinedVector<int64_t, 48>;
+  static void GuidedCut(int64_t chunks, int threads, Cut& starts);
 
   // ParallelFor over n items that each move `item_bytes` of memory: on the caller alone when
   // all of them are below kMinParallelBytes, else in pieces of at least kMinPieceBytes (and a

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -136,6 +137,39 @@ TEST(ThreadPoolTest, ParallelForCoversRangeExactlyOnceOnGrainBoundaries) {
           ASSERT_EQ(hits[i].load(), 1) << "threads=" << n << " n=" << len << " i=" << i;
         }
       }
+    }
+  }
+}
+
+// The guided cut: pieces cover [0, chunks) in order, never grow, start at the range over
+// 2 x threads, and stay few: no piece is under chunks / (64 x threads) but the last, so there
+// are at most about 2 x threads x (ln 32 + 1), some 9 per thread, however large the range
+// (measured here: up to 11 with the integer rounding).
+TEST(ThreadPoolTest, GuidedCutShrinksAndStaysFew) {
+  for (int threads : {2, 3, 8, 16}) {
+    for (int64_t chunks : {1, 2, 5, 31, 64, 512, 1000, 4097, 1000000, 10000000}) {
+      ThreadPool::Cut starts;
+      ThreadPool::GuidedCut(chunks, threads, starts);
+      SCOPED_TRACE(::testing::Message() << "threads=" << threads << " chunks=" << chunks);
+      ASSERT_GE(starts.size(), 2u);
+      EXPECT_EQ(starts.front(), 0);
+      EXPECT_EQ(starts.back(), chunks);
+      const int64_t pieces = static_cast<int64_t>(starts.size()) - 1;
+      EXPECT_LE(pieces, 12 * threads);
+      EXPECT_EQ(starts[1], std::min(chunks, std::max<int64_t>(1, chunks / (2 * threads))));
+      const int64_t least = std::max<int64_t>(1, chunks / (64 * threads));
+      for (int64_t p = 0; p < pieces; ++p) {
+        const int64_t size = starts[p + 1] - starts[p];
+        ASSERT_GE(size, 1) << "piece " << p;
+        if (p > 0) {
+          EXPECT_LE(size, starts[p] - starts[p - 1]) << "piece " << p << " grew";
+        }
+        if (p + 1 < pieces) {
+          EXPECT_GE(size, least) << "piece " << p;
+        }
+      }
+      // The tail is short: the last piece is the smallest size, or what was left of it.
+      EXPECT_LE(starts[pieces] - starts[pieces - 1], least) << "last piece";
     }
   }
 }
