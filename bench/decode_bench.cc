@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
@@ -35,6 +36,11 @@ using namespace thermocline;
 namespace {
 
 using bench::LoadNow;
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "decode_bench: %s\n", std::string(s.message()).c_str());
+  return 1;
+}
 
 }  // namespace
 
@@ -97,6 +103,13 @@ int main(int argc, char** argv) {
       return 1;
     }
     const ModelConfig& c = (*model)->config();
+    if (prompt + tokens > c.context_length) {
+      std::fprintf(stderr,
+                   "decode_bench: %s: --prompt %d + --tokens %d is more than the model's context "
+                   "of %lld positions\n",
+                   path.c_str(), prompt, tokens, static_cast<long long>(c.context_length));
+      return 2;
+    }
     auto kv = KvCache::Create(c, 1, std::min<int64_t>(c.context_length, prompt + tokens + 1),
                               GgmlType::kF32);
     if (!kv.ok()) {
@@ -113,7 +126,7 @@ int main(int argc, char** argv) {
       for (int warm = 0; warm < 2; ++warm) {
         kv->Reset(0);
         const auto p0 = std::chrono::steady_clock::now();
-        if (!pass.Run(batch, logits).ok()) return 1;
+        if (absl::Status st = pass.Run(batch, logits); !st.ok()) return Fail(st);
         prompt_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - p0).count();
       }
       // Bandwidth right before the decode loop, with the same threads, so both see the same
@@ -126,7 +139,9 @@ int main(int argc, char** argv) {
       const auto t0 = std::chrono::steady_clock::now();
       for (int i = 0; i < tokens; ++i) {
         BatchEntry e{0, prompt + i, 3 + (i % 200), true};
-        if (!pass.Run(std::span<const BatchEntry>(&e, 1), logits).ok()) return 1;
+        if (absl::Status st = pass.Run(std::span<const BatchEntry>(&e, 1), logits); !st.ok()) {
+          return Fail(st);
+        }
       }
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const std::string load_end = LoadNow();

@@ -103,7 +103,11 @@ int Child(const std::string& instance, const std::string& wait, bool pin) {
   WaitPolicy policy = PolicyNamed(wait);
   auto in = (*t)->Consumer(RingId::kGatewayToGpu, policy);
   auto out = (*t)->Producer(RingId::kGpuToGateway, policy);
-  if (!in.ok() || !out.ok()) return 1;
+  if (!in.ok() || !out.ok()) {
+    std::fprintf(stderr, "ring_bench child: %s\n",
+                 (!in.ok() ? in.status() : out.status()).ToString().c_str());
+    return 1;
+  }
   for (;;) {
     auto m = in->Peek(absl::Seconds(60));
     if (!m.ok()) {
@@ -112,10 +116,17 @@ int Child(const std::string& instance, const std::string& wait, bool pin) {
     }
     if (m->kind() == MessageKind::kShutdown) return 0;
     auto dst = out->Reserve(m->payload.size(), kTimeout);
-    if (!dst.ok()) return 1;
+    if (!dst.ok()) {
+      std::fprintf(stderr, "ring_bench child: %s\n", dst.status().ToString().c_str());
+      return 1;
+    }
     std::memcpy(dst->data(), m->payload.data(), m->payload.size());
-    if (!out->Commit(MessageInfo{MessageKind::kBytes, m->header.step_id, 0}).ok()) return 1;
-    if (!in->Release().ok()) return 1;
+    absl::Status st = out->Commit(MessageInfo{MessageKind::kBytes, m->header.step_id, 0});
+    if (st.ok()) st = in->Release();
+    if (!st.ok()) {
+      std::fprintf(stderr, "ring_bench child: %s\n", st.ToString().c_str());
+      return 1;
+    }
   }
 }
 

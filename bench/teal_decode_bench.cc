@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "bench/bench_util.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "bench/bench_util.h"
 #include "bench/decode_loop.h"
 #include "shared/model/model.h"
 #include "shared/runtime/forward.h"
@@ -96,11 +96,14 @@ int main(int argc, char** argv) {
     const ModelConfig& c = (*model)->config();
     auto kv = KvCache::Create(
         c, 1, std::min<int64_t>(c.context_length, bench::kPrompt + tokens + 1), GgmlType::kF32);
-    if (!kv.ok()) return 1;
+    if (!kv.ok()) {
+      std::fprintf(stderr, "teal_decode_bench: %s\n", std::string(kv.status().message()).c_str());
+      return 1;
+    }
     for (int nt : threads) {
       ThreadPool pool(nt);
-      auto teal = TealLinear::Create(**model, TealPlan::TopShare(c.n_layers, sparsity), pool,
-                                     teal_options);
+      auto teal =
+          TealLinear::Create(**model, TealPlan::TopShare(c.n_layers, sparsity), pool, teal_options);
       if (!teal.ok()) {
         std::fprintf(stderr, "teal_decode_bench: %s\n",
                      std::string(teal.status().message()).c_str());
@@ -110,11 +113,15 @@ int main(int argc, char** argv) {
       ForwardPass teal_pass(**model, *kv, pool, nullptr, teal->get());
       ForwardPassRunner dense_runner(dense_pass), teal_runner(teal_pass);
       std::vector<double> dense_times, teal_times;
-      for (int r = 0; r < rounds; ++r) {
+      auto decode = [&](ForwardPassRunner& runner, std::vector<double>& times) {
         std::vector<int32_t> out;
-        if (!bench::Decode(dense_runner, tokens, dense_times, out).ok()) return 1;
-        out.clear();
-        if (!bench::Decode(teal_runner, tokens, teal_times, out).ok()) return 1;
+        const absl::Status st = bench::Decode(runner, tokens, times, out);
+        if (!st.ok())
+          std::fprintf(stderr, "teal_decode_bench: %s\n", std::string(st.message()).c_str());
+        return st.ok();
+      };
+      for (int r = 0; r < rounds; ++r) {
+        if (!decode(dense_runner, dense_times) || !decode(teal_runner, teal_times)) return 1;
       }
       const double dense_tps = 1.0 / bench::Median(dense_times);
       const double teal_tps = 1.0 / bench::Median(teal_times);
