@@ -63,7 +63,7 @@ int UsableCpus() {
 }
 
 bool Oversubscribed(const LoadAverage& load, int cpus) {
-  return load.runnable > cpus || load.one > cpus;
+  return load.runnable > cpus || load.one > cpus + 0.5;
 }
 
 }  // namespace thermocline

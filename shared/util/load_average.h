@@ -24,8 +24,11 @@ absl::StatusOr<LoadAverage> ReadLoadAverage();
 // CPUs this process may run on (its affinity mask), at least 1.
 int UsableCpus();
 
-// True when more threads are runnable than there are CPUs to run them, now or on the one-minute
-// average, i.e. a thread that spins keeps some other runnable thread off a core.
+// True when a thread that spins keeps some other runnable thread off a core: more threads are
+// runnable right now than there are CPUs, or the one-minute average is more than half a CPU
+// above them. The margin is for the process's own threads: load.one counts them too, and two
+// decode threads kept busy on two CPUs hold it at 1.7-1.9 by themselves (docs/performance.md,
+// "Our own load"), so any background at all would otherwise stop the workers spinning.
 bool Oversubscribed(const LoadAverage& load, int cpus);
 
 }  // namespace thermocline

@@ -370,8 +370,10 @@ TEST(LoadAverageTest, ParsesTheKernelsFormat) {
   EXPECT_TRUE(Oversubscribed(*l, 2));
   EXPECT_FALSE(Oversubscribed(*l, 16));
   EXPECT_TRUE(Oversubscribed(LoadAverage{0.5, 0, 0, 3, 10}, 2));  // runnable now, average low
-  EXPECT_TRUE(Oversubscribed(LoadAverage{2.5, 0, 0, 1, 10}, 2));  // average high
+  EXPECT_TRUE(Oversubscribed(LoadAverage{2.6, 0, 0, 1, 10}, 2));  // average high
   EXPECT_FALSE(Oversubscribed(LoadAverage{2.0, 0, 0, 2, 10}, 2));
+  // Our own two busy threads and a little background: still spin.
+  EXPECT_FALSE(Oversubscribed(LoadAverage{2.4, 0, 0, 2, 10}, 2));
   // The live file parses.
   EXPECT_TRUE(ReadLoadAverage().ok()) << ReadLoadAverage().status();
   EXPECT_GE(UsableCpus(), 1);
