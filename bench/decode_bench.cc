@@ -92,16 +92,10 @@ int main(int argc, char** argv) {
               "prompt t/s");
   for (const std::string& path : models) {
     auto model = Model::Load(path);
-    if (!model.ok()) {
-      std::fprintf(stderr, "decode_bench: %s\n", std::string(model.status().message()).c_str());
-      return 1;
-    }
+    if (!model.ok()) return Fail(model.status());
     // Dense decode: the FFN is multiplied whole, so it gets the interleaved Q4_0 / K-quant
     // copy too (THERMOCLINE_REPACK=0 for the row layout).
-    if (absl::Status s = (*model)->InterleaveDenseFfn(); !s.ok()) {
-      std::fprintf(stderr, "decode_bench: %s\n", std::string(s.message()).c_str());
-      return 1;
-    }
+    if (absl::Status s = (*model)->InterleaveDenseFfn(); !s.ok()) return Fail(s);
     const ModelConfig& c = (*model)->config();
     if (prompt + tokens > c.context_length) {
       std::fprintf(stderr,
@@ -112,10 +106,7 @@ int main(int argc, char** argv) {
     }
     auto kv = KvCache::Create(c, 1, std::min<int64_t>(c.context_length, prompt + tokens + 1),
                               GgmlType::kF32);
-    if (!kv.ok()) {
-      std::fprintf(stderr, "decode_bench: %s\n", std::string(kv.status().message()).c_str());
-      return 1;
-    }
+    if (!kv.ok()) return Fail(kv.status());
     for (int nt : threads) {
       ThreadPool pool(nt);
       ForwardPass pass(**model, *kv, pool);
