@@ -21,9 +21,7 @@ void Scores(const float* q, const uint8_t* const* k_rows, int64_t n, int64_t hea
   std::memcpy(q_tail, q + full, rest * sizeof(float));
   for (int64_t j0 = 0; j0 < n; j0 += kP) {
     const int np = static_cast<int>(n - j0 < kP ? n - j0 : kP);
-    for (int64_t j = j0 + kRowsAhead; j < j0 + kRowsAhead + kP && j < n; ++j) {
-      PrefetchRow<L>(k_rows[j], head_dim * L::kBytes);
-    }
+    PrefetchRowsAhead<L>(k_rows, j0, kP, n, 0, head_dim * L::kBytes);
     __m256 acc[kP];
     for (int p = 0; p < kP; ++p) acc[p] = _mm256_setzero_ps();
     for (int64_t c = 0; c < full; c += 8) {
@@ -55,8 +53,7 @@ void Mix(const float* weights, const uint8_t* const* v_rows, int64_t n, int64_t 
     __m256 acc[kRegs];
     for (int k = 0; k < kRegs; ++k) acc[k] = _mm256_setzero_ps();
     for (int64_t j = 0; j < n; ++j) {
-      if (j + kRowsAhead < n)
-        PrefetchRow<L>(v_rows[j + kRowsAhead] + c0 * L::kBytes, 8 * nr * L::kBytes);
+      PrefetchRowsAhead<L>(v_rows, j, 1, n, c0 * L::kBytes, 8 * nr * L::kBytes);
       const __m256 a = _mm256_broadcast_ss(weights + j);
       const uint8_t* v = v_rows[j] + c0 * L::kBytes;
       for (int k = 0; k < nr; ++k)

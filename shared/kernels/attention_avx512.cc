@@ -46,9 +46,7 @@ void Scores(const float* q, const uint8_t* const* k_rows, int64_t n, int64_t hea
   alignas(32) uint8_t zeros[8 * L::kBytes] = {};
   for (int64_t j0 = 0; j0 < n; j0 += 2 * kPairs) {
     const int np = static_cast<int>(n - j0 < 2 * kPairs ? n - j0 : 2 * kPairs);
-    for (int64_t j = j0 + kRowsAhead; j < j0 + kRowsAhead + 2 * kPairs && j < n; ++j) {
-      PrefetchRow<L>(k_rows[j], head_dim * L::kBytes);
-    }
+    PrefetchRowsAhead<L>(k_rows, j0, 2 * kPairs, n, 0, head_dim * L::kBytes);
     // A position past the end reads the zero row; its half is never stored.
     const uint8_t* rows[2 * kPairs];
     for (int p = 0; p < 2 * kPairs; ++p) rows[p] = p < np ? k_rows[j0 + p] : nullptr;
@@ -95,9 +93,7 @@ void Mix(const float* weights, const uint8_t* const* v_rows, int64_t n, int64_t 
     __m512 acc[kRegs];
     for (int k = 0; k < kRegs; ++k) acc[k] = _mm512_setzero_ps();
     for (int64_t j = 0; j < n; ++j) {
-      if (j + kRowsAhead < n) {
-        PrefetchRow<L>(v_rows[j + kRowsAhead] + c0 * L::kBytes, 16 * nr * L::kBytes);
-      }
+      PrefetchRowsAhead<L>(v_rows, j, 1, n, c0 * L::kBytes, 16 * nr * L::kBytes);
       const __m512 a = _mm512_set1_ps(weights[j]);
       const uint8_t* v = v_rows[j] + c0 * L::kBytes;
       for (int k = 0; k < nr; ++k) {
