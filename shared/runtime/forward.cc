@@ -72,18 +72,38 @@ absl::Status ForwardPass::Validate(std::span<const BatchEntry> batch) const {
     }
     if (e.position >= kv_.mapped(e.slot)) {
       return absl::OutOfRangeError(absl::StrCat("forward: entry ", i, ": position ", e.position,
-                                                " of slot ", e.slot, " has no KV block (its "
-                                                "table maps ", kv_.mapped(e.slot), " positions)"));
+                                                " of slot ", e.slot,
+                                                " has no KV block (its "
+                                                "table maps ",
+                                                kv_.mapped(e.slot), " positions)"));
     }
     if (e.position > length[e.slot]) {
-      return absl::InvalidArgumentError(absl::StrCat("forward: entry ", i, ": position ",
-                                                     e.position, " skips ahead of slot ", e.slot,
-                                                     " which holds ", length[e.slot],
-                                                     " positions"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("forward: entry ", i, ": position ", e.position, " skips ahead of slot ",
+                       e.slot, " which holds ", length[e.slot], " positions"));
     }
     length[e.slot] = e.position + 1;
   }
   return absl::OkStatus();
+}
+
+const float* ForwardPass::RopeAnglesFor(int64_t e, int64_t position, const RopeParams& rope) {
+  // Everything but the base is the model's (rope_), so (base, position) names the angles.
+  const size_t width = static_cast<size_t>(rope.rope_dim);
+  if (rope.base != rope_angles_base_) {
+    rope_angles_base_ = rope.base;
+    std::fill(rope_angles_pos_.begin(), rope_angles_pos_.end(), -1);
+  }
+  if (rope_angles_pos_.size() <= static_cast<size_t>(e)) {
+    rope_angles_pos_.resize(e + 1, -1);
+    rope_angles_.resize((e + 1) * width);
+  }
+  float* cs = rope_angles_.data() + e * width;
+  if (rope_angles_pos_[e] != position) {
+    RopeAngles(rope, position, cs);
+    rope_angles_pos_[e] = position;
+  }
+  return cs;
 }
 
 void ForwardPass::Attention(int64_t layer, std::span<const BatchEntry> batch) {
@@ -214,19 +234,14 @@ class ForwardPass::Ops {
   absl::Status RopeAndStore(int64_t l) {
     RopeParams rope = p_.rope_;
     rope.base = LayerRopeBase(c_, l);
-    const bool plain = !rope.neox && rope.freq_factors == nullptr && rope.freq_scale == 1.0f &&
-                       rope.ext_factor == 0.0f && rope.attn_factor == 1.0f;
     for (int64_t e = 0; e < n_; ++e) {
       const BatchEntry& entry = batch_[e];
       float* q = p_.q_.data() + e * c_.q_dim;
       float* k = p_.k_.data() + e * c_.kv_dim;
-      if (plain) {  // run.c's rope, kept as the reference path for llama2.c's models
-        Rope(q, c_.n_heads, c_.head_dim, c_.rope_dim, entry.position, rope.base);
-        Rope(k, c_.n_kv_heads, c_.head_dim, c_.rope_dim, entry.position, rope.base);
-      } else {
-        RopeExt(q, c_.n_heads, rope, entry.position);
-        RopeExt(k, c_.n_kv_heads, rope, entry.position);
-      }
+      // With plain parameters this is run.c's Rope, bit for bit (ops.h).
+      const float* cs = p_.RopeAnglesFor(e, entry.position, rope);
+      ApplyRope(q, c_.n_heads, rope, cs);
+      ApplyRope(k, c_.n_kv_heads, rope, cs);
       p_.kv_.Store(l, entry.slot, entry.position, k, p_.v_.data() + e * c_.kv_dim);
     }
     return absl::OkStatus();

@@ -72,6 +72,13 @@ class ForwardPass {
   std::vector<float> x_, xb_, q_, k_, v_, att_, proj_, ffn_out_, scores_;
   std::vector<const uint8_t*> kv_rows_;  // AttendHead's row pointers, 2 * capacity per thread
   RopeParams rope_;  // the model's RoPE; base and position set per layer and entry
+  // Entry e's RoPE angles (RopeAngles) for `rope` at `position`, computed once per step and
+  // base: a decode step's layers share them, and their sines and powers were a few percent of
+  // a two-thread step's serial time, which the other thread waits through.
+  const float* RopeAnglesFor(int64_t e, int64_t position, const RopeParams& rope);
+  std::vector<float> rope_angles_;        // [entry][rope_dim]
+  std::vector<int64_t> rope_angles_pos_;  // the position each entry's angles are for, or -1
+  float rope_angles_base_ = 0.0f;
 };
 
 }  // namespace thermocline

@@ -25,14 +25,22 @@ struct RopeParams {
   int64_t head_dim = 0;
   int64_t rope_dim = 0;
   float base = 10000.0f;
-  bool neox = false;                     // pairs (j, j + rope_dim/2) instead of (2j, 2j+1)
-  const float* freq_factors = nullptr;   // [rope_dim / 2] divisors of theta, or null
-  float freq_scale = 1.0f;               // 1 / scaling factor
-  float ext_factor = 0.0f;               // YaRN: > 0 mixes extrapolated theta in
+  bool neox = false;                    // pairs (j, j + rope_dim/2) instead of (2j, 2j+1)
+  const float* freq_factors = nullptr;  // [rope_dim / 2] divisors of theta, or null
+  float freq_scale = 1.0f;              // 1 / scaling factor
+  float ext_factor = 0.0f;              // YaRN: > 0 mixes extrapolated theta in
   float attn_factor = 1.0f;
   float corr_low = 0.0f, corr_high = 0.0f;  // YaRN ramp, from RopeYarnCorrDims
 };
 void RopeExt(float* x, int64_t n_heads, const RopeParams& p, int64_t pos);
+
+// RoPE in two steps, for callers that rotate many rows at one position (every layer of a decode
+// step shares its angles unless the layers' bases differ): RopeAngles writes the rope_dim / 2
+// (cos, sin) pairs, cs[2j] and cs[2j + 1], that RopeExt computes for pos; ApplyRope rotates with
+// them. RopeExt(x, n, p, pos) is ApplyRope(x, n, p, RopeAngles(p, pos)) bit for bit, and so is
+// Rope for plain parameters.
+void RopeAngles(const RopeParams& p, int64_t pos, float* cs);
+void ApplyRope(float* x, int64_t n_heads, const RopeParams& p, const float* cs);
 // ggml_rope_yarn_corr_dims: the dimension range over which YaRN ramps from extrapolation to
 // interpolation.
 void RopeYarnCorrDims(int64_t rope_dim, int64_t original_context, float base, float beta_fast,

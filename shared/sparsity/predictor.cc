@@ -372,10 +372,16 @@ void PredictorSet::Predict(int64_t layer, const float* h, std::vector<int32_t>* 
   if (scores.size() < static_cast<size_t>(n)) scores.resize(n);
   Scores(layer, h, 1, scores.data(), pool);
   const float t = layer_thresholds_[layer];
-  active->clear();
+  // Without a branch: which scores pass is close to random, and a mispredicted branch per few
+  // neurons cost about 7 us a layer (5504 neurons) on the step's serial path.
+  active->resize(n);
+  int32_t* out = active->data();
+  int64_t kept = 0;
   for (int64_t i = 0; i < n; ++i) {
-    if (scores[i] >= t) active->push_back(static_cast<int32_t>(i));
+    out[kept] = static_cast<int32_t>(i);
+    kept += scores[i] >= t ? 1 : 0;
   }
+  active->resize(kept);
 }
 
 absl::Status WritePredictors(const PredictorSet& set, const ModelConfig& config,

@@ -16,6 +16,67 @@ TEST(OpsTest, RmsNormMatchesFormula) {
   for (int i = 0; i < 4; ++i) EXPECT_NEAR(out[i], w[i] * x[i] / std::sqrt(ms), 1e-6);
 }
 
+TEST(OpsTest, RmsNormOfLongOddRowsMatchesFormula) {
+  // The sixteen-lane sum, its tail and the pairwise fold: n below, at and past multiples of 16.
+  for (int64_t n : {1, 15, 16, 17, 2048, 2053}) {
+    std::vector<float> x(n), w(n), out(n);
+    for (int64_t i = 0; i < n; ++i) {
+      x[i] = std::sin(0.37f * static_cast<float>(i) + 1.0f) * (1 + i % 7);
+      w[i] = 0.5f + 0.01f * static_cast<float>(i % 13);
+    }
+    RmsNorm(x.data(), w.data(), n, 1e-5f, out.data());
+    double ss = 0;
+    for (int64_t i = 0; i < n; ++i) ss += double(x[i]) * x[i];
+    const double scale = 1 / std::sqrt(ss / n + 1e-5);
+    // Each float partial sum of squares is within n * 2^-24 of its value relative (the sum of
+    // positive terms), and the rsqrt, the product and w add a few roundings more.
+    const double rel = (n + 8) * std::ldexp(1.0, -24);
+    for (int64_t i = 0; i < n; ++i) {
+      const double want = w[i] * x[i] * scale;
+      EXPECT_NEAR(out[i], want, rel * std::abs(want) + 1e-30) << "n " << n << " i " << i;
+    }
+  }
+}
+
+TEST(OpsTest, RopeInTwoStepsIsRopeBitForBitAndPairsNeoxHalves) {
+  constexpr int64_t kHeads = 3, kHeadDim = 10, kRopeDim = 8;
+  std::vector<float> x(kHeads * kHeadDim);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::cos(0.7f * static_cast<float>(i)) * 3.0f;
+  RopeParams plain;
+  plain.head_dim = kHeadDim;
+  plain.rope_dim = kRopeDim;
+  plain.base = 500000.0f;
+  RopeParams neox = plain;
+  neox.neox = true;
+  for (int64_t pos : {0, 1, 7, 4095, 100000}) {
+    std::vector<float> cs(kRopeDim), a = x, c = x;
+    RopeAngles(plain, pos, cs.data());
+    ApplyRope(a.data(), kHeads, plain, cs.data());
+    Rope(c.data(), kHeads, kHeadDim, kRopeDim, pos, plain.base);
+    EXPECT_EQ(a, c) << "pos " << pos;  // forward.cc relies on it for llama2.c's models
+
+    std::vector<float> n = x;
+    RopeAngles(neox, pos, cs.data());
+    ApplyRope(n.data(), kHeads, neox, cs.data());
+    for (int64_t h = 0; h < kHeads; ++h) {
+      const float* in = x.data() + h * kHeadDim;
+      const float* out = n.data() + h * kHeadDim;
+      for (int64_t j = 0; j < kRopeDim / 2; ++j) {
+        // theta in float, as ggml forms it (at position 1e5 a one-ulp frequency would move it
+        // by 1e-2 radians); the rotation in double. What is left is the float cos, sin and
+        // products: a few ulps of values below 6.
+        const float freq =
+            1.0f / std::pow(500000.0f, static_cast<float>(2 * j) / static_cast<float>(kRopeDim));
+        const double theta = static_cast<float>(pos) * freq;
+        const double p0 = in[j], p1 = in[j + kRopeDim / 2];
+        EXPECT_NEAR(out[j], p0 * std::cos(theta) - p1 * std::sin(theta), 4e-6) << pos;
+        EXPECT_NEAR(out[j + kRopeDim / 2], p0 * std::sin(theta) + p1 * std::cos(theta), 4e-6);
+      }
+      for (int64_t d = kRopeDim; d < kHeadDim; ++d) EXPECT_EQ(out[d], in[d]);
+    }
+  }
+}
+
 TEST(OpsTest, RopeRotatesPairsByPositionAndLeavesUnrotatedDims) {
   // 2 heads of 6 dims, rotating the first 4 of each.
   std::vector<float> x(12);
