@@ -92,16 +92,26 @@ void RopeAngles(const RopeParams& p, int64_t pos, float* cs) {
 }
 
 void ApplyRope(float* x, int64_t n_heads, const RopeParams& p, const float* cs) {
+  // Head by head, the pairs in order: each loop is one pattern (NEOX's halves or NORM's
+  // neighbours) over contiguous floats, which the compiler vectorizes; each value's arithmetic
+  // is the same either way.
   const int64_t half = p.rope_dim / 2;
-  for (int64_t i = 0; i < p.rope_dim; i += 2) {
-    const float fcr = cs[i], fci = cs[i + 1];
-    for (int64_t h = 0; h < n_heads; ++h) {
-      float* v = x + h * p.head_dim;
-      float* a = p.neox ? v + i / 2 : v + i;
-      float* b = p.neox ? v + i / 2 + half : v + i + 1;
-      const float v0 = *a, v1 = *b;
-      *a = v0 * fcr - v1 * fci;
-      *b = v0 * fci + v1 * fcr;
+  for (int64_t h = 0; h < n_heads; ++h) {
+    float* v = x + h * p.head_dim;
+    if (p.neox) {
+      for (int64_t j = 0; j < half; ++j) {
+        const float fcr = cs[2 * j], fci = cs[2 * j + 1];
+        const float v0 = v[j], v1 = v[j + half];
+        v[j] = v0 * fcr - v1 * fci;
+        v[j + half] = v0 * fci + v1 * fcr;
+      }
+    } else {
+      for (int64_t j = 0; j < half; ++j) {
+        const float fcr = cs[2 * j], fci = cs[2 * j + 1];
+        const float v0 = v[2 * j], v1 = v[2 * j + 1];
+        v[2 * j] = v0 * fcr - v1 * fci;
+        v[2 * j + 1] = v0 * fci + v1 * fcr;
+      }
     }
   }
 }
