@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "shared/gguf/quant.h"
+#include "shared/sparsity/teal.h"
 #include "shared/util/status_macros.h"
 
 namespace thermocline {
@@ -94,11 +95,14 @@ absl::StatusOr<PredictorReport> ReadReport(const GgufFile& f, int64_t n_layers) 
   return r;
 }
 
-// Scratch of the thread calling Predict: the hidden layer and the scores. Grows to the largest
-// rank / ffn_dim seen and then never allocates again.
+// Scratch of the thread calling Predict: the hidden layer, the scores, and the kept hidden
+// units' ids and values for fc2_t. Grows to the largest rank / ffn_dim seen and then never
+// allocates again.
 struct PredictScratch {
   std::vector<float> hidden;
   std::vector<float> scores;
+  std::vector<int32_t> ids;
+  std::vector<float> coeffs;
 };
 PredictScratch& ThreadScratch() {
   thread_local PredictScratch scratch;
@@ -110,22 +114,26 @@ PredictScratch& ThreadScratch() {
 PredictorSet::PredictorSet(const PredictorSet& other)
     : file_(other.file_),
       owned_(other.owned_),
+      transposed_(other.transposed_),
       layers_(other.layers_),
       threshold_(other.threshold_),
       layer_thresholds_(other.layer_thresholds_),
       report_(other.report_) {
   RebindOwned();
+  RebindTransposed();
 }
 
 PredictorSet& PredictorSet::operator=(const PredictorSet& other) {
   if (this == &other) return *this;
   file_ = other.file_;
   owned_ = other.owned_;
+  transposed_ = other.transposed_;
   layers_ = other.layers_;
   threshold_ = other.threshold_;
   layer_thresholds_ = other.layer_thresholds_;
   report_ = other.report_;
   RebindOwned();
+  RebindTransposed();
   return *this;
 }
 
@@ -135,6 +143,34 @@ void PredictorSet::RebindOwned() {
   for (size_t l = 0; l < layers_.size(); ++l) {
     layers_[l].fc1.data = owned_[2 * l].data();
     layers_[l].fc2.data = owned_[2 * l + 1].data();
+  }
+}
+
+void PredictorSet::BuildTransposed() {
+  transposed_.assign(layers_.size(), {});
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    LayerPredictor& p = layers_[l];
+    p.fc2_t = MatrixView();
+    const GgmlType type = p.fc2.type;
+    if (type != GgmlType::kF32 && type != GgmlType::kF16 && type != GgmlType::kBF16) continue;
+    // Element (i, k) of fc2 to (k, i): whole elements, so the values are fc2's bit for bit.
+    const int64_t elem = type == GgmlType::kF32 ? 4 : 2;
+    const int64_t rows = p.fc2.rows, rank = p.fc2.cols;
+    std::vector<uint8_t>& t = transposed_[l];
+    t.resize(static_cast<size_t>(rows * rank * elem));
+    for (int64_t i = 0; i < rows; ++i) {
+      const uint8_t* src = p.fc2.row(i);
+      for (int64_t k = 0; k < rank; ++k) {
+        std::memcpy(t.data() + (k * rows + i) * elem, src + k * elem, elem);
+      }
+    }
+    p.fc2_t = View(type, rank, rows, t.data());
+  }
+}
+
+void PredictorSet::RebindTransposed() {
+  for (size_t l = 0; l < layers_.size() && l < transposed_.size(); ++l) {
+    if (layers_[l].fc2_t.data != nullptr) layers_[l].fc2_t.data = transposed_[l].data();
   }
 }
 
@@ -245,6 +281,7 @@ absl::StatusOr<PredictorSet> PredictorSet::FromGguf(std::shared_ptr<const GgufFi
   if (per_layer) set.layer_thresholds_ = std::move(*per_layer);
   TC_ASSIGN_OR_RETURN(set.report_, ReadReport(f, config.n_layers));
   set.file_ = std::move(file);
+  set.BuildTransposed();
   return set;
 }
 
@@ -320,6 +357,7 @@ absl::StatusOr<PredictorSet> PredictorSet::FromWeights(const std::vector<Predict
   }
   set.RebindOwned();
   set.set_threshold(threshold);
+  set.BuildTransposed();
   return set;
 }
 
@@ -353,24 +391,33 @@ int64_t PredictorSet::bytes() const {
   return total;
 }
 
-void PredictorSet::Scores(int64_t layer, const float* h, int64_t n_tokens, float* scores,
-                          ThreadPool& pool) const {
+int64_t PredictorSet::Scores(int64_t layer, const float* h, int64_t n_tokens, float* scores,
+                             ThreadPool& pool) const {
   const LayerPredictor& p = layers_[layer];
-  if (n_tokens <= 0) return;
+  if (n_tokens <= 0) return 0;
   std::vector<float>& hidden = ThreadScratch().hidden;
   if (hidden.size() < static_cast<size_t>(n_tokens * p.rank)) hidden.resize(n_tokens * p.rank);
   MatMul(p.fc1, h, n_tokens, p.fc1.cols, hidden.data(), p.rank, pool);
   for (int64_t i = 0; i < n_tokens * p.rank; ++i) hidden[i] = std::max(hidden[i], 0.0f);
+  const int64_t fc1_bytes = p.fc1.rows * p.fc1.row_bytes;
+  if (n_tokens == 1 && p.fc2_t.data != nullptr) {
+    // The zeros ReLU left add nothing and are skipped (cut 0): their rows are never read.
+    PredictScratch& s = ThreadScratch();
+    const int64_t rows =
+        InputSparseMatVec(p.fc2_t, hidden.data(), 0.0f, s.ids, s.coeffs, scores, pool);
+    return fc1_bytes + rows * p.fc2_t.row_bytes;
+  }
   MatMul(p.fc2, hidden.data(), n_tokens, p.rank, scores, p.fc2.rows, pool);
+  return fc1_bytes + p.fc2.rows * p.fc2.row_bytes;
 }
 
-void PredictorSet::Predict(int64_t layer, const float* h, std::vector<int32_t>* active,
-                           ThreadPool& pool) const {
+int64_t PredictorSet::Predict(int64_t layer, const float* h, std::vector<int32_t>* active,
+                              ThreadPool& pool) const {
   const LayerPredictor& p = layers_[layer];
   const int64_t n = p.fc2.rows;
   std::vector<float>& scores = ThreadScratch().scores;
   if (scores.size() < static_cast<size_t>(n)) scores.resize(n);
-  Scores(layer, h, 1, scores.data(), pool);
+  const int64_t read = Scores(layer, h, 1, scores.data(), pool);
   const float t = layer_thresholds_[layer];
   // Without a branch: which scores pass is close to random, and a mispredicted branch per few
   // neurons cost about 7 us a layer (5504 neurons) on the step's serial path.
@@ -382,6 +429,7 @@ void PredictorSet::Predict(int64_t layer, const float* h, std::vector<int32_t>* 
     kept += scores[i] >= t ? 1 : 0;
   }
   active->resize(kept);
+  return read;
 }
 
 absl::Status WritePredictors(const PredictorSet& set, const ModelConfig& config,

@@ -31,6 +31,11 @@ struct LayerPredictor {
   int64_t rank = 0;
   MatrixView fc1;  // rows = rank, cols = dim
   MatrixView fc2;  // rows = ffn_dim, cols = rank
+  // fc2 transposed (rows = rank, cols = ffn_dim), built at load for float types (F32, F16,
+  // BF16); data is null otherwise. One token's scores read only the rows of the hidden units
+  // that ReLU left nonzero (about half), as long contiguous runs, where fc2's own rows are
+  // rank-long (514 bytes at rank 257) and every one is read.
+  MatrixView fc2_t;
 };
 
 // One layer's predictor in f32, row-major, as the trainer produces it.
@@ -104,18 +109,29 @@ class PredictorSet {
   // Ascending ids of the neurons predicted active for one token's FFN input h [dim]: those
   // whose score >= layer_threshold(layer). Allocates nothing but `active`'s growth; safe to call
   // from several threads at once (each with its own pool).
-  void Predict(int64_t layer, const float* h, std::vector<int32_t>* active, ThreadPool& pool) const;
+  // Returns the bytes of predictor weights it read (fc1 whole; fc2 whole or, through fc2_t,
+  // the rows of nonzero hidden units).
+  int64_t Predict(int64_t layer, const float* h, std::vector<int32_t>* active,
+                  ThreadPool& pool) const;
 
   // scores[t][0..ffn_dim) = fc2 . relu(fc1 . h[t]) for t < n_tokens (h: [n_tokens][dim]), the
-  // values Predict compares with the threshold.
-  void Scores(int64_t layer, const float* h, int64_t n_tokens, float* scores,
-              ThreadPool& pool) const;
+  // values Predict compares with the threshold. One token goes through fc2_t where there is
+  // one, a batch through fc2 (one pass over it for all tokens): the two sum in different
+  // orders, so a batch's scores can differ from single tokens' in the last bits. Returns the
+  // bytes of predictor weights read.
+  int64_t Scores(int64_t layer, const float* h, int64_t n_tokens, float* scores,
+                 ThreadPool& pool) const;
 
  private:
   void RebindOwned();
+  // Builds transposed_ and every float layer's fc2_t from fc2; RebindTransposed points the
+  // views at this set's own buffers (after a copy).
+  void BuildTransposed();
+  void RebindTransposed();
 
   std::shared_ptr<const GgufFile> file_;
-  std::vector<std::vector<uint8_t>> owned_;  // storage for predictors built in memory
+  std::vector<std::vector<uint8_t>> owned_;       // storage for predictors built in memory
+  std::vector<std::vector<uint8_t>> transposed_;  // fc2_t of each layer, or empty
   std::vector<LayerPredictor> layers_;
   float threshold_ = 0.0f;
   std::vector<float> layer_thresholds_;

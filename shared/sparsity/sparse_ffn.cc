@@ -84,7 +84,8 @@ void SparseFfn::RunToken(Worker& worker, ThreadPool& pool, int64_t layer, const 
     worker.down += worker.neurons.down_rows();
     return;
   }
-  plan_.predictors->Predict(layer, predictor_input, &worker.predicted, pool);
+  worker.predictor_bytes +=
+      plan_.predictors->Predict(layer, predictor_input, &worker.predicted, pool);
   worker.candidates += static_cast<int64_t>(worker.predicted.size());
   worker.active += worker.neurons.Compute(w, h, worker.predicted, filter, out, pool);
   worker.down += worker.neurons.down_rows();
@@ -143,7 +144,8 @@ void SparseFfn::Compute(int64_t layer, const float* h, const float* predictor_in
     act.candidates += worker.candidates;
     act.active += worker.active;
     act.down += worker.down;
-    worker.candidates = worker.active = worker.down = 0;
+    act.predictor_bytes += worker.predictor_bytes;
+    worker.candidates = worker.active = worker.down = worker.predictor_bytes = 0;
   }
 }
 
@@ -229,10 +231,7 @@ double SparseFfn::FfnBytesPerToken() const {
               static_cast<double>(a.active) * w.up.row_data_bytes() +
               static_cast<double>(a.down) * w.down_t.row_data_bytes()) /
              n;
-    if (plan_.mode(static_cast<int64_t>(l)) == SparsityMode::kPredicted) {
-      const LayerPredictor& p = plan_.predictors->layer(static_cast<int64_t>(l));
-      bytes += static_cast<double>(p.fc1.rows * p.fc1.row_bytes + p.fc2.rows * p.fc2.row_bytes);
-    }
+    bytes += static_cast<double>(a.predictor_bytes) / n;
   }
   return bytes;
 }

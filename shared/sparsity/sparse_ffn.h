@@ -36,6 +36,7 @@ struct LayerActivity {
   int64_t candidates = 0;  // gate rows computed (every neuron, or the predicted ones)
   int64_t active = 0;      // neurons whose up rows ran
   int64_t down = 0;        // of those, neurons whose down rows ran (fewer under a coefficient cut)
+  int64_t predictor_bytes = 0;  // predictor weights read (predicted layers)
 };
 
 class SparseFfn final : public FfnExecutor {
@@ -88,7 +89,7 @@ class SparseFfn final : public FfnExecutor {
     std::unique_ptr<ThreadPool> solo;
     NeuronFfn neurons;
     std::vector<int32_t> predicted;
-    int64_t candidates = 0, active = 0, down = 0;
+    int64_t candidates = 0, active = 0, down = 0, predictor_bytes = 0;
   };
   void RunToken(Worker& worker, ThreadPool& pool, int64_t layer, const float* h,
                 const float* predictor_input, const float* gate, float* out);

@@ -181,6 +181,57 @@ TEST(PredictorSetTest, CopiesOwnTheirWeights) {
   ExpectMatchesReference(copy, weights, c, pool);
 }
 
+TEST(PredictorSetTest, OneTokenReadsOnlyTheFc2RowsOfNonzeroHiddenUnits) {
+  const ModelConfig c = SmallConfig();
+  const auto weights = RandomWeights(c, {32, 24}, 5);
+  auto set = PredictorSet::FromWeights(weights, c, GgmlType::kF16, 0.0f);
+  ASSERT_TRUE(set.ok()) << set.status();
+  const auto rounded = RoundedWeights(weights, GgmlType::kF16);
+  std::mt19937 rng(11);
+  for (int64_t l = 0; l < set->n_layers(); ++l) {
+    const LayerPredictor& p = set->layer(l);
+    ASSERT_NE(p.fc2_t.data, nullptr);
+    EXPECT_EQ(p.fc2_t.rows, p.rank);
+    EXPECT_EQ(p.fc2_t.cols, c.ffn_dim);
+    const int64_t rank = p.rank;
+    const std::vector<float> h = RandomVector(rng, 3 * c.dim, 1.0f);
+    // The hidden units ReLU keeps, from the double reference (random data leaves none at 0).
+    int64_t nonzero = 0;
+    for (int64_t k = 0; k < rank; ++k) {
+      double s = 0;
+      for (int64_t j = 0; j < c.dim; ++j) s += double(rounded[l].fc1[k * c.dim + j]) * h[j];
+      nonzero += s > 0 ? 1 : 0;
+    }
+    ASSERT_GT(nonzero, 0);
+    ASSERT_LT(nonzero, rank);
+    std::vector<int32_t> active;
+    ThreadPool one(1), two(2);
+    const int64_t fc1_bytes = rank * c.dim * 2;
+    EXPECT_EQ(set->Predict(l, h.data(), &active, one), fc1_bytes + nonzero * c.ffn_dim * 2);
+    // One token's scores do not depend on the pool, and a batch (through fc2) agrees with them
+    // to rounding.
+    std::vector<float> s1(c.ffn_dim), s2(c.ffn_dim), batch(3 * c.ffn_dim);
+    set->Scores(l, h.data(), 1, s1.data(), one);
+    set->Scores(l, h.data(), 1, s2.data(), two);
+    EXPECT_EQ(s1, s2);
+    EXPECT_EQ(set->Scores(l, h.data(), 3, batch.data(), two), fc1_bytes + c.ffn_dim * rank * 2);
+    for (int64_t i = 0; i < c.ffn_dim; ++i) {
+      EXPECT_NEAR(batch[i], s1[i], 1e-5 * (1 + std::abs(s1[i]))) << "layer " << l << " " << i;
+    }
+  }
+  // Block types keep fc2 alone and read it whole.
+  const auto q = RandomWeights(c, {32, 64}, 6);
+  auto q8 = PredictorSet::FromWeights(q, c, GgmlType::kQ8_0, 0.0f);
+  ASSERT_TRUE(q8.ok()) << q8.status();
+  EXPECT_EQ(q8->layer(0).fc2_t.data, nullptr);
+  std::vector<int32_t> active;
+  ThreadPool pool(1);
+  const std::vector<float> h = RandomVector(rng, c.dim, 1.0f);
+  EXPECT_EQ(q8->Predict(0, h.data(), &active, pool),
+            q8->layer(0).fc1.rows * q8->layer(0).fc1.row_bytes +
+                q8->layer(0).fc2.rows * q8->layer(0).fc2.row_bytes);
+}
+
 TEST(PredictorSetTest, FromWeightsValidates) {
   const ModelConfig c = SmallConfig();
   auto weights = RandomWeights(c, {16, 16}, 4);
