@@ -154,15 +154,22 @@ void PredictorSet::BuildTransposed() {
     const GgmlType type = p.fc2.type;
     if (type != GgmlType::kF32 && type != GgmlType::kF16 && type != GgmlType::kBF16) continue;
     // Element (i, k) of fc2 to (k, i): whole elements, so the values are fc2's bit for bit.
-    const int64_t elem = type == GgmlType::kF32 ? 4 : 2;
     const int64_t rows = p.fc2.rows, rank = p.fc2.cols;
     std::vector<uint8_t>& t = transposed_[l];
-    t.resize(static_cast<size_t>(rows * rank * elem));
-    for (int64_t i = 0; i < rows; ++i) {
-      const uint8_t* src = p.fc2.row(i);
-      for (int64_t k = 0; k < rank; ++k) {
-        std::memcpy(t.data() + (k * rows + i) * elem, src + k * elem, elem);
+    auto transpose = [&]<typename E>() {
+      t.resize(static_cast<size_t>(rows * rank) * sizeof(E));
+      E* dst = reinterpret_cast<E*>(t.data());
+      for (int64_t i = 0; i < rows; ++i) {
+        const uint8_t* src = p.fc2.row(i);
+        for (int64_t k = 0; k < rank; ++k) {
+          std::memcpy(&dst[k * rows + i], src + k * sizeof(E), sizeof(E));
+        }
       }
+    };
+    if (type == GgmlType::kF32) {
+      transpose.operator()<uint32_t>();
+    } else {
+      transpose.operator()<uint16_t>();
     }
     p.fc2_t = View(type, rank, rows, t.data());
   }
