@@ -1,13 +1,15 @@
-// Elementwise pieces of the transformer forward pass. The llama pieces keep the arithmetic
-// order of llama2.c's run.c so that fp32 results match its reference logits; the others follow
-// ggml's definitions (llama.cpp's references).
+// Elementwise pieces of the transformer forward pass. The llama pieces follow llama2.c's run.c
+// (RoPE in its arithmetic order; RmsNorm's sum of squares in 16 running sums instead of one, a
+// different rounding well inside the reference tests' bounds); the others follow ggml's
+// definitions (llama.cpp's references).
 #pragma once
 
 #include <cstdint>
 
 namespace thermocline {
 
-// out[i] = w[i] * (x[i] / sqrt(mean(x^2) + eps)). out may alias x.
+// out[i] = w[i] * (x[i] / sqrt(mean(x^2) + eps)), the squares summed in 16 lanes (lane k takes
+// i = k mod 16, in order) folded pairwise. out may alias x.
 void RmsNorm(const float* x, const float* w, int64_t n, float eps, float* out);
 
 // out[i] = w[i] * (x[i] - mean) / sqrt(var + eps) + b[i] (ggml_norm, then weight and bias;
