@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "shared/util/fp16.h"
@@ -166,8 +167,33 @@ void GeluGlu(float* gate, const float* up, int64_t n) {
   for (int64_t i = 0; i < n; ++i) gate[i] = Gelu(gate[i]) * up[i];
 }
 
+namespace {
+
+// All-ones when x > 0 (positive finite or +inf; not NaN, not +-0), else zero, from the bits: a
+// float comparison under the condition of a select is one GCC will not if-convert (it may raise
+// an invalid-operation flag), so the ReLU loops stayed scalar with an unpredictable branch per
+// neuron, 1.5% of a dense ReLU decode step on its serial path. These integer masks vectorize.
+inline uint32_t PositiveMask(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return 0u - static_cast<uint32_t>(b - 1u < 0x7f800000u);
+}
+
+// p where mask is all-ones, +0 where it is zero: the values `cond ? p : 0.0f` gives.
+inline float Masked(float p, uint32_t mask) {
+  uint32_t b;
+  std::memcpy(&b, &p, sizeof b);
+  b &= mask;
+  std::memcpy(&p, &b, sizeof b);
+  return p;
+}
+
+}  // namespace
+
 void DreluGlu(float* gate, const float* up, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) gate[i] = gate[i] > 0.0f && up[i] > 0.0f ? gate[i] * up[i] : 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    gate[i] = Masked(gate[i] * up[i], PositiveMask(gate[i]) & PositiveMask(up[i]));
+  }
 }
 
 void SwiGlu(float* gate, const float* up, int64_t n) {
@@ -179,7 +205,7 @@ void SwiGlu(float* gate, const float* up, int64_t n) {
 }
 
 void ReluGlu(float* gate, const float* up, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) gate[i] = gate[i] > 0.0f ? gate[i] * up[i] : 0.0f;
+  for (int64_t i = 0; i < n; ++i) gate[i] = Masked(gate[i] * up[i], PositiveMask(gate[i]));
 }
 
 }  // namespace thermocline

@@ -2,6 +2,8 @@
 #include "shared/runtime/ops.h"
 
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -108,6 +110,37 @@ TEST(OpsTest, SoftmaxSumsToOneAndIsShiftInvariant) {
     EXPECT_NEAR(a[i], b[i], 1e-6);
   }
   EXPECT_NEAR(s, 1.0, 1e-6);
+}
+
+TEST(OpsTest, ReluGatesAreTheConditionalFormulaBitForBit) {
+  // Every sign, zero, subnormal, infinity and NaN for the gate and the up value.
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float den = std::numeric_limits<float>::denorm_min();
+  const std::vector<float> values = {0.0f, -0.0f, den, -den, 1.5f, -1.5f, 3e38f, -3e38f,
+                                     inf,  -inf,  nan, -nan, 1e-30f, -2.0f, 7.0f};
+  std::vector<float> gate, up;
+  for (float g : values) {
+    for (float u : values) {
+      gate.push_back(g);
+      up.push_back(u);
+    }
+  }
+  std::vector<float> relu = gate, drelu = gate;
+  ReluGlu(relu.data(), up.data(), static_cast<int64_t>(gate.size()));
+  DreluGlu(drelu.data(), up.data(), static_cast<int64_t>(gate.size()));
+  auto bits = [](float f) {
+    uint32_t b;
+    std::memcpy(&b, &f, sizeof b);
+    return b;
+  };
+  for (size_t i = 0; i < gate.size(); ++i) {
+    const float g = gate[i], u = up[i];
+    const float want_relu = g > 0.0f ? g * u : 0.0f;
+    const float want_drelu = g > 0.0f && u > 0.0f ? g * u : 0.0f;
+    EXPECT_EQ(bits(relu[i]), bits(want_relu)) << g << " * " << u;
+    EXPECT_EQ(bits(drelu[i]), bits(want_drelu)) << g << " * " << u;
+  }
 }
 
 TEST(OpsTest, GatedActivations) {
