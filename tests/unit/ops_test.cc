@@ -117,7 +117,7 @@ TEST(OpsTest, ReluGatesAreTheConditionalFormulaBitForBit) {
   const float inf = std::numeric_limits<float>::infinity();
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float den = std::numeric_limits<float>::denorm_min();
-  const std::vector<float> values = {0.0f, -0.0f, den, -den, 1.5f, -1.5f, 3e38f, -3e38f,
+  const std::vector<float> values = {0.0f, -0.0f, den, -den, 1.5f,   -1.5f, 3e38f, -3e38f,
                                      inf,  -inf,  nan, -nan, 1e-30f, -2.0f, 7.0f};
   std::vector<float> gate, up;
   for (float g : values) {
