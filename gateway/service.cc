@@ -17,6 +17,11 @@ grpc::Status ToGrpc(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
+bool DeadlineHasPassed(std::chrono::system_clock::time_point deadline,
+                       std::chrono::system_clock::time_point now) {
+  return deadline <= now + kDeadlineClockSlack;
+}
+
 namespace {
 
 // ModelInfo's tokenizer fields, from the tokenizer itself.
@@ -149,7 +154,8 @@ grpc::Status GenerationService::Serve(grpc::ServerContext* context, const std::s
       if (n_ended == streams.size()) return grpc::Status::OK;
     }
     if (context->IsCancelled()) {
-      const bool expired = context->deadline() <= std::chrono::system_clock::now();
+      const bool expired =
+          DeadlineHasPassed(context->deadline(), std::chrono::system_clock::now());
       cancel_all(expired);
       return expired ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded")
                      : grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -132,5 +133,15 @@ class GenerationService final
 
 // absl::Status -> grpc::Status with the same code and message.
 grpc::Status ToGrpc(const absl::Status& status);
+
+// Whether a call that gRPC reports cancelled was ended by its deadline rather than by its
+// caller. gRPC fires the deadline on its own clock, and the system_clock reading taken right
+// after can still be a little short of the deadline it reports (seen: a queued request's 100 ms
+// deadline logged as "cancelled by the caller"), so a deadline within kDeadlineClockSlack of
+// `now` counts as passed. A caller that cancels that close to its own deadline is counted as
+// timed out, which is what it would have been a moment later.
+inline constexpr std::chrono::milliseconds kDeadlineClockSlack{20};
+bool DeadlineHasPassed(std::chrono::system_clock::time_point deadline,
+                       std::chrono::system_clock::time_point now);
 
 }  // namespace thermocline::gateway

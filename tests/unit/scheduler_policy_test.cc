@@ -5,6 +5,7 @@
 // reach the same code only through real worker processes, where none of this is observable
 // step by step.
 #include "gateway/scheduler.h"
+#include "gateway/service.h"
 
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -839,6 +840,20 @@ TEST(SchedulerPolicy, ForkedChoicesSampleTheirFirstTokenThroughTheGrammar) {
     EXPECT_EQ(out.final->finish_reason(), v1::FINISH_REASON_GRAMMAR);
   }
   EXPECT_EQ(h.fake->forks_done(), 2);
+}
+
+// How a cancelled call is classified: a deadline up to kDeadlineClockSlack ahead of the clock
+// reading (gRPC fires it on its own clock) has passed; one further ahead has not, so a caller
+// that cancels well before its deadline is still counted as cancelled.
+TEST(DeadlineHasPassed, CountsADeadlineWithinTheClockSlackAsPassed) {
+  const auto now = std::chrono::system_clock::now();
+  EXPECT_TRUE(DeadlineHasPassed(now - std::chrono::seconds(1), now));
+  EXPECT_TRUE(DeadlineHasPassed(now, now));
+  EXPECT_TRUE(DeadlineHasPassed(now + std::chrono::microseconds(200), now));
+  EXPECT_TRUE(DeadlineHasPassed(now + kDeadlineClockSlack, now));
+  EXPECT_FALSE(DeadlineHasPassed(now + kDeadlineClockSlack + std::chrono::milliseconds(1), now));
+  EXPECT_FALSE(DeadlineHasPassed(now + std::chrono::seconds(5), now));
+  EXPECT_FALSE(DeadlineHasPassed(std::chrono::system_clock::time_point::max(), now));
 }
 
 }  // namespace
