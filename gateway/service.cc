@@ -154,8 +154,7 @@ grpc::Status GenerationService::Serve(grpc::ServerContext* context, const std::s
       if (n_ended == streams.size()) return grpc::Status::OK;
     }
     if (context->IsCancelled()) {
-      const bool expired =
-          DeadlineHasPassed(context->deadline(), std::chrono::system_clock::now());
+      const bool expired = DeadlineHasPassed(context->deadline(), std::chrono::system_clock::now());
       cancel_all(expired);
       return expired ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded")
                      : grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
