@@ -72,15 +72,14 @@ absl::Status ForwardPass::Validate(std::span<const BatchEntry> batch) const {
     }
     if (e.position >= kv_.mapped(e.slot)) {
       return absl::OutOfRangeError(absl::StrCat("forward: entry ", i, ": position ", e.position,
-                                                " of slot ", e.slot,
-                                                " has no KV block (its "
-                                                "table maps ",
-                                                kv_.mapped(e.slot), " positions)"));
+                                                " of slot ", e.slot, " has no KV block (its "
+                                                "table maps ", kv_.mapped(e.slot), " positions)"));
     }
     if (e.position > length[e.slot]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("forward: entry ", i, ": position ", e.position, " skips ahead of slot ",
-                       e.slot, " which holds ", length[e.slot], " positions"));
+      return absl::InvalidArgumentError(absl::StrCat("forward: entry ", i, ": position ",
+                                                     e.position, " skips ahead of slot ", e.slot,
+                                                     " which holds ", length[e.slot],
+                                                     " positions"));
     }
     length[e.slot] = e.position + 1;
   }

@@ -63,8 +63,7 @@ void RopeYarnCorrDims(int64_t rope_dim, int64_t original_context, float base, fl
                       float beta_slow, float* low, float* high) {
   const float n_dims = static_cast<float>(rope_dim);
   auto corr_dim = [&](float n_rot) {
-    return n_dims *
-           std::log(static_cast<float>(original_context) / (n_rot * 2.0f * 3.14159265358979f)) /
+    return n_dims * std::log(static_cast<float>(original_context) / (n_rot * 2.0f * 3.14159265358979f)) /
            (2.0f * std::log(base));
   };
   *low = std::max(0.0f, std::floor(corr_dim(beta_fast)));

@@ -17,7 +17,9 @@ void RmsNorm(const float* x, const float* w, int64_t n, float eps, float* out);
 void LayerNorm(const float* x, const float* w, const float* b, int64_t n, float eps, float* out);
 
 // Rotates adjacent pairs (x[2j], x[2j+1]) of the first rope_dim dims of each of n_heads heads
-// by pos * base^(-2j / rope_dim) (ggml's "NORM" rope, as in run.c).
+// by pos * base^(-2j / rope_dim) (ggml's "NORM" rope, as in run.c). The forward pass rotates
+// through RopeAngles and ApplyRope below, which equal it bit for bit; Rope stays as run.c's
+// formula written out, the reference the host and CUDA tests compare against.
 void Rope(float* x, int64_t n_heads, int64_t head_dim, int64_t rope_dim, int64_t pos, float base);
 
 // RoPE with everything llama.cpp applies (ggml_rope_ext): NORM or NEOX pairing, per-frequency
@@ -27,10 +29,10 @@ struct RopeParams {
   int64_t head_dim = 0;
   int64_t rope_dim = 0;
   float base = 10000.0f;
-  bool neox = false;                    // pairs (j, j + rope_dim/2) instead of (2j, 2j+1)
-  const float* freq_factors = nullptr;  // [rope_dim / 2] divisors of theta, or null
-  float freq_scale = 1.0f;              // 1 / scaling factor
-  float ext_factor = 0.0f;              // YaRN: > 0 mixes extrapolated theta in
+  bool neox = false;                     // pairs (j, j + rope_dim/2) instead of (2j, 2j+1)
+  const float* freq_factors = nullptr;   // [rope_dim / 2] divisors of theta, or null
+  float freq_scale = 1.0f;               // 1 / scaling factor
+  float ext_factor = 0.0f;               // YaRN: > 0 mixes extrapolated theta in
   float attn_factor = 1.0f;
   float corr_low = 0.0f, corr_high = 0.0f;  // YaRN ramp, from RopeYarnCorrDims
 };
