@@ -225,6 +225,11 @@ class CudaBackend final : public Backend {
   absl::Status Embed(float scale);
   absl::Status Norm(int64_t l, NormWeights which, NormKind kind, Act in, Act out);
   absl::Status Project(int64_t l, Projection p, Act in, Act out);
+  absl::Status ProjectQkv(int64_t l, Act in) {
+    TC_RETURN_IF_ERROR(Project(l, Projection::kQ, in, Act::kQ));
+    TC_RETURN_IF_ERROR(Project(l, Projection::kK, in, Act::kK));
+    return Project(l, Projection::kV, in, Act::kV);
+  }
   absl::Status AddBias(int64_t l, Projection p, Act a);
   absl::Status HeadNorm(int64_t l, NormWeights which, Act a);
   absl::Status RopeAndStore(int64_t l);

@@ -1,6 +1,7 @@
 #include "shared/kernels/matmul.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <vector>
@@ -53,7 +54,7 @@ int64_t RowCost(const MatrixView& w, int64_t n_tokens) {
 // Scratch owned by the calling thread: quantized activations and AxpyRows partial sums. Pool
 // workers only read or write it inside a region that the owner is blocked in.
 struct Scratch {
-  std::vector<uint8_t> q8;
+  std::array<std::vector<uint8_t>, kMaxMatMulMany> q8;  // one per input form MatMulMany prepares
   std::vector<float> partials;
 };
 Scratch& ThreadScratch() {
@@ -68,14 +69,14 @@ struct PreparedInput {
   int64_t stride;  // bytes between tokens
 };
 
-PreparedInput PrepareInput(const matmul_internal::TypeKernels& tk, const MatrixView& w,
-                           const float* x, int64_t n_tokens, int64_t x_stride, ThreadPool* pool) {
+PreparedInput PrepareInputInto(const matmul_internal::TypeKernels& tk, const MatrixView& w,
+                               const float* x, int64_t n_tokens, int64_t x_stride, ThreadPool* pool,
+                               std::vector<uint8_t>& q8) {
   if (tk.prepare_input == nullptr) {
     return {reinterpret_cast<const uint8_t*>(x), x_stride * static_cast<int64_t>(sizeof(float))};
   }
   // Rounded to whole cache lines so tokens prepared by different threads share none.
   const int64_t row_bytes = (tk.input_bytes(w.cols) + 63) / 64 * 64;
-  std::vector<uint8_t>& q8 = ThreadScratch().q8;
   if (q8.size() < static_cast<size_t>(row_bytes * n_tokens)) q8.resize(row_bytes * n_tokens);
   uint8_t* dst = q8.data();
   auto quantize = [&](int64_t t0, int64_t t1) {
@@ -89,6 +90,11 @@ PreparedInput PrepareInput(const matmul_internal::TypeKernels& tk, const MatrixV
     quantize(0, n_tokens);
   }
   return {dst, row_bytes};
+}
+
+PreparedInput PrepareInput(const matmul_internal::TypeKernels& tk, const MatrixView& w,
+                           const float* x, int64_t n_tokens, int64_t x_stride, ThreadPool* pool) {
+  return PrepareInputInto(tk, w, x, n_tokens, x_stride, pool, ThreadScratch().q8[0]);
 }
 
 // The interleaved copy is used when there is one and the active family has its kernels.
@@ -180,6 +186,69 @@ void MatMul(const MatrixView& w, const float* x, int64_t n_tokens, int64_t x_str
       [&](int64_t r0, int64_t r1) {
         dot(RowSource{w.row(r0), w.row_bytes, nullptr}, r1 - r0, w.cols, in.data, in.stride,
             n_tokens, y + r0, y_stride);
+      },
+      kRowGrain);
+}
+
+void MatMulMany(std::span<const MatMulOutput> outs, const float* x, int64_t n_tokens,
+                int64_t x_stride, ThreadPool& pool) {
+  if (outs.size() > kMaxMatMulMany) std::abort();  // a programming error (matmul.h)
+  if (n_tokens <= 0) return;
+  const KernelSet& k = Kernels();
+  struct Part {
+    const MatrixView* w;
+    const matmul_internal::TypeKernels* tk;
+    bool interleaved;
+    PreparedInput in;
+    int64_t begin;  // the part's first row in the region's row space
+    float* y;
+    int64_t y_stride;
+  };
+  std::array<Part, kMaxMatMulMany> parts;
+  size_t n_parts = 0, n_prepared = 0;
+  int64_t rows = 0, bytes = 0;
+  for (const MatMulOutput& o : outs) {
+    if (o.w->rows <= 0) continue;
+    Part& p = parts[n_parts++];
+    const auto* il = InterleavedKernels(k, *o.w);
+    p = Part{o.w, il != nullptr ? il : &k.For(o.w->type), il != nullptr, {}, 0, o.y, o.y_stride};
+    // An input form already prepared (same preparation, same width) is reused: that is the
+    // point of the call.
+    bool found = false;
+    for (size_t j = 0; j + 1 < n_parts && !found; ++j) {
+      const Part& q = parts[j];
+      if (q.tk->prepare_input == p.tk->prepare_input && q.w->cols == o.w->cols) {
+        p.in = q.in;
+        found = true;
+      }
+    }
+    if (!found) {
+      p.in = PrepareInputInto(*p.tk, *o.w, x, n_tokens, x_stride, &pool,
+                              ThreadScratch().q8[n_prepared++]);
+    }
+    // Every part starts on a grain boundary, so pieces start on interleaved groups' boundaries.
+    p.begin = (rows + kRowGrain - 1) / kRowGrain * kRowGrain;
+    rows = p.begin + o.w->rows;
+    bytes += o.w->rows * RowCost(*o.w, n_tokens);
+  }
+  if (n_parts == 0) return;
+  // Pieces are balanced by the parts' average row cost; the guided cut's short last pieces
+  // absorb the difference where the parts' types differ.
+  pool.ParallelForBytes(
+      rows, std::max<int64_t>(1, bytes / rows),
+      [&](int64_t r0, int64_t r1) {
+        for (size_t i = 0; i < n_parts; ++i) {
+          const Part& p = parts[i];
+          const int64_t a = std::max(r0, p.begin) - p.begin;
+          const int64_t e = std::min(r1, p.begin + p.w->rows) - p.begin;
+          if (a >= e) continue;
+          if (p.interleaved) {
+            InterleavedRows(*p.tk, *p.w, p.in, n_tokens, p.y, p.y_stride, a, e);
+          } else {
+            p.tk->dot(RowSource{p.w->row(a), p.w->row_bytes, nullptr}, e - a, p.w->cols, p.in.data,
+                      p.in.stride, n_tokens, p.y + a, p.y_stride);
+          }
+        }
       },
       kRowGrain);
 }

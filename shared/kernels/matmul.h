@@ -21,7 +21,9 @@
 // DequantizeMatrixRow always read the row layout.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "shared/gguf/ggml_type.h"
 #include "shared/gguf/matrix_view.h"
@@ -34,6 +36,21 @@ namespace thermocline {
 // Work is split over the pool's threads by rows; each thread streams its rows once for all tokens.
 void MatMul(const MatrixView& w, const float* x, int64_t n_tokens, int64_t x_stride, float* y,
             int64_t y_stride, ThreadPool& pool);
+
+// Several products of the same input: outs[i].y = outs[i].w x, bit for bit what one MatMul
+// per output gives, with the input prepared once per form the weights read (Q8_0, Q8_K, ...)
+// and the rows of all outputs cut into one parallel region. A decode step does this for q, k
+// and v, and for gate and up: each region and each preparation saved is a hand-off between
+// threads and a serial pass over the input saved (docs/performance.md). At most
+// kMaxMatMulMany outputs; empty matrices are skipped.
+struct MatMulOutput {
+  const MatrixView* w;
+  float* y;
+  int64_t y_stride;
+};
+inline constexpr size_t kMaxMatMulMany = 4;
+void MatMulMany(std::span<const MatMulOutput> outs, const float* x, int64_t n_tokens,
+                int64_t x_stride, ThreadPool& pool);
 
 // Single-threaded form over rows [row_begin, row_end), for callers that split work themselves.
 void MatMulRows(const MatrixView& w, const float* x, int64_t n_tokens, int64_t x_stride, float* y,

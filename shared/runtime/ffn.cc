@@ -68,8 +68,8 @@ void DenseFfn::RunFfn(const FfnWeights& w, const std::vector<float>& up_b, int64
     Activate(c.activation, gate_.data(), n * nf);
   } else {
     up_.resize(n * nf);
-    MatMul(w.gate, h, n, c.dim, gate_.data(), nf, pool_);
-    MatMul(w.up, h, n, c.dim, up_.data(), nf, pool_);
+    const MatMulOutput outs[] = {{&w.gate, gate_.data(), nf}, {&w.up, up_.data(), nf}};
+    MatMulMany(outs, h, n, c.dim, pool_);
     AddRowBias(up_b, n, up_.data());
     if (observe) observer_->OnExpertFfn(layer, expert, gate_.data(), up_.data(), n);
     for (int64_t t = 0; t < n; ++t) {
@@ -92,8 +92,14 @@ void DenseFfn::Compute(int64_t layer, const float* h, const float* predictor_inp
   gate_.resize(n_tokens * nf);
   if (gated) {
     up_.resize(n_tokens * nf);
-    Product(layer, Projection::kGate, w.gate, false, h, n_tokens, c.dim, gate_.data(), nf);
-    Product(layer, Projection::kUp, w.up, false, h, n_tokens, c.dim, up_.data(), nf);
+    if (linear_ == nullptr) {
+      // One region and one rounding of h for both.
+      const MatMulOutput outs[] = {{&w.gate, gate_.data(), nf}, {&w.up, up_.data(), nf}};
+      MatMulMany(outs, h, n_tokens, c.dim, pool_);
+    } else {
+      Product(layer, Projection::kGate, w.gate, false, h, n_tokens, c.dim, gate_.data(), nf);
+      Product(layer, Projection::kUp, w.up, false, h, n_tokens, c.dim, up_.data(), nf);
+    }
     AddRowBias(w.up_b, n_tokens, up_.data());
   } else {
     Product(layer, Projection::kUp, w.up, false, h, n_tokens, c.dim, gate_.data(), nf);

@@ -207,6 +207,22 @@ class ForwardPass::Ops {
     return absl::OkStatus();
   }
 
+  // One region and one rounding of the input for all three (MatMulMany), unless a linear
+  // executor (TEAL's) takes each projection.
+  absl::Status ProjectQkv(int64_t l, Act in) {
+    const LayerWeights& w = p_.model_.layer(l);
+    if (p_.linear_ != nullptr) {
+      TC_RETURN_IF_ERROR(Project(l, Projection::kQ, in, Act::kQ));
+      TC_RETURN_IF_ERROR(Project(l, Projection::kK, in, Act::kK));
+      return Project(l, Projection::kV, in, Act::kV);
+    }
+    const MatMulOutput outs[] = {{&w.wq, Buf(Act::kQ), Width(Act::kQ)},
+                                 {&w.wk, Buf(Act::kK), Width(Act::kK)},
+                                 {&w.wv, Buf(Act::kV), Width(Act::kV)}};
+    MatMulMany(outs, Buf(in), n_, Width(in), p_.pool_);
+    return absl::OkStatus();
+  }
+
   absl::Status AddBias(int64_t l, Projection p, Act a) {
     const LayerWeights& w = p_.model_.layer(l);
     const std::vector<float>& b = p == Projection::kQ   ? w.bq

@@ -9,7 +9,8 @@
 // An executor E provides (every call returns absl::Status unless said):
 //   Embed(float scale)                          x = token embeddings * scale
 //   Norm(layer, NormWeights which, NormKind kind, Act in, Act out)   in place when in == out
-//   Project(layer, Projection p, Act in, Act out)   out = W_p in  (q, k, v, o)
+//   Project(layer, Projection p, Act in, Act out)   out = W_p in  (o)
+//   ProjectQkv(layer, Act in)                   kQ, kK, kV = W_q in, W_k in, W_v in
 //   AddBias(layer, Projection p, Act a)         a += b_p (called only when the layer has b_p)
 //   HeadNorm(layer, NormWeights which, Act a)   RMSNorm of every span of |w| values of a
 //   RopeAndStore(layer)                         RoPE on q and k, then k and v into the KV cache
@@ -71,6 +72,7 @@ concept LayerExecutor = requires(E e, int64_t l, NormWeights w, NormKind k, Act 
   { e.Embed(f) } -> std::same_as<absl::Status>;
   { e.Norm(l, w, k, a, a) } -> std::same_as<absl::Status>;
   { e.Project(l, p, a, a) } -> std::same_as<absl::Status>;
+  { e.ProjectQkv(l, a) } -> std::same_as<absl::Status>;
   { e.AddBias(l, p, a) } -> std::same_as<absl::Status>;
   { e.HeadNorm(l, w, a) } -> std::same_as<absl::Status>;
   { e.RopeAndStore(l) } -> std::same_as<absl::Status>;
@@ -127,9 +129,7 @@ absl::Status RunLayer(const ModelConfig& c, const LayerWeights& w, int64_t l, E&
     TC_RETURN_IF_ERROR(e.Norm(l, NormWeights::kAttn, pre, Act::kX, Act::kNormed));
     attn_in = Act::kNormed;
   }
-  TC_RETURN_IF_ERROR(e.Project(l, Projection::kQ, attn_in, Act::kQ));
-  TC_RETURN_IF_ERROR(e.Project(l, Projection::kK, attn_in, Act::kK));
-  TC_RETURN_IF_ERROR(e.Project(l, Projection::kV, attn_in, Act::kV));
+  TC_RETURN_IF_ERROR(e.ProjectQkv(l, attn_in));
   if (!w.bq.empty()) TC_RETURN_IF_ERROR(e.AddBias(l, Projection::kQ, Act::kQ));
   if (!w.bk.empty()) TC_RETURN_IF_ERROR(e.AddBias(l, Projection::kK, Act::kK));
   if (!w.bv.empty()) TC_RETURN_IF_ERROR(e.AddBias(l, Projection::kV, Act::kV));

@@ -12,6 +12,7 @@
 
 #include "gtest/gtest.h"
 #include "shared/gguf/ggml_type.h"
+#include "shared/gguf/interleaved8.h"
 #include "shared/gguf/quant.h"
 #include "shared/kernels/dispatch.h"
 #include "shared/kernels/matmul_kernels.h"
@@ -319,6 +320,71 @@ TEST_P(KernelTest, BatchThreadsAndRowSplitsAreBitIdentical) {
     }
     EXPECT_EQ(std::memcmp(y.data(), batched.data(), y.size() * sizeof(float)), 0)
         << TypeName(type) << " MatMulRows";
+  }
+}
+
+// MatMulMany is one MatMul per output, bit for bit: the same dot products, with the input
+// prepared once per form and all rows in one region. Groups mix the input forms (f32, Q8_0,
+// Q8_1, Q8_K), repeat a form (shared preparation), include an empty matrix and interleaved
+// copies; row counts that are not multiples of the region's grain put parts' boundaries inside
+// pieces.
+TEST_P(KernelTest, MatMulManyEqualsOneMatMulPerOutput) {
+  std::mt19937 rng(2024);
+  const std::vector<std::vector<GgmlType>> groups = {
+      {GgmlType::kQ4_0, GgmlType::kQ4_0, GgmlType::kQ4_0},
+      {GgmlType::kQ4_K, GgmlType::kQ4_K, GgmlType::kQ6_K},
+      {GgmlType::kF16, GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ4_1},
+      {GgmlType::kQ8_0, GgmlType::kF32, GgmlType::kBF16},
+  };
+  // Wide enough that every group is above the pool's single-thread threshold, so that 2 and 3
+  // threads do split it.
+  const int64_t cols = 2048;
+  for (const std::vector<GgmlType>& types : groups) {
+    for (bool interleave : {false, true}) {
+      std::vector<TestMatrix> mats;
+      std::vector<std::vector<uint8_t>> copies;
+      const int64_t rows[] = {301, 37, 130, 64};
+      for (size_t i = 0; i < types.size(); ++i) {
+        mats.push_back(MakeMatrix(types[i], rows[i], cols, rng));
+      }
+      for (TestMatrix& m : mats) {
+        if (!interleave || !HasInterleaved8Layout(m.view.type)) continue;
+        copies.emplace_back(Interleaved8Bytes(m.view.type, m.view.rows, cols));
+        Interleave8(m.view.type, m.view.data, m.view.row_bytes, m.view.rows, cols,
+                    copies.back().data());
+        m.view.interleaved = copies.back().data();
+      }
+      int64_t bytes = 0;
+      for (const TestMatrix& m : mats) bytes += m.view.rows * m.view.row_bytes;
+      ASSERT_GE(bytes, ThreadPool::kMinParallelBytes);
+      // An empty matrix among them is skipped.
+      const MatrixView empty{GgmlType::kQ4_0, 0, cols, nullptr, RowBytes(GgmlType::kQ4_0, cols)};
+      for (int64_t n_tokens : {1, 5}) {
+        std::vector<float> x = testing::NormalVector(n_tokens * cols, rng);
+        std::vector<std::vector<float>> want(mats.size());
+        ThreadPool pool1(1);
+        for (size_t i = 0; i < mats.size(); ++i) {
+          want[i].resize(n_tokens * mats[i].view.rows);
+          MatMul(mats[i].view, x.data(), n_tokens, cols, want[i].data(), mats[i].view.rows, pool1);
+        }
+        for (int threads : {1, 2, 3}) {
+          ThreadPool pool(threads);
+          std::vector<std::vector<float>> got(mats.size());
+          std::vector<MatMulOutput> outs;
+          for (size_t i = 0; i < mats.size(); ++i) {
+            got[i].assign(n_tokens * mats[i].view.rows, -1.0f);
+            outs.push_back({&mats[i].view, got[i].data(), mats[i].view.rows});
+            if (i == 0 && mats.size() < kMaxMatMulMany) outs.push_back({&empty, nullptr, 0});
+          }
+          MatMulMany(outs, x.data(), n_tokens, cols, pool);
+          for (size_t i = 0; i < mats.size(); ++i) {
+            EXPECT_TRUE(testing::SameBits(got[i], want[i]))
+                << TypeName(types[i]) << " (output " << i << ") interleaved=" << interleave
+                << " tokens=" << n_tokens << " threads=" << threads;
+          }
+        }
+      }
+    }
   }
 }
 
