@@ -56,6 +56,35 @@ void GatedActivate(FfnActivation activation, float* gate, const float* up, int64
   }
 }
 
+namespace {
+
+// Below this many values an activation runs on the caller.
+constexpr int64_t kParallelActivationValues = 4096;
+
+// The activation of n values (tokens x neurons, contiguous), gated by up unless it is null.
+// Element-wise, so the pool's split leaves every bit as it is. SiLU and GELU cost an exp or a
+// table lookup per value (SiLU: 22 us for one token of the 1.3B shape's 5504 neurons, a serial
+// step the other threads would wait through), so they are split when there are enough values;
+// ReLU's select is too cheap to pay for a region.
+void ActivateValues(FfnActivation activation, float* gate, const float* up, int64_t n,
+                    ThreadPool& pool) {
+  auto run = [&](int64_t i0, int64_t i1) {
+    if (up != nullptr) {
+      GatedActivate(activation, gate + i0, up + i0, i1 - i0);
+    } else {
+      Activate(activation, gate + i0, i1 - i0);
+    }
+  };
+  const bool costly = activation == FfnActivation::kSilu || activation == FfnActivation::kGelu;
+  if (costly && pool.size() > 1 && n >= kParallelActivationValues) {
+    pool.ParallelFor(n, run, 256);
+  } else {
+    run(0, n);
+  }
+}
+
+}  // namespace
+
 void DenseFfn::RunFfn(const FfnWeights& w, const std::vector<float>& up_b, int64_t nf,
                       const float* h, int64_t n, float* out, int64_t layer, int64_t expert) {
   const ModelConfig& c = model_.config();
@@ -65,16 +94,14 @@ void DenseFfn::RunFfn(const FfnWeights& w, const std::vector<float>& up_b, int64
     MatMul(w.up, h, n, c.dim, gate_.data(), nf, pool_);
     AddRowBias(up_b, n, gate_.data());
     if (observe) observer_->OnExpertFfn(layer, expert, gate_.data(), nullptr, n);
-    Activate(c.activation, gate_.data(), n * nf);
+    ActivateValues(c.activation, gate_.data(), nullptr, n * nf, pool_);
   } else {
     up_.resize(n * nf);
     const MatMulOutput outs[] = {{&w.gate, gate_.data(), nf}, {&w.up, up_.data(), nf}};
     MatMulMany(outs, h, n, c.dim, pool_);
     AddRowBias(up_b, n, up_.data());
     if (observe) observer_->OnExpertFfn(layer, expert, gate_.data(), up_.data(), n);
-    for (int64_t t = 0; t < n; ++t) {
-      GatedActivate(c.activation, gate_.data() + t * nf, up_.data() + t * nf, nf);
-    }
+    ActivateValues(c.activation, gate_.data(), up_.data(), n * nf, pool_);
   }
   MatMul(w.down, gate_.data(), n, nf, out, c.dim, pool_);
 }
@@ -109,13 +136,7 @@ void DenseFfn::Compute(int64_t layer, const float* h, const float* predictor_inp
     observer_->OnPredictorInput(layer, predictor_input, n_tokens);
     observer_->OnFfn(layer, h, gate_.data(), gated ? up_.data() : nullptr, n_tokens);
   }
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    if (gated) {
-      GatedActivate(c.activation, gate_.data() + t * nf, up_.data() + t * nf, nf);
-    } else {
-      Activate(c.activation, gate_.data() + t * nf, nf);
-    }
-  }
+  ActivateValues(c.activation, gate_.data(), gated ? up_.data() : nullptr, n_tokens * nf, pool_);
   Product(layer, Projection::kDown, w.has_down_t ? w.down_t : w.down, w.has_down_t, gate_.data(),
           n_tokens, nf, out, c.dim);
   AddRowBias(w.down_b, n_tokens, out);
