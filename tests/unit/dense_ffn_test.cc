@@ -2,8 +2,6 @@
 // all values at once on one thread, MatMul down), bit for bit at every pool size: the
 // activation is split over the pool for a batch (ffn.cc), and an element-wise split must not
 // change a value.
-#include "shared/runtime/ffn.h"
-
 #include <cstring>
 #include <random>
 #include <vector>
@@ -11,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "shared/kernels/matmul.h"
 #include "shared/model/synth.h"
+#include "shared/runtime/ffn.h"
 #include "shared/util/thread_pool.h"
 #include "tests/test_support.h"
 
