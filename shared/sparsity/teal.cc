@@ -1,7 +1,9 @@
 #include "shared/sparsity/teal.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 
@@ -93,14 +95,49 @@ double BlockSparsity(const Model& model, int64_t layer, const ProjectionValues& 
   return total > 0 ? skipped / total : 0.0;
 }
 
-float TopShareCut(const float* x, int64_t n, float share, std::vector<float>& scratch) {
-  const int64_t k = static_cast<int64_t>(std::floor(static_cast<double>(share) * n));
-  if (k <= 0 || n == 0) return 0.0f;
+float TopShareCut(const float* x, int64_t n, float share, std::vector<uint32_t>& scratch) {
+  const int64_t k_share = static_cast<int64_t>(std::floor(static_cast<double>(share) * n));
+  if (k_share <= 0 || n == 0) return 0.0f;
+  // A radix select over the magnitudes' bit patterns, whose integer order is their order as
+  // floats (NaN above infinity): three digits, most significant first, each pass counting the
+  // candidates' digits and keeping those with the digit the k-th smallest has. About 4x faster
+  // than std::nth_element on the 1.3B shape's 2048 and 5504 inputs (docs/sparsity.md), which
+  // took 21 and 56 us a call, on the step's serial path.
   scratch.resize(n);
-  for (int64_t i = 0; i < n; ++i) scratch[i] = std::fabs(x[i]);
-  std::nth_element(scratch.begin(), scratch.begin() + std::min(k, n - 1), scratch.end());
-  // All n dropped would need a cut above the largest magnitude.
-  return k >= n ? std::nextafter(scratch[n - 1], INFINITY) : scratch[k];
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, x + i, sizeof(bits));
+    scratch[i] = bits & 0x7FFFFFFFu;
+  }
+  // All n dropped needs a cut above the largest magnitude: find the largest (k = n - 1).
+  int64_t k = std::min(k_share, n - 1);
+  constexpr int kShift[3] = {21, 10, 0};
+  constexpr uint32_t kDigits[3] = {2048, 2048, 1024};
+  uint32_t kth = 0;
+  int64_t m = n;
+  for (int pass = 0; pass < 3; ++pass) {
+    std::array<uint32_t, 2048> count{};
+    const int shift = kShift[pass];
+    const uint32_t mask = kDigits[pass] - 1;
+    for (int64_t i = 0; i < m; ++i) ++count[(scratch[i] >> shift) & mask];
+    uint32_t d = 0;
+    int64_t below = 0;
+    while (below + count[d] <= k) below += count[d++];
+    k -= below;
+    kth |= d << shift;
+    if (pass == 2) break;
+    // Branch-free: every candidate is written, the count advances only for those kept.
+    int64_t kept = 0;
+    for (int64_t i = 0; i < m; ++i) {
+      const uint32_t v = scratch[i];
+      scratch[kept] = v;
+      kept += ((v >> shift) & mask) == d ? 1 : 0;
+    }
+    m = kept;
+  }
+  float cut;
+  std::memcpy(&cut, &kth, sizeof(cut));
+  return k_share >= n ? std::nextafter(cut, INFINITY) : cut;
 }
 
 int64_t InputSparseMatVec(const MatrixView& wt, const float* x, float cut,
@@ -256,12 +293,23 @@ void TealLinear::Apply(int64_t layer, Projection p, const MatrixView& w, bool tr
     run = t + 1;
     const float* xt = x + t * x_stride;
     const float cut =
-        plan_.kind == TealPlan::Kind::kCuts ? value : TopShareCut(xt, wt.rows, value, scratch_);
+        plan_.kind == TealPlan::Kind::kCuts ? value : CachedTopShareCut(xt, wt.rows, value);
     a.kept += InputSparseMatVec(wt, xt, cut, ids_, coeffs_, y + t * y_stride, pool_);
     a.inputs += wt.rows;
     ++a.sparse_rows;
   }
   Dense(w, transposed, x, run, n, x_stride, y, y_stride);
+}
+
+float TealLinear::CachedTopShareCut(const float* x, int64_t n, float share) {
+  const bool same = n == static_cast<int64_t>(cut_input_.size()) && share == cut_share_ &&
+                    std::memcmp(x, cut_input_.data(), n * sizeof(float)) == 0;
+  if (!same) {
+    cut_input_.assign(x, x + n);
+    cut_share_ = share;
+    cut_ = TopShareCut(x, n, share, scratch_);
+  }
+  return cut_;
 }
 
 void TealLinear::ResetActivity() {

@@ -62,7 +62,7 @@ ProjectionValues ProjectionParams(const Model& model, int64_t layer);
 
 // The magnitude under which `share` of x's n values lie: the floor(share * n)-th smallest |x_c|
 // (0-based); dropping |x_c| < it drops at most that many (ties keep more). 0 for share 0.
-float TopShareCut(const float* x, int64_t n, float share, std::vector<float>& scratch);
+float TopShareCut(const float* x, int64_t n, float share, std::vector<uint32_t>& scratch);
 
 // y[0..wt.cols) = sum over c with |x_c| >= cut and x_c != 0 of x_c * wt.row(c): the
 // input-sparse product of the transposed weights wt ([in][out]) with x[0..wt.rows). Zeros are
@@ -129,8 +129,15 @@ class TealLinear final : public LinearExecutor {
   std::vector<std::array<DownRows, kNumProjections>> rows_;  // transposed copies, [n_layers]
   std::vector<std::array<ProjectionActivity, kNumProjections>> activity_;
   std::span<const uint8_t> decode_;
+  // TopShareCut of x, or the last one's when x holds the same values: q, k and v read one
+  // input, and so do gate and up.
+  float CachedTopShareCut(const float* x, int64_t n, float share);
+
   std::vector<int32_t> ids_, all_ids_;
-  std::vector<float> coeffs_, scratch_;
+  std::vector<float> coeffs_;
+  std::vector<uint32_t> scratch_;
+  std::vector<float> cut_input_;  // the input of the last top-share cut, and its share and cut
+  float cut_share_ = 0.0f, cut_ = 0.0f;
 };
 
 }  // namespace thermocline

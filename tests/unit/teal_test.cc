@@ -157,7 +157,7 @@ TEST(TealKernelTest, InputSparseMatVecMatchesDoubleReference) {
 
 TEST(TealKernelTest, TopShareCutDropsTheSmallestShare) {
   std::mt19937 rng(9);
-  std::vector<float> scratch;
+  std::vector<uint32_t> scratch;
   for (int64_t n : {1, 2, 7, 64, 301}) {
     std::normal_distribution<float> normal(0.0f, 1.0f);
     std::vector<float> x(n);
@@ -169,6 +169,47 @@ TEST(TealKernelTest, TopShareCutDropsTheSmallestShare) {
       // Distinct magnitudes: exactly floor(share * n) fall under the cut.
       EXPECT_EQ(dropped, static_cast<int64_t>(std::floor(static_cast<double>(share) * n)))
           << "n " << n << " share " << share;
+    }
+  }
+}
+
+// The cut is the floor(share * n)-th smallest magnitude exactly (a sort's), with ties, zeros of
+// both signs, subnormals, infinities and magnitudes that share their leading bits (the radix
+// select's digits), at the 1.3B shape's widths.
+TEST(TealKernelTest, TopShareCutIsTheSortedMagnitude) {
+  std::mt19937 rng(21);
+  std::vector<uint32_t> scratch;
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            1e-40f,
+                            -1e-40f,
+                            INFINITY,
+                            -INFINITY,
+                            1.0f,
+                            -1.0f,
+                            std::nextafter(1.0f, 2.0f),
+                            std::nextafter(1.0f, 0.0f)};
+  for (int64_t n : {3, 100, 2048, 5504}) {
+    for (int kind = 0; kind < 3; ++kind) {
+      std::vector<float> x(n);
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      std::uniform_int_distribution<int> pick(0, std::size(specials) - 1);
+      for (float& v : x) {
+        if (kind == 0) v = normal(rng) * std::exp(3.0f * normal(rng));  // wide exponents
+        if (kind == 1) v = specials[pick(rng)];                         // ties and specials
+        // One exponent and close mantissas: only the lower digits tell them apart.
+        if (kind == 2) v = (pick(rng) % 2 ? 1.0f : -1.0f) * (1.0f + (pick(rng) * 3 % 7) * 1e-6f);
+      }
+      std::vector<float> sorted(n);
+      for (int64_t i = 0; i < n; ++i) sorted[i] = std::fabs(x[i]);
+      std::sort(sorted.begin(), sorted.end());
+      for (float share : {0.1f, 0.5f, 0.75f, 0.999f}) {
+        const int64_t k = static_cast<int64_t>(std::floor(static_cast<double>(share) * n));
+        const float want = k == 0 ? 0.0f : sorted[k];
+        const float got = TopShareCut(x.data(), n, share, scratch);
+        EXPECT_EQ(std::memcmp(&got, &want, sizeof(got)), 0)
+            << "n " << n << " kind " << kind << " share " << share << ": " << got << " vs " << want;
+      }
     }
   }
 }
@@ -267,50 +308,63 @@ TEST(TealForwardTest, SparseBatchEqualsDecodeOneByOne) {
 }
 
 // Apply's sparse rows against the dense product of the masked input in double, for each
-// projection of a layer (the executor's transposition, mask and row routing together).
+// projection of a layer (the executor's transposition, mask and row routing together), with
+// calibrated cuts and with per-token top shares. The projections' inputs differ, except that
+// v's repeats k's (the executor reuses a top-share cut for the same values, never for others).
 TEST(TealForwardTest, ApplyEqualsMaskedDenseProduct) {
   auto model = Synth(GgmlType::kF32, SynthFfnKind::kSwiGlu, "apply_f32");
   ASSERT_TRUE(model);
   const ModelConfig& c = model->config();
   ThreadPool pool(2);
-  TealPlan plan = TealPlan::TopShare(c.n_layers, 0.0f);
-  plan.kind = TealPlan::Kind::kCuts;
-  for (auto& v : plan.values) v.fill(0.6f);
-  auto teal = TealLinear::Create(*model, plan, pool);
-  ASSERT_TRUE(teal.ok()) << teal.status();
-  std::mt19937 rng(3);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  const uint8_t decode[3] = {1, 0, 1};
-  (*teal)->BeginBatch(decode);
-  const LayerWeights& lw = model->layer(1);
-  const MatrixView mats[] = {lw.wq, lw.wk, lw.wv, lw.wo, lw.gate, lw.up, lw.down};
-  for (int p = 0; p < kNumProjections; ++p) {
-    const MatrixView& w = mats[p];
-    std::vector<float> x(3 * w.cols), y(3 * w.rows), dense(3 * w.rows);
-    for (float& v : x) v = normal(rng);
-    (*teal)->Apply(1, static_cast<Projection>(p), w, false, x.data(), 3, w.cols, y.data(), w.rows);
-    MatMul(w, x.data(), 3, w.cols, dense.data(), w.rows, pool);
-    std::vector<float> row(w.cols);
-    for (int t = 0; t < 3; ++t) {
-      if (!decode[t]) {
-        EXPECT_EQ(
-            std::memcmp(y.data() + t * w.rows, dense.data() + t * w.rows, w.rows * sizeof(float)),
-            0);
-        continue;
+  for (TealPlan::Kind kind : {TealPlan::Kind::kCuts, TealPlan::Kind::kTopShare}) {
+    const bool cuts = kind == TealPlan::Kind::kCuts;
+    TealPlan plan = TealPlan::TopShare(c.n_layers, 0.0f);
+    plan.kind = kind;
+    for (auto& v : plan.values) v.fill(cuts ? 0.6f : 0.5f);
+    auto teal = TealLinear::Create(*model, plan, pool);
+    ASSERT_TRUE(teal.ok()) << teal.status();
+    std::mt19937 rng(3);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    const uint8_t decode[3] = {1, 0, 1};
+    (*teal)->BeginBatch(decode);
+    const LayerWeights& lw = model->layer(1);
+    const MatrixView mats[] = {lw.wq, lw.wk, lw.wv, lw.wo, lw.gate, lw.up, lw.down};
+    std::vector<float> x;
+    for (int p = 0; p < kNumProjections; ++p) {
+      const MatrixView& w = mats[p];
+      std::vector<float> y(3 * w.rows), dense(3 * w.rows);
+      if (static_cast<Projection>(p) != Projection::kV) {
+        x.resize(3 * w.cols);
+        for (float& v : x) v = normal(rng);
       }
-      for (int64_t r = 0; r < w.rows; ++r) {
-        DequantizeMatrixRow(w, r, row.data());
-        double ref = 0, sum_abs = 0;
-        int64_t kept = 0;
-        for (int64_t i = 0; i < w.cols; ++i) {
-          const float xi = x[t * w.cols + i];
-          if (std::fabs(xi) < 0.6f) continue;
-          ++kept;
-          ref += static_cast<double>(xi) * row[i];
-          sum_abs += std::fabs(static_cast<double>(xi) * row[i]);
+      (*teal)->Apply(1, static_cast<Projection>(p), w, false, x.data(), 3, w.cols, y.data(),
+                     w.rows);
+      MatMul(w, x.data(), 3, w.cols, dense.data(), w.rows, pool);
+      std::vector<float> row(w.cols);
+      for (int t = 0; t < 3; ++t) {
+        if (!decode[t]) {
+          EXPECT_EQ(
+              std::memcmp(y.data() + t * w.rows, dense.data() + t * w.rows, w.rows * sizeof(float)),
+              0);
+          continue;
         }
-        EXPECT_LE(std::fabs(y[t * w.rows + r] - ref), Bound(kept, sum_abs))
-            << ProjectionName(static_cast<Projection>(p)) << " row " << t << " out " << r;
+        std::vector<uint32_t> scratch;
+        const float cut = cuts ? 0.6f : TopShareCut(x.data() + t * w.cols, w.cols, 0.5f, scratch);
+        for (int64_t r = 0; r < w.rows; ++r) {
+          DequantizeMatrixRow(w, r, row.data());
+          double ref = 0, sum_abs = 0;
+          int64_t kept = 0;
+          for (int64_t i = 0; i < w.cols; ++i) {
+            const float xi = x[t * w.cols + i];
+            if (std::fabs(xi) < cut) continue;
+            ++kept;
+            ref += static_cast<double>(xi) * row[i];
+            sum_abs += std::fabs(static_cast<double>(xi) * row[i]);
+          }
+          EXPECT_LE(std::fabs(y[t * w.rows + r] - ref), Bound(kept, sum_abs))
+              << ProjectionName(static_cast<Projection>(p)) << " row " << t << " out " << r
+              << (cuts ? " (cuts)" : " (top share)");
+        }
       }
     }
   }
