@@ -207,14 +207,16 @@ class ForwardPass::Ops {
     return absl::OkStatus();
   }
 
-  // One region and one rounding of the input for all three (MatMulMany), unless a linear
-  // executor (TEAL's) takes each projection.
+  // One region and one rounding of the input for all three (MatMulMany), or the linear
+  // executor's (TEAL's) products of the one input.
   absl::Status ProjectQkv(int64_t l, Act in) {
     const LayerWeights& w = p_.model_.layer(l);
     if (p_.linear_ != nullptr) {
-      TC_RETURN_IF_ERROR(Project(l, Projection::kQ, in, Act::kQ));
-      TC_RETURN_IF_ERROR(Project(l, Projection::kK, in, Act::kK));
-      return Project(l, Projection::kV, in, Act::kV);
+      const LinearExecutor::Output outs[] = {{Projection::kQ, &w.wq, Buf(Act::kQ), Width(Act::kQ)},
+                                             {Projection::kK, &w.wk, Buf(Act::kK), Width(Act::kK)},
+                                             {Projection::kV, &w.wv, Buf(Act::kV), Width(Act::kV)}};
+      p_.linear_->ApplyShared(l, outs, Buf(in), n_, Width(in));
+      return absl::OkStatus();
     }
     const MatMulOutput outs[] = {{&w.wq, Buf(Act::kQ), Width(Act::kQ)},
                                  {&w.wk, Buf(Act::kK), Width(Act::kK)},

@@ -29,6 +29,19 @@ class LinearExecutor {
   // may be the model's ffn_down_t ([ffn_dim][dim], one row per input) when `transposed`.
   virtual void Apply(int64_t layer, Projection p, const MatrixView& w, bool transposed,
                      const float* x, int64_t n, int64_t x_stride, float* y, int64_t y_stride) = 0;
+
+  // Several products of one input (q, k, v; gate, up), each as Apply computes it; an executor
+  // may do them together. This one calls Apply per output.
+  struct Output {
+    Projection p;
+    const MatrixView* w;
+    float* y;
+    int64_t y_stride;
+  };
+  virtual void ApplyShared(int64_t layer, std::span<const Output> outs, const float* x, int64_t n,
+                           int64_t x_stride) {
+    for (const Output& o : outs) Apply(layer, o.p, *o.w, false, x, n, x_stride, o.y, o.y_stride);
+  }
 };
 
 }  // namespace thermocline

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "shared/gguf/quant.h"
 #include "shared/runtime/ops.h"
+#include "shared/util/status_macros.h"
 
 namespace thermocline {
 namespace {
@@ -267,8 +268,10 @@ absl::StatusOr<DownRows> DownRows::ForMatrix(const MatrixView& down,
   return Transpose(down, TransposedType(down.type, quantized_type), pool);
 }
 
-absl::StatusOr<DownRows> DownRows::Transpose(const MatrixView& down, GgmlType type,
-                                             ThreadPool& pool) {
+namespace {
+
+// Whether `down` can be stored transposed as rows of `type`; the error names the problem.
+absl::Status CheckTransposable(const MatrixView& down, GgmlType type) {
   const bool src_quant = IsBlockQuantized(down.type);
   if (!src_quant && type != down.type) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -284,12 +287,15 @@ absl::StatusOr<DownRows> DownRows::Transpose(const MatrixView& down, GgmlType ty
         "down_t: a ", dim, "x", ffn, " ", TypeName(down.type), " matrix cannot be stored as ", ffn,
         " rows of ", dim, " ", TypeName(type), " values (block size)"));
   }
-  DownRows d;
-  const int64_t row_bytes = RowBytes(type, dim);
-  d.owned_.resize(static_cast<size_t>(ffn * row_bytes));
-  d.view_ = MatrixView{type, ffn, dim, d.owned_.data(), row_bytes};
+  return absl::OkStatus();
+}
+
+// Column i of `down` as `type` values at dst + i * dst_row_bytes (CheckTransposable first).
+void TransposeInto(const MatrixView& down, GgmlType type, uint8_t* dst, int64_t dst_row_bytes,
+                   ThreadPool& pool) {
+  const bool src_quant = IsBlockQuantized(down.type);
+  const int64_t dim = down.rows, ffn = down.cols;
   constexpr int64_t kTile = 32;
-  uint8_t* dst = d.owned_.data();
   if (type == down.type && !src_quant) {
     // Float types keep their bits: move elements, 32 neurons x 32 down rows at a time so that
     // both the reads and the writes stay within a few cache lines per row.
@@ -300,7 +306,7 @@ absl::StatusOr<DownRows> DownRows::Transpose(const MatrixView& down, GgmlType ty
           for (int64_t r0 = 0; r0 < dim; r0 += kTile) {
             const int64_t r1 = std::min(dim, r0 + kTile);
             for (int64_t i = i0; i < i1; ++i) {
-              T* out = reinterpret_cast<T*>(dst + i * row_bytes);
+              T* out = reinterpret_cast<T*>(dst + i * dst_row_bytes);
               for (int64_t r = r0; r < r1; ++r) {
                 std::memcpy(out + r, down.row(r) + i * sizeof(T), sizeof(T));
               }
@@ -314,7 +320,7 @@ absl::StatusOr<DownRows> DownRows::Transpose(const MatrixView& down, GgmlType ty
     } else {
       transpose(uint16_t{});
     }
-    return d;
+    return;
   }
   // Quantized: tiles of one block of a down row (32 neurons, 256 for super-block types). Each
   // down row contributes one dequantized block, written transposed into that many f32 rows,
@@ -331,10 +337,47 @@ absl::StatusOr<DownRows> DownRows::Transpose(const MatrixView& down, GgmlType ty
         for (int64_t k = 0; k < width; ++k) tile[k * dim + r] = block[k];
       }
       for (int64_t k = 0; k < width; ++k) {
-        QuantizeRow(type, tile.data() + k * dim, dst + (i0 + k) * row_bytes, dim);
+        QuantizeRow(type, tile.data() + k * dim, dst + (i0 + k) * dst_row_bytes, dim);
       }
     }
   });
+}
+
+}  // namespace
+
+absl::StatusOr<DownRows> DownRows::Transpose(const MatrixView& down, GgmlType type,
+                                             ThreadPool& pool) {
+  TC_RETURN_IF_ERROR(CheckTransposable(down, type));
+  DownRows d;
+  const int64_t row_bytes = RowBytes(type, down.rows);
+  d.owned_.resize(static_cast<size_t>(down.cols * row_bytes));
+  d.view_ = MatrixView{type, down.cols, down.rows, d.owned_.data(), row_bytes};
+  TransposeInto(down, type, d.owned_.data(), row_bytes, pool);
+  return d;
+}
+
+absl::StatusOr<DownRows> DownRows::TransposeSideBySide(std::span<const MatrixView> parts,
+                                                       GgmlType type, ThreadPool& pool) {
+  if (parts.empty()) return absl::InvalidArgumentError("side-by-side copy of no matrices");
+  int64_t outputs = 0;
+  for (const MatrixView& m : parts) {
+    if (m.cols != parts[0].cols) {
+      return absl::InvalidArgumentError(absl::StrCat("side-by-side copy: inputs of ", m.cols,
+                                                     " and ", parts[0].cols, " columns"));
+    }
+    TC_RETURN_IF_ERROR(CheckTransposable(m, type));
+    outputs += m.rows;
+  }
+  DownRows d;
+  const int64_t row_bytes = RowBytes(type, outputs);
+  d.owned_.resize(static_cast<size_t>(parts[0].cols * row_bytes));
+  d.view_ = MatrixView{type, parts[0].cols, outputs, d.owned_.data(), row_bytes};
+  int64_t at = 0;
+  for (const MatrixView& m : parts) {
+    // Each part's outputs are whole blocks (CheckTransposable), so it starts on a block.
+    TransposeInto(m, type, d.owned_.data() + RowBytes(type, at), row_bytes, pool);
+    at += m.rows;
+  }
   return d;
 }
 

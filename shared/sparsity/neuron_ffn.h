@@ -176,6 +176,13 @@ class DownRows {
   static absl::StatusOr<DownRows> Transpose(const MatrixView& down, GgmlType type,
                                             ThreadPool& pool);
 
+  // The transposed copies of matrices that read one input (q, k and v; gate and up) side by
+  // side: row c holds column c of each part in turn, each part as Transpose would store it
+  // (the same type rules; every part's outputs a whole number of `type` blocks). One kept
+  // input is then one run of all the parts' values.
+  static absl::StatusOr<DownRows> TransposeSideBySide(std::span<const MatrixView> parts,
+                                                      GgmlType type, ThreadPool& pool);
+
   const MatrixView& view() const { return view_; }
   // Bytes this object owns (0 when it borrows the model's ffn_down_t).
   int64_t owned_bytes() const { return static_cast<int64_t>(owned_.size()); }

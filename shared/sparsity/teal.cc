@@ -208,31 +208,68 @@ absl::StatusOr<std::unique_ptr<TealLinear>> TealLinear::Create(const Model& mode
   TC_RETURN_IF_ERROR(plan.Validate(c));
   std::unique_ptr<TealLinear> t(new TealLinear(model, std::move(plan), pool));
   t->rows_.resize(c.n_layers);
+  t->shared_.resize(c.n_layers);
+  t->views_.assign(c.n_layers, {});
   t->activity_.assign(c.n_layers, {});
+  auto copy_type = [&](const MatrixView& w) {
+    std::optional<GgmlType> type = options.quantized_type;
+    // A block type needs whole blocks along the transposed rows (the projection's outputs);
+    // F16 holds the dequantized weights exactly where they do not fit.
+    if (TypeTraits(w.type).block_size > 1 && w.rows % 32 != 0) type = GgmlType::kF16;
+    return DownRows::TransposedType(w.type, type);
+  };
+  auto named = [](int64_t l, const std::string& what, const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat("teal: layer ", l, " ", what, ": ", s.message()));
+  };
   for (int64_t l = 0; l < c.n_layers; ++l) {
+    std::array<bool, kNumProjections> need{};
     for (int p = 0; p < kNumProjections; ++p) {
       const auto proj = static_cast<Projection>(p);
       const bool ffn =
           proj == Projection::kGate || proj == Projection::kUp || proj == Projection::kDown;
-      if (ffn && !t->plan_.ffn) continue;
-      if (!options.all_projections && t->plan_.values[l][p] == 0) continue;
+      need[p] = !(ffn && !t->plan_.ffn) &&
+                (options.all_projections || t->plan_.values[l][p] != 0) &&
+                !MatrixOf(model, l, proj).w.empty();
+    }
+    // Projections of one input share one copy, side by side, when all of them need one of the
+    // same type: a kept input is then one run of all their values (longer runs read faster)
+    // and one product. Each projection reads its part of the rows through a strided view.
+    for (int g = 0; g < static_cast<int>(kSharedGroups.size()); ++g) {
+      const std::span<const Projection> group = kSharedGroups[g];
+      std::vector<MatrixView> parts;
+      for (Projection p : group) {
+        const MatrixView w = MatrixOf(model, l, p).w;
+        if (need[static_cast<int>(p)] &&
+            copy_type(w) == copy_type(MatrixOf(model, l, group[0]).w)) {
+          parts.push_back(w);
+        }
+      }
+      if (parts.size() != group.size()) continue;
+      const GgmlType type = copy_type(parts[0]);
+      absl::StatusOr<DownRows> rows = DownRows::TransposeSideBySide(parts, type, pool);
+      if (!rows.ok()) return named(l, std::string(ProjectionName(group[0])) + "...", rows.status());
+      t->shared_[l][g] = std::move(*rows);
+      const MatrixView& whole = t->shared_[l][g].view();
+      int64_t at = 0;
+      for (size_t i = 0; i < group.size(); ++i) {
+        MatrixView part = whole;
+        part.cols = parts[i].rows;
+        part.data = whole.data + RowBytes(type, at);
+        t->views_[l][static_cast<int>(group[i])] = part;
+        at += parts[i].rows;
+        need[static_cast<int>(group[i])] = false;
+      }
+    }
+    for (int p = 0; p < kNumProjections; ++p) {
+      if (!need[p]) continue;
+      const auto proj = static_cast<Projection>(p);
       const LayerMatrix m = MatrixOf(model, l, proj);
-      if (m.w.empty()) continue;
-      if (m.transposed) {
-        TC_ASSIGN_OR_RETURN(t->rows_[l][p], DownRows::ForLayer(model, l, std::nullopt, pool));
-        continue;
-      }
-      std::optional<GgmlType> type = options.quantized_type;
-      // A block type needs whole blocks along the transposed rows (the projection's outputs);
-      // F16 holds the dequantized weights exactly where they do not fit.
-      if (TypeTraits(m.w.type).block_size > 1 && m.w.rows % 32 != 0) type = GgmlType::kF16;
-      absl::StatusOr<DownRows> rows = DownRows::ForMatrix(m.w, type, pool);
-      if (!rows.ok()) {
-        return absl::Status(rows.status().code(),
-                            absl::StrCat("teal: layer ", l, " ", std::string(ProjectionName(proj)),
-                                         ": ", rows.status().message()));
-      }
+      absl::StatusOr<DownRows> rows = m.transposed
+                                          ? DownRows::ForLayer(model, l, std::nullopt, pool)
+                                          : DownRows::Transpose(m.w, copy_type(m.w), pool);
+      if (!rows.ok()) return named(l, std::string(ProjectionName(proj)), rows.status());
       t->rows_[l][p] = std::move(*rows);
+      t->views_[l][p] = t->rows_[l][p].view();
     }
   }
   return t;
@@ -244,7 +281,7 @@ absl::Status TealLinear::SetLayer(int64_t layer, const ProjectionValues& values)
   }
   for (int p = 0; p < kNumProjections; ++p) {
     const bool ffn = p >= static_cast<int>(Projection::kGate);
-    if (values[p] != 0 && rows_[layer][p].view().empty() &&
+    if (values[p] != 0 && views_[layer][p].empty() &&
         !MatrixOf(model_, layer, static_cast<Projection>(p)).w.empty() && (plan_.ffn || !ffn)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "teal: layer ", layer, " ", std::string(ProjectionName(static_cast<Projection>(p))),
@@ -277,7 +314,7 @@ void TealLinear::Apply(int64_t layer, Projection p, const MatrixView& w, bool tr
                        const float* x, int64_t n, int64_t x_stride, float* y, int64_t y_stride) {
   const int pi = static_cast<int>(p);
   const float value = plan_.values[layer][pi];
-  const MatrixView& wt = rows_[layer][pi].view();
+  const MatrixView& wt = views_[layer][pi];
   if (value == 0 || wt.empty()) {
     Dense(w, transposed, x, 0, n, x_stride, y, y_stride);
     return;
@@ -312,6 +349,59 @@ float TealLinear::CachedTopShareCut(const float* x, int64_t n, float share) {
   return cut_;
 }
 
+void TealLinear::ApplyShared(int64_t layer, std::span<const Output> outs, const float* x, int64_t n,
+                             int64_t x_stride) {
+  int group = -1;
+  for (int g = 0; g < static_cast<int>(kSharedGroups.size()); ++g) {
+    const std::span<const Projection> ps = kSharedGroups[g];
+    bool match = outs.size() == ps.size();
+    for (size_t i = 0; match && i < ps.size(); ++i) match = outs[i].p == ps[i];
+    if (match) group = g;
+  }
+  const float value = plan_.values[layer][static_cast<int>(outs[0].p)];
+  bool together = group >= 0 && !shared_[layer][group].view().empty();
+  for (const Output& o : outs) together &= plan_.values[layer][static_cast<int>(o.p)] == value;
+  if (!together) {
+    LinearExecutor::ApplyShared(layer, outs, x, n, x_stride);
+    return;
+  }
+  const MatrixView& wt = shared_[layer][group].view();
+  std::vector<MatMulOutput> dense;
+  auto dense_rows = [&](int64_t t0, int64_t t1) {
+    if (t1 <= t0) return;
+    dense.clear();
+    for (const Output& o : outs) dense.push_back({o.w, o.y + t0 * o.y_stride, o.y_stride});
+    MatMulMany(dense, x + t0 * x_stride, t1 - t0, x_stride, pool_);
+  };
+  if (value == 0) {
+    dense_rows(0, n);
+    return;
+  }
+  shared_y_.resize(wt.cols);
+  int64_t run = 0;  // first row of the current run of dense rows
+  for (int64_t t = 0; t < n; ++t) {
+    if (!(plan_.sparse_prompt || (t < static_cast<int64_t>(decode_.size()) && decode_[t] != 0))) {
+      continue;
+    }
+    dense_rows(run, t);
+    run = t + 1;
+    const float* xt = x + t * x_stride;
+    const float cut =
+        plan_.kind == TealPlan::Kind::kCuts ? value : CachedTopShareCut(xt, wt.rows, value);
+    const int64_t kept = InputSparseMatVec(wt, xt, cut, ids_, coeffs_, shared_y_.data(), pool_);
+    int64_t at = 0;
+    for (const Output& o : outs) {
+      std::copy_n(shared_y_.data() + at, o.w->rows, o.y + t * o.y_stride);
+      at += o.w->rows;
+      ProjectionActivity& a = activity_[layer][static_cast<int>(o.p)];
+      a.kept += kept;
+      a.inputs += wt.rows;
+      ++a.sparse_rows;
+    }
+  }
+  dense_rows(run, n);
+}
+
 void TealLinear::ResetActivity() {
   for (auto& layer : activity_) layer.fill({});
 }
@@ -337,6 +427,9 @@ double TealLinear::MeasuredSparsity() const {
 int64_t TealLinear::owned_bytes() const {
   int64_t total = 0;
   for (const auto& layer : rows_) {
+    for (const DownRows& r : layer) total += r.owned_bytes();
+  }
+  for (const auto& layer : shared_) {
     for (const DownRows& r : layer) total += r.owned_bytes();
   }
   return total;

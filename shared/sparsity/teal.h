@@ -100,6 +100,11 @@ class TealLinear final : public LinearExecutor {
   void BeginBatch(std::span<const uint8_t> decode) override { decode_ = decode; }
   void Apply(int64_t layer, Projection p, const MatrixView& w, bool transposed, const float* x,
              int64_t n, int64_t x_stride, float* y, int64_t y_stride) override;
+  // q, k, v (gate, up) with equal values in a layer with their side-by-side copy: one product
+  // over the shared copy per decode row, and one MatMulMany for the dense rows. Anything else
+  // goes projection by projection.
+  void ApplyShared(int64_t layer, std::span<const Output> outs, const float* x, int64_t n,
+                   int64_t x_stride) override;
 
   const TealPlan& plan() const { return plan_; }
   // Replaces one layer's values (the plan's kind); the projections must have transposed copies
@@ -126,7 +131,16 @@ class TealLinear final : public LinearExecutor {
   const Model& model_;
   TealPlan plan_;
   ThreadPool& pool_;
+  // The projections that read one input, whose copies are kept side by side (shared_).
+  static constexpr Projection kQkv[] = {Projection::kQ, Projection::kK, Projection::kV};
+  static constexpr Projection kGateUp[] = {Projection::kGate, Projection::kUp};
+  static constexpr std::array<std::span<const Projection>, 2> kSharedGroups = {kQkv, kGateUp};
+
   std::vector<std::array<DownRows, kNumProjections>> rows_;  // transposed copies, [n_layers]
+  std::vector<std::array<DownRows, 2>> shared_;              // side-by-side copies of kSharedGroups
+  // What each projection reads: its rows_ copy or its part of a shared_ copy (empty: none).
+  std::vector<std::array<MatrixView, kNumProjections>> views_;
+  std::vector<float> shared_y_;
   std::vector<std::array<ProjectionActivity, kNumProjections>> activity_;
   std::span<const uint8_t> decode_;
   // TopShareCut of x, or the last one's when x holds the same values: q, k and v read one

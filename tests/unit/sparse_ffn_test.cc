@@ -415,6 +415,51 @@ TEST(DownRowsTest, TransposeIsExactForFloatsAndBoundedForQuantized) {
   EXPECT_FALSE(DownRows::Transpose(f16.view, GgmlType::kF32, pool).ok());
 }
 
+// Matrices of one input side by side (TEAL's q, k, v): row c of the copy is row c of each
+// part's own Transpose in turn, byte for byte; parts that disagree in width, or whose outputs
+// are not whole blocks of the copy's type, are refused.
+TEST(DownRowsTest, SideBySideIsEachPartsTransposeInTurn) {
+  std::mt19937 rng(43);
+  for (GgmlType src : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ4_0, GgmlType::kQ8_0}) {
+    const int64_t cols = 96;
+    const int64_t outs[] = {64, 32, 96};
+    std::vector<TestMatrix> parts;
+    std::vector<MatrixView> views;
+    for (int64_t o : outs) parts.push_back(MakeMatrix(src, o, cols, 1.0f, rng));
+    for (const TestMatrix& m : parts) views.push_back(m.view);
+    const GgmlType dst = DownRows::TransposedType(src, std::nullopt);
+    for (int threads : {1, 2}) {
+      ThreadPool pool(threads);
+      auto joint = DownRows::TransposeSideBySide(views, dst, pool);
+      ASSERT_TRUE(joint.ok()) << joint.status();
+      const MatrixView& v = joint->view();
+      ASSERT_EQ(v.rows, cols);
+      ASSERT_EQ(v.cols, 64 + 32 + 96);
+      EXPECT_EQ(joint->owned_bytes(), cols * RowBytes(dst, v.cols));
+      int64_t at = 0;
+      for (const MatrixView& part : views) {
+        auto alone = DownRows::Transpose(part, dst, pool);
+        ASSERT_TRUE(alone.ok());
+        const int64_t bytes = RowBytes(dst, part.rows);
+        for (int64_t c = 0; c < cols; ++c) {
+          ASSERT_EQ(std::memcmp(v.row(c) + RowBytes(dst, at), alone->view().row(c), bytes), 0)
+              << TypeName(src) << " part at " << at << " row " << c;
+        }
+        at += part.rows;
+      }
+    }
+  }
+  ThreadPool pool(1);
+  TestMatrix a = MakeMatrix(GgmlType::kQ4_0, 32, 64, 1.0f, rng);
+  TestMatrix b = MakeMatrix(GgmlType::kQ4_0, 32, 96, 1.0f, rng);
+  TestMatrix odd = MakeMatrix(GgmlType::kQ4_0, 40, 64, 1.0f, rng);
+  const MatrixView widths[] = {a.view, b.view};
+  EXPECT_FALSE(DownRows::TransposeSideBySide(widths, GgmlType::kQ4_0, pool).ok());
+  const MatrixView blocks[] = {a.view, odd.view};
+  EXPECT_FALSE(DownRows::TransposeSideBySide(blocks, GgmlType::kQ4_0, pool).ok());
+  EXPECT_FALSE(DownRows::TransposeSideBySide({}, GgmlType::kQ4_0, pool).ok());
+}
+
 // Types without a quantizer: a real llama.cpp ffn_down (../shared/models/quants/dequant/: [256
 // down rows][768 neurons], 3 super-blocks per row) transposed via f32, stored as Q8_0 by
 // default (ForLayer) or as f32 / f16 on request; a bf16 target, or one without a quantizer, is

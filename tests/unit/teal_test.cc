@@ -370,6 +370,88 @@ TEST(TealForwardTest, ApplyEqualsMaskedDenseProduct) {
   }
 }
 
+// q, k, v and gate, up through ApplyShared: their copies are kept side by side (the same bytes
+// as separate copies), and the shared product equals Apply on each projection bit for bit (the
+// same kept inputs, each output's sum in the same order), which the test above checks against
+// the masked dense product. Prompt rows are MatMul's bits. Projections of a group with
+// different cuts go one by one, each with its own cut.
+TEST(TealForwardTest, SharedProductsEqualApplyPerProjection) {
+  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ4_0}) {
+    auto model = Synth(type, SynthFfnKind::kSwiGlu, "shared");
+    ASSERT_TRUE(model);
+    const ModelConfig& c = model->config();
+    ThreadPool pool(2);
+    for (int variant = 0; variant < 3; ++variant) {
+      const bool cuts = variant != 1, mixed = variant == 2;
+      TealPlan plan = TealPlan::TopShare(c.n_layers, 0.0f);
+      plan.kind = cuts ? TealPlan::Kind::kCuts : TealPlan::Kind::kTopShare;
+      for (auto& v : plan.values) v.fill(cuts ? 0.6f : 0.5f);
+      if (mixed) {
+        plan.values[1][static_cast<int>(Projection::kK)] = 0.3f;
+        plan.values[1][static_cast<int>(Projection::kUp)] = 0.9f;
+      }
+      auto teal = TealLinear::Create(*model, plan, pool);
+      ASSERT_TRUE(teal.ok()) << teal.status();
+      // The side-by-side copies hold what separate ones would.
+      int64_t separate = 0;
+      const LayerWeights& lw = model->layer(1);
+      for (int64_t l = 0; l < c.n_layers; ++l) {
+        const LayerWeights& w = model->layer(l);
+        for (const MatrixView* m : {&w.wq, &w.wk, &w.wv, &w.wo, &w.gate, &w.up, &w.down}) {
+          auto copy = DownRows::ForMatrix(*m, std::nullopt, pool);
+          ASSERT_TRUE(copy.ok());
+          separate += copy->owned_bytes();
+        }
+      }
+      EXPECT_EQ((*teal)->owned_bytes(), separate) << Name(type);
+      std::mt19937 rng(8);
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      const uint8_t decode[3] = {1, 0, 1};
+      (*teal)->BeginBatch(decode);
+      for (const std::vector<Projection>& group :
+           {std::vector<Projection>{Projection::kQ, Projection::kK, Projection::kV},
+            std::vector<Projection>{Projection::kGate, Projection::kUp}}) {
+        std::vector<float> x(3 * c.dim);
+        for (float& v : x) v = normal(rng);
+        std::vector<std::vector<float>> got(group.size()), want(group.size()), dense(group.size());
+        std::vector<LinearExecutor::Output> outs;
+        const MatrixView* mats[] = {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.gate, &lw.up, &lw.down};
+        for (size_t i = 0; i < group.size(); ++i) {
+          const MatrixView& w = *mats[static_cast<int>(group[i])];
+          got[i].assign(3 * w.rows, -1.0f);
+          want[i].assign(3 * w.rows, -2.0f);
+          dense[i].resize(3 * w.rows);
+          outs.push_back({group[i], &w, got[i].data(), w.rows});
+        }
+        (*teal)->ResetActivity();
+        (*teal)->ApplyShared(1, outs, x.data(), 3, c.dim);
+        std::vector<int64_t> kept;
+        for (Projection p : group) kept.push_back((*teal)->activity(1, p).kept);
+        (*teal)->ResetActivity();
+        for (size_t i = 0; i < group.size(); ++i) {
+          const MatrixView& w = *outs[i].w;
+          (*teal)->Apply(1, group[i], w, false, x.data(), 3, c.dim, want[i].data(), w.rows);
+          EXPECT_EQ(kept[i], (*teal)->activity(1, group[i]).kept) << Name(type);
+          EXPECT_TRUE(SameBits(got[i], want[i]))
+              << Name(type) << " " << ProjectionName(group[i]) << " variant " << variant;
+          MatMul(w, x.data(), 3, c.dim, dense[i].data(), w.rows, pool);
+          EXPECT_EQ(
+              std::memcmp(got[i].data() + w.rows, dense[i].data() + w.rows, w.rows * sizeof(float)),
+              0)
+              << "prompt row " << ProjectionName(group[i]);
+          // The decode rows are sparse: they differ from dense.
+          EXPECT_NE(std::memcmp(got[i].data(), dense[i].data(), w.rows * sizeof(float)), 0);
+        }
+        if (mixed) {
+          EXPECT_NE(kept[0], kept[1]) << "own cuts";
+        } else {
+          for (int64_t k : kept) EXPECT_EQ(k, kept[0]) << "one kept set";
+        }
+      }
+    }
+  }
+}
+
 TEST(TealPlanTest, FlagsNameWhatIsWrong) {
   auto model = Synth(GgmlType::kF32, SynthFfnKind::kReluGated, "flags_relu");
   ASSERT_TRUE(model);
