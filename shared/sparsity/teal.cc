@@ -319,13 +319,10 @@ void TealLinear::Apply(int64_t layer, Projection p, const MatrixView& w, bool tr
     Dense(w, transposed, x, 0, n, x_stride, y, y_stride);
     return;
   }
-  auto sparse_row = [&](int64_t t) {
-    return plan_.sparse_prompt || (t < static_cast<int64_t>(decode_.size()) && decode_[t] != 0);
-  };
   ProjectionActivity& a = activity_[layer][pi];
   int64_t run = 0;  // first row of the current run of dense rows
   for (int64_t t = 0; t < n; ++t) {
-    if (!sparse_row(t)) continue;
+    if (!SparseRow(t)) continue;
     Dense(w, transposed, x, run, t, x_stride, y, y_stride);
     run = t + 1;
     const float* xt = x + t * x_stride;
@@ -359,30 +356,30 @@ void TealLinear::ApplyShared(int64_t layer, std::span<const Output> outs, const 
     if (match) group = g;
   }
   const float value = plan_.values[layer][static_cast<int>(outs[0].p)];
-  bool together = group >= 0 && !shared_[layer][group].view().empty();
-  for (const Output& o : outs) together &= plan_.values[layer][static_cast<int>(o.p)] == value;
-  if (!together) {
+  bool same = outs.size() <= kMaxMatMulMany;
+  for (const Output& o : outs) same &= plan_.values[layer][static_cast<int>(o.p)] == value;
+  // Rows [t0, t1) dense, as MatMul per output gives them.
+  auto dense_rows = [&](int64_t t0, int64_t t1) {
+    if (t1 <= t0) return;
+    std::array<MatMulOutput, kMaxMatMulMany> dense;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      dense[i] = {outs[i].w, outs[i].y + t0 * outs[i].y_stride, outs[i].y_stride};
+    }
+    MatMulMany(std::span(dense.data(), outs.size()), x + t0 * x_stride, t1 - t0, x_stride, pool_);
+  };
+  if (same && value == 0) {
+    dense_rows(0, n);
+    return;
+  }
+  if (!same || group < 0 || shared_[layer][group].view().empty()) {
     LinearExecutor::ApplyShared(layer, outs, x, n, x_stride);
     return;
   }
   const MatrixView& wt = shared_[layer][group].view();
-  std::vector<MatMulOutput> dense;
-  auto dense_rows = [&](int64_t t0, int64_t t1) {
-    if (t1 <= t0) return;
-    dense.clear();
-    for (const Output& o : outs) dense.push_back({o.w, o.y + t0 * o.y_stride, o.y_stride});
-    MatMulMany(dense, x + t0 * x_stride, t1 - t0, x_stride, pool_);
-  };
-  if (value == 0) {
-    dense_rows(0, n);
-    return;
-  }
   shared_y_.resize(wt.cols);
   int64_t run = 0;  // first row of the current run of dense rows
   for (int64_t t = 0; t < n; ++t) {
-    if (!(plan_.sparse_prompt || (t < static_cast<int64_t>(decode_.size()) && decode_[t] != 0))) {
-      continue;
-    }
+    if (!SparseRow(t)) continue;
     dense_rows(run, t);
     run = t + 1;
     const float* xt = x + t * x_stride;

@@ -101,8 +101,8 @@ class TealLinear final : public LinearExecutor {
   void Apply(int64_t layer, Projection p, const MatrixView& w, bool transposed, const float* x,
              int64_t n, int64_t x_stride, float* y, int64_t y_stride) override;
   // q, k, v (gate, up) with equal values in a layer with their side-by-side copy: one product
-  // over the shared copy per decode row, and one MatMulMany for the dense rows. Anything else
-  // goes projection by projection.
+  // over the shared copy per decode row, and one MatMulMany for the dense rows (all rows when
+  // the values are 0). Anything else goes projection by projection.
   void ApplyShared(int64_t layer, std::span<const Output> outs, const float* x, int64_t n,
                    int64_t x_stride) override;
 
@@ -127,6 +127,13 @@ class TealLinear final : public LinearExecutor {
   // W x for rows [t0, t1) as the model would compute it (MatMul, or AxpyRows for ffn_down_t).
   void Dense(const MatrixView& w, bool transposed, const float* x, int64_t t0, int64_t t1,
              int64_t x_stride, float* y, int64_t y_stride);
+  // Whether batch row t is computed input-sparse (a decode row, or any row with sparse_prompt).
+  bool SparseRow(int64_t t) const {
+    return plan_.sparse_prompt || (t < static_cast<int64_t>(decode_.size()) && decode_[t] != 0);
+  }
+  // TopShareCut of x, or the last one's when x holds the same values: q, k and v read one
+  // input, and so do gate and up.
+  float CachedTopShareCut(const float* x, int64_t n, float share);
 
   const Model& model_;
   TealPlan plan_;
@@ -143,10 +150,6 @@ class TealLinear final : public LinearExecutor {
   std::vector<float> shared_y_;
   std::vector<std::array<ProjectionActivity, kNumProjections>> activity_;
   std::span<const uint8_t> decode_;
-  // TopShareCut of x, or the last one's when x holds the same values: q, k and v read one
-  // input, and so do gate and up.
-  float CachedTopShareCut(const float* x, int64_t n, float share);
-
   std::vector<int32_t> ids_, all_ids_;
   std::vector<float> coeffs_;
   std::vector<uint32_t> scratch_;
