@@ -231,15 +231,19 @@ absl::StatusOr<std::unique_ptr<TealLinear>> TealLinear::Create(const Model& mode
                 (options.all_projections || t->plan_.values[l][p] != 0) &&
                 !MatrixOf(model, l, proj).w.empty();
     }
-    // Projections of one input share one copy, side by side, when all of them need one of the
-    // same type: a kept input is then one run of all their values (longer runs read faster)
-    // and one product. Each projection reads its part of the rows through a strided view.
+    // Projections of one input share one copy, side by side, when the plan gives them the same
+    // value (per-token top-k shares; calibrated cuts differ) and their copies the same type: a
+    // kept input is then one run of all their values (longer runs read faster) and one
+    // product. Where the values differ, separate copies stay faster: a projection's kept rows
+    // that are neighbours are then one run, while a side-by-side copy's parts are strided.
     for (int g = 0; g < static_cast<int>(kSharedGroups.size()); ++g) {
       const std::span<const Projection> group = kSharedGroups[g];
+      const float value = t->plan_.values[l][static_cast<int>(group[0])];
       std::vector<MatrixView> parts;
       for (Projection p : group) {
         const MatrixView w = MatrixOf(model, l, p).w;
-        if (need[static_cast<int>(p)] &&
+        if (need[static_cast<int>(p)] && !options.all_projections &&
+            t->plan_.values[l][static_cast<int>(p)] == value &&
             copy_type(w) == copy_type(MatrixOf(model, l, group[0]).w)) {
           parts.push_back(w);
         }
@@ -419,6 +423,18 @@ double TealLinear::MeasuredSparsity() const {
     }
   }
   return total > 0 ? skipped / total : 0.0;
+}
+
+bool TealLinear::reads_shared_copy(int64_t layer, Projection p) const {
+  for (size_t g = 0; g < kSharedGroups.size(); ++g) {
+    const MatrixView& whole = shared_[layer][g].view();
+    const MatrixView& mine = views_[layer][static_cast<int>(p)];
+    if (!whole.empty() && mine.data >= whole.data &&
+        mine.data < whole.data + whole.rows * whole.row_bytes) {
+      return true;
+    }
+  }
+  return false;
 }
 
 int64_t TealLinear::owned_bytes() const {

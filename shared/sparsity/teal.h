@@ -120,6 +120,8 @@ class TealLinear final : public LinearExecutor {
   double MeasuredSparsity() const;
   // Bytes held by the transposed copies.
   int64_t owned_bytes() const;
+  // Whether projection p of the layer reads its part of a side-by-side copy (ApplyShared).
+  bool reads_shared_copy(int64_t layer, Projection p) const;
 
  private:
   TealLinear(const Model& model, TealPlan plan, ThreadPool& pool)

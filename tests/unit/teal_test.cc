@@ -370,11 +370,11 @@ TEST(TealForwardTest, ApplyEqualsMaskedDenseProduct) {
   }
 }
 
-// q, k, v and gate, up through ApplyShared: their copies are kept side by side (the same bytes
-// as separate copies), and the shared product equals Apply on each projection bit for bit (the
-// same kept inputs, each output's sum in the same order), which the test above checks against
-// the masked dense product. Prompt rows are MatMul's bits. Projections of a group with
-// different cuts go one by one, each with its own cut.
+// q, k, v and gate, up through ApplyShared: with equal values their copies are kept side by
+// side (the same bytes as separate copies), and the shared product equals Apply on each
+// projection bit for bit (the same kept inputs, each output's sum in the same order), which the
+// test above checks against the masked dense product. Prompt rows are MatMul's bits. A group
+// with different cuts keeps separate copies and goes one by one, each with its own cut.
 TEST(TealForwardTest, SharedProductsEqualApplyPerProjection) {
   for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ4_0}) {
     auto model = Synth(type, SynthFfnKind::kSwiGlu, "shared");
@@ -404,6 +404,16 @@ TEST(TealForwardTest, SharedProductsEqualApplyPerProjection) {
         }
       }
       EXPECT_EQ((*teal)->owned_bytes(), separate) << Name(type);
+      // Side by side where the group's values are equal; a calibrated plan's differ.
+      for (int64_t l = 0; l < c.n_layers; ++l) {
+        for (int p = 0; p < kNumProjections; ++p) {
+          const auto proj = static_cast<Projection>(p);
+          const bool grouped = proj != Projection::kO && proj != Projection::kDown;
+          const bool qkv = p <= static_cast<int>(Projection::kV);
+          EXPECT_EQ((*teal)->reads_shared_copy(l, proj), grouped && !(mixed && l == 1))
+              << ProjectionName(proj) << " layer " << l << (qkv ? " (qkv)" : "");
+        }
+      }
       std::mt19937 rng(8);
       std::normal_distribution<float> normal(0.0f, 1.0f);
       const uint8_t decode[3] = {1, 0, 1};
