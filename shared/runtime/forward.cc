@@ -377,8 +377,17 @@ absl::Status ForwardPass::Run(std::span<const BatchEntry> batch, std::vector<flo
     for (int64_t e = 0; e < n; ++e) decode_[e] = per_slot[batch[e].slot] == 1 ? 1 : 0;
     linear_->BeginBatch(decode_);
   }
+  if (start_layer_ < 0 || start_layer_ > c.n_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("forward: cannot start at block ", start_layer_,
+                                                   " of a model with ", c.n_layers, " blocks"));
+  }
+  if (start_layer_ > 0) {
+    const float* in = start_input_(n);
+    if (in == nullptr) return absl::InvalidArgumentError("forward: no input for the start block");
+    std::copy_n(in, n * c.dim, x_.data());
+  }
   Ops ops(*this, batch, logits);
-  TC_ASSIGN_OR_RETURN(const bool complete, RunModel(model_, ops));
+  TC_ASSIGN_OR_RETURN(const bool complete, RunModel(model_, ops, start_layer_));
   if (!complete) {
     // The layer observer ended the batch: no logits, the slots' lengths unchanged.
     logits.clear();

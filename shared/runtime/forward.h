@@ -51,6 +51,17 @@ class ForwardPass {
   using LayerObserver = std::function<bool(int64_t layer, const float* x, int64_t n)>;
   void set_layer_observer(LayerObserver observer) { layer_observer_ = std::move(observer); }
 
+  // Starts every batch at block `layer` with the residual stream `input(n)` returns ([n][dim],
+  // batch order, read during the call) instead of the embeddings and the blocks before it: a
+  // calibration tool that holds the dense stream measures one block without recomputing the
+  // ones before. The earlier blocks' keys and values are not written, so a batch must not need
+  // them (one call per window). Layer 0 or a null input: the whole model.
+  using LayerInput = std::function<const float*(int64_t n)>;
+  void set_start(int64_t layer, LayerInput input) {
+    start_layer_ = input ? layer : 0;
+    start_input_ = std::move(input);
+  }
+
  private:
   class Ops;  // the layer program's operations (layer_program.h), in forward.cc
 
@@ -67,6 +78,8 @@ class ForwardPass {
   FfnExecutor* ffn_;
   LinearExecutor* linear_;
   LayerObserver layer_observer_;
+  int64_t start_layer_ = 0;
+  LayerInput start_input_;
   std::vector<uint8_t> decode_;  // [n_entries] for linear_->BeginBatch
   // Scratch, [n_tokens][...]; kept between calls to avoid reallocating every step.
   std::vector<float> x_, xb_, q_, k_, v_, att_, proj_, ffn_out_, scores_;

@@ -167,12 +167,14 @@ absl::Status RunLayer(const ModelConfig& c, const LayerWeights& w, int64_t l, E&
   return e.AddResidual(Act::kFfnOut);
 }
 
-// A whole step. Returns false when the executor's LayerDone stopped it before the head.
+// A whole step, or its blocks from `first_layer` on when the executor's residual stream already
+// holds that block's input (calibration, docs/sparsity.md). Returns false when the executor's
+// LayerDone stopped it before the head.
 template <LayerExecutor E>
-absl::StatusOr<bool> RunModel(const Model& model, E& e) {
+absl::StatusOr<bool> RunModel(const Model& model, E& e, int64_t first_layer = 0) {
   const ModelConfig& c = model.config();
-  TC_RETURN_IF_ERROR(e.Embed(EmbeddingScale(c)));
-  for (int64_t l = 0; l < c.n_layers; ++l) {
+  if (first_layer == 0) TC_RETURN_IF_ERROR(e.Embed(EmbeddingScale(c)));
+  for (int64_t l = first_layer; l < c.n_layers; ++l) {
     TC_RETURN_IF_ERROR(RunLayer(c, model.layer(l), l, e));
     TC_ASSIGN_OR_RETURN(const bool go_on, e.LayerDone(l));
     if (!go_on) return false;

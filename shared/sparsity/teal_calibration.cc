@@ -161,11 +161,22 @@ absl::StatusOr<TealProfile> CalibrateTeal(const Model& model, std::span<const in
   });
   TC_RETURN_IF_ERROR(RunCorpusWindows(pass, greedy, wo, [](auto, auto) {}).status());
 
-  // Relative error of block `layer`'s output with its current cuts.
+  // Relative error of block `layer`'s output with its current cuts. The block starts from the
+  // dense stream recorded after the block before it (the blocks before are dense, so that is
+  // their output bit for bit) instead of recomputing them: one block per trial, not layer + 1.
   auto block_error = [&](int64_t layer) -> absl::StatusOr<double> {
     double err = 0, norm = 0;
-    size_t offset = 0;
+    size_t offset = 0, in_offset = 0;
     const std::vector<float>& ref = reference[layer];
+    if (layer > 0) {
+      const std::vector<float>& in = reference[layer - 1];
+      pass.set_start(layer, [&](int64_t n) -> const float* {
+        if (in_offset + n * c.dim > in.size()) return nullptr;
+        const float* p = in.data() + in_offset;
+        in_offset += n * c.dim;
+        return p;
+      });
+    }
     // The later blocks cannot change this one's output: the batch stops after it.
     pass.set_layer_observer([&](int64_t l, const float* x, int64_t n) {
       if (l != layer) return true;
@@ -177,7 +188,9 @@ absl::StatusOr<TealProfile> CalibrateTeal(const Model& model, std::span<const in
       offset += n * c.dim;
       return false;
     });
-    TC_RETURN_IF_ERROR(RunCorpusWindows(pass, greedy, wo, [](auto, auto) {}).status());
+    const absl::Status run = RunCorpusWindows(pass, greedy, wo, [](auto, auto) {}).status();
+    pass.set_start(0, nullptr);
+    TC_RETURN_IF_ERROR(run);
     return norm > 0 ? err / norm : 0.0;
   };
 
