@@ -8,8 +8,12 @@
 // projection weights; attention over the KV cache, the norms and the output head are not
 // sparsified, so the ideal ratio is below 1 / (1 - S).
 //
+// With --teal-profile P.gguf (from thermocline teal-calibrate) TEAL runs the profile's
+// calibrated cuts for target --sparsity instead, as `generate --teal-profile` does: fixed cuts,
+// no per-token selection, and per-projection sparsities from the greedy allocation.
+//
 // Usage: teal_decode_bench --model M.gguf [--model ...] [--threads 1,2] [--tokens 16]
-//        [--rounds 3] [--sparsity 0.5] [--copy-type f16|q8_0]
+//        [--rounds 3] [--sparsity 0.5] [--copy-type f16|q8_0] [--teal-profile P.gguf]
 // --copy-type: the element type of a quantized model's transposed copies (TealOptions; default
 // the model's own, requantized).
 #include <chrono>
@@ -26,6 +30,7 @@
 #include "shared/runtime/forward.h"
 #include "shared/runtime/generate.h"
 #include "shared/sparsity/teal.h"
+#include "shared/sparsity/teal_profile.h"
 #include "shared/util/cpu_features.h"
 
 using namespace thermocline;
@@ -36,6 +41,7 @@ int main(int argc, char** argv) {
   int tokens = 16, rounds = 3;
   float sparsity = 0.5f;
   TealOptions teal_options;
+  std::string profile_path;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const bool has_value = i + 1 < argc;
@@ -57,12 +63,15 @@ int main(int argc, char** argv) {
       const std::string t = argv[++i];
       ok = t == "f16" || t == "q8_0";
       teal_options.quantized_type = t == "f16" ? GgmlType::kF16 : GgmlType::kQ8_0;
+    } else if (a == "--teal-profile" && has_value) {
+      profile_path = argv[++i];
     } else if (a == "--sparsity" && has_value) {
       ok = absl::SimpleAtof(argv[++i], &sparsity) && sparsity > 0 && sparsity < 1;
     } else {
       std::fprintf(stderr,
                    "usage: teal_decode_bench --model M.gguf [--model ...] [--threads 1,2] "
-                   "[--tokens N] [--rounds R] [--sparsity S] [--copy-type f16|q8_0]\n");
+                   "[--tokens N] [--rounds R] [--sparsity S] [--copy-type f16|q8_0] "
+                   "[--teal-profile P.gguf]\n");
       return a == "--help" ? 0 : 2;
     }
     if (!ok) {
@@ -74,8 +83,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "teal_decode_bench: give at least one --model\n");
     return 2;
   }
-  std::printf("kernels: %s; teal: per-token top-k %.2f on q k v o gate up down\n",
-              bench::KernelFamily(), sparsity);
+  if (profile_path.empty()) {
+    std::printf("kernels: %s; teal: per-token top-k %.2f on q k v o gate up down\n",
+                bench::KernelFamily(), sparsity);
+  } else {
+    std::printf("kernels: %s; teal: calibrated cuts for target %.2f from %s\n",
+                bench::KernelFamily(), sparsity, profile_path.c_str());
+  }
   std::printf("%-28s %6s %7s %10s %10s %8s %10s %9s\n", "model", "type", "threads", "dense t/s",
               "teal t/s", "ratio", "skipped", "copy MiB");
   for (const std::string& path : models) {
@@ -102,8 +116,17 @@ int main(int argc, char** argv) {
     }
     for (int nt : threads) {
       ThreadPool pool(nt);
-      auto teal =
-          TealLinear::Create(**model, TealPlan::TopShare(c.n_layers, sparsity), pool, teal_options);
+      absl::StatusOr<TealPlan> plan = TealPlan::TopShare(c.n_layers, sparsity);
+      if (!profile_path.empty()) {
+        absl::StatusOr<TealProfile> profile = ReadTealProfile(profile_path, &c);
+        plan = profile.ok() ? profile->PlanFor(sparsity) : profile.status();
+      }
+      if (!plan.ok()) {
+        std::fprintf(stderr, "teal_decode_bench: %s\n",
+                     std::string(plan.status().message()).c_str());
+        return 1;
+      }
+      auto teal = TealLinear::Create(**model, std::move(*plan), pool, teal_options);
       if (!teal.ok()) {
         std::fprintf(stderr, "teal_decode_bench: %s\n",
                      std::string(teal.status().message()).c_str());
