@@ -291,8 +291,8 @@ absl::Status CheckTransposable(const MatrixView& down, GgmlType type) {
 }
 
 // Column i of `down` as `type` values at dst + i * dst_row_bytes (CheckTransposable first).
-void TransposeInto(const MatrixView& down, GgmlType type, uint8_t* dst, int64_t dst_row_bytes,
-                   ThreadPool& pool) {
+void TransposeChecked(const MatrixView& down, GgmlType type, uint8_t* dst, int64_t dst_row_bytes,
+                      ThreadPool& pool) {
   const bool src_quant = IsBlockQuantized(down.type);
   const int64_t dim = down.rows, ffn = down.cols;
   constexpr int64_t kTile = 32;
@@ -345,14 +345,20 @@ void TransposeInto(const MatrixView& down, GgmlType type, uint8_t* dst, int64_t 
 
 }  // namespace
 
+absl::Status DownRows::TransposeInto(const MatrixView& down, GgmlType type, uint8_t* dst,
+                                     int64_t dst_row_bytes, ThreadPool& pool) {
+  TC_RETURN_IF_ERROR(CheckTransposable(down, type));
+  TransposeChecked(down, type, dst, dst_row_bytes, pool);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<DownRows> DownRows::Transpose(const MatrixView& down, GgmlType type,
                                              ThreadPool& pool) {
-  TC_RETURN_IF_ERROR(CheckTransposable(down, type));
   DownRows d;
   const int64_t row_bytes = RowBytes(type, down.rows);
   d.owned_.resize(static_cast<size_t>(down.cols * row_bytes));
   d.view_ = MatrixView{type, down.cols, down.rows, d.owned_.data(), row_bytes};
-  TransposeInto(down, type, d.owned_.data(), row_bytes, pool);
+  TC_RETURN_IF_ERROR(TransposeInto(down, type, d.owned_.data(), row_bytes, pool));
   return d;
 }
 
@@ -375,7 +381,7 @@ absl::StatusOr<DownRows> DownRows::TransposeSideBySide(std::span<const MatrixVie
   int64_t at = 0;
   for (const MatrixView& m : parts) {
     // Each part's outputs are whole blocks (CheckTransposable), so it starts on a block.
-    TransposeInto(m, type, d.owned_.data() + RowBytes(type, at), row_bytes, pool);
+    TransposeChecked(m, type, d.owned_.data() + RowBytes(type, at), row_bytes, pool);
     at += m.rows;
   }
   return d;

@@ -176,6 +176,10 @@ class DownRows {
   static absl::StatusOr<DownRows> Transpose(const MatrixView& down, GgmlType type,
                                             ThreadPool& pool);
 
+  // Column i of `down` as `type` values at dst + i * dst_row_bytes (RowBytes(type, down.rows)
+  // of each), under Transpose's rules: the storage is the caller's.
+  static absl::Status TransposeInto(const MatrixView& down, GgmlType type, uint8_t* dst,
+                                    int64_t dst_row_bytes, ThreadPool& pool);
   // The transposed copies of matrices that read one input (q, k and v; gate and up) side by
   // side: row c holds column c of each part in turn, each part as Transpose would store it
   // (the same type rules; every part's outputs a whole number of `type` blocks). One kept

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "shared/gguf/quant.h"
+#include "shared/sparsity/neuron_ffn.h"
 #include "shared/sparsity/teal.h"
 #include "shared/util/status_macros.h"
 
@@ -146,33 +147,22 @@ void PredictorSet::RebindOwned() {
   }
 }
 
-void PredictorSet::BuildTransposed() {
+absl::Status PredictorSet::BuildTransposed() {
   transposed_.assign(layers_.size(), {});
+  ThreadPool here(1);
   for (size_t l = 0; l < layers_.size(); ++l) {
     LayerPredictor& p = layers_[l];
     p.fc2_t = MatrixView();
     const GgmlType type = p.fc2.type;
     if (type != GgmlType::kF32 && type != GgmlType::kF16 && type != GgmlType::kBF16) continue;
-    // Element (i, k) of fc2 to (k, i): whole elements, so the values are fc2's bit for bit.
-    const int64_t rows = p.fc2.rows, rank = p.fc2.cols;
-    std::vector<uint8_t>& t = transposed_[l];
-    auto transpose = [&]<typename E>() {
-      t.resize(static_cast<size_t>(rows * rank) * sizeof(E));
-      E* dst = reinterpret_cast<E*>(t.data());
-      for (int64_t i = 0; i < rows; ++i) {
-        const uint8_t* src = p.fc2.row(i);
-        for (int64_t k = 0; k < rank; ++k) {
-          std::memcpy(&dst[k * rows + i], src + k * sizeof(E), sizeof(E));
-        }
-      }
-    };
-    if (type == GgmlType::kF32) {
-      transpose.operator()<uint32_t>();
-    } else {
-      transpose.operator()<uint16_t>();
-    }
-    p.fc2_t = View(type, rank, rows, t.data());
+    // Float elements are moved whole, so the values are fc2's bit for bit.
+    const int64_t row_bytes = RowBytes(type, p.fc2.rows);
+    transposed_[l].resize(static_cast<size_t>(p.fc2.cols * row_bytes));
+    TC_RETURN_IF_ERROR(
+        DownRows::TransposeInto(p.fc2, type, transposed_[l].data(), row_bytes, here));
+    p.fc2_t = View(type, p.fc2.cols, p.fc2.rows, transposed_[l].data());
   }
+  return absl::OkStatus();
 }
 
 void PredictorSet::RebindTransposed() {
@@ -288,7 +278,7 @@ absl::StatusOr<PredictorSet> PredictorSet::FromGguf(std::shared_ptr<const GgufFi
   if (per_layer) set.layer_thresholds_ = std::move(*per_layer);
   TC_ASSIGN_OR_RETURN(set.report_, ReadReport(f, config.n_layers));
   set.file_ = std::move(file);
-  set.BuildTransposed();
+  TC_RETURN_IF_ERROR(set.BuildTransposed());
   return set;
 }
 
@@ -364,7 +354,7 @@ absl::StatusOr<PredictorSet> PredictorSet::FromWeights(const std::vector<Predict
   }
   set.RebindOwned();
   set.set_threshold(threshold);
-  set.BuildTransposed();
+  TC_RETURN_IF_ERROR(set.BuildTransposed());
   return set;
 }
 

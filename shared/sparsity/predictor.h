@@ -126,7 +126,7 @@ class PredictorSet {
   void RebindOwned();
   // Builds transposed_ and every float layer's fc2_t from fc2; RebindTransposed points the
   // views at this set's own buffers (after a copy).
-  void BuildTransposed();
+  absl::Status BuildTransposed();
   void RebindTransposed();
 
   std::shared_ptr<const GgufFile> file_;
