@@ -114,19 +114,18 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "teal_decode_bench: %s\n", std::string(kv.status().message()).c_str());
       return 1;
     }
+    absl::StatusOr<TealPlan> plan = TealPlan::TopShare(c.n_layers, sparsity);
+    if (!profile_path.empty()) {
+      absl::StatusOr<TealProfile> profile = ReadTealProfile(profile_path, &c);
+      plan = profile.ok() ? profile->PlanFor(sparsity) : profile.status();
+    }
+    if (!plan.ok()) {
+      std::fprintf(stderr, "teal_decode_bench: %s\n", std::string(plan.status().message()).c_str());
+      return 1;
+    }
     for (int nt : threads) {
       ThreadPool pool(nt);
-      absl::StatusOr<TealPlan> plan = TealPlan::TopShare(c.n_layers, sparsity);
-      if (!profile_path.empty()) {
-        absl::StatusOr<TealProfile> profile = ReadTealProfile(profile_path, &c);
-        plan = profile.ok() ? profile->PlanFor(sparsity) : profile.status();
-      }
-      if (!plan.ok()) {
-        std::fprintf(stderr, "teal_decode_bench: %s\n",
-                     std::string(plan.status().message()).c_str());
-        return 1;
-      }
-      auto teal = TealLinear::Create(**model, std::move(*plan), pool, teal_options);
+      auto teal = TealLinear::Create(**model, *plan, pool, teal_options);
       if (!teal.ok()) {
         std::fprintf(stderr, "teal_decode_bench: %s\n",
                      std::string(teal.status().message()).c_str());
