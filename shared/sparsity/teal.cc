@@ -324,6 +324,12 @@ void TealLinear::Apply(int64_t layer, Projection p, const MatrixView& w, bool tr
     Dense(w, transposed, x, 0, n, x_stride, y, y_stride);
     return;
   }
+  if (plan_.masked) {
+    const Projection ps[] = {p};
+    Dense(w, transposed, Masked(x, n, x_stride, wt.rows, value, ps, layer), 0, n, wt.rows, y,
+          y_stride);
+    return;
+  }
   ProjectionActivity& a = activity_[layer][pi];
   int64_t run = 0;  // first row of the current run of dense rows
   for (int64_t t = 0; t < n; ++t) {
@@ -351,6 +357,36 @@ float TealLinear::CachedTopShareCut(const float* x, int64_t n, float share) {
   return cut_;
 }
 
+const float* TealLinear::Masked(const float* x, int64_t n, int64_t x_stride, int64_t in,
+                                float value, std::span<const Projection> ps, int64_t layer) {
+  masked_.resize(n * in);
+  // InputSparseMatVec's rule: zeros are dropped at any cut.
+  const float floor = std::numeric_limits<float>::denorm_min();
+  for (int64_t t = 0; t < n; ++t) {
+    const float* xt = x + t * x_stride;
+    float* mt = masked_.data() + t * in;
+    if (!SparseRow(t)) {
+      std::copy_n(xt, in, mt);
+      continue;
+    }
+    const float cut = std::max(
+        plan_.kind == TealPlan::Kind::kCuts ? value : CachedTopShareCut(xt, in, value), floor);
+    int64_t kept = 0;
+    for (int64_t c = 0; c < in; ++c) {
+      const bool keep = std::fabs(xt[c]) >= cut;
+      mt[c] = keep ? xt[c] : 0.0f;
+      kept += keep ? 1 : 0;
+    }
+    for (Projection p : ps) {
+      ProjectionActivity& a = activity_[layer][static_cast<int>(p)];
+      a.kept += kept;
+      a.inputs += in;
+      ++a.sparse_rows;
+    }
+  }
+  return masked_.data();
+}
+
 void TealLinear::ApplyShared(int64_t layer, std::span<const Output> outs, const float* x, int64_t n,
                              int64_t x_stride) {
   int group = -1;
@@ -363,20 +399,32 @@ void TealLinear::ApplyShared(int64_t layer, std::span<const Output> outs, const 
   const float value = plan_.values[layer][static_cast<int>(outs[0].p)];
   bool same = outs.size() <= kMaxMatMulMany;
   for (const Output& o : outs) same &= plan_.values[layer][static_cast<int>(o.p)] == value;
-  // Rows [t0, t1) dense, as MatMul per output gives them.
-  auto dense_rows = [&](int64_t t0, int64_t t1) {
+  // Rows [t0, t1) of xs dense, as MatMul per output gives them.
+  auto dense_rows = [&](const float* xs, int64_t xs_stride, int64_t t0, int64_t t1) {
     if (t1 <= t0) return;
     std::array<MatMulOutput, kMaxMatMulMany> dense;
     for (size_t i = 0; i < outs.size(); ++i) {
       dense[i] = {outs[i].w, outs[i].y + t0 * outs[i].y_stride, outs[i].y_stride};
     }
-    MatMulMany(std::span(dense.data(), outs.size()), x + t0 * x_stride, t1 - t0, x_stride, pool_);
+    MatMulMany(std::span(dense.data(), outs.size()), xs + t0 * xs_stride, t1 - t0, xs_stride,
+               pool_);
   };
   if (same && value == 0) {
-    dense_rows(0, n);
+    dense_rows(x, x_stride, 0, n);
     return;
   }
-  if (!same || group < 0 || shared_[layer][group].view().empty()) {
+  bool copies = true;
+  for (const Output& o : outs) copies &= !views_[layer][static_cast<int>(o.p)].empty();
+  if (same && copies && plan_.masked) {
+    // One masked input for every output: they share the cut.
+    std::array<Projection, kMaxMatMulMany> ps;
+    for (size_t i = 0; i < outs.size(); ++i) ps[i] = outs[i].p;
+    const int64_t in = outs[0].w->cols;
+    dense_rows(Masked(x, n, x_stride, in, value, std::span(ps.data(), outs.size()), layer), in, 0,
+               n);
+    return;
+  }
+  if (!same || group < 0 || plan_.masked || shared_[layer][group].view().empty()) {
     LinearExecutor::ApplyShared(layer, outs, x, n, x_stride);
     return;
   }
@@ -385,7 +433,7 @@ void TealLinear::ApplyShared(int64_t layer, std::span<const Output> outs, const 
   int64_t run = 0;  // first row of the current run of dense rows
   for (int64_t t = 0; t < n; ++t) {
     if (!SparseRow(t)) continue;
-    dense_rows(run, t);
+    dense_rows(x, x_stride, run, t);
     run = t + 1;
     const float* xt = x + t * x_stride;
     const float cut =
@@ -401,7 +449,7 @@ void TealLinear::ApplyShared(int64_t layer, std::span<const Output> outs, const 
       ++a.sparse_rows;
     }
   }
-  dense_rows(run, n);
+  dense_rows(x, x_stride, run, n);
 }
 
 void TealLinear::ResetActivity() {

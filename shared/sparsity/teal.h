@@ -42,6 +42,12 @@ struct TealPlan {
   Kind kind = Kind::kCuts;
   std::vector<ProjectionValues> values;  // [n_layers], indexed by Projection
   bool sparse_prompt = false;            // prompt positions too (see the file comment)
+  // Sparse rows computed as the dense product (MatMul) of their input with the dropped entries
+  // zeroed: TEAL's function, but through the GEMM, which reads each weight once for a batch
+  // instead of once per row. For the calibration's trials, which score every position of a
+  // batch; the rounding differs from the input-sparse kernels' in the last bits (float
+  // weights: the order of the sums) or in the activations' 8-bit rounding (quantized weights).
+  bool masked = false;
   bool ffn = true;                       // false: gate/up/down stay dense (another FFN runs them)
 
   static TealPlan TopShare(int64_t n_layers, float share, bool ffn = true);
@@ -136,6 +142,10 @@ class TealLinear final : public LinearExecutor {
   // TopShareCut of x, or the last one's when x holds the same values: q, k and v read one
   // input, and so do gate and up.
   float CachedTopShareCut(const float* x, int64_t n, float share);
+  // x's n rows of `in` inputs with each sparse row's dropped entries zeroed (TealPlan::masked),
+  // counted into the activity of `ps`; the rows live in masked_.
+  const float* Masked(const float* x, int64_t n, int64_t x_stride, int64_t in, float value,
+                      std::span<const Projection> ps, int64_t layer);
 
   const Model& model_;
   TealPlan plan_;
@@ -150,6 +160,7 @@ class TealLinear final : public LinearExecutor {
   // What each projection reads: its rows_ copy or its part of a shared_ copy (empty: none).
   std::vector<std::array<MatrixView, kNumProjections>> views_;
   std::vector<float> shared_y_;
+  std::vector<float> masked_;
   std::vector<std::array<ProjectionActivity, kNumProjections>> activity_;
   std::span<const uint8_t> decode_;
   std::vector<int32_t> ids_, all_ids_;

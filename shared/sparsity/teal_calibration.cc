@@ -144,6 +144,7 @@ absl::StatusOr<TealProfile> CalibrateTeal(const Model& model, std::span<const in
   TealPlan zero = TealPlan::TopShare(c.n_layers, 0.0f);
   zero.kind = TealPlan::Kind::kCuts;
   zero.sparse_prompt = true;
+  zero.masked = true;
   TealOptions to;
   to.all_projections = true;
   TC_ASSIGN_OR_RETURN(std::unique_ptr<TealLinear> teal, TealLinear::Create(model, zero, pool, to));

@@ -9,7 +9,8 @@
 // every projection at sparsity 0; repeatedly try raising each projection's sparsity by `step`
 // (its cut moving to the input's matching quantile), measure the block's output error
 // sum ||x_l - x_l_dense||^2 / sum ||x_l_dense||^2 (x_l: the residual stream after the block,
-// every position computed input-sparse), and keep the raise that costs the least; when the
+// every position computed input-sparse, as the dense product of the masked inputs:
+// TealPlan::masked), and keep the raise that costs the least; when the
 // block's parameter-weighted sparsity (BlockSparsity) reaches a target, record the projection
 // sparsities and cuts for it. Every block gets the same target, so the model-level sparsity is
 // the target (within one step of the projection crossing it: at most step * its share of the

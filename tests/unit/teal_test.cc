@@ -370,6 +370,20 @@ TEST(TealForwardTest, ApplyEqualsMaskedDenseProduct) {
   }
 }
 
+// The plans the group tests run: 0 calibrated cuts of 0.6, 1 top shares of 0.5, 2 cuts of
+// 0.6 with layer 1's k and up at their own (0.3, 0.9).
+TealPlan VariantPlan(int64_t n_layers, int variant) {
+  const bool cuts = variant != 1;
+  TealPlan plan = TealPlan::TopShare(n_layers, 0.0f);
+  plan.kind = cuts ? TealPlan::Kind::kCuts : TealPlan::Kind::kTopShare;
+  for (auto& v : plan.values) v.fill(cuts ? 0.6f : 0.5f);
+  if (variant == 2) {
+    plan.values[1][static_cast<int>(Projection::kK)] = 0.3f;
+    plan.values[1][static_cast<int>(Projection::kUp)] = 0.9f;
+  }
+  return plan;
+}
+
 // q, k, v and gate, up through ApplyShared: with equal values their copies are kept side by
 // side (the same bytes as separate copies), and the shared product equals Apply on each
 // projection bit for bit (the same kept inputs, each output's sum in the same order), which the
@@ -382,14 +396,8 @@ TEST(TealForwardTest, SharedProductsEqualApplyPerProjection) {
     const ModelConfig& c = model->config();
     ThreadPool pool(2);
     for (int variant = 0; variant < 3; ++variant) {
-      const bool cuts = variant != 1, mixed = variant == 2;
-      TealPlan plan = TealPlan::TopShare(c.n_layers, 0.0f);
-      plan.kind = cuts ? TealPlan::Kind::kCuts : TealPlan::Kind::kTopShare;
-      for (auto& v : plan.values) v.fill(cuts ? 0.6f : 0.5f);
-      if (mixed) {
-        plan.values[1][static_cast<int>(Projection::kK)] = 0.3f;
-        plan.values[1][static_cast<int>(Projection::kUp)] = 0.9f;
-      }
+      const bool mixed = variant == 2;
+      const TealPlan plan = VariantPlan(c.n_layers, variant);
       auto teal = TealLinear::Create(*model, plan, pool);
       ASSERT_TRUE(teal.ok()) << teal.status();
       // The side-by-side copies hold what separate ones would.
@@ -456,6 +464,92 @@ TEST(TealForwardTest, SharedProductsEqualApplyPerProjection) {
           EXPECT_NE(kept[0], kept[1]) << "own cuts";
         } else {
           for (int64_t k : kept) EXPECT_EQ(k, kept[0]) << "one kept set";
+        }
+      }
+    }
+  }
+}
+
+// TealPlan::masked (the calibration's trials): a sparse row is MatMul's product of its input
+// with the dropped entries zeroed, bit for bit, through Apply and ApplyShared alike (equal
+// values share one masked input, different ones mask each projection's own), and the kept
+// inputs are counted as the input-sparse kernels count them. Dense rows are MatMul's bits.
+TEST(TealForwardTest, MaskedRowsAreMatMulOfTheMaskedInput) {
+  for (GgmlType type : {GgmlType::kF32, GgmlType::kQ4_0}) {
+    auto model = Synth(type, SynthFfnKind::kSwiGlu, "masked_" + Name(type));
+    ASSERT_TRUE(model);
+    const ModelConfig& c = model->config();
+    ThreadPool pool(2);
+    for (int variant = 0; variant < 3; ++variant) {
+      const bool cuts = variant != 1;
+      TealPlan plan = VariantPlan(c.n_layers, variant);
+      plan.masked = true;
+      auto teal = TealLinear::Create(*model, plan, pool);
+      ASSERT_TRUE(teal.ok()) << teal.status();
+      const uint8_t decode[3] = {1, 0, 1};
+      (*teal)->BeginBatch(decode);
+      const LayerWeights& lw = model->layer(1);
+      const MatrixView* mats[] = {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.gate, &lw.up, &lw.down};
+      std::mt19937 rng(5);
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      // MatMul of x with each decode row's entries under the projection's cut zeroed.
+      auto want = [&](Projection p, const std::vector<float>& x, int64_t* kept) {
+        const MatrixView& w = *mats[static_cast<int>(p)];
+        const float value = plan.values[1][static_cast<int>(p)];
+        std::vector<float> xm = x;
+        *kept = 0;
+        for (int t = 0; t < 3; ++t) {
+          if (!decode[t]) continue;
+          std::vector<uint32_t> scratch;
+          const float cut =
+              cuts ? value : TopShareCut(x.data() + t * w.cols, w.cols, value, scratch);
+          for (int64_t i = 0; i < w.cols; ++i) {
+            float& v = xm[t * w.cols + i];
+            if (std::fabs(v) < cut || v == 0) {
+              v = 0;
+            } else {
+              ++*kept;
+            }
+          }
+        }
+        std::vector<float> y(3 * w.rows);
+        MatMul(w, xm.data(), 3, w.cols, y.data(), w.rows, pool);
+        return y;
+      };
+      for (const std::vector<Projection>& group :
+           {std::vector<Projection>{Projection::kQ, Projection::kK, Projection::kV},
+            std::vector<Projection>{Projection::kGate, Projection::kUp},
+            std::vector<Projection>{Projection::kO}, std::vector<Projection>{Projection::kDown}}) {
+        const MatrixView& w0 = *mats[static_cast<int>(group[0])];
+        std::vector<float> x(3 * w0.cols);
+        for (float& v : x) v = normal(rng);
+        x[5] = 0.0f;  // a zero is dropped at any cut
+        std::vector<std::vector<float>> got(group.size());
+        std::vector<LinearExecutor::Output> outs;
+        for (size_t i = 0; i < group.size(); ++i) {
+          const MatrixView& w = *mats[static_cast<int>(group[i])];
+          got[i].assign(3 * w.rows, -1.0f);
+          outs.push_back({group[i], &w, got[i].data(), w.rows});
+        }
+        for (bool shared : {true, false}) {
+          (*teal)->ResetActivity();
+          if (shared) {
+            (*teal)->ApplyShared(1, outs, x.data(), 3, w0.cols);
+          } else {
+            for (const auto& o : outs) {
+              (*teal)->Apply(1, o.p, *o.w, false, x.data(), 3, w0.cols, o.y, o.y_stride);
+            }
+          }
+          for (size_t i = 0; i < group.size(); ++i) {
+            int64_t kept = 0;
+            EXPECT_TRUE(SameBits(got[i], want(group[i], x, &kept)))
+                << Name(type) << " " << ProjectionName(group[i]) << " variant " << variant
+                << (shared ? " shared" : " apply");
+            const ProjectionActivity& a = (*teal)->activity(1, group[i]);
+            EXPECT_EQ(a.kept, kept) << ProjectionName(group[i]);
+            EXPECT_EQ(a.sparse_rows, 2);
+            EXPECT_EQ(a.inputs, 2 * w0.cols);
+          }
         }
       }
     }
