@@ -35,6 +35,9 @@ int RunTealCalibrate(const std::vector<std::string>& args) {
     o.targets = targets;
     return ValidateTealCalibrationOptions(o, model.config());
   };
+  // The greedy's trials multiply whole batches of masked inputs (TealPlan::masked), the FFN's
+  // too: its Q4_0 and K-quant matrices get the interleaved copy the dense mode's GEMMs read.
+  c.prepare = [](Model& model) { return model.InterleaveDenseFfn(); };
   c.run = [&](const CorpusInput& in, const std::string& output) -> absl::StatusOr<std::string> {
     auto profile = CalibrateTeal(in.model, in.tokens, o, in.pool);
     if (!profile.ok()) return profile.status();

@@ -43,6 +43,9 @@ int RunCorpusCommand(const CorpusCommand& command, const std::vector<std::string
   if (absl::Status s = command.validate(*targets, **model); !s.ok()) {
     return fail(std::string(s.message()));
   }
+  if (command.prepare) {
+    if (absl::Status s = command.prepare(**model); !s.ok()) return fail(std::string(s.message()));
+  }
   auto tokens = TokenizeCorpusFile(corpus_path, (*model)->tokenizer(), max_tokens);
   if (!tokens.ok()) return fail(std::string(tokens.status().message()));
 

@@ -36,6 +36,8 @@ struct CorpusCommand {
   std::function<void(po::options_description&)> add_options;
   // Checks the command's options against the model; runs before the corpus is read.
   std::function<absl::Status(const std::vector<float>& targets, const Model&)> validate;
+  // Optional: readies the model for the step (after validate, before the corpus is read).
+  std::function<absl::Status(Model&)> prepare;
   // Runs the step and writes `output`; returns the line to print on stderr (without the
   // seconds and threads, which are appended), or the error.
   std::function<absl::StatusOr<std::string>(const CorpusInput&, const std::string& output)> run;
