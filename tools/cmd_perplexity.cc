@@ -79,6 +79,14 @@ int RunPerplexity(const std::vector<std::string>& args) {
   if (!teal_plan.ok()) return fail(std::string(teal_plan.status().message()));
   auto plan = SparsityPlanFromFlags(model, sf);
   if (!plan.ok()) return fail(std::string(plan.status().message()));
+  // The dense FFN multiplied whole (every position of a window in one GEMM): its Q4_0 and
+  // K-quant matrices get the interleaved copy, as in `generate`. TEAL's plan here sparsifies
+  // every position, so the FFN's dense GEMMs would be unused under it.
+  if (plan->AllDense() && !(*teal_plan && (*teal_plan)->ffn)) {
+    if (absl::Status s = (*model_or)->InterleaveDenseFfn(); !s.ok()) {
+      return fail(std::string(s.message()));
+    }
+  }
   auto tokens = TokenizeCorpusFile(corpus_path, model.tokenizer(), skip_tokens + max_tokens);
   if (!tokens.ok()) return fail(std::string(tokens.status().message()));
   if (static_cast<int64_t>(tokens->size()) <= skip_tokens) {
