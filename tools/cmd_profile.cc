@@ -35,6 +35,9 @@ int RunProfile(const std::vector<std::string>& args) {
     o.targets = targets;
     return ValidateProfileOptions(o, model.config());
   };
+  // The profile runs the dense FFN over corpus windows (one GEMM per window): its Q4_0 and
+  // K-quant matrices get the interleaved copy, as `generate` gives the dense mode.
+  c.prepare = [](Model& model) { return model.InterleaveDenseFfn(); };
   c.run = [&](const CorpusInput& in, const std::string& output) -> absl::StatusOr<std::string> {
     auto result = ProfileActivations(in.model, in.tokens, o, in.pool);
     if (!result.ok()) return result.status();

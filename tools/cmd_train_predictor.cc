@@ -108,6 +108,11 @@ int RunTrainPredictor(const std::vector<std::string>& args) {
 
   auto model_or = Model::Load(model_path);
   if (!model_or.ok()) return fail(std::string(model_or.status().message()));
+  // The samples come from dense forward passes over corpus windows: the FFN's Q4_0 and
+  // K-quant matrices get the interleaved copy its GEMMs read, as in `profile`.
+  if (absl::Status s = (*model_or)->InterleaveDenseFfn(); !s.ok()) {
+    return fail(std::string(s.message()));
+  }
   const Model& model = **model_or;
   const ModelConfig& c = model.config();
   if (!IsReluFamily(c.activation) && stats_path.empty()) {
