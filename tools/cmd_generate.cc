@@ -461,8 +461,8 @@ int RunGenerate(const std::vector<std::string>& args) {
   // The FFN multiplied whole in this process: its Q4_0 and K-quant matrices get the
   // interleaved copy too. Under TEAL too: its decode rows read TEAL's transposed copies, but
   // the prompt's rows are dense GEMMs, which read the interleaved copy (433-token prompt on the
-  // 24-layer Q4_0 model, 2 threads: 88 tok/s from the row layout, 150 interleaved), and after
-  // the load nothing reads the file's FFN rows, so their pages may go.
+  // 24-layer Q4_0 model, 2 threads: 85-87 tok/s from the row layout, 159-160 interleaved), and
+  // after the load nothing reads the file's FFN rows, so their pages may go.
   if (!split && plan->AllDense()) {
     if (absl::Status s = (*model_or)->InterleaveDenseFfn(); !s.ok()) {
       return fail(std::string(s.message()));
