@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -98,6 +99,15 @@ std::vector<float> ReadF32File(const std::string& path) {
   std::vector<float> out(bytes.size() / sizeof(float));
   std::memcpy(out.data(), bytes.data(), out.size() * sizeof(float));
   return out;
+}
+
+int64_t InterleavedBytes(const std::string& err) {
+  const std::string key = " bytes in interleaved copies";
+  const size_t at = err.find(key);
+  if (at == std::string::npos) return -1;
+  size_t begin = at;
+  while (begin > 0 && std::isdigit(static_cast<unsigned char>(err[begin - 1]))) --begin;
+  return begin == at ? -1 : std::stoll(err.substr(begin, at - begin));
 }
 
 CommandResult RunCommand(const std::vector<std::string>& argv) {

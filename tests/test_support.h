@@ -56,6 +56,8 @@ struct CommandResult {
 };
 // Runs argv[0] with the given arguments (no shell), capturing stdout and stderr.
 CommandResult RunCommand(const std::vector<std::string>& argv);
+// The number before " bytes in interleaved copies" in a command's standard error, or -1.
+int64_t InterleavedBytes(const std::string& err);
 
 // A small synthetic model (dim 64, ffn 160, 2 layers, 4 heads / 2 KV heads, vocab 300, context
 // 32) of `type` and FFN `kind`, written to TempDir()/<name>.gguf and loaded; null (with a test

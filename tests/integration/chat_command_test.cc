@@ -20,6 +20,7 @@ namespace thermocline {
 namespace {
 
 using testing::BinDir;
+using testing::InterleavedBytes;
 using testing::RunCommand;
 
 void Write(const std::string& path, const std::string& text) {
@@ -94,16 +95,6 @@ TEST(ChatCommand, RepliesEqualGenerateOnTheRenderedConversation) {
     want += reply + "\n";
   }
   EXPECT_EQ(chat.out, want);
-}
-
-// The number before " bytes in interleaved copies" in a command's standard error, or -1.
-int64_t InterleavedBytes(const std::string& err) {
-  const std::string key = " bytes in interleaved copies";
-  const size_t at = err.find(key);
-  if (at == std::string::npos) return -1;
-  size_t begin = at;
-  while (begin > 0 && std::isdigit(static_cast<unsigned char>(err[begin - 1]))) --begin;
-  return begin == at ? -1 : std::stoll(err.substr(begin, at - begin));
 }
 
 // Chat multiplies the FFN whole, as generate does in dense mode: both report the interleaved

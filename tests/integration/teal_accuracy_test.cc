@@ -152,5 +152,31 @@ TEST(TealCommands, CalibrateThenPerplexity) {
   EXPECT_NE(r.err.find("ascending"), std::string::npos) << r.err;
 }
 
+// generate under --sparsity teal gives the FFN the interleaved copy dense mode gives it: the
+// prompt's rows are dense GEMMs (only decode rows read TEAL's transposed copies), so both modes
+// report the same interleaved bytes, more than the load's (attention and output alone).
+TEST(TealCommands, GenerateInterleavesTheFfnForThePrompt) {
+  THERMOCLINE_REQUIRE_SHARED_DATA();
+  const std::string bin = testing::BinDir() + "/thermocline";
+  const std::string model = testing::ModelPath("quants/Q4_0.gguf");
+  auto loaded = Model::Load(model);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const int64_t at_load = (*loaded)->interleaved_bytes();
+  ASSERT_TRUE((*loaded)->InterleaveDenseFfn().ok());
+  const int64_t with_ffn = (*loaded)->interleaved_bytes();
+  ASSERT_GT(with_ffn, at_load);  // the FFN has Q4_0 matrices
+  const std::vector<std::string> generate = {
+      bin, "generate", "-m", model, "--prompt", "Once upon a time", "-n", "2", "--threads", "1"};
+  for (const std::vector<std::string>& mode :
+       {std::vector<std::string>{"--sparsity", "dense"},
+        std::vector<std::string>{"--sparsity", "teal", "--teal-sparsity", "0.5"}}) {
+    std::vector<std::string> argv = generate;
+    argv.insert(argv.end(), mode.begin(), mode.end());
+    const testing::CommandResult r = testing::RunCommand(argv);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(testing::InterleavedBytes(r.err), with_ffn) << mode[1] << ": " << r.err;
+  }
+}
+
 }  // namespace
 }  // namespace thermocline
