@@ -120,14 +120,9 @@ void DenseFfn::Compute(int64_t layer, const float* h, const float* predictor_inp
   if (gated) {
     up_.resize(n_tokens * nf);
     // One region and one rounding of h for both, or the linear executor's products of h.
-    if (linear_ == nullptr) {
-      const MatMulOutput outs[] = {{&w.gate, gate_.data(), nf}, {&w.up, up_.data(), nf}};
-      MatMulMany(outs, h, n_tokens, c.dim, pool_);
-    } else {
-      const LinearExecutor::Output outs[] = {{Projection::kGate, &w.gate, gate_.data(), nf},
-                                             {Projection::kUp, &w.up, up_.data(), nf}};
-      linear_->ApplyShared(layer, outs, h, n_tokens, c.dim);
-    }
+    const LinearExecutor::Output outs[] = {{Projection::kGate, &w.gate, gate_.data(), nf},
+                                           {Projection::kUp, &w.up, up_.data(), nf}};
+    Products(linear_, layer, outs, h, n_tokens, c.dim, pool_);
     AddRowBias(w.up_b, n_tokens, up_.data());
   } else {
     Product(layer, Projection::kUp, w.up, false, h, n_tokens, c.dim, gate_.data(), nf);

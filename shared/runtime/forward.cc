@@ -211,17 +211,10 @@ class ForwardPass::Ops {
   // executor's (TEAL's) products of the one input.
   absl::Status ProjectQkv(int64_t l, Act in) {
     const LayerWeights& w = p_.model_.layer(l);
-    if (p_.linear_ != nullptr) {
-      const LinearExecutor::Output outs[] = {{Projection::kQ, &w.wq, Buf(Act::kQ), Width(Act::kQ)},
-                                             {Projection::kK, &w.wk, Buf(Act::kK), Width(Act::kK)},
-                                             {Projection::kV, &w.wv, Buf(Act::kV), Width(Act::kV)}};
-      p_.linear_->ApplyShared(l, outs, Buf(in), n_, Width(in));
-      return absl::OkStatus();
-    }
-    const MatMulOutput outs[] = {{&w.wq, Buf(Act::kQ), Width(Act::kQ)},
-                                 {&w.wk, Buf(Act::kK), Width(Act::kK)},
-                                 {&w.wv, Buf(Act::kV), Width(Act::kV)}};
-    MatMulMany(outs, Buf(in), n_, Width(in), p_.pool_);
+    const LinearExecutor::Output outs[] = {{Projection::kQ, &w.wq, Buf(Act::kQ), Width(Act::kQ)},
+                                           {Projection::kK, &w.wk, Buf(Act::kK), Width(Act::kK)},
+                                           {Projection::kV, &w.wv, Buf(Act::kV), Width(Act::kV)}};
+    Products(p_.linear_, l, outs, Buf(in), n_, Width(in), p_.pool_);
     return absl::OkStatus();
   }
 

@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "shared/gguf/matrix_view.h"
+#include "shared/util/thread_pool.h"
 
 namespace thermocline {
 
@@ -43,5 +44,13 @@ class LinearExecutor {
     for (const Output& o : outs) Apply(layer, o.p, *o.w, false, x, n, x_stride, o.y, o.y_stride);
   }
 };
+
+// Rows [t0, t1) of x ([.][x_stride]) into the same rows of every output, dense: one MatMulMany
+// (one region, one rounding of the input), MatMul's bits per output.
+void DenseProducts(std::span<const LinearExecutor::Output> outs, const float* x, int64_t x_stride,
+                   int64_t t0, int64_t t1, ThreadPool& pool);
+// The n rows of x through `linear`'s ApplyShared, or DenseProducts without an executor.
+void Products(LinearExecutor* linear, int64_t layer, std::span<const LinearExecutor::Output> outs,
+              const float* x, int64_t n, int64_t x_stride, ThreadPool& pool);
 
 }  // namespace thermocline

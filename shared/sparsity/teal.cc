@@ -330,20 +330,28 @@ void TealLinear::Apply(int64_t layer, Projection p, const MatrixView& w, bool tr
           y_stride);
     return;
   }
-  ProjectionActivity& a = activity_[layer][pi];
   int64_t run = 0;  // first row of the current run of dense rows
   for (int64_t t = 0; t < n; ++t) {
     if (!SparseRow(t)) continue;
     Dense(w, transposed, x, run, t, x_stride, y, y_stride);
     run = t + 1;
     const float* xt = x + t * x_stride;
-    const float cut =
-        plan_.kind == TealPlan::Kind::kCuts ? value : CachedTopShareCut(xt, wt.rows, value);
-    a.kept += InputSparseMatVec(wt, xt, cut, ids_, coeffs_, y + t * y_stride, pool_);
-    a.inputs += wt.rows;
-    ++a.sparse_rows;
+    const int64_t kept = InputSparseMatVec(wt, xt, RowCut(xt, wt.rows, value), ids_, coeffs_,
+                                           y + t * y_stride, pool_);
+    Record(layer, p, kept, wt.rows);
   }
   Dense(w, transposed, x, run, n, x_stride, y, y_stride);
+}
+
+float TealLinear::RowCut(const float* x, int64_t n, float value) {
+  return plan_.kind == TealPlan::Kind::kCuts ? value : CachedTopShareCut(x, n, value);
+}
+
+void TealLinear::Record(int64_t layer, Projection p, int64_t kept, int64_t inputs) {
+  ProjectionActivity& a = activity_[layer][static_cast<int>(p)];
+  a.kept += kept;
+  a.inputs += inputs;
+  ++a.sparse_rows;
 }
 
 float TealLinear::CachedTopShareCut(const float* x, int64_t n, float share) {
@@ -369,20 +377,14 @@ const float* TealLinear::Masked(const float* x, int64_t n, int64_t x_stride, int
       std::copy_n(xt, in, mt);
       continue;
     }
-    const float cut = std::max(
-        plan_.kind == TealPlan::Kind::kCuts ? value : CachedTopShareCut(xt, in, value), floor);
+    const float cut = std::max(RowCut(xt, in, value), floor);
     int64_t kept = 0;
     for (int64_t c = 0; c < in; ++c) {
       const bool keep = std::fabs(xt[c]) >= cut;
       mt[c] = keep ? xt[c] : 0.0f;
       kept += keep ? 1 : 0;
     }
-    for (Projection p : ps) {
-      ProjectionActivity& a = activity_[layer][static_cast<int>(p)];
-      a.kept += kept;
-      a.inputs += in;
-      ++a.sparse_rows;
-    }
+    for (Projection p : ps) Record(layer, p, kept, in);
   }
   return masked_.data();
 }
@@ -399,18 +401,8 @@ void TealLinear::ApplyShared(int64_t layer, std::span<const Output> outs, const 
   const float value = plan_.values[layer][static_cast<int>(outs[0].p)];
   bool same = outs.size() <= kMaxMatMulMany;
   for (const Output& o : outs) same &= plan_.values[layer][static_cast<int>(o.p)] == value;
-  // Rows [t0, t1) of xs dense, as MatMul per output gives them.
-  auto dense_rows = [&](const float* xs, int64_t xs_stride, int64_t t0, int64_t t1) {
-    if (t1 <= t0) return;
-    std::array<MatMulOutput, kMaxMatMulMany> dense;
-    for (size_t i = 0; i < outs.size(); ++i) {
-      dense[i] = {outs[i].w, outs[i].y + t0 * outs[i].y_stride, outs[i].y_stride};
-    }
-    MatMulMany(std::span(dense.data(), outs.size()), xs + t0 * xs_stride, t1 - t0, xs_stride,
-               pool_);
-  };
   if (same && value == 0) {
-    dense_rows(x, x_stride, 0, n);
+    DenseProducts(outs, x, x_stride, 0, n, pool_);
     return;
   }
   bool copies = true;
@@ -420,8 +412,8 @@ void TealLinear::ApplyShared(int64_t layer, std::span<const Output> outs, const 
     std::array<Projection, kMaxMatMulMany> ps;
     for (size_t i = 0; i < outs.size(); ++i) ps[i] = outs[i].p;
     const int64_t in = outs[0].w->cols;
-    dense_rows(Masked(x, n, x_stride, in, value, std::span(ps.data(), outs.size()), layer), in, 0,
-               n);
+    DenseProducts(outs, Masked(x, n, x_stride, in, value, std::span(ps.data(), outs.size()), layer),
+                  in, 0, n, pool_);
     return;
   }
   if (!same || group < 0 || plan_.masked || shared_[layer][group].view().empty()) {
@@ -433,23 +425,19 @@ void TealLinear::ApplyShared(int64_t layer, std::span<const Output> outs, const 
   int64_t run = 0;  // first row of the current run of dense rows
   for (int64_t t = 0; t < n; ++t) {
     if (!SparseRow(t)) continue;
-    dense_rows(x, x_stride, run, t);
+    DenseProducts(outs, x, x_stride, run, t, pool_);
     run = t + 1;
     const float* xt = x + t * x_stride;
-    const float cut =
-        plan_.kind == TealPlan::Kind::kCuts ? value : CachedTopShareCut(xt, wt.rows, value);
-    const int64_t kept = InputSparseMatVec(wt, xt, cut, ids_, coeffs_, shared_y_.data(), pool_);
+    const int64_t kept = InputSparseMatVec(wt, xt, RowCut(xt, wt.rows, value), ids_, coeffs_,
+                                           shared_y_.data(), pool_);
     int64_t at = 0;
     for (const Output& o : outs) {
       std::copy_n(shared_y_.data() + at, o.w->rows, o.y + t * o.y_stride);
       at += o.w->rows;
-      ProjectionActivity& a = activity_[layer][static_cast<int>(o.p)];
-      a.kept += kept;
-      a.inputs += wt.rows;
-      ++a.sparse_rows;
+      Record(layer, o.p, kept, wt.rows);
     }
   }
-  dense_rows(x, x_stride, run, n);
+  DenseProducts(outs, x, x_stride, run, n, pool_);
 }
 
 void TealLinear::ResetActivity() {

@@ -142,6 +142,11 @@ class TealLinear final : public LinearExecutor {
   // TopShareCut of x, or the last one's when x holds the same values: q, k and v read one
   // input, and so do gate and up.
   float CachedTopShareCut(const float* x, int64_t n, float share);
+  // The cut of a sparse row x of n inputs for a plan value: the value itself (kCuts), or the
+  // row's top-share cut.
+  float RowCut(const float* x, int64_t n, float value);
+  // One sparse row of projection p: `kept` of `inputs` inputs kept.
+  void Record(int64_t layer, Projection p, int64_t kept, int64_t inputs);
   // x's n rows of `in` inputs with each sparse row's dropped entries zeroed (TealPlan::masked),
   // counted into the activity of `ps`; the rows live in masked_.
   const float* Masked(const float* x, int64_t n, int64_t x_stride, int64_t in, float value,
