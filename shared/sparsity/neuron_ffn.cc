@@ -345,6 +345,15 @@ void TransposeChecked(const MatrixView& down, GgmlType type, uint8_t* dst, int64
 
 }  // namespace
 
+absl::StatusOr<uint8_t*> DownRows::Own(int64_t bytes) {
+  owned_ = PageBuffer(static_cast<size_t>(bytes));
+  if (owned_.data() == nullptr && bytes > 0) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("transposed copy: cannot allocate ", bytes, " bytes"));
+  }
+  return owned_.data();
+}
+
 absl::Status DownRows::TransposeInto(const MatrixView& down, GgmlType type, uint8_t* dst,
                                      int64_t dst_row_bytes, ThreadPool& pool) {
   TC_RETURN_IF_ERROR(CheckTransposable(down, type));
@@ -356,9 +365,9 @@ absl::StatusOr<DownRows> DownRows::Transpose(const MatrixView& down, GgmlType ty
                                              ThreadPool& pool) {
   DownRows d;
   const int64_t row_bytes = RowBytes(type, down.rows);
-  d.owned_.resize(static_cast<size_t>(down.cols * row_bytes));
-  d.view_ = MatrixView{type, down.cols, down.rows, d.owned_.data(), row_bytes};
-  TC_RETURN_IF_ERROR(TransposeInto(down, type, d.owned_.data(), row_bytes, pool));
+  TC_ASSIGN_OR_RETURN(uint8_t * data, d.Own(down.cols * row_bytes));
+  d.view_ = MatrixView{type, down.cols, down.rows, data, row_bytes};
+  TC_RETURN_IF_ERROR(TransposeInto(down, type, data, row_bytes, pool));
   return d;
 }
 
@@ -376,12 +385,12 @@ absl::StatusOr<DownRows> DownRows::TransposeSideBySide(std::span<const MatrixVie
   }
   DownRows d;
   const int64_t row_bytes = RowBytes(type, outputs);
-  d.owned_.resize(static_cast<size_t>(parts[0].cols * row_bytes));
-  d.view_ = MatrixView{type, parts[0].cols, outputs, d.owned_.data(), row_bytes};
+  TC_ASSIGN_OR_RETURN(uint8_t * data, d.Own(parts[0].cols * row_bytes));
+  d.view_ = MatrixView{type, parts[0].cols, outputs, data, row_bytes};
   int64_t at = 0;
   for (const MatrixView& m : parts) {
     // Each part's outputs are whole blocks (CheckTransposable), so it starts on a block.
-    TransposeChecked(m, type, d.owned_.data() + RowBytes(type, at), row_bytes, pool);
+    TransposeChecked(m, type, data + RowBytes(type, at), row_bytes, pool);
     at += m.rows;
   }
   return d;

@@ -121,7 +121,6 @@ PredictorSet::PredictorSet(const PredictorSet& other)
       layer_thresholds_(other.layer_thresholds_),
       report_(other.report_) {
   RebindOwned();
-  RebindTransposed();
 }
 
 PredictorSet& PredictorSet::operator=(const PredictorSet& other) {
@@ -134,7 +133,6 @@ PredictorSet& PredictorSet::operator=(const PredictorSet& other) {
   layer_thresholds_ = other.layer_thresholds_;
   report_ = other.report_;
   RebindOwned();
-  RebindTransposed();
   return *this;
 }
 
@@ -157,18 +155,17 @@ absl::Status PredictorSet::BuildTransposed() {
     if (type != GgmlType::kF32 && type != GgmlType::kF16 && type != GgmlType::kBF16) continue;
     // Float elements are moved whole, so the values are fc2's bit for bit.
     const int64_t row_bytes = RowBytes(type, p.fc2.rows);
-    transposed_[l].resize(static_cast<size_t>(p.fc2.cols * row_bytes));
-    TC_RETURN_IF_ERROR(
-        DownRows::TransposeInto(p.fc2, type, transposed_[l].data(), row_bytes, here));
-    p.fc2_t = View(type, p.fc2.cols, p.fc2.rows, transposed_[l].data());
+    const int64_t bytes = p.fc2.cols * row_bytes;
+    auto buffer = std::make_shared<PageBuffer>(static_cast<size_t>(bytes));
+    if (buffer->data() == nullptr && bytes > 0) {
+      return absl::ResourceExhaustedError(absl::StrCat("predictor layer ", l, ": cannot allocate ",
+                                                       bytes, " bytes for fc2's transposed copy"));
+    }
+    TC_RETURN_IF_ERROR(DownRows::TransposeInto(p.fc2, type, buffer->data(), row_bytes, here));
+    p.fc2_t = View(type, p.fc2.cols, p.fc2.rows, buffer->data());
+    transposed_[l] = std::move(buffer);
   }
   return absl::OkStatus();
-}
-
-void PredictorSet::RebindTransposed() {
-  for (size_t l = 0; l < layers_.size() && l < transposed_.size(); ++l) {
-    if (layers_[l].fc2_t.data != nullptr) layers_[l].fc2_t.data = transposed_[l].data();
-  }
 }
 
 std::string_view PredictorInputName(const ModelConfig& config) {

@@ -20,9 +20,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "shared/kernels/matmul.h"
 #include "shared/gguf/gguf.h"
+#include "shared/kernels/matmul.h"
 #include "shared/model/model.h"
+#include "shared/util/page_arena.h"
 #include "shared/util/thread_pool.h"
 
 namespace thermocline {
@@ -124,14 +125,14 @@ class PredictorSet {
 
  private:
   void RebindOwned();
-  // Builds transposed_ and every float layer's fc2_t from fc2; RebindTransposed points the
-  // views at this set's own buffers (after a copy).
+  // Builds transposed_ and every float layer's fc2_t from fc2.
   absl::Status BuildTransposed();
-  void RebindTransposed();
 
   std::shared_ptr<const GgufFile> file_;
   std::vector<std::vector<uint8_t>> owned_;       // storage for predictors built in memory
-  std::vector<std::vector<uint8_t>> transposed_;  // fc2_t of each layer, or empty
+  // fc2_t of each layer, or null: never written once built, so copies of the set share them.
+  // Huge pages (util/page_arena.h) because a token reads its kept rows all over the copy.
+  std::vector<std::shared_ptr<const PageBuffer>> transposed_;
   std::vector<LayerPredictor> layers_;
   float threshold_ = 0.0f;
   std::vector<float> layer_thresholds_;

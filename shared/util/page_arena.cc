@@ -58,4 +58,52 @@ size_t PageArena::mapped_bytes() const {
   return total;
 }
 
+PageBuffer::PageBuffer(size_t bytes) {
+  if (bytes == 0) return;
+  const size_t size = RoundUp(bytes, 4096);
+  const size_t huge = HugePagesWanted() ? size / kHugePage * kHugePage : 0;
+  // With whole huge pages to advise, over-map so that the buffer can start on a 2 MiB boundary.
+  const size_t slack = huge > 0 ? kHugePage : 0;
+  void* raw =
+      mmap(nullptr, size + slack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) return;
+  const uintptr_t start = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t aligned = huge > 0 ? RoundUp(start, kHugePage) : start;
+  if (aligned > start) munmap(raw, aligned - start);
+  const uintptr_t end = start + size + slack;
+  if (end > aligned + size) munmap(reinterpret_cast<void*>(aligned + size), end - aligned - size);
+  data_ = reinterpret_cast<uint8_t*>(aligned);
+  size_ = bytes;
+  mapped_ = size;
+  // Advice only, as in PageArena.
+  if (huge > 0 && madvise(data_, huge, MADV_HUGEPAGE) == 0) huge_ = huge;
+}
+
+PageBuffer::~PageBuffer() { Release(); }
+
+PageBuffer::PageBuffer(PageBuffer&& other) noexcept
+    : data_(other.data_), size_(other.size_), mapped_(other.mapped_), huge_(other.huge_) {
+  other.data_ = nullptr;
+  other.size_ = other.mapped_ = other.huge_ = 0;
+}
+
+PageBuffer& PageBuffer::operator=(PageBuffer&& other) noexcept {
+  if (this != &other) {
+    Release();
+    data_ = other.data_;
+    size_ = other.size_;
+    mapped_ = other.mapped_;
+    huge_ = other.huge_;
+    other.data_ = nullptr;
+    other.size_ = other.mapped_ = other.huge_ = 0;
+  }
+  return *this;
+}
+
+void PageBuffer::Release() {
+  if (data_ != nullptr) munmap(data_, mapped_);
+  data_ = nullptr;
+  size_ = mapped_ = huge_ = 0;
+}
+
 }  // namespace thermocline

@@ -43,4 +43,34 @@ class PageArena {
   size_t allocated_ = 0;
 };
 
+// One such copy on its own mapping, freed with it: the transposed copies that sparse products
+// read row by row for every token (sparsity/neuron_ffn.h), of which a model has a few per layer,
+// some transient. It starts on a 2 MiB boundary and asks for huge pages over its whole 2 MiB
+// units only, so a copy's tail stays on 4 KiB pages instead of rounding every copy up to a huge
+// page (an arena's chunks would pool them, but also keep a transient copy's memory alive).
+class PageBuffer {
+ public:
+  PageBuffer() = default;
+  // `bytes` of zeroed memory; data() is nullptr if the system has no memory left.
+  explicit PageBuffer(size_t bytes);
+  ~PageBuffer();
+  PageBuffer(PageBuffer&& other) noexcept;
+  PageBuffer& operator=(PageBuffer&& other) noexcept;
+  PageBuffer(const PageBuffer&) = delete;
+  PageBuffer& operator=(const PageBuffer&) = delete;
+
+  uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  // Bytes advised for huge pages (the whole 2 MiB units; 0 when huge pages are not wanted).
+  size_t huge_bytes() const { return huge_; }
+
+ private:
+  void Release();
+
+  uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+  size_t mapped_ = 0;
+  size_t huge_ = 0;
+};
+
 }  // namespace thermocline

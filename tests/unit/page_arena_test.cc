@@ -1,5 +1,6 @@
 // PageArena: pieces are zeroed, 64-byte aligned, disjoint and writable; chunks are 2 MiB aligned
-// (what a huge page needs); a piece larger than a chunk gets its own.
+// (what a huge page needs); a piece larger than a chunk gets its own. PageBuffer: the same for
+// one buffer of its own, huge pages over its whole 2 MiB units only.
 #include "shared/util/page_arena.h"
 
 #include <cstdint>
@@ -46,6 +47,40 @@ TEST(PageArenaTest, ChunksStartOnHugePageBoundaries) {
   ASSERT_NE(big, nullptr);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(first) % (size_t{2} << 20), 0u);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(big) % (size_t{2} << 20), 0u);
+}
+
+// Sizes under, at and over whole huge pages: zeroed and writable end to end, whole 2 MiB units
+// advised (when wanted) from a 2 MiB boundary, the tail not; moves hand the mapping over.
+TEST(PageBufferTest, ZeroedWritableAndHugeOverWholeUnitsOnly) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  for (size_t bytes : {size_t{1}, size_t{4097}, kHuge - 1, kHuge, 2 * kHuge + 12345}) {
+    PageBuffer b(bytes);
+    ASSERT_NE(b.data(), nullptr) << bytes;
+    EXPECT_EQ(b.size(), bytes);
+    EXPECT_EQ(b.data()[0], 0);
+    EXPECT_EQ(b.data()[bytes - 1], 0);
+    std::memset(b.data(), 0xAB, bytes);
+    EXPECT_EQ(b.data()[bytes - 1], 0xAB);
+    // The mapping is whole 4 KiB pages, so kHuge - 1 bytes fill one huge page.
+    const size_t whole = (bytes + 4095) / 4096 * 4096 / kHuge * kHuge;
+    EXPECT_EQ(b.huge_bytes(), HugePagesWanted() ? whole : 0) << bytes;
+    if (b.huge_bytes() > 0) {
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % kHuge, 0u);
+    }
+    uint8_t* data = b.data();
+    PageBuffer moved(std::move(b));
+    EXPECT_EQ(moved.data(), data);
+    EXPECT_EQ(moved.size(), bytes);
+    EXPECT_EQ(b.data(), nullptr);
+    EXPECT_EQ(b.size(), 0u);
+    PageBuffer assigned(16);
+    assigned = std::move(moved);
+    EXPECT_EQ(assigned.data(), data);
+    EXPECT_EQ(assigned.data()[bytes - 1], 0xAB);
+  }
+  PageBuffer empty(0);
+  EXPECT_EQ(empty.data(), nullptr);
+  EXPECT_EQ(empty.size(), 0u);
 }
 
 }  // namespace
