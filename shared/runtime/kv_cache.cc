@@ -60,8 +60,12 @@ absl::StatusOr<KvCache> KvCache::Create(const ModelConfig& config, int64_t n_slo
   }
   c.n_blocks_ = static_cast<int64_t>(blocks);
   const int64_t total = static_cast<int64_t>(per_side);
-  c.k_.resize(total);
-  c.v_.resize(total);
+  c.k_ = PageBuffer(static_cast<size_t>(total));
+  c.v_ = PageBuffer(static_cast<size_t>(total));
+  if (total > 0 && (c.k_.data() == nullptr || c.v_.data() == nullptr)) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("KV cache: cannot map 2 x %d bytes", total));
+  }
   c.length_.assign(n_slots, 0);
   c.table_.resize(n_slots * c.blocks_per_slot_);
   c.mapped_.resize(n_slots);

@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "shared/gguf/ggml_type.h"
 #include "shared/model/model.h"
+#include "shared/util/page_arena.h"
 
 namespace thermocline {
 
@@ -95,7 +96,10 @@ class KvCache {
   GgmlType type_ = GgmlType::kF32;
   int64_t n_slots_ = 0, capacity_ = 0, kv_dim_ = 0, row_bytes_ = 0, n_layers_ = 0;
   int64_t n_blocks_ = 0, blocks_per_slot_ = 0;
-  std::vector<uint8_t> k_, v_;
+  // Huge pages (util/page_arena.h): attention reads every position's row each step, an f32 row
+  // of a 2048-wide model being two 4 KiB pages. Pages are committed as positions first write
+  // them, not all at creation.
+  PageBuffer k_, v_;
   std::vector<int64_t> length_;
   std::vector<int32_t> table_;  // [slot][blocks_per_slot]
   std::vector<int64_t> mapped_;  // table entries in use, per slot
