@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "shared/util/page_arena.h"
 
 namespace thermocline::cpu_worker {
 
@@ -109,6 +110,9 @@ absl::StatusOr<NodeMemory> NodeMemory::Allocate(size_t bytes, std::optional<int>
     return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", m.size_,
                                                      " bytes for the cold rows"));
   }
+  // Before the first touch: the cold rows are read a few KiB at a time all over the buffer for
+  // every token, as the single process's copies are (util/page_arena.h). Advice only.
+  if (HugePagesWanted()) madvise(m.data_, m.size_, MADV_HUGEPAGE);
   return m;
 }
 
