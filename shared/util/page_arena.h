@@ -43,11 +43,13 @@ class PageArena {
   size_t allocated_ = 0;
 };
 
-// One such copy on its own mapping, freed with it: the transposed copies that sparse products
-// read row by row for every token (sparsity/neuron_ffn.h), of which a model has a few per layer,
-// some transient. It starts on a 2 MiB boundary and asks for huge pages over its whole 2 MiB
-// units only, so a copy's tail stays on 4 KiB pages instead of rounding every copy up to a huge
-// page (an arena's chunks would pool them, but also keep a transient copy's memory alive).
+// One buffer on its own mapping, freed with it, for memory a token reads a row here and a row
+// there: the transposed copies of the sparse products (sparsity/neuron_ffn.h), of which a model
+// has a few per layer, some transient; the predictors' fc2_t; the KV cache. It starts on a 2 MiB
+// boundary and asks for huge pages over its whole 2 MiB units only, so a buffer's tail stays on
+// 4 KiB pages instead of rounding every copy up to a huge page (an arena's chunks would pool
+// them, but also keep a transient copy's memory alive). Pages are committed as they are first
+// touched.
 class PageBuffer {
  public:
   PageBuffer() = default;
