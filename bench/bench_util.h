@@ -1,4 +1,4 @@
-// Small pieces the benchmarks share: page-aligned buffers for the weight copies, seconds between
+// Small pieces the benchmarks share: buffers for the weight copies, seconds between
 // two clock readings, the median of a sample, and the machine's load to print beside results.
 #pragma once
 
@@ -14,18 +14,25 @@
 #include "absl/status/statusor.h"
 #include "shared/util/cpu_features.h"
 #include "shared/util/load_average.h"
+#include "shared/util/page_arena.h"
 
 namespace thermocline::bench {
 
-struct AlignedFree {
-  void operator()(void* p) const { std::free(p); }
-};
-using Buffer = std::unique_ptr<uint8_t, AlignedFree>;
+// Weight copies held as the product holds what it streams (its interleaved copies, transposed
+// copies and KV cache): on huge pages where whole ones fit (util/page_arena.h), so that a
+// kernel's TLB misses are the product's. Page-aligned (the floor reads use aligned vector
+// loads); get() is nullptr if there is no memory.
+class Buffer {
+ public:
+  Buffer() = default;
+  explicit Buffer(PageBuffer pages) : pages_(std::move(pages)) {}
+  uint8_t* get() const { return pages_.data(); }
 
-// `bytes` rounded up to whole pages, page-aligned (the floor reads use aligned vector loads).
-inline Buffer Allocate(size_t bytes) {
-  return Buffer(static_cast<uint8_t*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096)));
-}
+ private:
+  PageBuffer pages_;
+};
+
+inline Buffer Allocate(size_t bytes) { return Buffer(PageBuffer(bytes)); }
 
 inline double Seconds(std::chrono::steady_clock::time_point a,
                       std::chrono::steady_clock::time_point b) {

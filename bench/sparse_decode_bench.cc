@@ -196,7 +196,9 @@ int main(int argc, char** argv) {
     // predictors, hence the margin), far above the last-level cache for models worth timing.
     const size_t floor_bytes =
         (static_cast<size_t>(m.decode_bytes_per_token() + kv_bytes) * 5 / 4 + 4095) / 4096 * 4096;
-    uint8_t* floor_buf = static_cast<uint8_t*>(std::aligned_alloc(4096, floor_bytes));
+    // On huge pages, as the decode's weights are (bench_util.h).
+    const bench::Buffer floor_pages = bench::Allocate(floor_bytes);
+    uint8_t* floor_buf = floor_pages.get();
     if (floor_buf == nullptr) return Fail(absl::ResourceExhaustedError("floor buffer"));
     std::memset(floor_buf, 1, floor_bytes);
     std::vector<BatchEntry> prompt;
@@ -294,7 +296,6 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
       }
     }
-    std::free(floor_buf);
   }
   return 0;
 }

@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "shared/util/cpu_features.h"
+#include "shared/util/page_arena.h"
 
 namespace thermocline {
 namespace {
@@ -53,7 +54,9 @@ double TimeParallelRead(ThreadPool& pool, const void* data, size_t bytes) {
 
 double MeasureReadBandwidthGBs(ThreadPool& pool, size_t bytes) {
   const size_t total = std::max(kPage, bytes / kPage * kPage);
-  uint64_t* buf = static_cast<uint64_t*>(std::aligned_alloc(kPage, total));
+  // Huge pages, as the memory the decode streams is (page_arena.h).
+  const PageBuffer pages(total);
+  uint64_t* buf = reinterpret_cast<uint64_t*>(pages.data());
   if (buf == nullptr) return 0.0;
   const size_t words = total / sizeof(uint64_t);
   // Each thread first-touches the share it will read, so on NUMA machines the pages sit where
@@ -67,7 +70,6 @@ double MeasureReadBandwidthGBs(ThreadPool& pool, size_t bytes) {
   for (int rep = 0; rep < kReps; ++rep) {
     best = std::max(best, static_cast<double>(total) / TimeParallelRead(pool, buf, total) / 1e9);
   }
-  std::free(buf);
   return best;
 }
 
