@@ -154,15 +154,15 @@ int main(int argc, char** argv) {
         const float f = normal(rng);
         if (type == GgmlType::kF16) {
           const uint16_t h = Fp32ToFp16(f);
-          std::memcpy(kv.get() + 2 * i, &h, 2);
+          std::memcpy(kv.data() + 2 * i, &h, 2);
         } else {
-          std::memcpy(kv.get() + 4 * i, &f, 4);
+          std::memcpy(kv.data() + 4 * i, &f, 4);
         }
       }
       double portable = 0.0;
       for (const Family& f : kFamilies) {
         if (!SetSimdLevelForTesting(f.level)) continue;
-        const double s = TimeLayer(type, o, context, kv.get(), copies, copy_bytes);
+        const double s = TimeLayer(type, o, context, kv.data(), copies, copy_bytes);
         if (f.level == SimdLevel::kPortable) portable = s;
         const double gbs = static_cast<double>(copy_bytes) / s / 1e9;
         std::printf("%-4s %7lld %-9s %10.1f %8.2f %8.2f %10.2f\n",

@@ -123,7 +123,7 @@ struct Weights {
   int64_t bytes = 0;
   MatrixView Copy(size_t k) const {
     MatrixView v = view;
-    v.data = copies[k].get();
+    v.data = copies[k].data();
     return v;
   }
 };
@@ -147,12 +147,12 @@ Weights MakeWeights(GgmlType type, const Shape& s, int64_t working_set_mib) {
   for (int64_t k = 0; k < n_copies; ++k) {
     Buffer b = Allocate(w.bytes);
     for (int64_t r = 0; r < s.rows; ++r) {
-      std::memcpy(b.get() + r * row_bytes, distinct.data() + (r % kDistinctRows) * row_bytes,
+      std::memcpy(b.data() + r * row_bytes, distinct.data() + (r % kDistinctRows) * row_bytes,
                   row_bytes);
     }
     w.copies.push_back(std::move(b));
   }
-  w.view = MatrixView{type, s.rows, s.cols, w.copies[0].get(), row_bytes};
+  w.view = MatrixView{type, s.rows, s.cols, w.copies[0].data(), row_bytes};
   return w;
 }
 
@@ -226,11 +226,11 @@ Result Time(const Weights& w, Call& call, int rounds, ThreadPool& pool) {
       const auto t0 = std::chrono::steady_clock::now();
       call.Run(w.Copy(k), pool);
       const double t = Seconds(t0, std::chrono::steady_clock::now());
-      const double r = TimeParallelRead(pool, w.copies[(k + n / 2) % n].get(), res.bytes);
+      const double r = TimeParallelRead(pool, w.copies[(k + n / 2) % n].data(), res.bytes);
       res.call_best_s = std::min(res.call_best_s, t);
       res.read_best_s = std::min(res.read_best_s, r);
       pairs.push_back(r / t);
-      TimeParallelRead(pool, w.copies[(k + n / 4 + 1) % n].get(), w.bytes);
+      TimeParallelRead(pool, w.copies[(k + n / 4 + 1) % n].data(), w.bytes);
     }
   }
   res.paired = Median(pairs);

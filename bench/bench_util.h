@@ -21,18 +21,10 @@ namespace thermocline::bench {
 // Weight copies held as the product holds what it streams (its interleaved copies, transposed
 // copies and KV cache): on huge pages where whole ones fit (util/page_arena.h), so that a
 // kernel's TLB misses are the product's. Page-aligned (the floor reads use aligned vector
-// loads); get() is nullptr if there is no memory.
-class Buffer {
- public:
-  Buffer() = default;
-  explicit Buffer(PageBuffer pages) : pages_(std::move(pages)) {}
-  uint8_t* get() const { return pages_.data(); }
+// loads); data() is nullptr if there is no memory.
+using Buffer = PageBuffer;
 
- private:
-  PageBuffer pages_;
-};
-
-inline Buffer Allocate(size_t bytes) { return Buffer(PageBuffer(bytes)); }
+inline Buffer Allocate(size_t bytes) { return Buffer(bytes); }
 
 inline double Seconds(std::chrono::steady_clock::time_point a,
                       std::chrono::steady_clock::time_point b) {

@@ -146,8 +146,8 @@ struct Weights {
   // The view of copy k, as the GEMVs read it.
   MatrixView Copy(size_t k) const {
     MatrixView v = view;
-    v.data = copies[k].get();
-    if (!interleaved.empty()) v.interleaved = interleaved[k].get();
+    v.data = copies[k].data();
+    if (!interleaved.empty()) v.interleaved = interleaved[k].data();
     return v;
   }
 };
@@ -183,18 +183,18 @@ Weights MakeWeights(BenchType bench_type, const Options& o) {
   for (int64_t k = 0; k < n_copies; ++k) {
     Buffer b = Allocate(w.bytes);
     for (int64_t r = 0; r < rows; ++r) {
-      std::memcpy(b.get() + r * row_bytes, distinct.data() + (r % kDistinctRows) * row_bytes,
+      std::memcpy(b.data() + r * row_bytes, distinct.data() + (r % kDistinctRows) * row_bytes,
                   row_bytes);
     }
     if (bench_type.interleaved) {
       Buffer q = Allocate(Interleaved8Bytes(type, rows, o.cols));
-      Interleave8(type, b.get(), row_bytes, rows, o.cols, q.get());
+      Interleave8(type, b.data(), row_bytes, rows, o.cols, q.data());
       w.interleaved.push_back(std::move(q));
     }
     w.copies.push_back(std::move(b));
   }
-  w.view = MatrixView{type, rows, o.cols, w.copies[0].get(), row_bytes};
-  if (!w.interleaved.empty()) w.view.interleaved = w.interleaved[0].get();
+  w.view = MatrixView{type, rows, o.cols, w.copies[0].data(), row_bytes};
+  if (!w.interleaved.empty()) w.view.interleaved = w.interleaved[0].data();
   return w;
 }
 
@@ -224,7 +224,7 @@ GemvResult TimeGemv(const Weights& w, const std::vector<float>& x, std::vector<f
       const auto t0 = std::chrono::steady_clock::now();
       gemv(k);
       gemv_s.push_back(Seconds(t0, std::chrono::steady_clock::now()));
-      read_s.push_back(TimeParallelRead(pool, w.copies[(k + n / 2) % n].get(), w.bytes));
+      read_s.push_back(TimeParallelRead(pool, w.copies[(k + n / 2) % n].data(), w.bytes));
       pairs.push_back(read_s.back() / gemv_s.back());
     }
   }
@@ -262,7 +262,7 @@ SparseResult TimeSparse(const Weights& w, double fraction, int rounds, ThreadPoo
   const size_t n_copies = w.copies.size();
   for (int round = 0; round < rounds; ++round) {
     for (size_t k = 0; k < n_copies; ++k) {
-      v.data = w.copies[k].get();
+      v.data = w.copies[k].data();
       const auto t0 = std::chrono::steady_clock::now();
       if (k % 2 == 0) {
         GatherMatMul(v, ids.data(), n, x.data(), y.data(), pool);
@@ -270,7 +270,7 @@ SparseResult TimeSparse(const Weights& w, double fraction, int rounds, ThreadPoo
         AxpyRows(v, ids.data(), coeffs.data(), n, acc.data(), pool);
       }
       const double t = Seconds(t0, std::chrono::steady_clock::now());
-      const uint8_t* far = w.copies[(k + n_copies / 2) % n_copies].get();
+      const uint8_t* far = w.copies[(k + n_copies / 2) % n_copies].data();
       const double r = TimeParallelRead(pool, far, bytes);
       read = std::min(read, r);
       if (k % 2 == 0) {
@@ -280,7 +280,7 @@ SparseResult TimeSparse(const Weights& w, double fraction, int rounds, ThreadPoo
         axpy = std::min(axpy, t);
         axpy_pairs.push_back(r / t);
       }
-      TimeParallelRead(pool, w.copies[(k + n_copies / 4) % n_copies].get(), w.bytes);
+      TimeParallelRead(pool, w.copies[(k + n_copies / 4) % n_copies].data(), w.bytes);
     }
   }
   return {gather, axpy, read, Median(gather_pairs), Median(axpy_pairs), bytes};

@@ -198,7 +198,7 @@ int main(int argc, char** argv) {
         (static_cast<size_t>(m.decode_bytes_per_token() + kv_bytes) * 5 / 4 + 4095) / 4096 * 4096;
     // On huge pages, as the decode's weights are (bench_util.h).
     const bench::Buffer floor_pages = bench::Allocate(floor_bytes);
-    uint8_t* floor_buf = floor_pages.get();
+    uint8_t* floor_buf = floor_pages.data();
     if (floor_buf == nullptr) return Fail(absl::ResourceExhaustedError("floor buffer"));
     std::memset(floor_buf, 1, floor_bytes);
     std::vector<BatchEntry> prompt;
