@@ -41,6 +41,7 @@
 #include "shared/sparsity/placement.h"
 #include "shared/sparsity/sparsity_options.h"
 #include "shared/tokenizer/chat_prompt.h"
+#include "shared/util/env_switches.h"
 #include "shared/util/version.h"
 
 namespace thermocline::gateway {
@@ -158,6 +159,10 @@ int Main(int argc, char** argv) {
     return 0;
   }
   if (model_path.empty()) return Fail("--model is required");
+  // The spawned workers inherit this environment and would refuse it one after the other.
+  if (absl::Status env = CheckEnvironmentSwitches(); !env.ok()) {
+    return Fail(std::string(env.message()));
+  }
   // The backend is the spawned gpu worker's flag; in attach mode the worker is started by
   // systemd with its own flags (THERMOCLINE_GPU_WORKER_ARGS), which this process cannot change.
   if (workers == "attach" && (!vm["backend"].defaulted() || vm.count("vram-budget"))) {

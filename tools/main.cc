@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "shared/util/env_switches.h"
 #include "shared/util/version.h"
 #include "tools/command.h"
 
@@ -89,6 +90,10 @@ int main(int argc, char** argv) {
   const std::string name = argv[1];
   for (const auto& c : Commands()) {
     if (c.name == name) {
+      if (absl::Status env = thermocline::CheckEnvironmentSwitches(); !env.ok()) {
+        std::cerr << "thermocline " << name << ": " << env.message() << "\n";
+        return 2;
+      }
       std::vector<std::string> args(argv + 2, argv + argc);
       try {
         return c.run(args);

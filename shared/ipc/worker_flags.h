@@ -22,6 +22,7 @@
 #include "shared/sparsity/sparsity_mode.h"
 #include "shared/sparsity/sparsity_options.h"
 #include "shared/sparsity/teal_profile.h"
+#include "shared/util/env_switches.h"
 #include "shared/util/flag_options.h"
 #include "shared/util/logfmt.h"
 
@@ -193,6 +194,12 @@ inline bool ParseWorkerCommandLine(WorkerKind kind, int argc, char** argv, Worke
     Log(Level::kError, "start_failed",
         {{"error", std::string(parsed.status().message())},
          {"hint", absl::StrCat(WorkerProgram(kind), " --help lists the options")}},
+        WorkerLogPrefix(kind));
+    exit_code = 2;
+    return false;
+  }
+  if (absl::Status env = CheckEnvironmentSwitches(); !env.ok()) {
+    Log(Level::kError, "start_failed", {{"error", std::string(env.message())}},
         WorkerLogPrefix(kind));
     exit_code = 2;
     return false;

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "shared/gguf/interleaved8.h"
 #include "shared/gguf/quant.h"
+#include "shared/util/env_switches.h"
 #include "shared/util/status_macros.h"
 
 namespace thermocline {
@@ -455,14 +456,7 @@ absl::Status CheckMatricesFinite(const GgufFile& f) {
 
 // THERMOCLINE_REPACK: unset or "1" interleaves the dense-only matrices of the types with an
 // interleaved layout (interleaved8.h) at load, "0" keeps the file's layout alone (for A/B runs).
-absl::StatusOr<bool> RepackFromEnvironment() {
-  const char* v = std::getenv("THERMOCLINE_REPACK");
-  if (v == nullptr || std::string_view(v) == "1") return true;
-  if (std::string_view(v) == "0") return false;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "THERMOCLINE_REPACK must be 0 (keep the file's row layout) or 1 (interleave the Q4_0, "
-      "Q5_0, Q8_0 and K-quant matrices that are only used densely), got '", v, "'"));
-}
+absl::StatusOr<bool> RepackFromEnvironment() { return ReadEnvSwitch(EnvSwitch::kRepack); }
 
 }  // namespace
 

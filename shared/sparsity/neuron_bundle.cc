@@ -3,18 +3,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
-#include <string_view>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "shared/util/env_switches.h"
 #include "shared/util/status_macros.h"
 
 namespace thermocline {
 
-bool NeuronBundle::WantedFromEnvironment() {
-  const char* env = std::getenv("THERMOCLINE_NEURON_BUNDLES");
-  return env == nullptr || std::string_view(env) != "0";
-}
+bool NeuronBundle::WantedFromEnvironment() { return EnvSwitchOn(EnvSwitch::kNeuronBundles); }
 
 BundleLayout BundleLayout::For(int64_t gate_bytes, int64_t up_bytes, int64_t down_bytes) {
   // Each part starts on a cache line of its own, as the model's rows of 2048-wide q4_0, q4_K,

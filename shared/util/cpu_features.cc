@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "shared/util/env_switches.h"
+
 #if defined(__x86_64__)
 #include <cpuid.h>
 #include <sys/syscall.h>
@@ -60,8 +62,7 @@ SimdLevel DetectSimdLevel() {
 
 bool AmxInt8Usable() {
   static const bool usable = [] {
-    const char* env = std::getenv("THERMOCLINE_AMX");
-    if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+    if (!EnvSwitchOn(EnvSwitch::kAmx)) return false;
 #if defined(__x86_64__)
     unsigned a, b, c, d;
     if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;

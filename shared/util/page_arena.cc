@@ -2,8 +2,7 @@
 
 #include <sys/mman.h>
 
-#include <cstdlib>
-#include <cstring>
+#include "shared/util/env_switches.h"
 
 namespace thermocline {
 namespace {
@@ -30,10 +29,7 @@ uint8_t* MapAligned(size_t size, int extra_flags) {
 }  // namespace
 
 bool HugePagesWanted() {
-  static const bool wanted = [] {
-    const char* env = std::getenv("THERMOCLINE_HUGEPAGES");
-    return env == nullptr || std::strcmp(env, "0") != 0;
-  }();
+  static const bool wanted = EnvSwitchOn(EnvSwitch::kHugePages);
   return wanted;
 }
 

@@ -1,0 +1,90 @@
+#include "shared/util/env_switches.h"
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "shared/util/cpu_features.h"
+
+namespace thermocline {
+namespace {
+
+struct SwitchInfo {
+  EnvSwitch id;
+  const char* name;
+  const char* off;  // what 0 turns off
+};
+
+constexpr SwitchInfo kSwitches[] = {
+    {EnvSwitch::kRepack, "THERMOCLINE_REPACK",
+     "the interleaved copies of the Q4_0, Q5_0, Q8_0 and K-quant matrices used only densely"},
+    {EnvSwitch::kNeuronBundles, "THERMOCLINE_NEURON_BUNDLES",
+     "the side-by-side copies of each sparse neuron's gate, up and down rows"},
+    {EnvSwitch::kHugePages, "THERMOCLINE_HUGEPAGES",
+     "the huge-page advice for weight copies, the KV cache and the cpu worker's rows"},
+    {EnvSwitch::kAmx, "THERMOCLINE_AMX", "the AMX-INT8 prompt GEMMs"},
+};
+
+const SwitchInfo& Info(EnvSwitch s) {
+  for (const SwitchInfo& i : kSwitches) {
+    if (i.id == s) return i;
+  }
+  return kSwitches[0];  // unreachable: every enumerator has a row
+}
+
+absl::Status CheckSimd() {
+  const char* v = std::getenv("THERMOCLINE_SIMD");
+  if (v == nullptr || *v == '\0') return absl::OkStatus();
+  std::vector<std::string> names;
+  for (SimdLevel l : {SimdLevel::kPortable, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
+    if (std::string_view(v) == SimdLevelName(l)) return absl::OkStatus();
+    names.push_back(SimdLevelName(l));
+  }
+  return absl::InvalidArgumentError(absl::StrCat("THERMOCLINE_SIMD='", v, "' is not one of ",
+                                                 absl::StrJoin(names, ", "),
+                                                 " (the most a kernel family may use)"));
+}
+
+}  // namespace
+
+const char* EnvSwitchName(EnvSwitch s) { return Info(s).name; }
+
+absl::StatusOr<bool> ReadEnvSwitch(EnvSwitch s) {
+  const SwitchInfo& info = Info(s);
+  const char* v = std::getenv(info.name);
+  if (v == nullptr || *v == '\0' || std::string_view(v) == "1") return true;
+  if (std::string_view(v) == "0") return false;
+  return absl::InvalidArgumentError(absl::StrCat(info.name, "='", v, "' must be 0 (turns off ",
+                                                 info.off, ") or 1 (the default)"));
+}
+
+bool EnvSwitchOn(EnvSwitch s) {
+  absl::StatusOr<bool> on = ReadEnvSwitch(s);
+  if (on.ok()) return *on;
+  static std::atomic<unsigned> warned{0};
+  const unsigned bit = 1u << static_cast<unsigned>(s);
+  if ((warned.fetch_or(bit) & bit) == 0) {
+    std::fprintf(stderr, "thermocline: %s; taken as 1\n",
+                 std::string(on.status().message()).c_str());
+  }
+  return true;
+}
+
+absl::Status CheckEnvironmentSwitches() {
+  std::vector<std::string> bad;
+  for (const SwitchInfo& i : kSwitches) {
+    if (absl::StatusOr<bool> on = ReadEnvSwitch(i.id); !on.ok()) {
+      bad.emplace_back(on.status().message());
+    }
+  }
+  if (absl::Status simd = CheckSimd(); !simd.ok()) bad.emplace_back(simd.message());
+  if (bad.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("bad environment: ", absl::StrJoin(bad, "; ")));
+}
+
+}  // namespace thermocline
