@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 
+#include "shared/gguf/iq4_xsx8.h"
 #include "shared/gguf/legacy_x8.h"
 #include "shared/gguf/q4_kx8.h"
 #include "shared/gguf/q6_kx8.h"
@@ -16,7 +17,7 @@ struct Layout {
   void (*extract)(const uint8_t*, int64_t, int64_t, uint8_t*);
 };
 static_assert(kLegacyX8Rows == kInterleaved8Rows && kQ4_Kx8Rows == kInterleaved8Rows &&
-              kQ6_Kx8Rows == kInterleaved8Rows);
+              kQ6_Kx8Rows == kInterleaved8Rows && kIq4_XSx8Rows == kInterleaved8Rows);
 
 template <GgmlType kType>
 constexpr Layout LegacyLayout() {
@@ -31,6 +32,7 @@ constexpr Layout kLayouts[] = {
     {GgmlType::kQ4_K, &Q4_Kx8GroupBytes, &InterleaveQ4_Kx8, &ExtractQ4_Kx8Row},
     {GgmlType::kQ5_K, &Q5_Kx8GroupBytes, &InterleaveQ5_Kx8, &ExtractQ5_Kx8Row},
     {GgmlType::kQ6_K, &Q6_Kx8GroupBytes, &InterleaveQ6_Kx8, &ExtractQ6_Kx8Row},
+    {GgmlType::kIQ4_XS, &Iq4_XSx8GroupBytes, &InterleaveIq4_XSx8, &ExtractIq4_XSx8Row},
 };
 
 const Layout* Find(GgmlType type) {

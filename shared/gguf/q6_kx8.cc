@@ -1,6 +1,8 @@
 #include "shared/gguf/q6_kx8.h"
 
-#include <cstring>
+#include <cstdint>
+
+#include "shared/gguf/interleave_pieces.h"
 
 namespace thermocline {
 namespace {
@@ -29,28 +31,13 @@ void ForEachPiece(int64_t r, Piece&& piece) {
 
 void InterleaveQ6_Kx8(const uint8_t* src, int64_t row_bytes, int64_t rows, int64_t cols,
                       uint8_t* out) {
-  std::memset(out, 0, Q6_Kx8Groups(rows) * Q6_Kx8GroupBytes(cols));
-  for (int64_t r = 0; r < rows; ++r) {
-    uint8_t* group = out + (r / kQ6_Kx8Rows) * Q6_Kx8GroupBytes(cols);
-    for (int64_t b = 0; b < cols / kQK_K; ++b) {
-      const uint8_t* blk = src + r * row_bytes + b * kQ6_KRowBlockBytes;
-      uint8_t* dst = group + b * kQ6_Kx8BlockBytes;
-      ForEachPiece(r % kQ6_Kx8Rows, [&](int64_t at_row, int64_t at_group, size_t n) {
-        std::memcpy(dst + at_group, blk + at_row, n);
-      });
-    }
-  }
+  interleave_internal::InterleaveByPieces<kQ6_Kx8Rows, kQ6_KRowBlockBytes>(
+      [](int64_t r, auto&& piece) { ForEachPiece(r, piece); }, src, row_bytes, rows, cols, out);
 }
 
 void ExtractQ6_Kx8Row(const uint8_t* interleaved, int64_t cols, int64_t r, uint8_t* row_out) {
-  const uint8_t* group = interleaved + (r / kQ6_Kx8Rows) * Q6_Kx8GroupBytes(cols);
-  for (int64_t b = 0; b < cols / kQK_K; ++b) {
-    const uint8_t* src = group + b * kQ6_Kx8BlockBytes;
-    uint8_t* blk = row_out + b * kQ6_KRowBlockBytes;
-    ForEachPiece(r % kQ6_Kx8Rows, [&](int64_t at_row, int64_t at_group, size_t n) {
-      std::memcpy(blk + at_row, src + at_group, n);
-    });
-  }
+  interleave_internal::ExtractRowByPieces<kQ6_Kx8Rows, kQ6_KRowBlockBytes>(
+      [](int64_t r, auto&& piece) { ForEachPiece(r, piece); }, interleaved, cols, r, row_out);
 }
 
 }  // namespace thermocline

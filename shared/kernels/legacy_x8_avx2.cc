@@ -213,12 +213,9 @@ void GroupPairTile(const uint8_t* a, const uint8_t* b, int64_t n_blocks, const u
   _mm256_storeu_ps(yb, acc_b[0]);
 }
 
-using GroupFn = void (*)(const uint8_t*, int64_t, const uint8_t*, int64_t, float*, int64_t);
-constexpr int kMaxTokens = 4;
 template <GgmlType kType, bool kVnni>
-constexpr GroupFn kGroupTiles[kMaxTokens] = {
-    &GroupTile<kType, kVnni, 1>, &GroupTile<kType, kVnni, 2>, &GroupTile<kType, kVnni, 3>,
-    &GroupTile<kType, kVnni, 4>};
+constexpr GroupTileFn kGroupTiles[] = {&GroupTile<kType, kVnni, 1>, &GroupTile<kType, kVnni, 2>,
+                                       &GroupTile<kType, kVnni, 3>, &GroupTile<kType, kVnni, 4>};
 
 }  // namespace
 
@@ -249,12 +246,8 @@ void DotLegacyX8Avx2(const RowSource& groups, int64_t n_groups, int64_t cols, co
     first = 2 * half;
   }
   const RowSource rest{groups.base + first * groups.row_bytes, groups.row_bytes, nullptr};
-  ForEachGroupTile<kMaxTokens>(
-      rest, n_groups - first, n_tokens, [&](int64_t g, int64_t t0, int nt) {
-        kGroupTiles<kType, kVnni>[nt - 1](
-            rest.base + g * rest.row_bytes, n_blocks, x + t0 * x_stride, x_stride,
-            y + t0 * y_stride + (first + g) * kLegacyX8Rows, y_stride);
-      });
+  RunGroupTiles(kGroupTiles<kType, kVnni>, rest, n_groups - first, n_blocks, x, x_stride, n_tokens,
+                y + first * kLegacyX8Rows, y_stride);
 }
 
 #define THERMOCLINE_LEGACY_X8(T)                                                              \

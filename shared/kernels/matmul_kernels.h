@@ -224,8 +224,21 @@ inline constexpr TypeKernels kQ6_Kx8Portable = {&DotQ6_Kx8Portable, nullptr, nul
 inline constexpr TypeKernels kQ6_Kx8Avx2 = {&DotQ6_Kx8Avx2, nullptr, nullptr, &Q6_Kx8InputBytes,
                                             &PrepareQ6_Kx8Avx2};
 
+// IQ4_XS in the interleaved layout (iq4_xsx8.cc, iq4_xsx8_avx2.cc): Q6_K's plain Q8_K
+// activations; per row and super-block I = sum_s sc_s * sum_{l in s} value(q_l) xq_l, exact, added
+// as Q6_K's I is, so every family gives the same bits.
+void DotIq4_XSx8Portable(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+                         int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
+void DotIq4_XSx8Avx2(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+                     int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
+inline constexpr TypeKernels kIq4_XSx8Portable = {&DotIq4_XSx8Portable, nullptr, nullptr,
+                                                  &Q6_Kx8InputBytes, &PrepareQ6_Kx8};
+inline constexpr TypeKernels kIq4_XSx8Avx2 = {&DotIq4_XSx8Avx2, nullptr, nullptr, &Q6_Kx8InputBytes,
+                                              &PrepareQ6_Kx8Avx2};
+
 template <const TypeKernels& kQ4_0, const TypeKernels& kQ5_0, const TypeKernels& kQ8_0,
-          const TypeKernels& kQ4_K, const TypeKernels& kQ5_K, const TypeKernels& kQ6_K>
+          const TypeKernels& kQ4_K, const TypeKernels& kQ5_K, const TypeKernels& kQ6_K,
+          const TypeKernels& kIQ4_XS>
 constexpr std::array<TypeKernels, kTypeSlots> Interleaved8Table() {
   std::array<TypeKernels, kTypeSlots> table{};
   table[static_cast<size_t>(GgmlType::kQ4_0)] = kQ4_0;
@@ -234,6 +247,7 @@ constexpr std::array<TypeKernels, kTypeSlots> Interleaved8Table() {
   table[static_cast<size_t>(GgmlType::kQ4_K)] = kQ4_K;
   table[static_cast<size_t>(GgmlType::kQ5_K)] = kQ5_K;
   table[static_cast<size_t>(GgmlType::kQ6_K)] = kQ6_K;
+  table[static_cast<size_t>(GgmlType::kIQ4_XS)] = kIQ4_XS;
   return table;
 }
 
@@ -261,6 +275,8 @@ void DotQ5_Kx8Avx512(const RowSource& groups, int64_t n_groups, int64_t cols, co
                      int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
 void DotQ6_Kx8Avx512(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
                      int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
+void DotIq4_XSx8Avx512(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+                       int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
 // With 16 or more tokens, through AMX tiles (legacy_x8_amx.cc, q4_kx8_amx.cc; only where
 // AmxInt8Usable()): the same bits as the Dot*Avx512 kernels above (DotLegacyX8Avx512<kQ4_0> for
 // Q4_0), which they call for the rest.
@@ -465,6 +481,24 @@ inline void ForEachGroupTile(const RowSource& groups, int64_t n_groups, int64_t 
       for (int64_t g = g0; g < g1; ++g) tile(g, t0, nt);
     }
   }
+}
+
+// A group tile of an interleaved kernel: y[t * y_stride + i] for the group's 8 rows i and the
+// tile's tokens, from n_blocks blocks of the group and of each token's prepared activations.
+using GroupTileFn = void (*)(const uint8_t* group, int64_t n_blocks, const uint8_t* x,
+                             int64_t x_stride, float* y, int64_t y_stride);
+
+// tiles[nt - 1] over every group of an interleaved product (8 rows each) and token tile of at
+// most T tokens, as ForEachGroupTile walks them.
+template <int T>
+inline void RunGroupTiles(const GroupTileFn (&tiles)[T], const RowSource& groups, int64_t n_groups,
+                          int64_t n_blocks, const uint8_t* x, int64_t x_stride, int64_t n_tokens,
+                          float* y, int64_t y_stride) {
+  constexpr int64_t kGroupRows = 8;
+  ForEachGroupTile<T>(groups, n_groups, n_tokens, [&](int64_t g, int64_t t0, int nt) {
+    tiles[nt - 1](groups.base + g * groups.row_bytes, n_blocks, x + t0 * x_stride, x_stride,
+                  y + t0 * y_stride + g * kGroupRows, y_stride);
+  });
 }
 
 }  // namespace thermocline::matmul_internal

@@ -145,20 +145,15 @@ void GroupTile(const uint8_t* group, int64_t n_blocks, const uint8_t* x, int64_t
   for (int t = 0; t < T; ++t) _mm256_storeu_ps(y + t * y_stride, acc[t]);
 }
 
-using GroupFn = void (*)(const uint8_t*, int64_t, const uint8_t*, int64_t, float*, int64_t);
-constexpr int kMaxTokens = 4;
 template <bool kHigh>
-constexpr GroupFn kGroupTiles[kMaxTokens] = {&GroupTile<kHigh, 1>, &GroupTile<kHigh, 2>,
-                                             &GroupTile<kHigh, 3>, &GroupTile<kHigh, 4>};
+constexpr GroupTileFn kGroupTiles[] = {&GroupTile<kHigh, 1>, &GroupTile<kHigh, 2>,
+                                       &GroupTile<kHigh, 3>, &GroupTile<kHigh, 4>};
 
 template <bool kHigh>
 void Dot(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
          int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
-  const int64_t n_blocks = cols / kQK_K;
-  ForEachGroupTile<kMaxTokens>(groups, n_groups, n_tokens, [&](int64_t g, int64_t t0, int nt) {
-    kGroupTiles<kHigh>[nt - 1](groups.base + g * groups.row_bytes, n_blocks, x + t0 * x_stride,
-                               x_stride, y + t0 * y_stride + g * kQ4_Kx8Rows, y_stride);
-  });
+  RunGroupTiles(kGroupTiles<kHigh>, groups, n_groups, cols / kQK_K, x, x_stride, n_tokens, y,
+                y_stride);
 }
 
 }  // namespace

@@ -130,10 +130,7 @@ void GroupTile(const uint8_t* group, int64_t n_blocks, const uint8_t* x, int64_t
   for (int t = 0; t < T; ++t) _mm256_storeu_ps(y + t * y_stride, acc[t]);
 }
 
-using GroupFn = void (*)(const uint8_t*, int64_t, const uint8_t*, int64_t, float*, int64_t);
-constexpr int kMaxTokens = 4;
-constexpr GroupFn kGroupTiles[kMaxTokens] = {&GroupTile<1>, &GroupTile<2>, &GroupTile<3>,
-                                             &GroupTile<4>};
+constexpr GroupTileFn kGroupTiles[] = {&GroupTile<1>, &GroupTile<2>, &GroupTile<3>, &GroupTile<4>};
 
 }  // namespace
 
@@ -144,11 +141,7 @@ void PrepareQ6_Kx8Avx2(const float* x, int64_t cols, uint8_t* out) {
 
 void DotQ6_Kx8Avx2(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
                    int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
-  const int64_t n_blocks = cols / kQK_K;
-  ForEachGroupTile<kMaxTokens>(groups, n_groups, n_tokens, [&](int64_t g, int64_t t0, int nt) {
-    kGroupTiles[nt - 1](groups.base + g * groups.row_bytes, n_blocks, x + t0 * x_stride, x_stride,
-                        y + t0 * y_stride + g * kQ6_Kx8Rows, y_stride);
-  });
+  RunGroupTiles(kGroupTiles, groups, n_groups, cols / kQK_K, x, x_stride, n_tokens, y, y_stride);
 }
 
 }  // namespace thermocline::matmul_internal

@@ -22,7 +22,8 @@ struct SwitchInfo {
 
 constexpr SwitchInfo kSwitches[] = {
     {EnvSwitch::kRepack, "THERMOCLINE_REPACK",
-     "the interleaved copies of the Q4_0, Q5_0, Q8_0 and K-quant matrices used only densely"},
+     "the interleaved copies of the Q4_0, Q5_0, Q8_0, K-quant and IQ4_XS matrices used only "
+     "densely"},
     {EnvSwitch::kNeuronBundles, "THERMOCLINE_NEURON_BUNDLES",
      "the side-by-side copies of each sparse neuron's gate, up and down rows"},
     {EnvSwitch::kHugePages, "THERMOCLINE_HUGEPAGES",

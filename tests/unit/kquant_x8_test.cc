@@ -1,15 +1,16 @@
-// Q4_K, Q5_K and Q6_K in the 8-row interleaved layouts (shared/gguf/q4_kx8.h, q6_kx8.h): the copy
-// gives every row back byte for byte, MatMul over it matches a double-precision reference and
-// the row-layout kernel within bounds derived below, its two families agree bit for bit, and its
-// results do not depend on threads, token batching or row ranges. The sparse paths keep reading
-// the row layout.
+// Q4_K, Q5_K, Q6_K and IQ4_XS in the 8-row interleaved layouts (shared/gguf/q4_kx8.h,
+// q6_kx8.h, iq4_xsx8.h): the copy gives every row back byte for byte, MatMul over it matches a
+// double-precision reference and the row-layout kernel within bounds derived below, its kernel
+// families agree bit for bit, and its results do not depend on threads, token batching or row
+// ranges. The sparse paths keep reading the row layout.
 //
 // The bounds. Both layouts multiply the same operands: K-quant weights against Q8_K-rounded
 // activations (QuantizeRowQ8_K). Per row and 256-column super-block the kernels form exact int32
 // sums: for Q4_K / Q5_K I = sum_s sc_s * sum_{l in s} q_l xq_l and M = sum_s mn_s * sum xq_l,
 // the block's value d xd I - dmin xd M (k = 2 terms); for Q6_K I = sum_s sc_s * sum_{l in s}
-// (q_l - 32) xq_l, the value d xd I (k = 1). The interleaved kernel adds the k nb terms (nb =
-// cols / 256) with one FMA each into one f32 accumulator after rounding fl(d * xd) and fl(I)
+// (q_l - 32) xq_l, the value d xd I (k = 1), and for IQ4_XS the same with the IQ4_NL value of
+// q_l. The interleaved kernel adds the k nb terms (nb = cols / 256) with one FMA each into one
+// f32 accumulator after rounding fl(d * xd) and fl(I)
 // (|I| may pass 2^24): |y - S| <= (k nb + 2) u P to first order (u = 2^-24), S the exact sum, P
 // the sum of the terms' magnitudes, at most the sum over elements of |d sc q xd xq| (+ |dmin mn
 // xd xq|), which the test computes. Written with FLT_EPSILON = 2u and room for second order:
@@ -139,6 +140,34 @@ void ReferenceQ6_K(const uint8_t* row, const uint8_t* q8k, int64_t cols, double*
   }
 }
 
+// block_iq4_xs: fp16 d, uint16 scales_h, scales_l[4], qs[128]; sub-block s's scale is
+// (nibble s of scales_l | bits 2s, 2s + 1 of scales_h << 4) - 32, its quants the low nibbles of
+// qs[16s..16s+15] (elements 32s..) and their high nibbles (elements 32s + 16..).
+void ReferenceIq4_XS(const uint8_t* row, const uint8_t* q8k, int64_t cols, double* ref, double* p) {
+  *ref = 0;
+  *p = 0;
+  for (int64_t b = 0; b < cols / kQK_K; ++b) {
+    const uint8_t* w = row + b * 136;
+    const uint8_t* x = q8k + b * kQ8KBlockBytes;
+    uint16_t dh, sh;
+    std::memcpy(&dh, w, 2);
+    std::memcpy(&sh, w + 2, 2);
+    float xd;
+    std::memcpy(&xd, x, 4);
+    const double d = Fp16ToFp32(dh);
+    const int8_t* xq = reinterpret_cast<const int8_t*>(x + 4);
+    for (int e = 0; e < kQK_K; ++e) {
+      const int s = e / 32, i = e % 32;
+      const int sc = (((w[4 + s / 2] >> (4 * (s % 2))) & 0x0F) | (((sh >> (2 * s)) & 3) << 4)) - 32;
+      const uint8_t q = w[8 + 16 * s + i % 16];
+      const int value = kIq4nlValues[i < 16 ? q & 0x0F : q >> 4];
+      const double a = d * sc * value * xd * xq[e];
+      *ref += a;
+      *p += std::fabs(a);
+    }
+  }
+}
+
 struct KType {
   GgmlType type;
   const char* name;
@@ -150,7 +179,8 @@ struct KType {
 // Q6_K's are bytes already.
 constexpr KType kTypes[] = {{GgmlType::kQ4_K, "q4_K", 2, 148, &ReferenceQ45_K<false>},
                             {GgmlType::kQ5_K, "q5_K", 2, 180, &ReferenceQ45_K<true>},
-                            {GgmlType::kQ6_K, "q6_K", 1, 210, &ReferenceQ6_K}};
+                            {GgmlType::kQ6_K, "q6_K", 1, 210, &ReferenceQ6_K},
+                            {GgmlType::kIQ4_XS, "iq4_xs", 1, 136, &ReferenceIq4_XS}};
 
 std::string Shape(const KType& kt, int64_t rows, int64_t cols) {
   return absl::StrCat(kt.name, " ", rows, "x", cols);
