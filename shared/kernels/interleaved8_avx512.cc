@@ -24,7 +24,7 @@ void FillInterleavedAvx512(KernelSet& set) {
   fill(GgmlType::kQ4_K, kQ4_Kx8Avx2, amx ? &DotQ4_Kx8Amx : &DotQ4_Kx8Avx512);
   fill(GgmlType::kQ5_K, kQ5_Kx8Avx2, amx ? &DotQ5_Kx8Amx : &DotQ5_Kx8Avx512);
   fill(GgmlType::kQ6_K, kQ6_Kx8Avx2, &DotQ6_Kx8Avx512);
-  fill(GgmlType::kIQ4_XS, kIq4_XSx8Avx2, &DotIq4_XSx8Avx512);
+  fill(GgmlType::kIQ4_XS, kIq4_XSx8Avx2<>, &DotIq4_XSx8Avx512);
 }
 
 }  // namespace thermocline::matmul_internal

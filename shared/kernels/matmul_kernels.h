@@ -229,12 +229,15 @@ inline constexpr TypeKernels kQ6_Kx8Avx2 = {&DotQ6_Kx8Avx2, nullptr, nullptr, &Q
 // as Q6_K's I is, so every family gives the same bits.
 void DotIq4_XSx8Portable(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
                          int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
+// kVnni: the sums by AVX-VNNI's vpdpbusd (the same integers).
+template <bool kVnni>
 void DotIq4_XSx8Avx2(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
                      int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
 inline constexpr TypeKernels kIq4_XSx8Portable = {&DotIq4_XSx8Portable, nullptr, nullptr,
                                                   &Q6_Kx8InputBytes, &PrepareQ6_Kx8};
-inline constexpr TypeKernels kIq4_XSx8Avx2 = {&DotIq4_XSx8Avx2, nullptr, nullptr, &Q6_Kx8InputBytes,
-                                              &PrepareQ6_Kx8Avx2};
+template <bool kVnni = false>
+inline constexpr TypeKernels kIq4_XSx8Avx2 = {&DotIq4_XSx8Avx2<kVnni>, nullptr, nullptr,
+                                              &Q6_Kx8InputBytes, &PrepareQ6_Kx8Avx2};
 
 template <const TypeKernels& kQ4_0, const TypeKernels& kQ5_0, const TypeKernels& kQ8_0,
           const TypeKernels& kQ4_K, const TypeKernels& kQ5_K, const TypeKernels& kQ6_K,
