@@ -1,6 +1,5 @@
-// The interleaved copies (Q4_0, and Q4_K / Q6_K in llama.cpp's Q4_K_M file) in the split engine
-// (gpu_worker/main.cc): the gpu worker's host
-// backend interleaves the FFN too when every layer is dense and wholly hot (the gateway's
+// The interleaved copies (Q4_0, Q4_K / Q6_K in llama.cpp's Q4_K_M file, IQ4_XS) in the split
+// engine (gpu_worker/main.cc): the gpu worker's host backend interleaves the FFN too when every layer is dense and wholly hot (the gateway's
 // default), and says how much it interleaved in its `loaded` line; the text equals the local
 // dense generation's, which interleaves the same matrices; a split FFN keeps the row layout
 // (only attention and the head are interleaved, as at load); THERMOCLINE_REPACK=0 interleaves
@@ -80,7 +79,8 @@ TEST_P(Interleaved8SplitTest, TheGpuWorkerInterleavesTheDenseFfnAndAgreesWithThe
   EXPECT_EQ(split_rows.text, local_rows.text);
 }
 
-INSTANTIATE_TEST_SUITE_P(Files, Interleaved8SplitTest, ::testing::Values("Q4_0", "Q4_K_M"),
+INSTANTIATE_TEST_SUITE_P(Files, Interleaved8SplitTest,
+                         ::testing::Values("Q4_0", "Q4_K_M", "IQ4_XS"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param;
                          });
