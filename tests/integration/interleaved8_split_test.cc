@@ -1,9 +1,9 @@
 // The interleaved copies (Q4_0, Q4_K / Q6_K in llama.cpp's Q4_K_M file, IQ4_XS) in the split
-// engine (gpu_worker/main.cc): the gpu worker's host backend interleaves the FFN too when every layer is dense and wholly hot (the gateway's
-// default), and says how much it interleaved in its `loaded` line; the text equals the local
-// dense generation's, which interleaves the same matrices; a split FFN keeps the row layout
-// (only attention and the head are interleaved, as at load); THERMOCLINE_REPACK=0 interleaves
-// nothing, and the texts still agree with each other.
+// engine (gpu_worker/main.cc): the gpu worker's host backend interleaves the FFN too when every
+// layer is dense and wholly hot (the gateway's default), and says how much it interleaved in its
+// `loaded` line; the text equals the local dense generation's, which interleaves the same
+// matrices; a split FFN keeps the row layout (only attention and the head are interleaved, as at
+// load); THERMOCLINE_REPACK=0 interleaves nothing, and the texts still agree with each other.
 #include <stdlib.h>
 
 #include <algorithm>
