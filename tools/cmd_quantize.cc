@@ -10,7 +10,9 @@
 #include "absl/strings/str_format.h"
 #include "shared/gguf/gguf.h"
 #include "shared/model/quantize.h"
+#include "shared/util/load_average.h"
 #include "shared/util/progress.h"
+#include "shared/util/thread_pool.h"
 #include "tools/command.h"
 
 namespace thermocline::tools {
@@ -20,6 +22,7 @@ int RunQuantize(const std::vector<std::string>& args) {
   std::string type_name;
   std::vector<std::string> files;
   bool pure = false;
+  int threads = 0;
   po::options_description opts("options");
   opts.add_options()(
       "type", po::value(&type_name)->required(),
@@ -28,19 +31,22 @@ int RunQuantize(const std::vector<std::string>& args) {
       "IQ4_NL, IQ4_XS, F16, BF16 or F32 (the grid i-quants IQ3_*, IQ2_*, IQ1_* and TQ*_0 are "
       "refused: their quantizers are not written yet)")(
       "pure", po::bool_switch(&pure), "every weight matrix in --type (no per-tensor mix)")(
-      "files", po::value(&files)->composing(), "IN.gguf OUT.gguf");
+      "threads", po::value(&threads)->default_value(0),
+      "CPU threads that quantize a tensor's rows (0 = all cores; the bytes written are the same "
+      "for any number)")("files", po::value(&files)->composing(), "IN.gguf OUT.gguf");
   po::positional_options_description pos;
   pos.add("files", -1);
   po::variables_map vm;
   int exit_code = 0;
-  if (!ParseOptions("quantize", "IN.gguf OUT.gguf --type T [--pure]", opts, pos, args, vm,
-                    exit_code)) {
+  if (!ParseOptions("quantize", "IN.gguf OUT.gguf --type T [--pure] [--threads N]", opts, pos, args,
+                    vm, exit_code)) {
     return exit_code;
   }
   auto fail = [](const std::string& msg) {
     std::cerr << "thermocline quantize: " << msg << "\n";
     return 1;
   };
+  if (threads < 0) return fail(absl::StrFormat("--threads must be 0 or more, got %d", threads));
   if (files.size() != 2) {
     return fail(absl::StrFormat("expected IN.gguf and OUT.gguf, got %d files", files.size()));
   }
@@ -51,9 +57,14 @@ int RunQuantize(const std::vector<std::string>& args) {
   QuantizeOptions options{*target, pure};
   absl::StatusOr<std::vector<QuantizedTensor>> plan = PlanQuantization(**in, options);
   if (!plan.ok()) return fail(std::string(plan.status().message()));
-  ProgressBar bar("quantize", static_cast<int64_t>(plan->size()), "tensors");
-  absl::Status st =
-      QuantizeModel(**in, files[1], options, [&](int64_t done, int64_t) { bar.Update(done); });
+  // Progress in MiB of the source: quantizing takes time in proportion to the bytes.
+  int64_t source_bytes = 0;
+  for (const GgufTensorInfo& t : (*in)->tensors()) source_bytes += t.n_bytes;
+  constexpr int64_t kMiB = 1 << 20;
+  ThreadPool pool(threads > 0 ? threads : UsableCpus());
+  ProgressBar bar("quantize", (source_bytes + kMiB - 1) / kMiB, "MiB");
+  absl::Status st = QuantizeModel(**in, files[1], options, pool,
+                                  [&](int64_t done, int64_t) { bar.Update(done / kMiB); });
   if (!st.ok()) return fail(std::string(st.message()));
   bar.Finish();
   std::map<std::string, int> counts;

@@ -260,7 +260,7 @@ absl::StatusOr<std::vector<QuantizedTensor>> PlanQuantization(const GgufFile& in
 }
 
 absl::Status QuantizeModel(const GgufFile& in, const std::string& out_path,
-                           const QuantizeOptions& options,
+                           const QuantizeOptions& options, ThreadPool& pool,
                            const std::function<void(int64_t, int64_t)>& progress) {
   TC_ASSIGN_OR_RETURN(std::vector<QuantizedTensor> plan, PlanQuantization(in, options));
   GgufWriter w;
@@ -269,7 +269,8 @@ absl::Status QuantizeModel(const GgufFile& in, const std::string& out_path,
   for (const auto& [key, value] : in.metadata()) w.SetValue(key, value);
   w.SetValue("general.quantization_version", GgufU32(2));
   w.SetValue("general.file_type", GgufU32(options.target.file_type));
-  const int64_t total = static_cast<int64_t>(plan.size());
+  int64_t total = 0;
+  for (const GgufTensorInfo& t : in.tensors()) total += t.n_bytes;
   auto done = std::make_shared<int64_t>(0);
   for (size_t i = 0; i < plan.size(); ++i) {
     const GgufTensorInfo& t = in.tensors()[i];
@@ -278,19 +279,26 @@ absl::Status QuantizeModel(const GgufFile& in, const std::string& out_path,
     if (q.to == q.from) {
       fill = [&t, done, total, &progress](uint8_t* dst, int64_t n) -> absl::Status {
         if (n > 0) std::memcpy(dst, t.data, static_cast<size_t>(n));
-        if (progress) progress(++*done, total);
+        if (progress) progress(*done += t.n_bytes, total);
         return absl::OkStatus();
       };
     } else {
-      fill = [&t, q, done, total, &progress](uint8_t* dst, int64_t) -> absl::Status {
+      fill = [&t, q, done, total, &progress, &pool](uint8_t* dst, int64_t) -> absl::Status {
         const int64_t cols = t.ne[0], rows = t.n_elements / std::max<int64_t>(1, cols);
         const int64_t src_bytes = RowBytes(q.from, cols), dst_bytes = RowBytes(q.to, cols);
-        std::vector<float> row(static_cast<size_t>(cols));
-        for (int64_t r = 0; r < rows; ++r) {
-          DequantizeRow(q.from, t.data + r * src_bytes, row.data(), cols);
-          QuantizeRow(q.to, row.data(), dst + r * dst_bytes, cols);
-        }
-        if (progress) progress(++*done, total);
+        // Pieces of at least a few rows' worth of quantizer work: the K-quant and IQ4
+        // quantizers search every block's scale, so even one row is microseconds of work.
+        pool.ParallelFor(
+            rows,
+            [&](int64_t r0, int64_t r1) {
+              std::vector<float> row(static_cast<size_t>(cols));
+              for (int64_t r = r0; r < r1; ++r) {
+                DequantizeRow(q.from, t.data + r * src_bytes, row.data(), cols);
+                QuantizeRow(q.to, row.data(), dst + r * dst_bytes, cols);
+              }
+            },
+            /*grain=*/4);
+        if (progress) progress(*done += t.n_bytes, total);
         return absl::OkStatus();
       };
     }

@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "shared/gguf/ggml_type.h"
 #include "shared/gguf/gguf.h"
+#include "shared/util/thread_pool.h"
 
 namespace thermocline {
 
@@ -65,10 +66,13 @@ absl::StatusOr<std::vector<QuantizedTensor>> PlanQuantization(const GgufFile& in
 
 // Writes `in` to `out_path` per the plan: metadata copied in order with general.file_type and
 // general.quantization_version (2) set, tensors in the same order. Source matrices must be
-// f32, f16 or bf16 (requantizing a quantized file would round twice). `progress` is called
-// after each tensor with (done, total).
+// f32, f16 or bf16 (requantizing a quantized file would round twice). A tensor's rows are
+// quantized on the pool's threads; every row is its own block sequence, so the bytes do not
+// depend on the pool's size. `progress` is called on the calling thread after each tensor with
+// (source bytes done, source bytes in all): quantizing takes time in proportion to the bytes,
+// not to the tensors (the first tensor, the embedding, is often the largest).
 absl::Status QuantizeModel(const GgufFile& in, const std::string& out_path,
-                           const QuantizeOptions& options,
+                           const QuantizeOptions& options, ThreadPool& pool,
                            const std::function<void(int64_t, int64_t)>& progress = {});
 
 }  // namespace thermocline

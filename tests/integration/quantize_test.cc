@@ -207,6 +207,31 @@ TEST(QuantizeTest, RefusesWhatItCannotWrite) {
   r = RunCommand({Thermocline(), "quantize", in, "--type", "Q8_0"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("expected IN.gguf and OUT.gguf"), std::string::npos) << r.err;
+  r = RunCommand({Thermocline(), "quantize", in, out, "--type", "Q8_0", "--threads", "-2"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--threads must be 0 or more"), std::string::npos) << r.err;
+}
+
+// A tensor's rows are quantized on several threads: the file is the same byte for byte whatever
+// their number (SameTensorBytesAsLlamaQuantize runs the default, every core), for a mix whose
+// quantizers search each block's scales (the slow ones) and for the plain Q8_0.
+TEST(QuantizeTest, TheBytesDoNotDependOnTheThreads) {
+  for (const char* type : {"Q4_K_M", "IQ4_XS", "Q8_0"}) {
+    SCOPED_TRACE(type);
+    std::vector<std::string> files;
+    for (const char* threads : {"1", "3"}) {
+      files.push_back(testing::TempDir() + "/threads" + threads + "-" + type + ".gguf");
+      auto r = RunCommand({Thermocline(), "quantize", ModelPath("quants/base-f32.gguf"),
+                           files.back(), "--type", type, "--threads", threads});
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+    }
+    const std::string one = testing::ReadFileOrDie(files[0]);
+    const std::string three = testing::ReadFileOrDie(files[1]);
+    ASSERT_EQ(one.size(), three.size());
+    const auto differ = std::mismatch(one.begin(), one.end(), three.begin());
+    EXPECT_TRUE(differ.first == one.end())
+        << "1 and 3 threads wrote different bytes from offset " << (differ.first - one.begin());
+  }
 }
 
 }  // namespace
