@@ -5,8 +5,8 @@
 //   gemv_bench [--threads=1,2] [--working_set_mib=1024] [--rounds=4] [--types=f16,q8_0]
 //              [--cols=4096] [--matrix_mib=64] [--gemm_tokens=64] [--sparse_fraction=0.25]
 //
-// Types q4_0x8, q5_0x8, q8_0x8, q4_Kx8, q5_Kx8, q6_Kx8 and iq4_xsx8 are those types with the
-// 8-row interleaved copy that the model makes at load for its dense-only matrices
+// Types q4_0x8, q5_0x8, q8_0x8, q3_Kx8, q4_Kx8, q5_Kx8, q6_Kx8 and iq4_xsx8 are those types with
+// the 8-row interleaved copy that the model makes at load for its dense-only matrices
 // (shared/gguf/interleaved8.h): their GEMV and GEMM read that copy, their sparse kernels the row
 // layout as always. GB/s counts the row layout's bytes (the weights' size in the file; the Q4_K
 // and Q5_K copies are 2.8% and 2.3% larger). With the row type in the same run the ratio of the

@@ -4,6 +4,7 @@
 
 #include "shared/gguf/iq4_xsx8.h"
 #include "shared/gguf/legacy_x8.h"
+#include "shared/gguf/q3_kx8.h"
 #include "shared/gguf/q4_kx8.h"
 #include "shared/gguf/q6_kx8.h"
 
@@ -17,7 +18,8 @@ struct Layout {
   void (*extract)(const uint8_t*, int64_t, int64_t, uint8_t*);
 };
 static_assert(kLegacyX8Rows == kInterleaved8Rows && kQ4_Kx8Rows == kInterleaved8Rows &&
-              kQ6_Kx8Rows == kInterleaved8Rows && kIq4_XSx8Rows == kInterleaved8Rows);
+              kQ6_Kx8Rows == kInterleaved8Rows && kIq4_XSx8Rows == kInterleaved8Rows &&
+              kQ3_Kx8Rows == kInterleaved8Rows);
 
 template <GgmlType kType>
 constexpr Layout LegacyLayout() {
@@ -29,6 +31,7 @@ constexpr Layout kLayouts[] = {
     LegacyLayout<GgmlType::kQ4_0>(),
     LegacyLayout<GgmlType::kQ5_0>(),
     LegacyLayout<GgmlType::kQ8_0>(),
+    {GgmlType::kQ3_K, &Q3_Kx8GroupBytes, &InterleaveQ3_Kx8, &ExtractQ3_Kx8Row},
     {GgmlType::kQ4_K, &Q4_Kx8GroupBytes, &InterleaveQ4_Kx8, &ExtractQ4_Kx8Row},
     {GgmlType::kQ5_K, &Q5_Kx8GroupBytes, &InterleaveQ5_Kx8, &ExtractQ5_Kx8Row},
     {GgmlType::kQ6_K, &Q6_Kx8GroupBytes, &InterleaveQ6_Kx8, &ExtractQ6_Kx8Row},

@@ -1,7 +1,7 @@
 // The 8-row interleaved layouts of MatrixView::interleaved, by weight type: Q4_0, Q5_0 and Q8_0
-// (legacy_x8.h), Q4_K and Q5_K (q4_kx8.h), Q6_K (q6_kx8.h), IQ4_XS (iq4_xsx8.h). Callers that hold
-// a matrix of any type (the model's load, the kernels' dispatch, benchmarks) ask here whether its
-// type has one and how large it is.
+// (legacy_x8.h), Q3_K (q3_kx8.h), Q4_K and Q5_K (q4_kx8.h), Q6_K (q6_kx8.h), IQ4_XS (iq4_xsx8.h).
+// Callers that hold a matrix of any type (the model's load, the kernels' dispatch, benchmarks)
+// ask here whether its type has one and how large it is.
 #pragma once
 
 #include <cstdint>

@@ -21,6 +21,7 @@ void FillInterleavedAvx512(KernelSet& set) {
   legacy.template operator()<GgmlType::kQ4_0>();
   legacy.template operator()<GgmlType::kQ5_0>();
   legacy.template operator()<GgmlType::kQ8_0>();
+  fill(GgmlType::kQ3_K, kQ3_Kx8Avx2<>, &DotQ3_Kx8Avx512);
   fill(GgmlType::kQ4_K, kQ4_Kx8Avx2, amx ? &DotQ4_Kx8Amx : &DotQ4_Kx8Avx512);
   fill(GgmlType::kQ5_K, kQ5_Kx8Avx2, amx ? &DotQ5_Kx8Amx : &DotQ5_Kx8Avx512);
   fill(GgmlType::kQ6_K, kQ6_Kx8Avx2, &DotQ6_Kx8Avx512);

@@ -69,6 +69,19 @@ inline void PrefetchPair(const uint8_t* a, const uint8_t* b, int64_t ahead, int6
   }
 }
 
+// The end of a super-block in the kernels whose rows each form one exact int32 I per super-block
+// (Q3_K, Q6_K, IQ4_XS): acc[t] = fma(fl(d * xd_t), fl(I_t), acc[t]) for the 16 rows' fp16 d at
+// da (group a) and db (group b), token t's Q8_K block at xb[t].
+template <int T>
+inline void AddSuperBlock(__m512 (&acc)[T], const uint8_t* da, const uint8_t* db,
+                          const uint8_t* const (&xb)[T], const __m512i (&isum)[T]) {
+  const __m512 d = Halves2x8(da, db);
+  for (int t = 0; t < T; ++t) {
+    acc[t] =
+        _mm512_fmadd_ps(_mm512_mul_ps(d, BroadcastF32(xb[t])), _mm512_cvtepi32_ps(isum[t]), acc[t]);
+  }
+}
+
 // acc[t]'s low half to ya + t * y_stride, its high half to yb + t * y_stride (none if yb is
 // nullptr).
 template <int T>

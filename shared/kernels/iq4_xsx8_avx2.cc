@@ -119,12 +119,7 @@ void GroupTile(const uint8_t* group, int64_t n_blocks, const uint8_t* x, int64_t
         isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(sum[t], sc));
       }
     }
-    const __m256 d =
-        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + kIq4_XSx8DAt)));
-    for (int t = 0; t < T; ++t) {
-      const __m256 xd = _mm256_broadcast_ss(reinterpret_cast<const float*>(xb[t]));
-      acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, xd), _mm256_cvtepi32_ps(isum[t]), acc[t]);
-    }
+    simd::AddSuperBlock(acc, wb + kIq4_XSx8DAt, xb, isum);
   }
   for (int t = 0; t < T; ++t) _mm256_storeu_ps(y + t * y_stride, acc[t]);
 }

@@ -1255,14 +1255,14 @@ constexpr KernelSet MakeKernelSet() {
       Q8KInput<T::kQ6_K, Q6KInt, Q6KDecode>(),
       Q8KInput<T::kIQ4_XS, Iq4xsInt, Iq4Decode<true>>(),
   };
-  // The interleaved K-quant kernels form their exact sums with maddubs in both sets (VNNI would
-  // give the same integers); the interleaved Q4_0, Q5_0, Q8_0 and IQ4_XS ones use vpdpbusd where
-  // the set has VNNI.
+  // The interleaved Q4_K, Q5_K and Q6_K kernels form their exact sums with maddubs in both sets
+  // (VNNI would give the same integers); the interleaved Q4_0, Q5_0, Q8_0, Q3_K and IQ4_XS ones
+  // use vpdpbusd where the set has VNNI.
   return {kVnni ? "avx2+vnni" : "avx2", MakeTypeTable(kEntries), &QuantizeQ8_0,
           Interleaved8Table<kLegacyX8Avx2<GgmlType::kQ4_0, kVnni>,
                             kLegacyX8Avx2<GgmlType::kQ5_0, kVnni>,
-                            kLegacyX8Avx2<GgmlType::kQ8_0, kVnni>, kQ4_Kx8Avx2, kQ5_Kx8Avx2,
-                            kQ6_Kx8Avx2, kIq4_XSx8Avx2<kVnni>>(),
+                            kLegacyX8Avx2<GgmlType::kQ8_0, kVnni>, kQ3_Kx8Avx2<kVnni>, kQ4_Kx8Avx2,
+                            kQ5_Kx8Avx2, kQ6_Kx8Avx2, kIq4_XSx8Avx2<kVnni>>(),
           IntAxpyTable(&IntAxpyQ4_0Avx2)};
 }
 

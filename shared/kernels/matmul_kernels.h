@@ -239,14 +239,30 @@ template <bool kVnni = false>
 inline constexpr TypeKernels kIq4_XSx8Avx2 = {&DotIq4_XSx8Avx2<kVnni>, nullptr, nullptr,
                                               &Q6_Kx8InputBytes, &PrepareQ6_Kx8Avx2};
 
+// Q3_K in the interleaved layout (q3_kx8.cc, q3_kx8_avx2.cc): Q6_K's plain Q8_K activations;
+// per row and super-block I = sum_s sc_s * sum_{l in s} (q_l - 4) xq_l, exact, added as Q6_K's I
+// is, so every family gives the same bits.
+void DotQ3_Kx8Portable(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+                       int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
+// kVnni: the sums by AVX-VNNI's vpdpbusd (the same integers).
+template <bool kVnni>
+void DotQ3_Kx8Avx2(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+                   int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
+inline constexpr TypeKernels kQ3_Kx8Portable = {&DotQ3_Kx8Portable, nullptr, nullptr,
+                                                &Q6_Kx8InputBytes, &PrepareQ6_Kx8};
+template <bool kVnni = false>
+inline constexpr TypeKernels kQ3_Kx8Avx2 = {&DotQ3_Kx8Avx2<kVnni>, nullptr, nullptr,
+                                            &Q6_Kx8InputBytes, &PrepareQ6_Kx8Avx2};
+
 template <const TypeKernels& kQ4_0, const TypeKernels& kQ5_0, const TypeKernels& kQ8_0,
-          const TypeKernels& kQ4_K, const TypeKernels& kQ5_K, const TypeKernels& kQ6_K,
-          const TypeKernels& kIQ4_XS>
+          const TypeKernels& kQ3_K, const TypeKernels& kQ4_K, const TypeKernels& kQ5_K,
+          const TypeKernels& kQ6_K, const TypeKernels& kIQ4_XS>
 constexpr std::array<TypeKernels, kTypeSlots> Interleaved8Table() {
   std::array<TypeKernels, kTypeSlots> table{};
   table[static_cast<size_t>(GgmlType::kQ4_0)] = kQ4_0;
   table[static_cast<size_t>(GgmlType::kQ5_0)] = kQ5_0;
   table[static_cast<size_t>(GgmlType::kQ8_0)] = kQ8_0;
+  table[static_cast<size_t>(GgmlType::kQ3_K)] = kQ3_K;
   table[static_cast<size_t>(GgmlType::kQ4_K)] = kQ4_K;
   table[static_cast<size_t>(GgmlType::kQ5_K)] = kQ5_K;
   table[static_cast<size_t>(GgmlType::kQ6_K)] = kQ6_K;
@@ -277,6 +293,8 @@ void DotQ4_Kx8Avx512(const RowSource& groups, int64_t n_groups, int64_t cols, co
 void DotQ5_Kx8Avx512(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
                      int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
 void DotQ6_Kx8Avx512(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
+                     int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
+void DotQ3_Kx8Avx512(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
                      int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);
 void DotIq4_XSx8Avx512(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
                        int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride);

@@ -430,8 +430,8 @@ constexpr TypeEntry kEntries[] = {
 constexpr KernelSet kPortable = {
     "portable", MakeTypeTable(kEntries), &QuantizeQ8_0,
     Interleaved8Table<kLegacyX8Portable<GgmlType::kQ4_0>, kLegacyX8Portable<GgmlType::kQ5_0>,
-                      kLegacyX8Portable<GgmlType::kQ8_0>, kQ4_Kx8Portable, kQ5_Kx8Portable,
-                      kQ6_Kx8Portable, kIq4_XSx8Portable>(),
+                      kLegacyX8Portable<GgmlType::kQ8_0>, kQ3_Kx8Portable, kQ4_Kx8Portable,
+                      kQ5_Kx8Portable, kQ6_Kx8Portable, kIq4_XSx8Portable>(),
     IntAxpyTable(&IntAxpyQ4_0Portable)};
 
 }  // namespace

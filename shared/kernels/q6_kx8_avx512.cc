@@ -102,11 +102,7 @@ void PairTile(const uint8_t* a, const uint8_t* b, int64_t n_blocks, const uint8_
     range_pair.template operator()<0, 1>();
     range_pair.template operator()<1, 0>();
     range_pair.template operator()<1, 1>();
-    const __m512 d = avx512::Halves2x8(wa + kQ6_Kx8DAt, wb + kQ6_Kx8DAt);
-    for (int t = 0; t < T; ++t) {
-      const __m512 xd = avx512::BroadcastF32(xb[t]);
-      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, xd), _mm512_cvtepi32_ps(isum[t]), acc[t]);
-    }
+    avx512::AddSuperBlock(acc, wa + kQ6_Kx8DAt, wb + kQ6_Kx8DAt, xb, isum);
   }
   avx512::StoreTile(acc, ya, yb, y_stride);
 }

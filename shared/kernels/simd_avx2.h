@@ -30,6 +30,19 @@ inline __m256i Load32(const uint8_t* p) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }
 
+// The end of a super-block in the interleaved kernels whose rows each form one exact int32 I per
+// super-block (Q3_K, Q6_K, IQ4_XS): acc[t] = fma(fl(d * xd_t), fl(I_t), acc[t]) for the group's 8
+// fp16 d at d8, token t's Q8_K block at xb[t].
+template <int T>
+inline void AddSuperBlock(__m256 (&acc)[T], const uint8_t* d8, const uint8_t* const (&xb)[T],
+                          const __m256i (&isum)[T]) {
+  const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d8)));
+  for (int t = 0; t < T; ++t) {
+    const __m256 xd = _mm256_broadcast_ss(reinterpret_cast<const float*>(xb[t]));
+    acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, xd), _mm256_cvtepi32_ps(isum[t]), acc[t]);
+  }
+}
+
 // AVX-VNNI's vpdpbusd: acc + the sums of 4 unsigned x signed byte products per 32-bit lane.
 // Inline asm rather than the intrinsic keeps the *_avx2.cc files buildable with plain -mavx2;
 // callers reach it only after a run-time check for avxvnni.

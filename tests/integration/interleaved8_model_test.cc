@@ -1,8 +1,8 @@
-// The interleaved Q4_0, Q4_K, Q5_K, Q6_K and IQ4_XS copies at load (THERMOCLINE_REPACK,
+// The interleaved Q4_0, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS copies at load (THERMOCLINE_REPACK,
 // Model::InterleaveDenseMatrices, shared/gguf/interleaved8.h) on llama.cpp's own Q4_0, Q4_K_M,
-// Q4_K_S, Q5_K_M, Q5_K_S, IQ4_XS and pure-IQ4_XS files of ../shared/models/quants/: which
-// matrices get them, and that the model's logits and greedy picks with them are those without
-// them, up to the bounds below.
+// Q4_K_S, Q5_K_M, Q5_K_S, IQ4_XS, pure-IQ4_XS, Q3_K_M and pure-Q3_K files of
+// ../shared/models/quants/: which matrices get them, and that the model's logits and greedy picks
+// with them are those without them, up to the bounds below.
 //
 // The bounds are quant_models_test.cc's, for the same reason: both runs multiply the same
 // operands (Q8_0- or Q8_K-rounded activations, exact integer block sums) and differ only in f32
@@ -203,7 +203,8 @@ void CompareWithRowLayout(const std::string& path, bool ffn) {
 
 INSTANTIATE_TEST_SUITE_P(Files, Interleaved8ModelTest,
                          ::testing::Values("Q4_0", "pure-Q4_0", "Q4_K_M", "Q4_K_S", "Q5_K_M",
-                                           "Q5_K_S", "IQ4_XS", "pure-IQ4_XS"),
+                                           "Q5_K_S", "IQ4_XS", "pure-IQ4_XS", "Q3_K_M",
+                                           "pure-Q3_K"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string n = info.param;
                            std::replace(n.begin(), n.end(), '-', '_');

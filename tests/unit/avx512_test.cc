@@ -223,7 +223,7 @@ TEST_F(Avx512Test, KQuantTokenTilesSameBitsAsAvx2) {
 TEST_F(Avx512Test, InterleavedTilesSameBitsAsAvx2) {
   std::mt19937 rng(9);
   for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ5_0, GgmlType::kQ8_0, GgmlType::kQ4_K,
-                        GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_XS}) {
+                        GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_XS, GgmlType::kQ3_K}) {
     const int64_t rows = 8 * 61 + 5, cols = 2048;
     Matrix m = MakeMatrix(type, rows, cols, rng);
     // 17, 30 and 64 tokens take AMX's 16-token tiles for Q4_0 where the CPU has AMX.

@@ -1,26 +1,25 @@
-// Q4_K, Q5_K, Q6_K and IQ4_XS in the 8-row interleaved layouts (shared/gguf/q4_kx8.h,
-// q6_kx8.h, iq4_xsx8.h): the copy gives every row back byte for byte, MatMul over it matches a
-// double-precision reference and the row-layout kernel within bounds derived below, its kernel
-// families agree bit for bit, and its results do not depend on threads, token batching or row
-// ranges. The sparse paths keep reading the row layout.
+// Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS in the 8-row interleaved layouts (shared/gguf/q3_kx8.h,
+// q4_kx8.h, q6_kx8.h, iq4_xsx8.h): the copy gives every row back byte for byte, MatMul over it
+// matches a double-precision reference and the row-layout kernel within bounds derived below, its
+// kernel families agree bit for bit, and its results do not depend on threads, token batching or
+// row ranges. The sparse paths keep reading the row layout.
 //
 // The bounds. Both layouts multiply the same operands: K-quant weights against Q8_K-rounded
 // activations (QuantizeRowQ8_K). Per row and 256-column super-block the kernels form exact int32
 // sums: for Q4_K / Q5_K I = sum_s sc_s * sum_{l in s} q_l xq_l and M = sum_s mn_s * sum xq_l,
 // the block's value d xd I - dmin xd M (k = 2 terms); for Q6_K I = sum_s sc_s * sum_{l in s}
-// (q_l - 32) xq_l, the value d xd I (k = 1), and for IQ4_XS the same with the IQ4_NL value of
-// q_l. The interleaved kernel adds the k nb terms (nb = cols / 256) with one FMA each into one
-// f32 accumulator after rounding fl(d * xd) and fl(I)
-// (|I| may pass 2^24): |y - S| <= (k nb + 2) u P to first order (u = 2^-24), S the exact sum, P
-// the sum of the terms' magnitudes, at most the sum over elements of |d sc q xd xq| (+ |dmin mn
-// xd xq|), which the test computes. Written with FLT_EPSILON = 2u and room for second order:
-// (k nb / 2 + 2) FLT_EPSILON P. The AVX2 row kernels keep 8 lanes per row (each lane's partial
-// sum rounded once at most in its conversion, k nb FMAs after the rounding of fl(d * xd)) and
-// add them in a 3-level tree: (k nb + 5) u P; the portable row kernel rounds fl(d xd), fl(I), the
-// product and the sum: (k nb + 3) u P. So the layouts differ by at most (2 k nb + 7) u P, tested
-// as (k nb + 4) FLT_EPSILON P. A sub-block's scale or min taken from the wrong row or sub-block
-// moves y by about P / (16 nb), orders of magnitude above these bounds for every shape tested
-// (nb <= 17).
+// (q_l - 32) xq_l, the value d xd I (k = 1), and for Q3_K (q_l - 4) and IQ4_XS the IQ4_NL value
+// of q_l the same way. The interleaved kernel adds the k nb terms (nb = cols / 256) with one FMA
+// each into one f32 accumulator after rounding fl(d * xd) and fl(I) (|I| may pass 2^24): |y - S| <=
+// (k nb + 2) u P to first order (u = 2^-24), S the exact sum, P the sum of the terms' magnitudes,
+// at most the sum over elements of |d sc q xd xq| (+ |dmin mn xd xq|), which the test computes.
+// Written with FLT_EPSILON = 2u and room for second order: (k nb / 2 + 2) FLT_EPSILON P. The AVX2
+// row kernels keep 8 lanes per row (each lane's partial sum rounded once at most in its conversion,
+// k nb FMAs after the rounding of fl(d * xd)) and add them in a 3-level tree: (k nb + 5) u P; the
+// portable row kernel rounds fl(d xd), fl(I), the product and the sum: (k nb + 3) u P. So the
+// layouts differ by at most (2 k nb + 7) u P, tested as (k nb + 4) FLT_EPSILON P. A sub-block's
+// scale or min taken from the wrong row or sub-block moves y by about P / (16 nb), orders of
+// magnitude above these bounds for every shape tested (nb <= 17).
 
 #include <cfloat>
 #include <cmath>
@@ -140,6 +139,35 @@ void ReferenceQ6_K(const uint8_t* row, const uint8_t* q8k, int64_t cols, double*
   }
 }
 
+// block_q3_K: hmask[32], qs[64], scales[12], fp16 d; element 128h + 32j + l has its low bits
+// at bit 2j of qs[32h + l] and its third bit at bit 4h + j of hmask[l] (value q - 4); sub-block
+// s's 6-bit scale is the low nibble of byte s (s < 8) or the high one of byte s - 8, with two
+// high bits at bit 2 (s / 4) of byte 8 + s % 4, minus 32 (ggml's dequantize_row_q3_K).
+void ReferenceQ3_K(const uint8_t* row, const uint8_t* q8k, int64_t cols, double* ref, double* p) {
+  *ref = 0;
+  *p = 0;
+  for (int64_t b = 0; b < cols / kQK_K; ++b) {
+    const uint8_t* w = row + b * 110;
+    const uint8_t* x = q8k + b * kQ8KBlockBytes;
+    uint16_t dh;
+    std::memcpy(&dh, w + 108, 2);
+    float xd;
+    std::memcpy(&xd, x, 4);
+    const double d = Fp16ToFp32(dh);
+    const uint8_t* sc = w + 96;
+    const int8_t* xq = reinterpret_cast<const int8_t*>(x + 4);
+    for (int e = 0; e < kQK_K; ++e) {
+      const int h = e / 128, j = (e % 128) / 32, l = e % 32, s = e / 16;
+      const int low = s < 8 ? sc[s] & 0x0F : sc[s - 8] >> 4;
+      const int scale = (low | (((sc[8 + s % 4] >> (2 * (s / 4))) & 3) << 4)) - 32;
+      const int q = ((w[32 + 32 * h + l] >> (2 * j)) & 3) | (((w[l] >> (4 * h + j)) & 1) << 2);
+      const double a = d * scale * (q - 4) * xd * xq[e];
+      *ref += a;
+      *p += std::fabs(a);
+    }
+  }
+}
+
 // block_iq4_xs: fp16 d, uint16 scales_h, scales_l[4], qs[128]; sub-block s's scale is
 // (nibble s of scales_l | bits 2s, 2s + 1 of scales_h << 4) - 32, its quants the low nibbles of
 // qs[16s..16s+15] (elements 32s..) and their high nibbles (elements 32s + 16..).
@@ -180,7 +208,8 @@ struct KType {
 constexpr KType kTypes[] = {{GgmlType::kQ4_K, "q4_K", 2, 148, &ReferenceQ45_K<false>},
                             {GgmlType::kQ5_K, "q5_K", 2, 180, &ReferenceQ45_K<true>},
                             {GgmlType::kQ6_K, "q6_K", 1, 210, &ReferenceQ6_K},
-                            {GgmlType::kIQ4_XS, "iq4_xs", 1, 136, &ReferenceIq4_XS}};
+                            {GgmlType::kIQ4_XS, "iq4_xs", 1, 136, &ReferenceIq4_XS},
+                            {GgmlType::kQ3_K, "q3_K", 1, 110, &ReferenceQ3_K}};
 
 std::string Shape(const KType& kt, int64_t rows, int64_t cols) {
   return absl::StrCat(kt.name, " ", rows, "x", cols);
