@@ -3,32 +3,31 @@
 // NOT_SERVING, Generate UNAVAILABLE), then the model and the workers load, one warm-up step
 // runs, health turns SERVING and systemd hears READY=1.
 #include <fcntl.h>
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
-#include <unistd.h>
 #include <systemd/sd-daemon.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <boost/program_options.hpp>
 #include <cerrno>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <optional>
 #include <string>
 #include <thread>
-
-#include <boost/program_options.hpp>
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gateway/http_api.h"
 #include "gateway/listen_address.h"
-#include "gateway/reflection_v1.h"
 #include "gateway/log.h"
 #include "gateway/metrics.h"
+#include "gateway/reflection_v1.h"
 #include "gateway/scheduler.h"
 #include "gateway/security.h"
 #include "gateway/service.h"
@@ -41,7 +40,7 @@
 #include "shared/sparsity/placement.h"
 #include "shared/sparsity/sparsity_options.h"
 #include "shared/tokenizer/chat_prompt.h"
-#include "shared/util/env_switches.h"
+#include "shared/util/startup_environment.h"
 #include "shared/util/version.h"
 
 namespace thermocline::gateway {

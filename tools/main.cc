@@ -7,7 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "shared/util/env_switches.h"
+#include "shared/util/startup_environment.h"
 #include "shared/util/version.h"
 #include "tools/command.h"
 

@@ -22,9 +22,9 @@
 #include "shared/sparsity/sparsity_mode.h"
 #include "shared/sparsity/sparsity_options.h"
 #include "shared/sparsity/teal_profile.h"
-#include "shared/util/env_switches.h"
 #include "shared/util/flag_options.h"
 #include "shared/util/logfmt.h"
+#include "shared/util/startup_environment.h"
 
 namespace thermocline::ipc {
 

@@ -1,15 +1,14 @@
 #include "shared/util/env_switches.h"
 
+#include <array>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <string>
 #include <string_view>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "shared/util/cpu_features.h"
 
 namespace thermocline {
 namespace {
@@ -31,6 +30,12 @@ constexpr SwitchInfo kSwitches[] = {
     {EnvSwitch::kAmx, "THERMOCLINE_AMX", "the AMX-INT8 prompt GEMMs"},
 };
 
+constexpr std::array<EnvSwitch, std::size(kSwitches)> kAll = [] {
+  std::array<EnvSwitch, std::size(kSwitches)> all{};
+  for (size_t i = 0; i < all.size(); ++i) all[i] = kSwitches[i].id;
+  return all;
+}();
+
 const SwitchInfo& Info(EnvSwitch s) {
   for (const SwitchInfo& i : kSwitches) {
     if (i.id == s) return i;
@@ -38,20 +43,9 @@ const SwitchInfo& Info(EnvSwitch s) {
   return kSwitches[0];  // unreachable: every enumerator has a row
 }
 
-absl::Status CheckSimd() {
-  const char* v = std::getenv("THERMOCLINE_SIMD");
-  if (v == nullptr || *v == '\0') return absl::OkStatus();
-  std::vector<std::string> names;
-  for (SimdLevel l : {SimdLevel::kPortable, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
-    if (std::string_view(v) == SimdLevelName(l)) return absl::OkStatus();
-    names.push_back(SimdLevelName(l));
-  }
-  return absl::InvalidArgumentError(absl::StrCat("THERMOCLINE_SIMD='", v, "' is not one of ",
-                                                 absl::StrJoin(names, ", "),
-                                                 " (the most a kernel family may use)"));
-}
-
 }  // namespace
+
+std::span<const EnvSwitch> AllEnvSwitches() { return kAll; }
 
 const char* EnvSwitchName(EnvSwitch s) { return Info(s).name; }
 
@@ -74,18 +68,6 @@ bool EnvSwitchOn(EnvSwitch s) {
                  std::string(on.status().message()).c_str());
   }
   return true;
-}
-
-absl::Status CheckEnvironmentSwitches() {
-  std::vector<std::string> bad;
-  for (const SwitchInfo& i : kSwitches) {
-    if (absl::StatusOr<bool> on = ReadEnvSwitch(i.id); !on.ok()) {
-      bad.emplace_back(on.status().message());
-    }
-  }
-  if (absl::Status simd = CheckSimd(); !simd.ok()) bad.emplace_back(simd.message());
-  if (bad.empty()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("bad environment: ", absl::StrJoin(bad, "; ")));
 }
 
 }  // namespace thermocline

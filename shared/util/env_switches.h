@@ -2,8 +2,11 @@
 // instruction set off, for A/B measurements and as a workaround (docs/operations.md,
 // "Environment switches"). One table and one parser for all of them, so that every switch takes
 // the same values: unset, empty or 1 is on, 0 is off. Any other value ("off", "false", a typo)
-// is an error a process reports at start (CheckEnvironmentSwitches) instead of reading it as on.
+// is an error a process reports at start (CheckEnvironmentSwitches, startup_environment.h)
+// instead of reading it as on.
 #pragma once
+
+#include <span>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -17,6 +20,9 @@ enum class EnvSwitch {
   kAmx,            // THERMOCLINE_AMX: AMX-INT8 tiles for the Q4_0 / Q4_K prompt GEMMs
 };
 
+// Every switch, in the table's order.
+std::span<const EnvSwitch> AllEnvSwitches();
+
 // The variable's name, e.g. "THERMOCLINE_REPACK".
 const char* EnvSwitchName(EnvSwitch s);
 
@@ -29,9 +35,7 @@ absl::StatusOr<bool> ReadEnvSwitch(EnvSwitch s);
 // (CheckEnvironmentSwitches), so only a program that skips that check gets here with one.
 bool EnvSwitchOn(EnvSwitch s);
 
-// Every switch above and THERMOCLINE_SIMD (unset, empty, portable, avx2 or avx512): OK, or one
-// InvalidArgument error that names each bad variable. The command line, the gateway and both
-// workers call it before anything else.
-absl::Status CheckEnvironmentSwitches();
+// The start check over all of them and THERMOCLINE_SIMD: CheckEnvironmentSwitches
+// (startup_environment.h).
 
 }  // namespace thermocline

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "shared/util/startup_environment.h"
 
 namespace thermocline {
 namespace {
