@@ -6,57 +6,41 @@
 // hence the same bits.
 #include "shared/gguf/iq4_xsx8.h"
 
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 
 #include "shared/gguf/quant.h"
 #include "shared/kernels/matmul_kernels.h"
-#include "shared/util/fp16.h"
+#include "shared/kernels/superblock_sums_portable.h"
 
 namespace thermocline::matmul_internal {
 
 void DotIq4_XSx8Portable(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
                          int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
-  const int64_t n_blocks = cols / kQK_K;
-  for (int64_t g = 0; g < n_groups; ++g) {
-    const uint8_t* group = groups.base + g * groups.row_bytes;
-    for (int64_t t = 0; t < n_tokens; ++t) {
-      const uint8_t* xt = x + t * x_stride;
-      float acc[kIq4_XSx8Rows] = {};
-      for (int64_t b = 0; b < n_blocks; ++b) {
-        const uint8_t* wb = group + b * kIq4_XSx8BlockBytes;
-        const uint8_t* xb = xt + b * kQ8KBlockBytes;  // block_q8_K: f32 d, int8 qs[256], ...
-        float xd;
-        std::memcpy(&xd, xb, 4);
-        const int8_t* xq = reinterpret_cast<const int8_t*>(xb + 4);
-        for (int64_t r = 0; r < kIq4_XSx8Rows; ++r) {
-          uint16_t scales_h;
-          uint32_t scales_l;
-          std::memcpy(&scales_h, wb + kIq4_XSx8ScalesHAt + 2 * r, 2);
-          std::memcpy(&scales_l, wb + kIq4_XSx8ScalesLAt + 4 * r, 4);
-          int32_t isum = 0;
-          for (int s = 0; s < 8; ++s) {
-            const int sc = static_cast<int>(((scales_l >> (4 * s)) & 0xF) |
-                                            (((scales_h >> (2 * s)) & 3) << 4)) -
-                           32;
-            int32_t p = 0;
-            for (int i = 0; i < 16; ++i) {
-              const int j = 16 * s + i;  // qs byte: chunk j / 4, byte j % 4 of row r's lane
-              const uint8_t q = wb[kIq4_XSx8QsAt + 32 * (j / 4) + 4 * r + j % 4];
-              p += kIq4nlValues[q & 0x0F] * xq[32 * s + i];
-              p += kIq4nlValues[q >> 4] * xq[32 * s + 16 + i];
-            }
-            isum += sc * p;
+  static_assert(kIq4_XSx8DAt == 0 && kIq4_XSx8Rows == 8);
+  DotSuperBlockSumsPortable<kIq4_XSx8BlockBytes>(
+      groups, n_groups, cols, x, x_stride, n_tokens, y, y_stride,
+      [](const uint8_t* wb, int64_t r, const int8_t* xq) {
+        uint16_t scales_h;
+        uint32_t scales_l;
+        std::memcpy(&scales_h, wb + kIq4_XSx8ScalesHAt + 2 * r, 2);
+        std::memcpy(&scales_l, wb + kIq4_XSx8ScalesLAt + 4 * r, 4);
+        int32_t isum = 0;
+        for (int s = 0; s < 8; ++s) {
+          const int sc =
+              static_cast<int>(((scales_l >> (4 * s)) & 0xF) | (((scales_h >> (2 * s)) & 3) << 4)) -
+              32;
+          int32_t p = 0;
+          for (int i = 0; i < 16; ++i) {
+            const int j = 16 * s + i;  // qs byte: chunk j / 4, byte j % 4 of row r's lane
+            const uint8_t q = wb[kIq4_XSx8QsAt + 32 * (j / 4) + 4 * r + j % 4];
+            p += kIq4nlValues[q & 0x0F] * xq[32 * s + i];
+            p += kIq4nlValues[q >> 4] * xq[32 * s + 16 + i];
           }
-          uint16_t dh;
-          std::memcpy(&dh, wb + kIq4_XSx8DAt + 2 * r, 2);
-          acc[r] = std::fma(Fp16ToFp32(dh) * xd, static_cast<float>(isum), acc[r]);
+          isum += sc * p;
         }
-      }
-      std::memcpy(y + t * y_stride + g * kIq4_XSx8Rows, acc, sizeof acc);
-    }
-  }
+        return isum;
+      });
 }
 
 }  // namespace thermocline::matmul_internal

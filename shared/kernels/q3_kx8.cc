@@ -6,13 +6,12 @@
 // in the same order, hence the same bits.
 #include "shared/gguf/q3_kx8.h"
 
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 
 #include "shared/gguf/quant.h"
 #include "shared/kernels/matmul_kernels.h"
-#include "shared/util/fp16.h"
+#include "shared/kernels/superblock_sums_portable.h"
 
 namespace thermocline::matmul_internal {
 namespace {
@@ -29,43 +28,29 @@ int Q3_Kx8Scale(const uint8_t* words, int s) {
 
 void DotQ3_Kx8Portable(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
                        int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
-  const int64_t n_blocks = cols / kQK_K;
-  for (int64_t g = 0; g < n_groups; ++g) {
-    const uint8_t* group = groups.base + g * groups.row_bytes;
-    for (int64_t t = 0; t < n_tokens; ++t) {
-      const uint8_t* xt = x + t * x_stride;
-      float acc[kQ3_Kx8Rows] = {};
-      for (int64_t b = 0; b < n_blocks; ++b) {
-        const uint8_t* wb = group + b * kQ3_Kx8BlockBytes;
-        const uint8_t* xb = xt + b * kQ8KBlockBytes;  // block_q8_K: f32 d, int8 qs[256], ...
-        float xd;
-        std::memcpy(&xd, xb, 4);
-        const int8_t* xq = reinterpret_cast<const int8_t*>(xb + 4);
-        for (int64_t r = 0; r < kQ3_Kx8Rows; ++r) {
-          uint8_t words[12];
-          for (int k = 0; k < 3; ++k)
-            std::memcpy(words + 4 * k, wb + kQ3_Kx8ScalesAt + 32 * k + 4 * r, 4);
-          int32_t isum = 0;
-          for (int s = 0; s < 16; ++s) {
-            int32_t p = 0;
-            for (int e = 16 * s; e < 16 * s + 16; ++e) {
-              const int h = e / 128, j = (e % 128) / 32, l = e % 32;
-              const int qs_byte = 32 * h + l;
-              const uint8_t qs = wb[kQ3_Kx8QsAt + 32 * (qs_byte / 4) + 4 * r + qs_byte % 4];
-              const uint8_t hm = wb[kQ3_Kx8HmaskAt + 32 * (l / 4) + 4 * r + l % 4];
-              const int q = ((qs >> (2 * j)) & 3) | (((hm >> (4 * h + j)) & 1) << 2);
-              p += (q - 4) * xq[e];
-            }
-            isum += Q3_Kx8Scale(words, s) * p;
-          }
-          uint16_t dh;
-          std::memcpy(&dh, wb + kQ3_Kx8DAt + 2 * r, 2);
-          acc[r] = std::fma(Fp16ToFp32(dh) * xd, static_cast<float>(isum), acc[r]);
+  static_assert(kQ3_Kx8DAt == 0 && kQ3_Kx8Rows == 8);
+  DotSuperBlockSumsPortable<kQ3_Kx8BlockBytes>(
+      groups, n_groups, cols, x, x_stride, n_tokens, y, y_stride,
+      [](const uint8_t* wb, int64_t r, const int8_t* xq) {
+        uint8_t words[12];
+        for (int k = 0; k < 3; ++k) {
+          std::memcpy(words + 4 * k, wb + kQ3_Kx8ScalesAt + 32 * k + 4 * r, 4);
         }
-      }
-      std::memcpy(y + t * y_stride + g * kQ3_Kx8Rows, acc, sizeof acc);
-    }
-  }
+        int32_t isum = 0;
+        for (int s = 0; s < 16; ++s) {
+          int32_t p = 0;
+          for (int e = 16 * s; e < 16 * s + 16; ++e) {
+            const int h = e / 128, j = (e % 128) / 32, l = e % 32;
+            const int qs_byte = 32 * h + l;
+            const uint8_t qs = wb[kQ3_Kx8QsAt + 32 * (qs_byte / 4) + 4 * r + qs_byte % 4];
+            const uint8_t hm = wb[kQ3_Kx8HmaskAt + 32 * (l / 4) + 4 * r + l % 4];
+            const int q = ((qs >> (2 * j)) & 3) | (((hm >> (4 * h + j)) & 1) << 2);
+            p += (q - 4) * xq[e];
+          }
+          isum += Q3_Kx8Scale(words, s) * p;
+        }
+        return isum;
+      });
 }
 
 }  // namespace thermocline::matmul_internal

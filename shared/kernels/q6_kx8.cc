@@ -3,14 +3,13 @@
 // row and super-block, the exact integer I = sum_s sc_s * sum_{l in s} (q_l - 32) xq_l and add
 // it as acc = fma(fl(d * xd), fl(I), acc): the same operations in the same order, hence the
 // same bits.
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-
 #include "shared/gguf/q6_kx8.h"
+
+#include <cstdint>
+
 #include "shared/gguf/quant.h"
 #include "shared/kernels/matmul_kernels.h"
-#include "shared/util/fp16.h"
+#include "shared/kernels/superblock_sums_portable.h"
 
 namespace thermocline::matmul_internal {
 
@@ -20,42 +19,27 @@ void PrepareQ6_Kx8(const float* x, int64_t cols, uint8_t* out) { QuantizeRowQ8_K
 
 void DotQ6_Kx8Portable(const RowSource& groups, int64_t n_groups, int64_t cols, const uint8_t* x,
                        int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
-  const int64_t n_blocks = cols / kQK_K;
-  for (int64_t g = 0; g < n_groups; ++g) {
-    const uint8_t* group = groups.base + g * groups.row_bytes;
-    for (int64_t t = 0; t < n_tokens; ++t) {
-      const uint8_t* xt = x + t * x_stride;
-      float acc[kQ6_Kx8Rows] = {};
-      for (int64_t b = 0; b < n_blocks; ++b) {
-        const uint8_t* wb = group + b * kQ6_Kx8BlockBytes;
-        const uint8_t* xb = xt + b * kQ8KBlockBytes;  // block_q8_K: f32 d, int8 qs[256], ...
-        float xd;
-        std::memcpy(&xd, xb, 4);
-        const int8_t* xq = reinterpret_cast<const int8_t*>(xb + 4);
-        for (int64_t r = 0; r < kQ6_Kx8Rows; ++r) {
-          int32_t isum = 0;
-          for (int s = 0; s < 16; ++s) {
-            int32_t p = 0;
-            for (int e = 16 * s; e < 16 * s + 16; ++e) {
-              const int h = e / 128, ep = e % 128;
-              const int ql_byte = 64 * h + ep % 64, qh_byte = 32 * h + ep % 32;
-              const uint8_t ql = wb[kQ6_Kx8QlAt + 32 * (ql_byte / 4) + 4 * r + ql_byte % 4];
-              const uint8_t qh = wb[kQ6_Kx8QhAt + 32 * (qh_byte / 4) + 4 * r + qh_byte % 4];
-              const int low = ep / 64 ? ql >> 4 : ql & 0x0F;
-              const int high = (qh >> (2 * (ep / 32))) & 3;
-              p += ((low | (high << 4)) - 32) * xq[e];
-            }
-            const uint8_t sc = wb[kQ6_Kx8ScalesAt + 16 * (s / 2) + 2 * r + s % 2];
-            isum += static_cast<int8_t>(sc) * p;
+  static_assert(kQ6_Kx8DAt == 0 && kQ6_Kx8Rows == 8);
+  DotSuperBlockSumsPortable<kQ6_Kx8BlockBytes>(
+      groups, n_groups, cols, x, x_stride, n_tokens, y, y_stride,
+      [](const uint8_t* wb, int64_t r, const int8_t* xq) {
+        int32_t isum = 0;
+        for (int s = 0; s < 16; ++s) {
+          int32_t p = 0;
+          for (int e = 16 * s; e < 16 * s + 16; ++e) {
+            const int h = e / 128, ep = e % 128;
+            const int ql_byte = 64 * h + ep % 64, qh_byte = 32 * h + ep % 32;
+            const uint8_t ql = wb[kQ6_Kx8QlAt + 32 * (ql_byte / 4) + 4 * r + ql_byte % 4];
+            const uint8_t qh = wb[kQ6_Kx8QhAt + 32 * (qh_byte / 4) + 4 * r + qh_byte % 4];
+            const int low = ep / 64 ? ql >> 4 : ql & 0x0F;
+            const int high = (qh >> (2 * (ep / 32))) & 3;
+            p += ((low | (high << 4)) - 32) * xq[e];
           }
-          uint16_t dh;
-          std::memcpy(&dh, wb + kQ6_Kx8DAt + 2 * r, 2);
-          acc[r] = std::fma(Fp16ToFp32(dh) * xd, static_cast<float>(isum), acc[r]);
+          const uint8_t sc = wb[kQ6_Kx8ScalesAt + 16 * (s / 2) + 2 * r + s % 2];
+          isum += static_cast<int8_t>(sc) * p;
         }
-      }
-      std::memcpy(y + t * y_stride + g * kQ6_Kx8Rows, acc, sizeof acc);
-    }
-  }
+        return isum;
+      });
 }
 
 }  // namespace thermocline::matmul_internal
