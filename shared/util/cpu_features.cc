@@ -2,10 +2,9 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
-#include <cstring>
 
 #include "shared/util/env_switches.h"
 
@@ -32,18 +31,20 @@ SimdLevel CpuSimdLevel() {
   return SimdLevel::kPortable;
 }
 
+std::optional<SimdLevel> SimdLevelFromName(std::string_view name) {
+  for (SimdLevel l : {SimdLevel::kPortable, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
+    if (name == SimdLevelName(l)) return l;
+  }
+  return std::nullopt;
+}
+
 SimdLevel DetectSimdLevel() {
   const SimdLevel cpu = CpuSimdLevel();
   const char* force = std::getenv("THERMOCLINE_SIMD");
   if (force == nullptr || *force == '\0') return cpu;
-  SimdLevel asked = cpu;
-  bool known = false;
-  for (SimdLevel l : {SimdLevel::kPortable, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
-    if (std::strcmp(force, SimdLevelName(l)) == 0) {
-      asked = l;
-      known = true;
-    }
-  }
+  const std::optional<SimdLevel> named = SimdLevelFromName(force);
+  const bool known = named.has_value();
+  const SimdLevel asked = named.value_or(cpu);
   const SimdLevel level = std::min(asked, cpu);
   static std::atomic<bool> reported{false};
   if ((!known || asked > cpu) && !reported.exchange(true)) {

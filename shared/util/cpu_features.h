@@ -1,6 +1,9 @@
 // Which SIMD kernel family this CPU can run. Kernels are chosen once, at run time.
 #pragma once
 
+#include <optional>
+#include <string_view>
+
 namespace thermocline {
 
 // Ordered: each level needs everything the one below it needs.
@@ -15,6 +18,8 @@ SimdLevel DetectSimdLevel();
 // The best level this CPU has, ignoring THERMOCLINE_SIMD.
 SimdLevel CpuSimdLevel();
 const char* SimdLevelName(SimdLevel level);
+// The level SimdLevelName gives `name` ("portable", "avx2" or "avx512"); nullopt for any other.
+std::optional<SimdLevel> SimdLevelFromName(std::string_view name);
 
 // True when the avx512 family may use AMX-INT8 tiles (the *_amx.cc kernels): the CPU has AMX-TILE
 // and AMX-INT8, the OS saves their state (XCR0), and it granted this process the tile data

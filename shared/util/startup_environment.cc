@@ -2,7 +2,6 @@
 
 #include <cstdlib>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -17,14 +16,11 @@ namespace {
 absl::Status CheckSimd() {
   const char* v = std::getenv("THERMOCLINE_SIMD");
   if (v == nullptr || *v == '\0') return absl::OkStatus();
-  std::vector<std::string> names;
-  for (SimdLevel l : {SimdLevel::kPortable, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
-    if (std::string_view(v) == SimdLevelName(l)) return absl::OkStatus();
-    names.push_back(SimdLevelName(l));
-  }
-  return absl::InvalidArgumentError(absl::StrCat("THERMOCLINE_SIMD='", v, "' is not one of ",
-                                                 absl::StrJoin(names, ", "),
-                                                 " (the most a kernel family may use)"));
+  if (SimdLevelFromName(v)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("THERMOCLINE_SIMD='", v, "' is not one of ", SimdLevelName(SimdLevel::kPortable),
+                   ", ", SimdLevelName(SimdLevel::kAvx2), ", ", SimdLevelName(SimdLevel::kAvx512),
+                   " (the most a kernel family may use)"));
 }
 
 }  // namespace
