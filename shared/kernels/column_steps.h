@@ -9,13 +9,14 @@
 #include <cstdint>
 
 #include "shared/kernels/matmul_kernels.h"
+#include "shared/kernels/prefetch_weights.h"
 
 namespace thermocline::matmul_internal {
 
 // Calls step(c) for c = 0, kStep, 2 kStep, ... while c + kStep <= cols and returns the first
 // column left over. With `next` set it also prefetches the next tile's R rows (kBytes per
-// column) to L2, one prefetch per cache line of each row (a tile ahead can be more than L1
-// holds); the steps themselves are unchanged, so prefetching never alters the arithmetic.
+// column), one PrefetchWeights per cache line of each row; the steps themselves are unchanged,
+// so prefetching never alters the arithmetic.
 template <int kBytes, int kStep, int R, typename Step>
 int64_t StepColumns(const uint8_t* const* next, int64_t cols, Step&& step) {
   int64_t c = 0;
@@ -23,7 +24,7 @@ int64_t StepColumns(const uint8_t* const* next, int64_t cols, Step&& step) {
     constexpr int64_t kLineCols = 64 / kBytes;
     for (; c + kLineCols <= cols; c += kLineCols) {
       for (int r = 0; r < R; ++r) {
-        _mm_prefetch(reinterpret_cast<const char*>(next[r] + c * kBytes), _MM_HINT_T1);
+        PrefetchWeights(next[r] + c * kBytes);
       }
       for (int64_t k = 0; k < kLineCols; k += kStep) step(c + k);
     }

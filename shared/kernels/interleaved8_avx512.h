@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "shared/kernels/matmul_kernels.h"
+#include "shared/kernels/prefetch_weights.h"
 
 namespace thermocline::matmul_internal::avx512 {
 
@@ -59,13 +60,13 @@ inline __m512 BroadcastF32(const uint8_t* p) {
   return _mm512_set1_ps(v);
 }
 
-// The lines of [a + ahead, a + ahead + bytes) and the same of b (unless b is a) into L2: each
+// The lines of [a + ahead, a + ahead + bytes) and the same of b (unless b is a): each
 // group is a sequential stream that the hardware prefetcher alone does not keep far enough ahead
 // at one thread (the AVX2 kernels' measurements). Past the matrix it is a harmless hint.
 inline void PrefetchPair(const uint8_t* a, const uint8_t* b, int64_t ahead, int64_t bytes) {
   for (int64_t at = ahead; at < ahead + bytes; at += 64) {
-    _mm_prefetch(reinterpret_cast<const char*>(a + at), _MM_HINT_T1);
-    if (b != a) _mm_prefetch(reinterpret_cast<const char*>(b + at), _MM_HINT_T1);
+    PrefetchWeights(a + at);
+    if (b != a) PrefetchWeights(b + at);
   }
 }
 

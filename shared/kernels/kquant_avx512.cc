@@ -25,6 +25,7 @@
 
 #include "shared/gguf/quant.h"
 #include "shared/kernels/matmul_kernels.h"
+#include "shared/kernels/prefetch_weights.h"
 #include "shared/kernels/simd_avx512.h"
 
 namespace thermocline::matmul_internal {
@@ -33,12 +34,12 @@ namespace {
 constexpr int64_t kQ8KQs = 4;
 constexpr int64_t kQ8KSums = 4 + kQK_K;
 
-// Block `blk` of each of the R rows, to L2 (a tile ahead can be more than L1 holds).
+// Block `blk` of each of the R rows.
 template <int64_t kBytes>
 inline void PrefetchBlock(const uint8_t* const* rows, int R, int64_t blk) {
   for (int r = 0; r < R; ++r) {
     for (int64_t at = 0; at < kBytes; at += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(rows[r] + blk * kBytes + at), _MM_HINT_T1);
+      PrefetchWeights(rows[r] + blk * kBytes + at);
     }
   }
 }

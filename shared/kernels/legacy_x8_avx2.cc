@@ -32,6 +32,7 @@
 
 #include "shared/gguf/legacy_x8.h"
 #include "shared/kernels/matmul_kernels.h"
+#include "shared/kernels/prefetch_weights.h"
 #include "shared/kernels/simd_avx2.h"
 
 namespace thermocline::matmul_internal {
@@ -161,7 +162,7 @@ struct Planes<GgmlType::kQ8_0, false> {
 };
 
 // A group's blocks are one sequential stream, which the hardware prefetcher alone does not keep
-// far enough ahead at one thread: every 4 blocks the 4 blocks 16 ahead are prefetched into L2.
+// far enough ahead at one thread: every 4 blocks the 4 blocks 16 ahead are prefetched.
 // For Q4_0 (576 bytes, 9 lines per 4 blocks), in a standalone loop over 4 x 108 MiB (load ~2),
 // that took the 1-thread DRAM GEMV from 12.2-12.6 to 16.6-18.4 GB/s (1152 and 4608 bytes ahead
 // did no better). Past the matrix it is a harmless hint.
@@ -175,7 +176,7 @@ inline void BlockStep(const uint8_t* group, int64_t b, const uint8_t* x, int64_t
   const uint8_t* wb = group + b * kBlockBytes;
   if (b % kPrefetchEvery == 0) {
     for (int64_t at = 0; at < kPrefetchEvery * kBlockBytes; at += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(wb + 16 * kBlockBytes + at), _MM_HINT_T1);
+      PrefetchWeights(wb + 16 * kBlockBytes + at);
     }
   }
   const __m256 wd = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb)));

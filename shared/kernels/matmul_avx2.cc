@@ -16,6 +16,7 @@
 #include "shared/gguf/quant.h"
 #include "shared/kernels/column_steps.h"
 #include "shared/kernels/matmul_kernels.h"
+#include "shared/kernels/prefetch_weights.h"
 #include "shared/kernels/q8_input.h"
 #include "shared/kernels/simd_avx2.h"
 #include "shared/util/fp16.h"
@@ -23,10 +24,7 @@
 namespace thermocline::matmul_internal {
 namespace {
 
-// To L2: a tile ahead can be more than L1 holds.
-inline void Prefetch(const uint8_t* p) {
-  _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1);
-}
+inline void Prefetch(const uint8_t* p) { PrefetchWeights(p); }
 
 using simd::HorizontalSum;
 

@@ -17,6 +17,7 @@
 #include "shared/gguf/q3_kx8.h"
 #include "shared/gguf/quant.h"
 #include "shared/kernels/matmul_kernels.h"
+#include "shared/kernels/prefetch_weights.h"
 #include "shared/kernels/simd_avx2.h"
 
 namespace thermocline::matmul_internal {
@@ -25,7 +26,7 @@ namespace {
 using simd::Broadcast4;
 using simd::Load32;
 
-// A group is one sequential stream, prefetched two super-blocks ahead into L2 (as Q4_K's).
+// A group is one sequential stream, prefetched two super-blocks ahead (as Q4_K's).
 constexpr int64_t kPrefetchAhead = 2 * kQ3_Kx8BlockBytes;
 
 constexpr int64_t kXq = 4, kXBsums = 4 + kQK_K;  // block_q8_K: f32 d, int8 qs[256], bsums[16]
@@ -63,7 +64,7 @@ void GroupTile(const uint8_t* group, int64_t n_blocks, const uint8_t* x, int64_t
   for (int64_t b = 0; b < n_blocks; ++b) {
     const uint8_t* wb = group + b * kQ3_Kx8BlockBytes;
     for (int64_t at = 0; at < kQ3_Kx8BlockBytes; at += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchAhead + at), _MM_HINT_T1);
+      PrefetchWeights(wb + kPrefetchAhead + at);
     }
     const uint8_t* xb[T];
     __m256i isum[T];

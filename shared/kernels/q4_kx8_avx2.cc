@@ -29,6 +29,7 @@
 #include "shared/gguf/q4_kx8.h"
 #include "shared/gguf/quant.h"
 #include "shared/kernels/matmul_kernels.h"
+#include "shared/kernels/prefetch_weights.h"
 #include "shared/kernels/simd_avx2.h"
 
 namespace thermocline::matmul_internal {
@@ -38,9 +39,9 @@ using simd::Broadcast4;
 using simd::Load32;
 
 // A group's super-blocks are one sequential stream, which the hardware prefetcher alone does not
-// keep far enough ahead at one thread: prefetching two super-blocks (2368 bytes) ahead into L2
-// took a 1-thread DRAM GEMV from 14-15 to 18 GB/s (a 64 MiB matrix on the development VM;
-// T1 beat T0 and a 4-block distance was no better). Past a group's end it reaches into the
+// keep far enough ahead at one thread: prefetching two super-blocks (2368 bytes) ahead took a
+// 1-thread DRAM GEMV from 14-15 to 18 GB/s (a 64 MiB matrix on the development VM; a 4-block
+// distance was no better; the hint is PrefetchWeights'). Past a group's end it reaches into the
 // next group, which is the next to be read; past the matrix it is a harmless hint.
 constexpr int64_t kPrefetchAhead = 2 * kQ4_Kx8BlockBytes;
 
@@ -81,7 +82,7 @@ void GroupTile(const uint8_t* group, int64_t n_blocks, const uint8_t* x, int64_t
   for (int64_t b = 0; b < n_blocks; ++b) {
     const uint8_t* wb = group + b * kBlock;
     for (int64_t at = 0; at < kBlock; at += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchAhead + at), _MM_HINT_T1);
+      PrefetchWeights(wb + kPrefetchAhead + at);
     }
     const uint8_t* xb[T];
     for (int t = 0; t < T; ++t) xb[t] = x + t * x_stride + b * kQ4_Kx8InputBlockBytes;

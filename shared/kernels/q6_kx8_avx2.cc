@@ -25,6 +25,7 @@
 #include "shared/gguf/q6_kx8.h"
 #include "shared/gguf/quant.h"
 #include "shared/kernels/matmul_kernels.h"
+#include "shared/kernels/prefetch_weights.h"
 #include "shared/kernels/simd_avx2.h"
 
 namespace thermocline::matmul_internal {
@@ -34,7 +35,7 @@ using simd::Broadcast4;
 using simd::Load32;
 
 // As for Q4_K (q4_kx8_avx2.cc): a group is one sequential stream, prefetched two super-blocks
-// ahead into L2.
+// ahead.
 constexpr int64_t kPrefetchAhead = 2 * kQ6_Kx8BlockBytes;
 
 // block_q8_K offsets: f32 d, int8 qs[256], int16 bsums[16].
@@ -72,7 +73,7 @@ void GroupTile(const uint8_t* group, int64_t n_blocks, const uint8_t* x, int64_t
   for (int64_t b = 0; b < n_blocks; ++b) {
     const uint8_t* wb = group + b * kQ6_Kx8BlockBytes;
     for (int64_t at = 0; at < kQ6_Kx8BlockBytes; at += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchAhead + at), _MM_HINT_T1);
+      PrefetchWeights(wb + kPrefetchAhead + at);
     }
     const uint8_t* xb[T];
     __m256i isum[T], offset[T];
