@@ -1,5 +1,6 @@
 // Small pieces the benchmarks share: buffers for the weight copies, seconds between
-// two clock readings, the median of a sample, and the machine's load to print beside results.
+// two clock readings, the median of a sample, the --threads list, and the machine's load to
+// print beside results.
 #pragma once
 
 #include <algorithm>
@@ -12,6 +13,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "shared/util/cpu_features.h"
 #include "shared/util/load_average.h"
 #include "shared/util/page_arena.h"
@@ -44,6 +47,18 @@ inline const char* KernelFamily() {
   const SimdLevel level = DetectSimdLevel();
   if (level == SimdLevel::kAvx512 && AmxInt8Usable()) return "avx512+amx";
   return SimdLevelName(level);
+}
+
+// A --threads value such as "1,2": every entry a positive count. False (and `out` unspecified)
+// for anything else.
+inline bool ParseThreadList(const char* text, std::vector<int>& out) {
+  out.clear();
+  for (auto part : absl::StrSplit(text, ',')) {
+    int t = 0;
+    if (!absl::SimpleAtoi(part, &t) || t <= 0) return false;
+    out.push_back(t);
+  }
+  return true;
 }
 
 // "1-minute average/runnable now", e.g. "3.52/5".

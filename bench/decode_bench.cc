@@ -23,7 +23,6 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
 #include "shared/model/model.h"
 #include "shared/runtime/forward.h"
@@ -55,14 +54,9 @@ int main(int argc, char** argv) {
     if (a == "--model" && has_value) {
       models.push_back(argv[++i]);
     } else if (a == "--threads" && has_value) {
-      threads.clear();
-      for (auto part : absl::StrSplit(argv[++i], ',')) {
-        int t;
-        if (!absl::SimpleAtoi(part, &t) || t <= 0) {
-          std::fprintf(stderr, "decode_bench: bad --threads\n");
-          return 2;
-        }
-        threads.push_back(t);
+      if (!bench::ParseThreadList(argv[++i], threads)) {
+        std::fprintf(stderr, "decode_bench: bad --threads\n");
+        return 2;
       }
     } else if (a == "--tokens" && has_value) {
       if (!absl::SimpleAtoi(argv[++i], &tokens) || tokens <= 0) {

@@ -24,7 +24,6 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
 #include "shared/kernels/matmul.h"
 #include "shared/model/model.h"
@@ -68,12 +67,7 @@ int main(int argc, char** argv) {
     if (a == "--model" && has_value) {
       models.push_back(argv[++i]);
     } else if (a == "--threads" && has_value) {
-      threads.clear();
-      for (auto part : absl::StrSplit(argv[++i], ',')) {
-        int t;
-        if (!absl::SimpleAtoi(part, &t) || t <= 0) return Usage(2);
-        threads.push_back(t);
-      }
+      if (!bench::ParseThreadList(argv[++i], threads)) return Usage(2);
     } else if (a == "--rounds" && has_value) {
       if (!absl::SimpleAtoi(argv[++i], &rounds) || rounds < 2) return Usage(2);
     } else if (a == "--gap_mib" && has_value) {
@@ -95,15 +89,16 @@ int main(int argc, char** argv) {
   const uint8_t* gap_buf = mem.data() + kRegion;
   const size_t gap = static_cast<size_t>(gap_mib) << 20;
 
-  std::printf("kernels: %s, cpus %d; medians of %d rounds; gaps of %d MiB\n",
-              bench::KernelFamily(), UsableCpus(), rounds - 1, gap_mib);
+  std::printf("kernels: %s, cpus %d; medians of %d rounds; gaps of %d MiB\n", bench::KernelFamily(),
+              UsableCpus(), rounds - 1, gap_mib);
   std::printf("%-26s %6s %3s %9s %9s %13s %7s %12s %7s %11s %9s\n", "model", "type", "thr",
-              "MB/seq", "read GB/s", "back to back", "ratio", "read first", "ratio",
-              "first/b2b", "load");
+              "MB/seq", "read GB/s", "back to back", "ratio", "read first", "ratio", "first/b2b",
+              "load");
   for (const std::string& path : models) {
     auto model = Model::Load(path);
     if (!model.ok()) {
-      std::fprintf(stderr, "gemv_sequence_bench: %s\n", std::string(model.status().message()).c_str());
+      std::fprintf(stderr, "gemv_sequence_bench: %s\n",
+                   std::string(model.status().message()).c_str());
       return 1;
     }
     if (absl::Status s = (*model)->InterleaveDenseFfn(); !s.ok()) {
@@ -146,9 +141,9 @@ int main(int argc, char** argv) {
       }
       const double rd = bench::Median(read), bb = bench::Median(b2b), fi = bench::Median(first);
       const std::string name = path.substr(path.find_last_of('/') + 1);
-      std::printf("%-26s %6s %3d %9.1f %9.2f %13.2f %7.3f %12.2f %7.3f %11.3f %9s\n",
-                  name.c_str(), (*model)->weight_type_name().c_str(), nt, bytes / 1e6, rd, bb,
-                  bb / rd, fi, fi / rd, fi / bb, bench::LoadNow().c_str());
+      std::printf("%-26s %6s %3d %9.1f %9.2f %13.2f %7.3f %12.2f %7.3f %11.3f %9s\n", name.c_str(),
+                  (*model)->weight_type_name().c_str(), nt, bytes / 1e6, rd, bb, bb / rd, fi,
+                  fi / rd, fi / bb, bench::LoadNow().c_str());
       std::fflush(stdout);
     }
   }

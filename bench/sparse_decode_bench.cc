@@ -119,12 +119,7 @@ bool ParseArgs(int argc, char** argv, Options& o) {
     if (a == "--model" && has_value) {
       o.models.push_back(argv[++i]);
     } else if (a == "--threads" && has_value) {
-      o.threads.clear();
-      for (auto part : absl::StrSplit(argv[++i], ',')) {
-        int t;
-        if (!absl::SimpleAtoi(part, &t) || t <= 0) return false;
-        o.threads.push_back(t);
-      }
+      if (!bench::ParseThreadList(argv[++i], o.threads)) return false;
     } else if (a == "--tokens" && has_value) {
       if (!absl::SimpleAtoi(argv[++i], &o.tokens) || o.tokens <= 0) return false;
     } else if (a == "--modes" && has_value) {

@@ -23,7 +23,6 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
 #include "bench/decode_loop.h"
 #include "shared/model/model.h"
@@ -49,12 +48,7 @@ int main(int argc, char** argv) {
     if (a == "--model" && has_value) {
       models.push_back(argv[++i]);
     } else if (a == "--threads" && has_value) {
-      threads.clear();
-      for (auto part : absl::StrSplit(argv[++i], ',')) {
-        int t = 0;
-        ok = ok && absl::SimpleAtoi(part, &t) && t > 0;
-        threads.push_back(t);
-      }
+      ok = bench::ParseThreadList(argv[++i], threads);
     } else if (a == "--tokens" && has_value) {
       ok = absl::SimpleAtoi(argv[++i], &tokens) && tokens > 0;
     } else if (a == "--rounds" && has_value) {
