@@ -400,8 +400,8 @@ struct KQuantKernel {
   static constexpr int kGemvRows = 4;
   static constexpr int kRows = 2;
   static constexpr int kTokens = 6;
-  // As AVX2's: rows longer than a page get each stream's next row prefetched (ForEachTile).
-  static constexpr bool kPrefetchLongStripes = true;
+  // As AVX2's: each stream prefetches a page ahead (ForEachTile).
+  static constexpr bool kPrefetchStripes = true;
   static constexpr int64_t kAhead = 4;
 
   template <int R, int T>

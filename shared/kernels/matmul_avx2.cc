@@ -95,9 +95,9 @@ struct FloatKernel {
   static constexpr int kGemvRows = 4;
   static constexpr int kRows = 4;
   static constexpr int kTokens = 3;
-  // f16 / bf16 rows longer than a page read faster with each stream's next row prefetched; f32
-  // rows slower (ForEachTile).
-  static constexpr bool kPrefetchLongStripes = L::kBytes == 2;
+  // f16 / bf16 rows read faster with each stream prefetching a page ahead; f32 rows slower
+  // (ForEachTile).
+  static constexpr bool kPrefetchStripes = L::kBytes == 2;
 
   template <int R, int T>
   static void Tile(const uint8_t* const* rows, const uint8_t* const* next, int64_t cols,
@@ -370,7 +370,7 @@ struct QuantKernel {
   static constexpr int kGemvRows = 4;
   static constexpr int kRows = 4;
   static constexpr int kTokens = 2;
-  static constexpr bool kPrefetchLongStripes = true;  // ForEachTile
+  static constexpr bool kPrefetchStripes = true;  // ForEachTile
 
   // About one prefetch per cache line of a row.
   static constexpr int64_t kBlocksPerPrefetch = 64 / L::kBytes;
@@ -1035,7 +1035,7 @@ struct KQuantKernel {
   static constexpr int kGemvRows = 4;
   static constexpr int kRows = 4;
   static constexpr int kTokens = 2;
-  static constexpr bool kPrefetchLongStripes = true;  // ForEachTile
+  static constexpr bool kPrefetchStripes = true;  // ForEachTile
 
   template <int R, int T>
   static void Tile(const uint8_t* const* rows, const uint8_t* const* next, int64_t cols,

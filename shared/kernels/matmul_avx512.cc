@@ -118,9 +118,9 @@ struct FloatKernel {
   static constexpr int kGemvRows = 4;
   static constexpr int kRows = 8;
   static constexpr int kTokens = 6;
-  // As AVX2's: f16 / bf16 rows longer than a page read faster with each stream's next row
-  // prefetched (ForEachTile).
-  static constexpr bool kPrefetchLongStripes = L::kBytes == 2;
+  // As AVX2's: f16 / bf16 rows read faster with each stream prefetching a page ahead
+  // (ForEachTile).
+  static constexpr bool kPrefetchStripes = L::kBytes == 2;
 
   template <int R, int T>
   static void Tile(const uint8_t* const* rows, const uint8_t* const* next, int64_t cols,

@@ -353,32 +353,41 @@ inline constexpr int64_t PrefetchAheadRows(int R, int64_t row_bytes) {
 // contiguous rows, for gathered (scattered) rows the first at least kPrefetchAheadBytes on,
 // which hides DRAM latency. Elsewhere, and when no such tile is left, it is nullptr.
 //
-// kPrefetchLongStripes: in the striped tiles, rows of a page or more also get each stream's next
-// row as next_ptrs (the kernel's choice: K::kPrefetchLongStripes, see RunRowTiles). Within a row
-// the prefetcher starts over at every page; measured on Zen 3, one thread, from DRAM: f16 at 4096
-// / 5504 columns 70-74% / 69% of the read floor without, 81-85% / 81% with; q8_0 55-58% / 59-60%
-// without, 71% / 71-82% with; f32 87-91% / 86-87% without, 82-85% / 82-83% with (the prefetches
-// cost it more than they save: it asks for no prefetch). A row of exactly one page (2048 f16
-// columns: q, k, v, o, gate and up of a 2048-wide model) starts a new page at every row, so it
-// is prefetched too: on Intel (Emerald Rapids, one and two threads, from DRAM) f16 and bf16 at
-// 2048 columns 78-79% -> 91-93% of the read floor.
-template <int R, int T, bool kPrefetchLongStripes = false, class TileFn>
+// kPrefetchStripes: in the striped tiles each stream also prefetches, as next_ptrs, the row that
+// starts at least kStripeAheadBytes (a page) past the row it reads: the next row for rows of a
+// page or more, a few rows on for shorter ones (the kernel's choice: K::kPrefetchStripes, see
+// RunRowTiles). Within a row the prefetcher starts over at every page; measured on Zen 3, one
+// thread, from DRAM: f16 at 4096 / 5504 columns 70-74% / 69% of the read floor without, 81-85% /
+// 81% with; q8_0 55-58% / 59-60% without, 71% / 71-82% with; f32 87-91% / 86-87% without, 82-85%
+// / 82-83% with (the prefetches cost it more than they save: it asks for no prefetch). A row of
+// exactly one page (2048 f16 columns: q, k, v, o, gate and up of a 2048-wide model) starts a new
+// page at every row, so it is prefetched too: on Intel (Emerald Rapids, one and two threads, from
+// DRAM) f16 and bf16 at 2048 columns 78-79% -> 91-93% of the read floor. Shorter rows (a model
+// narrower than 2048) were left to the hardware prefetcher until a page ahead was measured on
+// Emerald Rapids: f16 at 257 columns 77% -> 93-95%, at 1024 columns 77-79% -> 88-98%, the
+// row-layout q4_K / q6_K at 2048 columns 78% / 81% -> 89-95% / 90-93%, and a 1024-wide F16
+// model's decode 0.77 -> 0.86-0.88 of its floor at one thread (docs/performance.md, "Rows
+// shorter than a page").
+inline constexpr int64_t kStripeAheadBytes = 4096;
+
+template <int R, int T, bool kPrefetchStripes = false, class TileFn>
 inline void ForEachTile(const RowSource& rows, int64_t n_rows, int64_t n_tokens, float* y,
                         int64_t y_stride, TileFn&& tile) {
   int64_t i = 0;
   if (n_tokens <= T && rows.ids == nullptr && R > 1 && n_rows >= 2 * R) {
     const int nt = static_cast<int>(n_tokens);
     const int64_t slice = n_rows / R;
-    const bool ahead = kPrefetchLongStripes && rows.row_bytes >= 4096;
+    const int64_t d = std::max<int64_t>(
+        1, (kStripeAheadBytes + rows.row_bytes - 1) / std::max<int64_t>(1, rows.row_bytes));
     float out[T * R];
     for (; i < slice; ++i) {
       const uint8_t* ptrs[R];
       const uint8_t* next[R];
       for (int k = 0; k < R; ++k) ptrs[k] = rows.row(k * slice + i);
-      if (ahead) {
-        for (int k = 0; k < R; ++k) next[k] = rows.row(k * slice + std::min(i + 1, slice - 1));
+      if (kPrefetchStripes) {
+        for (int k = 0; k < R; ++k) next[k] = rows.row(k * slice + std::min(i + d, slice - 1));
       }
-      tile(ptrs, ahead ? next : nullptr, R, nt, int64_t{0}, out, int64_t{R});
+      tile(ptrs, kPrefetchStripes ? next : nullptr, R, nt, int64_t{0}, out, int64_t{R});
       for (int t = 0; t < nt; ++t) {
         for (int k = 0; k < R; ++k) y[t * y_stride + k * slice + i] = out[t * R + k];
       }
@@ -426,11 +435,11 @@ constexpr std::array<RowTileFn, sizeof...(I)> MakeRowTileTable(std::index_sequen
   return {&K::template Tile<static_cast<int>(I) / kMaxT + 1, static_cast<int>(I) % kMaxT + 1>...};
 }
 
-// K::kPrefetchLongStripes, where K declares it (ForEachTile); false otherwise.
+// K::kPrefetchStripes, where K declares it (ForEachTile); false otherwise.
 template <class K>
-constexpr bool PrefetchLongStripes() {
-  if constexpr (requires { K::kPrefetchLongStripes; }) {
-    return K::kPrefetchLongStripes;
+constexpr bool PrefetchStripes() {
+  if constexpr (requires { K::kPrefetchStripes; }) {
+    return K::kPrefetchStripes;
   } else {
     return false;
   }
@@ -441,7 +450,7 @@ void RunRowTiles(const RowSource& rows, int64_t n_rows, int64_t cols, const uint
                  int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
   static constexpr auto kTable =
       MakeRowTileTable<K, kMaxR, kMaxT>(std::make_index_sequence<kMaxR * kMaxT>());
-  ForEachTile<kMaxR, kMaxT, PrefetchLongStripes<K>()>(
+  ForEachTile<kMaxR, kMaxT, PrefetchStripes<K>()>(
       rows, n_rows, n_tokens, y, y_stride,
       [&](const uint8_t* const* w, const uint8_t* const* next, int nr, int nt, int64_t t0,
           float* yt, int64_t yt_stride) {
