@@ -4,8 +4,6 @@
 // including file, so files compiled with different ISA flags share no instantiation.
 #pragma once
 
-#include <xmmintrin.h>
-
 #include <cstdint>
 
 #include "shared/kernels/matmul_kernels.h"
