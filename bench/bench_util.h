@@ -1,5 +1,6 @@
 // Small pieces the benchmarks share: buffers for the weight copies, seconds between
-// two clock readings, the median of a sample, the --threads list, and the machine's load to
+// two clock readings, the median of a sample, the dense-decode model, the --threads list, and the
+// machine's load to
 // print beside results.
 #pragma once
 
@@ -15,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "shared/model/model.h"
 #include "shared/util/cpu_features.h"
 #include "shared/util/load_average.h"
 #include "shared/util/page_arena.h"
@@ -47,6 +49,16 @@ inline const char* KernelFamily() {
   const SimdLevel level = DetectSimdLevel();
   if (level == SimdLevel::kAvx512 && AmxInt8Usable()) return "avx512+amx";
   return SimdLevelName(level);
+}
+
+// A model as the product's dense decode holds it (thermocline generate --sparsity dense): loaded,
+// its dense FFN multiplied from the interleaved copies (Model::InterleaveDenseFfn;
+// THERMOCLINE_REPACK=0 keeps the row layout).
+inline absl::StatusOr<std::unique_ptr<Model>> LoadForDenseDecode(const std::string& path) {
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(path);
+  if (!model.ok()) return model.status();
+  if (absl::Status s = (*model)->InterleaveDenseFfn(); !s.ok()) return s;
+  return model;
 }
 
 // A --threads value such as "1,2": every entry a positive count. False (and `out` unspecified)

@@ -85,11 +85,8 @@ int main(int argc, char** argv) {
               "MB/token", "read GB/s", "floor t/s", "tok/s", "ratio", "load start", "load end",
               "prompt t/s");
   for (const std::string& path : models) {
-    auto model = Model::Load(path);
+    auto model = bench::LoadForDenseDecode(path);
     if (!model.ok()) return Fail(model.status());
-    // Dense decode: the FFN is multiplied whole, so it gets the interleaved Q4_0 / K-quant
-    // copy too (THERMOCLINE_REPACK=0 for the row layout).
-    if (absl::Status s = (*model)->InterleaveDenseFfn(); !s.ok()) return Fail(s);
     const ModelConfig& c = (*model)->config();
     if (prompt + tokens > c.context_length) {
       std::fprintf(stderr,

@@ -95,14 +95,10 @@ int main(int argc, char** argv) {
               "MB/seq", "read GB/s", "back to back", "ratio", "read first", "ratio", "first/b2b",
               "load");
   for (const std::string& path : models) {
-    auto model = Model::Load(path);
+    auto model = bench::LoadForDenseDecode(path);
     if (!model.ok()) {
       std::fprintf(stderr, "gemv_sequence_bench: %s\n",
                    std::string(model.status().message()).c_str());
-      return 1;
-    }
-    if (absl::Status s = (*model)->InterleaveDenseFfn(); !s.ok()) {
-      std::fprintf(stderr, "gemv_sequence_bench: %s\n", std::string(s.message()).c_str());
       return 1;
     }
     const std::vector<const MatrixView*> seq = DecodeOrder(**model);

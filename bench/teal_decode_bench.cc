@@ -87,18 +87,14 @@ int main(int argc, char** argv) {
   std::printf("%-28s %6s %7s %10s %10s %8s %10s %9s\n", "model", "type", "threads", "dense t/s",
               "teal t/s", "ratio", "skipped", "copy MiB");
   for (const std::string& path : models) {
-    auto model = Model::Load(path);
+    // The dense rounds are the product's dense mode, which multiplies the FFN from its
+    // interleaved copy; TEAL's rounds read their own transposed copies (and the prompt's dense
+    // rows the interleaved ones). With the row layout the dense rounds ran slower at Q4_0, and
+    // TEAL's ratio read high.
+    auto model = bench::LoadForDenseDecode(path);
     if (!model.ok()) {
       std::fprintf(stderr, "teal_decode_bench: %s\n",
                    std::string(model.status().message()).c_str());
-      return 1;
-    }
-    // The dense rounds are the product's dense mode (thermocline generate --sparsity dense),
-    // which multiplies the FFN from its interleaved copy; TEAL's rounds read their own transposed
-    // copies (and the prompt's dense rows the interleaved ones). Without this the dense rounds
-    // ran the FFN from the row layout, slower at Q4_0, and TEAL's ratio read high.
-    if (absl::Status s = (*model)->InterleaveDenseFfn(); !s.ok()) {
-      std::fprintf(stderr, "teal_decode_bench: %s\n", std::string(s.message()).c_str());
       return 1;
     }
     const ModelConfig& c = (*model)->config();
