@@ -470,14 +470,25 @@ void TiledDotRows(const RowSource& rows, int64_t n_rows, int64_t cols, const uin
   }
 }
 
-// TypeKernels::axpy through K's axpy tiles. Four rows per pass over y keep y's loads and stores
-// to a quarter of the FMAs; four rows at least kPrefetchAheadBytes on (scattered, for the sparse
-// FFN) are prefetched meanwhile. A tile adds its rows into y in order, so the grouping never
-// changes a bit.
+// Rows per axpy tile: K::kAxpyRows where K declares it, else 4.
+template <class K>
+constexpr int AxpyRows() {
+  if constexpr (requires { K::kAxpyRows; }) {
+    return K::kAxpyRows;
+  } else {
+    return 4;
+  }
+}
+
+// TypeKernels::axpy through K's axpy tiles. R rows per pass over y (AxpyRows: 4, or what K
+// declares) keep y's loads and stores to 1/R of the FMAs, and make R streams of scattered rows
+// at once; R rows at least kPrefetchAheadBytes on (scattered, for the sparse FFN and TEAL) are
+// prefetched meanwhile. A tile adds its rows into y in order, so the grouping never changes a
+// bit.
 template <class K>
 void TiledAxpyRows(const RowSource& rows, const float* coeffs, int64_t n_rows, int64_t cols,
                    float* y) {
-  constexpr int kR = 4;
+  constexpr int kR = AxpyRows<K>();
   const int64_t ahead = PrefetchAheadRows(kR, rows.row_bytes);
   int64_t i = 0;
   for (; i + kR <= n_rows; i += kR) {
