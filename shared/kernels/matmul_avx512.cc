@@ -318,7 +318,7 @@ struct QuantKernel {
   // Axpy tiles (TiledAxpyRows) of 8 rows: eight scattered rows streaming at once, one pass over
   // y per eight. Measured on AMD Zen 5 (axpy_bench, five alternations against 4 rows): Q8_0
   // rows 1.1-1.5x at one thread, 1.1-1.3x at two; Q4_0 within the noise. The float rows and the
-  // K-quants' f32 decode gained nothing (f16 lost in L2) and keep 4 (docs/performance.md, "AMD
+  // K-quants' f32 decode gained nothing (f16 lost in L2) and keep 4 (docs/performance.md, "On AMD
   // Zen 5").
   static constexpr int kAxpyRows = 8;
 
