@@ -27,8 +27,9 @@ namespace thermocline {
 namespace {
 
 constexpr GgmlType kTypes[] = {GgmlType::kQ4_0, GgmlType::kQ5_0, GgmlType::kQ8_0};
-// Group counts 1, 2, 5 and 8 (odd ones leave AVX-512's pairing a group alone), partial groups.
-constexpr int64_t kRows[] = {1, 7, 9, 33, 61};
+// Group counts 1, 2, 5, 7, 8 and 14 (odd ones leave AVX-512's pairing a group alone; a one-token
+// product takes groups four at a time, leaving 1, 3 or 2), partial groups.
+constexpr int64_t kRows[] = {1, 7, 9, 33, 55, 61, 111};
 // One block, two, the 1.3B-like ffn_down width's 86 and an odd 129.
 constexpr int64_t kCols[] = {32, 64, 2752, 4096 + 32};
 constexpr int64_t kMaxTokens = 30;
