@@ -102,7 +102,8 @@ using PairFn = void (*)(const uint8_t* a, const uint8_t* b, int64_t n_blocks, co
 // Runs tiles[nt - 1] over every group of an interleaved product, two groups per tile. With one
 // token tile (decode) group g goes with group g + n_groups / 2, two sequential streams half the
 // range apart as in legacy_x8_avx2.cc; with more, neighbouring groups pair up and the pairs walk
-// ForEachGroupTile's L2 blocks. Which groups share a tile changes no group's arithmetic.
+// ForEachGroupTile's L2 blocks. Which groups share a tile changes no group's arithmetic. (The
+// legacy types' one-token products take four streams instead: ForEachGroupQuad, below.)
 template <int T>
 inline void ForEachGroupPair(const PairFn (&tiles)[T], const RowSource& groups, int64_t n_groups,
                              int64_t n_blocks, const uint8_t* x, int64_t x_stride, int64_t n_tokens,
