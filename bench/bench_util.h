@@ -1,7 +1,6 @@
-// Small pieces the benchmarks share: buffers for the weight copies, seconds between
-// two clock readings, the median of a sample, the dense-decode model, the --threads list, and the
-// machine's load to
-// print beside results.
+// Small pieces the benchmarks share: buffers for the weight copies, seconds between two clock
+// readings, the median of a sample, the dense-decode model, the --threads list, and the
+// machine's load to print beside results.
 #pragma once
 
 #include <algorithm>
