@@ -235,14 +235,17 @@ GemvResult TimeGemv(const Weights& w, const std::vector<float>& x, std::vector<f
 struct SparseResult {
   double gather_best_s = 0, axpy_best_s = 0;
   double read_best_s = 0;                     // a plain read of as many contiguous bytes
+  double scatter_best_s = 0;                  // a plain read of the same rows (same ids)
   double gather_paired = 0, axpy_paired = 0;  // median of read time / kernel time per pair
   int64_t bytes = 0;                          // weight bytes one call reads
 };
 
 // The sparse FFN's two kernels over a random sorted fraction of the rows (the active neurons),
 // through the copies like the GEMVs. After each call a plain read of as many contiguous bytes of
-// a far copy is timed (the floor for these short calls, under the same conditions), and a full
-// read of another copy makes sure the same ids never find their rows still in the cache.
+// a far copy is timed (the floor for these short calls, under the same conditions), then a plain
+// read of the same rows of another copy with the kernels' prefetch distance (TimeScatteredRead:
+// the floor of the access pattern itself; scatter_read_bench), and a full read of another copy
+// makes sure the same ids never find their rows still in the cache.
 SparseResult TimeSparse(const Weights& w, double fraction, int rounds, ThreadPool& pool) {
   const int64_t rows = w.view.rows;
   std::vector<int32_t> ids;
@@ -257,7 +260,7 @@ SparseResult TimeSparse(const Weights& w, double fraction, int rounds, ThreadPoo
   std::vector<float> x(w.view.cols, 0.5f), y(n), coeffs(n, 0.25f), acc(w.view.cols, 0.0f);
   MatrixView v = w.view;
   v.interleaved = nullptr;  // never read by the sparse kernels anyway
-  double gather = 1e30, axpy = 1e30, read = 1e30;
+  double gather = 1e30, axpy = 1e30, read = 1e30, scatter = 1e30;
   std::vector<double> gather_pairs, axpy_pairs;
   const size_t n_copies = w.copies.size();
   for (int round = 0; round < rounds; ++round) {
@@ -273,6 +276,11 @@ SparseResult TimeSparse(const Weights& w, double fraction, int rounds, ThreadPoo
       const uint8_t* far = w.copies[(k + n_copies / 2) % n_copies].data();
       const double r = TimeParallelRead(pool, far, bytes);
       read = std::min(read, r);
+      // The kernels' gathered-row prefetch distance (kPrefetchAheadBytes, matmul_kernels.h).
+      constexpr int64_t kAheadBytes = 32 << 10;
+      scatter =
+          std::min(scatter, TimeScatteredRead(pool, w.copies[(k + n_copies / 3) % n_copies].data(),
+                                              v.row_bytes, ids.data(), n, kAheadBytes));
       if (k % 2 == 0) {
         gather = std::min(gather, t);
         gather_pairs.push_back(r / t);
@@ -283,7 +291,7 @@ SparseResult TimeSparse(const Weights& w, double fraction, int rounds, ThreadPoo
       TimeParallelRead(pool, w.copies[(k + n_copies / 4) % n_copies].data(), w.bytes);
     }
   }
-  return {gather, axpy, read, Median(gather_pairs), Median(axpy_pairs), bytes};
+  return {gather, axpy, read, scatter, Median(gather_pairs), Median(axpy_pairs), bytes};
 }
 
 // The kernel's own ceiling per thread: best single-thread GEMV over the first ~256 KiB of rows of
@@ -381,12 +389,14 @@ int Main(int argc, char** argv) {
       const SparseResult sp = TimeSparse(w, o.sparse_fraction, o.rounds, pool);
       char line[256];
       std::snprintf(
-          line, sizeof line, "%-6s %3d %8lld %7.1f %7.1f %6.0f%% %6.0f%% %7.1f %6.0f%% %6.0f%%",
-          name.c_str(), o.threads[i],
-          static_cast<long long>(sp.bytes / w.view.row_bytes), sp.bytes / sp.read_best_s / 1e9,
+          line, sizeof line,
+          "%-6s %3d %8lld %7.1f %7.1f %7.1f %6.0f%% %6.0f%% %6.0f%% %7.1f %6.0f%% %6.0f%% %6.0f%%",
+          name.c_str(), o.threads[i], static_cast<long long>(sp.bytes / w.view.row_bytes),
+          sp.bytes / sp.read_best_s / 1e9, sp.bytes / sp.scatter_best_s / 1e9,
           sp.bytes / sp.gather_best_s / 1e9, 100.0 * sp.read_best_s / sp.gather_best_s,
-          100.0 * sp.gather_paired, sp.bytes / sp.axpy_best_s / 1e9,
-          100.0 * sp.read_best_s / sp.axpy_best_s, 100.0 * sp.axpy_paired);
+          100.0 * sp.scatter_best_s / sp.gather_best_s, 100.0 * sp.gather_paired,
+          sp.bytes / sp.axpy_best_s / 1e9, 100.0 * sp.read_best_s / sp.axpy_best_s,
+          100.0 * sp.scatter_best_s / sp.axpy_best_s, 100.0 * sp.axpy_paired);
       sparse_lines.push_back(line);
       const double gb = w.bytes / 1e9;
       std::printf(
@@ -419,11 +429,14 @@ int Main(int argc, char** argv) {
   std::printf(
       "\nSparse FFN kernels, %.0f%% of the rows (random, sorted ids), one token; GB/s of rows "
       "read, best of the rounds. read: best plain read of as many contiguous bytes, timed "
-      "interleaved; best ratio = best read time / best kernel time; paired: median over "
-      "(kernel, next read) pairs.\n",
+      "interleaved; scatter: best plain read of the same rows (same ids, the kernels' prefetch "
+      "distance), the floor of the access pattern itself; best ratio = best read time / best "
+      "kernel time; /scat: best scatter time / best kernel time; paired: median over (kernel, "
+      "next read) pairs of contiguous read time / kernel time.\n",
       100.0 * o.sparse_fraction);
-  std::printf("%-6s %3s %8s %7s %7s %7s %7s %7s %7s %7s\n", "type", "thr", "rows", "read", "gather",
-              "best", "paired", "axpy", "best", "paired");
+  std::printf("%-6s %3s %8s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s\n", "type", "thr", "rows",
+              "read", "scatter", "gather", "best", "/scat", "paired", "axpy", "best", "/scat",
+              "paired");
   for (const std::string& line : sparse_lines) std::printf("%s\n", line.c_str());
   std::printf("\n");
   for (const Pair& p : pairs) {
