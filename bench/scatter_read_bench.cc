@@ -13,8 +13,8 @@
 // the active neurons of successive layers). The rows of one matrix after another are read with
 // TimeScatteredRead, with the kernels' prefetch (rows at least 32 KiB on, as kPrefetchAheadBytes)
 // and without, each followed by a contiguous read of as many bytes of a far part of the buffer.
-// GB/s count the bytes of the chosen rows; "ratio" is scattered rate / contiguous rate, medians
-// over the matrices of all rounds.
+// GB/s count the bytes of the chosen rows; "ratio" is contiguous time / scattered time; all
+// figures are medians over the matrices of all rounds.
 //
 //   scatter_read_bench [--threads=1,2] [--row_bytes=1152,3456,6208,11008]
 //                      [--density=0.05,0.13,0.5,1] [--rows=5504] [--working_set_mib=1024]
@@ -101,10 +101,12 @@ bool Parse(int argc, char** argv, Options& o) {
   return true;
 }
 
+// Medians over the matrices of all rounds: a time slice lost to another process hits one
+// matrix, not the figure.
 struct Result {
   double prefetched = 0, plain = 0;              // GB/s of the chosen rows
-  double prefetched_ratio = 0, plain_ratio = 0;  // medians of contiguous time / scattered time
-  double contiguous = 0;                         // GB/s, median
+  double prefetched_ratio = 0, plain_ratio = 0;  // contiguous time / scattered time
+  double contiguous = 0;                         // GB/s
 };
 
 Result Measure(const bench::Buffer& buf, int64_t row_bytes, double density, int64_t rows,
@@ -113,8 +115,7 @@ Result Measure(const bench::Buffer& buf, int64_t row_bytes, double density, int6
   const int64_t n_matrices = static_cast<int64_t>(buf.size()) / matrix;
   std::mt19937 rng(7);
   std::uniform_real_distribution<double> u(0.0, 1.0);
-  std::vector<double> ratio[2], contiguous_rate;
-  double bytes[2] = {0, 0}, seconds[2] = {0, 0};
+  std::vector<double> ratio[2], rate[2], contiguous_rate;
   for (int round = 0; round < rounds; ++round) {
     for (int64_t m = 0; m < n_matrices; ++m) {
       std::vector<int32_t> ids;
@@ -131,15 +132,14 @@ Result Measure(const bench::Buffer& buf, int64_t row_bytes, double density, int6
       const int64_t far = (m + n_matrices / 2) % n_matrices;
       const double c =
           TimeParallelRead(pool, buf.data() + far * matrix, static_cast<size_t>(b) / 32 * 32);
-      bytes[prefetch] += b;
-      seconds[prefetch] += t;
+      rate[prefetch].push_back(b / t / 1e9);
       ratio[prefetch].push_back(c / t);
       contiguous_rate.push_back(b / c / 1e9);
     }
   }
   Result r;
-  r.plain = bytes[0] / seconds[0] / 1e9;
-  r.prefetched = bytes[1] / seconds[1] / 1e9;
+  r.plain = bench::Median(rate[0]);
+  r.prefetched = bench::Median(rate[1]);
   r.plain_ratio = bench::Median(ratio[0]);
   r.prefetched_ratio = bench::Median(ratio[1]);
   r.contiguous = bench::Median(contiguous_rate);
@@ -195,9 +195,10 @@ int main(int argc, char** argv) {
     std::printf("hardware floor (MeasureReadBandwidthGBs, %d thread(s)): %.1f GB/s\n", nt, floor);
   }
   std::printf(
-      "\nGB/s: bytes of the chosen rows per second. contig: a contiguous read of as many bytes, "
-      "timed right after each scattered read (median). ratio: median of contiguous time / "
-      "scattered time over the matrices. prefetched: every line of the row 32 KiB of rows on "
+      "\nGB/s: bytes of the chosen rows per second; every figure a median over the matrices. "
+      "contig: a contiguous read of as many bytes, timed right after each scattered read. "
+      "ratio: contiguous time / scattered time. prefetched: every line of the row 32 KiB of rows "
+      "on "
       "(the sparse kernels' distance); no pf: the hardware prefetcher alone.\n");
   return 0;
 }
