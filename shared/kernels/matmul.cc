@@ -51,6 +51,16 @@ int64_t RowCost(const MatrixView& w, int64_t n_tokens) {
   return std::max<int64_t>(1, w.row_data_bytes() * std::max<int64_t>(1, n_tokens));
 }
 
+// Shares a sparse call over n_ids rows of w splits into, one per thread when there is enough
+// work: each at least half of the parallel threshold and kRowGrain ids. Fixed by the sizes and
+// the thread count (AxpyRows' rounding depends on it), never by timing.
+int SparseShares(const MatrixView& w, int64_t n_ids, const ThreadPool& pool) {
+  return static_cast<int>(std::max<int64_t>(
+      1,
+      std::min({int64_t{pool.size()}, n_ids * RowCost(w, 1) / (ThreadPool::kMinParallelBytes / 2),
+                n_ids / kRowGrain})));
+}
+
 // Scratch owned by the calling thread: quantized activations and AxpyRows partial sums. Pool
 // workers only read or write it inside a region that the owner is blocked in.
 struct Scratch {
@@ -284,10 +294,7 @@ void GatherMatMul(const MatrixView& w, const int32_t* row_ids, int64_t n_ids, co
   // AMD Zen 5 (gemv_bench, 13% of 2048-column rows, two threads, two alternations): q4_0
   // 18.3 -> 22.5-23.2 GB/s, q8_0 25.0 -> 29.3-30.9, q4_K 16.5 -> 21.0-21.6 (the plain read of
   // the same rows: 28 / 31-33 / 28). Which thread computes a row changes none of its bits.
-  const int nth = static_cast<int>(std::max<int64_t>(
-      1,
-      std::min({int64_t{pool.size()}, n_ids * RowCost(w, 1) / (ThreadPool::kMinParallelBytes / 2),
-                n_ids / kRowGrain})));
+  const int nth = SparseShares(w, n_ids, pool);
   auto share = [&](int64_t i0, int64_t i1) {
     dot(RowSource{w.data, w.row_bytes, row_ids + i0}, i1 - i0, w.cols, in.data, in.stride, 1,
         y + i0, 0);
@@ -315,12 +322,8 @@ void AxpyRows(const MatrixView& w, const int32_t* row_ids, const float* coeffs, 
               float* y, ThreadPool& pool) {
   if (n_ids <= 0) return;
   const auto axpy = Kernels().For(w.type).axpy;
-  // One share per thread when there is enough work (fixed by the sizes and the thread count, so
-  // the sum's rounding is too), each at least half of the parallel threshold and kRowGrain ids.
-  const int64_t bytes = n_ids * RowCost(w, 1);
-  const int nth = static_cast<int>(std::max<int64_t>(
-      1, std::min({int64_t{pool.size()}, bytes / (ThreadPool::kMinParallelBytes / 2),
-                   n_ids / kRowGrain})));
+  // One share per thread when there is enough work, so the sum's rounding is fixed too.
+  const int nth = SparseShares(w, n_ids, pool);
   if (nth <= 1) {
     axpy(RowSource{w.data, w.row_bytes, row_ids}, coeffs, n_ids, w.cols, y);
     return;
