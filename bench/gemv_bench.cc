@@ -276,11 +276,9 @@ SparseResult TimeSparse(const Weights& w, double fraction, int rounds, ThreadPoo
       const uint8_t* far = w.copies[(k + n_copies / 2) % n_copies].data();
       const double r = TimeParallelRead(pool, far, bytes);
       read = std::min(read, r);
-      // The kernels' gathered-row prefetch distance (kPrefetchAheadBytes, matmul_kernels.h).
-      constexpr int64_t kAheadBytes = 32 << 10;
-      scatter =
-          std::min(scatter, TimeScatteredRead(pool, w.copies[(k + n_copies / 3) % n_copies].data(),
-                                              v.row_bytes, ids.data(), n, kAheadBytes));
+      scatter = std::min(scatter,
+                         TimeScatteredRead(pool, w.copies[(k + n_copies / 3) % n_copies].data(),
+                                           v.row_bytes, ids.data(), n, kGatherPrefetchAheadBytes));
       if (k % 2 == 0) {
         gather = std::min(gather, t);
         gather_pairs.push_back(r / t);

@@ -36,14 +36,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
+#include "shared/kernels/matmul.h"
 #include "shared/util/membw.h"
 #include "shared/util/thread_pool.h"
 
 namespace thermocline {
 namespace {
-
-// The kernels' gathered-row prefetch distance (shared/kernels/matmul_kernels.h).
-constexpr int64_t kAheadBytes = 32 << 10;
 
 struct Options {
   std::vector<int> threads = {1, 2};
@@ -127,7 +125,7 @@ Result Measure(const bench::Buffer& buf, int64_t row_bytes, double density, int6
       const double b = static_cast<double>(n * row_bytes);
       const int prefetch = static_cast<int>(m % 2);  // alternate, so both see the same phases
       const double t = TimeScatteredRead(pool, buf.data() + m * matrix, row_bytes, ids.data(), n,
-                                         prefetch ? kAheadBytes : 0);
+                                         prefetch ? kGatherPrefetchAheadBytes : 0);
       // Half the buffer away: not what was just read, and (working set >> LLC) not in cache.
       const int64_t far = (m + n_matrices / 2) % n_matrices;
       const double c =

@@ -66,6 +66,11 @@ void DequantizeMatrixRow(const MatrixView& w, int64_t r, float* out);
 void GatherMatMul(const MatrixView& w, const int32_t* row_ids, int64_t n_ids, const float* x,
                   float* y, ThreadPool& pool);
 
+// How far ahead the sparse kernels prefetch gathered rows (matmul_kernels.h,
+// kPrefetchAheadBytes, has the measurement): public for the benchmarks that time a plain read of
+// the same rows as the kernels read them (util/membw.h, TimeScatteredRead).
+inline constexpr int64_t kGatherPrefetchAheadBytes = 32 << 10;
+
 // y[c] += sum_i coeffs[i] * W[row_ids[i]][c] for c < w.cols (the down projection stored one row
 // per neuron). Threads split the ids and sum into private partials that are then added to y, so
 // the summation order (and the last bits of y) depend on the pool size, never on timing.

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "shared/gguf/ggml_type.h"
+#include "shared/kernels/matmul.h"
 
 namespace thermocline::matmul_internal {
 
@@ -328,7 +329,7 @@ inline constexpr int64_t kRowBlockBytes = 256 << 10;
 // the tile right after the current one is too close for short rows (4 q4_K rows are 9 KiB,
 // decoded in about a microsecond): axpy 21-29% of the read floor one tile ahead, 46-53% two
 // and four tiles ahead (q4_K, q6_K; q8_0 73-77% either way).
-inline constexpr int64_t kPrefetchAheadBytes = 32 << 10;
+inline constexpr int64_t kPrefetchAheadBytes = kGatherPrefetchAheadBytes;
 inline constexpr int64_t PrefetchAheadRows(int R, int64_t row_bytes) {
   const int64_t tile = R * std::max<int64_t>(1, row_bytes);
   return R * std::max<int64_t>(1, (kPrefetchAheadBytes + tile - 1) / tile);
