@@ -15,7 +15,6 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -43,21 +42,6 @@ struct Options {
   int64_t working_set_mib = 256;
 };
 
-bool ParseInts(std::string_view s, std::vector<int64_t>& out) {
-  out.clear();
-  while (!s.empty()) {
-    const size_t comma = s.find(',');
-    const std::string part(s.substr(0, comma));
-    char* end = nullptr;
-    const long long v = std::strtoll(part.c_str(), &end, 10);
-    if (part.empty() || *end != '\0' || v <= 0) return false;
-    out.push_back(v);
-    if (comma == std::string_view::npos) break;
-    s.remove_prefix(comma + 1);
-  }
-  return !out.empty();
-}
-
 bool ParseFlags(int argc, char** argv, Options& o) {
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
@@ -65,7 +49,7 @@ bool ParseFlags(int argc, char** argv, Options& o) {
     if (a.substr(0, 2) != "--" || eq == std::string_view::npos) return false;
     const std::string_view key = a.substr(2, eq - 2), value = a.substr(eq + 1);
     std::vector<int64_t> v;
-    if (!ParseInts(value, v)) return false;
+    if (!bench::ParseList(value, v, [](int64_t x) { return x > 0; })) return false;
     if (key == "contexts") {
       o.contexts = v;
     } else if (v.size() != 1) {

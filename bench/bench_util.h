@@ -1,6 +1,6 @@
 // Small pieces the benchmarks share: buffers for the weight copies, seconds between two clock
-// readings, the median of a sample, the dense-decode model, the --threads list, and the
-// machine's load to print beside results.
+// readings, the median of a sample, the dense-decode model, comma-separated flag lists (the
+// --threads list among them), and the machine's load to print beside results.
 #pragma once
 
 #include <algorithm>
@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -60,16 +62,29 @@ inline absl::StatusOr<std::unique_ptr<Model>> LoadForDenseDecode(const std::stri
   return model;
 }
 
-// A --threads value such as "1,2": every entry a positive count. False (and `out` unspecified)
-// for anything else.
-inline bool ParseThreadList(const char* text, std::vector<int>& out) {
+// A comma-separated flag value such as "1,2" or "0.05,0.5" (T: an integer type or double):
+// every entry a number `ok` accepts. False (and `out` unspecified) for anything else, an empty
+// value included.
+template <class T, class Ok>
+bool ParseList(std::string_view text, std::vector<T>& out, Ok ok) {
   out.clear();
-  for (auto part : absl::StrSplit(text, ',')) {
-    int t = 0;
-    if (!absl::SimpleAtoi(part, &t) || t <= 0) return false;
-    out.push_back(t);
+  for (absl::string_view part : absl::StrSplit(absl::string_view(text.data(), text.size()), ',')) {
+    T v{};
+    bool parsed = false;
+    if constexpr (std::is_same_v<T, double>) {
+      parsed = absl::SimpleAtod(part, &v);
+    } else {
+      parsed = absl::SimpleAtoi(part, &v);
+    }
+    if (!parsed || !ok(v)) return false;
+    out.push_back(v);
   }
-  return true;
+  return !out.empty();
+}
+
+// A --threads value such as "1,2": every entry a positive count.
+inline bool ParseThreadList(const char* text, std::vector<int>& out) {
+  return ParseList(text, out, [](int t) { return t > 0; });
 }
 
 // "1-minute average/runnable now", e.g. "3.52/5".

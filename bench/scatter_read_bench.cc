@@ -34,7 +34,6 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
 #include "shared/kernels/matmul.h"
 #include "shared/util/membw.h"
@@ -52,26 +51,6 @@ struct Options {
   int rounds = 2;
 };
 
-bool ParseList(const char* text, std::vector<int64_t>& out) {
-  out.clear();
-  for (absl::string_view part : absl::StrSplit(text, ',')) {
-    int64_t v = 0;
-    if (!absl::SimpleAtoi(part, &v) || v <= 0) return false;
-    out.push_back(v);
-  }
-  return !out.empty();
-}
-
-bool ParseList(const char* text, std::vector<double>& out) {
-  out.clear();
-  for (absl::string_view part : absl::StrSplit(text, ',')) {
-    double v = 0;
-    if (!absl::SimpleAtod(part, &v) || !(v > 0 && v <= 1)) return false;
-    out.push_back(v);
-  }
-  return !out.empty();
-}
-
 bool Parse(int argc, char** argv, Options& o) {
   for (int i = 1; i < argc; ++i) {
     const char* a = argv[i];
@@ -83,9 +62,11 @@ bool Parse(int argc, char** argv, Options& o) {
     if (key == "--threads") {
       if (!bench::ParseThreadList(v, o.threads)) return false;
     } else if (key == "--row_bytes") {
-      if (!ParseList(v, o.row_bytes)) return false;
+      if (!bench::ParseList(v, o.row_bytes, [](int64_t b) { return b > 0; })) return false;
     } else if (key == "--density") {
-      if (!ParseList(v, o.densities)) return false;
+      if (!bench::ParseList(v, o.densities, [](double d) { return d > 0 && d <= 1; })) {
+        return false;
+      }
     } else if (key == "--rows" && absl::SimpleAtoi(v, &n) && n > 0) {
       o.rows = n;
     } else if (key == "--working_set_mib" && absl::SimpleAtoi(v, &n) && n >= 64) {
