@@ -7,13 +7,20 @@
 //   128 bytes), two rows per register with their elements alternating, so that the packed 8-bit
 //   coefficients come out as (row 2j, row 2j+1) pairs per block and two more word permutes lay
 //   them out as [block][16 rows]: each quad's coefficients are then one dword per lane;
-// - the products (256-bit, two blocks per register, one per 128-bit lane) interleave the bytes
-//   of four rows (two unpack stages) and take each byte whole: vpdpbusd of the masked low
-//   nibbles gives the low sums L and of the whole bytes F = L + 16 H, so the high sums are
-//   (F - L) / 16, exact, without splitting the high nibbles; each lane's sums then go to y in
-//   column order. 256-bit because on Zen 4 a 512-bit shuffle or insert takes twice a 256-bit
-//   one's time and the products are mostly shuffles: measured in L1, 512-bit products 19.4
-//   GB/s, 256-bit 20.6, the AVX2 kernel 17.6 (docs/performance.md, "IntAxpyRows").
+// - the products (512-bit, one block per register) lay the four rows of a quad side by side
+//   byte by byte: each row's 16 bytes are broadcast to the four 128-bit lanes and one masked
+//   in-lane vpshufb drops its bytes into place, so that dword j holds byte j of the four rows
+//   (columns j and j + 16). Each byte is then taken whole: vpdpbusd of the masked low nibbles
+//   gives the low sums L (columns 0-15) and of the whole bytes F = L + 16 H, so the high sums
+//   (columns 16-31) are (F - L) / 16, exact, without splitting the high nibbles. The block's
+//   sums are two registers in column order, which go to y as they are.
+//   Measured on Zen 5 (2026-12-06, docs/performance.md, "Zen 5, third session") against the
+//   previous 256-bit products (two blocks per register, two unpack stages, cross-lane permutes
+//   on the way out): with the rows in L2, 19.5-20.5 -> 23.0-24.4 GB/s on the gate/up shape and
+//   21.0-22.1 -> 24.3-25.9 on q/k/v/o; TEAL at 50% on the 1.3B Q4_0 model +9-10% tok/s at one
+//   thread. The 256-bit form had been chosen on Zen 4, whose 512-bit shuffles take twice a
+//   256-bit one's time (a 512-bit form with cross-lane inserts there: 19.4 GB/s against 20.6);
+//   this form has not been measured on Zen 4.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -145,9 +152,25 @@ void Prepare(const uint8_t* const* rows, const float* coeffs, int n, int64_t b0,
 
 // acc += the sums of four products u8 x s8, in place: through the intrinsic GCC 12 copies each
 // accumulator to another register and back once per use (16 extra moves per quad).
-inline void Dpbusd(__m256i& acc, __m256i u, __m256i s) {
+inline void Dpbusd(__m512i& acc, __m512i u, __m512i s) {
   asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
 }
+
+// The products' byte placement: byte 4t + i of lane l takes byte 4l + t of its lane, where
+// every lane holds the same 16 bytes of one row; row i of the quad writes only the bytes
+// i, i + 4, ... (kQuadRow0 << i), so four masked shuffles build dword j = byte j of rows 0-3.
+struct ShuffleTable {
+  alignas(64) uint8_t place[64];
+  constexpr ShuffleTable() : place{} {
+    for (int l = 0; l < 4; ++l) {
+      for (int t = 0; t < 4; ++t) {
+        for (int i = 0; i < 4; ++i) place[16 * l + 4 * t + i] = static_cast<uint8_t>(4 * l + t);
+      }
+    }
+  }
+};
+constexpr ShuffleTable kShuffle;
+constexpr __mmask64 kQuadRow0 = 0x1111111111111111ull;
 
 }  // namespace
 
@@ -155,7 +178,8 @@ void IntAxpyQ4_0Avx512(const RowSource& rows, const float* coeffs, int64_t n_row
                        float* y) {
   const int64_t nb = cols / kQK;
   if (nb == 0) return;
-  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  const __m512i place = _mm512_load_si512(kShuffle.place);
   for (int64_t g0 = 0; g0 < n_rows; g0 += kIntAxpyGroupRows) {
     IntAxpyGroup group(rows, g0, n_rows);
     const int n = group.n;
@@ -165,72 +189,66 @@ void IntAxpyQ4_0Avx512(const RowSource& rows, const float* coeffs, int64_t n_row
       Chunk c;
       Prepare(r, coeffs + g0, n, b0, nb, c);
       group.FetchNext(std::min(nb, b0 + 8) * kBlockBytes, nb * kBlockBytes);
-      // Two blocks per 256-bit register (lane k: block b + k).
-      const uint8_t* qbytes = reinterpret_cast<const uint8_t*>(c.q);
-      for (int64_t b = b0; b < std::min(nb, b0 + 8); b += 2) {
-        const bool two = b + 1 < nb;
-        __m256i l0 = _mm256_setzero_si256(), l1 = l0, l2 = l0, l3 = l0;
-        __m256i f0 = l0, f1 = l0, f2 = l0, f3 = l0;
-        // Lane k: the 16 coefficients of block b + k.
-        const __m256i coef =
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qbytes + 16 * (b - b0)));
-        auto quad = [&](int p, __m256i x) {
-          __m256i w[4];
-          for (int i = 0; i < 4; ++i) {
-            const uint8_t* qs = r[4 * p + i] + b * kBlockBytes + kQsAt;
-            const __m128i first = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-            w[i] = two ? _mm256_inserti128_si256(
-                             _mm256_castsi128_si256(first),
-                             _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + kBlockBytes)), 1)
-                       : _mm256_zextsi128_si256(first);
-          }
-          const __m256i lo01 = _mm256_unpacklo_epi8(w[0], w[1]),
-                        hi01 = _mm256_unpackhi_epi8(w[0], w[1]);
-          const __m256i lo23 = _mm256_unpacklo_epi8(w[2], w[3]),
-                        hi23 = _mm256_unpackhi_epi8(w[2], w[3]);
-          // Dword t of lane k in qm: byte 4m + t of block b + k in the four rows.
-          const __m256i q0 = _mm256_unpacklo_epi16(lo01, lo23),
-                        q1 = _mm256_unpackhi_epi16(lo01, lo23);
-          const __m256i q2 = _mm256_unpacklo_epi16(hi01, hi23),
-                        q3 = _mm256_unpackhi_epi16(hi01, hi23);
-          Dpbusd(l0, _mm256_and_si256(q0, nibble), x);
-          Dpbusd(l1, _mm256_and_si256(q1, nibble), x);
-          Dpbusd(l2, _mm256_and_si256(q2, nibble), x);
-          Dpbusd(l3, _mm256_and_si256(q3, nibble), x);
-          Dpbusd(f0, q0, x);
-          Dpbusd(f1, q1, x);
-          Dpbusd(f2, q2, x);
-          Dpbusd(f3, q3, x);
-        };
-        // Dword p of each lane: quad p's four coefficients of that lane's block.
-        quad(0, _mm256_shuffle_epi32(coef, 0x00));
-        if (nq > 1) quad(1, _mm256_shuffle_epi32(coef, 0x55));
-        if (nq > 2) quad(2, _mm256_shuffle_epi32(coef, 0xAA));
-        if (nq > 3) quad(3, _mm256_shuffle_epi32(coef, 0xFF));
-        // Lane k of sums[m]: columns 4m..4m+3 of block b + k (m < 4: low nibbles, columns
-        // 0-15; m >= 4: high nibbles, columns 16-31).
-        const __m256i sums[8] = {l0,
-                                 l1,
-                                 l2,
-                                 l3,
-                                 _mm256_srai_epi32(_mm256_sub_epi32(f0, l0), 4),
-                                 _mm256_srai_epi32(_mm256_sub_epi32(f1, l1), 4),
-                                 _mm256_srai_epi32(_mm256_sub_epi32(f2, l2), 4),
-                                 _mm256_srai_epi32(_mm256_sub_epi32(f3, l3), 4)};
-        for (int k = 0; k < (two ? 2 : 1); ++k) {
-          const __m256 s = _mm256_set1_ps(c.s[b - b0 + k]);
-          const __m256i corr = _mm256_set1_epi32(c.corr[b - b0 + k]);
-          float* yb = y + (b + k) * kQK;
-          for (int e = 0; e < 4; ++e) {
-            // Columns 8e..8e+7: lane k of sums[2e] and sums[2e + 1].
-            const __m256i lanes =
-                k == 0 ? _mm256_permute2x128_si256(sums[2 * e], sums[2 * e + 1], 0x20)
-                       : _mm256_permute2x128_si256(sums[2 * e], sums[2 * e + 1], 0x31);
-            const __m256i sum = _mm256_sub_epi32(lanes, corr);
-            _mm256_storeu_ps(yb + 8 * e, _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(sum),
-                                                         _mm256_loadu_ps(yb + 8 * e)));
-          }
+      // Block k's coefficients of quad p: dword 4k + p of c.q ([block][16 rows]).
+      const int32_t* coef = reinterpret_cast<const int32_t*>(c.q);
+      // Quad p's rows, block b, as the products take them (dword j: byte j of each row).
+      auto interleave = [&](int p, int64_t b) {
+        const uint8_t* q0 = r[4 * p] + b * kBlockBytes + kQsAt;
+        __m512i x = _mm512_maskz_shuffle_epi8(
+            kQuadRow0,
+            _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q0))), place);
+        for (int i = 1; i < 4; ++i) {
+          const uint8_t* qi = r[4 * p + i] + b * kBlockBytes + kQsAt;
+          x = _mm512_mask_shuffle_epi8(
+              x, kQuadRow0 << i,
+              _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qi))), place);
         }
+        return x;
+      };
+      auto finish = [&](int64_t b, __m512i lo, __m512i full) {
+        const int k = static_cast<int>(b - b0);
+        const __m512i hi = _mm512_srai_epi32(_mm512_sub_epi32(full, lo), 4);
+        const __m512 s = _mm512_set1_ps(c.s[k]);
+        const __m512i corr = _mm512_set1_epi32(c.corr[k]);
+        float* yb = y + b * kQK;
+        _mm512_storeu_ps(yb, _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(_mm512_sub_epi32(lo, corr)),
+                                             _mm512_loadu_ps(yb)));
+        _mm512_storeu_ps(yb + 16, _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(_mm512_sub_epi32(hi, corr)),
+                                                  _mm512_loadu_ps(yb + 16)));
+      };
+      auto cvec = [&](int64_t b, int p) {
+        const int k = static_cast<int>(b - b0);
+        return _mm512_set1_epi32(coef[4 * k + p]);
+      };
+      const int64_t bend = std::min(nb, b0 + 8);
+      int64_t b = b0;
+      if (nq == 4) {
+        // Full groups, two blocks at a time: two independent chains of vpdpbusd (in the
+        // measurement above 23.0 -> 24.4 GB/s against one block at a time).
+        for (; b + 2 <= bend; b += 2) {
+          __m512i lo0 = _mm512_setzero_si512(), f0 = lo0, lo1 = lo0, f1 = lo0;
+#pragma GCC unroll 4
+          for (int p = 0; p < 4; ++p) {
+            const __m512i x0 = interleave(p, b), x1 = interleave(p, b + 1);
+            const __m512i c0 = cvec(b, p), c1 = cvec(b + 1, p);
+            Dpbusd(lo0, _mm512_and_si512(x0, nibble), c0);
+            Dpbusd(f0, x0, c0);
+            Dpbusd(lo1, _mm512_and_si512(x1, nibble), c1);
+            Dpbusd(f1, x1, c1);
+          }
+          finish(b, lo0, f0);
+          finish(b + 1, lo1, f1);
+        }
+      }
+      for (; b < bend; ++b) {
+        __m512i lo = _mm512_setzero_si512(), full = lo;
+        for (int p = 0; p < nq; ++p) {
+          const __m512i x = interleave(p, b);
+          const __m512i cv = cvec(b, p);
+          Dpbusd(lo, _mm512_and_si512(x, nibble), cv);
+          Dpbusd(full, x, cv);
+        }
+        finish(b, lo, full);
       }
     }
   }
