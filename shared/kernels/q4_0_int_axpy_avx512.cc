@@ -151,7 +151,7 @@ void Prepare(const uint8_t* const* rows, const float* coeffs, int n, int64_t b0,
 }
 
 // acc += the sums of four products u8 x s8, in place: through the intrinsic GCC 12 copies each
-// accumulator to another register and back once per use (16 extra moves per quad).
+// accumulator to another register and back once per use.
 inline void Dpbusd(__m512i& acc, __m512i u, __m512i s) {
   asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
 }
@@ -189,8 +189,9 @@ void IntAxpyQ4_0Avx512(const RowSource& rows, const float* coeffs, int64_t n_row
       Chunk c;
       Prepare(r, coeffs + g0, n, b0, nb, c);
       group.FetchNext(std::min(nb, b0 + 8) * kBlockBytes, nb * kBlockBytes);
-      // Block k's coefficients of quad p: dword 4k + p of c.q ([block][16 rows]).
-      const int32_t* coef = reinterpret_cast<const int32_t*>(c.q);
+      // Block k's coefficients of quad p: dword 4k + p of c.q ([block][16 rows]), read as bytes
+      // (an int32_t pointer into __m512i storage would break aliasing rules).
+      const uint8_t* coef = reinterpret_cast<const uint8_t*>(c.q);
       // Quad p's rows, block b, as the products take them (dword j: byte j of each row).
       auto interleave = [&](int p, int64_t b) {
         const uint8_t* q0 = r[4 * p] + b * kBlockBytes + kQsAt;
@@ -218,7 +219,9 @@ void IntAxpyQ4_0Avx512(const RowSource& rows, const float* coeffs, int64_t n_row
       };
       auto cvec = [&](int64_t b, int p) {
         const int k = static_cast<int>(b - b0);
-        return _mm512_set1_epi32(coef[4 * k + p]);
+        int32_t quad_coefs;
+        std::memcpy(&quad_coefs, coef + 4 * (4 * k + p), sizeof quad_coefs);
+        return _mm512_set1_epi32(quad_coefs);
       };
       const int64_t bend = std::min(nb, b0 + 8);
       int64_t b = b0;
