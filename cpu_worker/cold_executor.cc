@@ -43,6 +43,7 @@ absl::Status ColdExecutor::Compute(const ipc::ActivationView& a, std::span<float
             : ": the message carries expert picks, but the layer has no experts"));
   }
   if (moe) return ComputeRouted(a, y);
+  if (!a.cuts.empty()) return ComputeTeal(a, y);
   // Translate and check every row before computing any.
   compact_.clear();
   row_end_.clear();
@@ -155,6 +156,78 @@ absl::Status ColdExecutor::ComputeRouted(const ipc::ActivationView& a, std::span
     last_active_ += lane.active;
     last_candidates_ += lane.candidates;
   }
+  return absl::OkStatus();
+}
+
+absl::Status ColdExecutor::EnableTeal(const TealPlan& plan) {
+  if (!plan.ffn || plan.kind != TealPlan::Kind::kCuts) {
+    return absl::InvalidArgumentError(
+        "cold executor: TEAL over the FFN takes a plan of calibrated cuts (a --teal-profile)");
+  }
+  if (static_cast<int64_t>(plan.values.size()) != rows_.n_layers()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cold executor: a TEAL plan of ", plan.values.size(), " layers for ", rows_.n_layers()));
+  }
+  std::vector<TealFfnPart> parts(rows_.n_layers());
+  for (int64_t l = 0; l < rows_.n_layers(); ++l) {
+    const NeuronWeights& w = rows_.layer(l);
+    if (!rows_.experts(l).empty() || w.ffn_dim() == 0) continue;
+    const ProjectionValues& v = plan.values[l];
+    const bool shared =
+        v[static_cast<int>(Projection::kGate)] == v[static_cast<int>(Projection::kUp)];
+    absl::StatusOr<TealFfnPart> made = TealFfnPart::Build(
+        w.gate, w.up, {}, w.down_t, {}, std::vector<float>(w.up_b.begin(), w.up_b.end()),
+        activation_, shared, pool_);
+    if (!made.ok()) {
+      return absl::Status(made.status().code(),
+                          absl::StrCat("layer ", l, ": ", made.status().message()));
+    }
+    parts[l] = *std::move(made);
+  }
+  teal_ = std::move(parts);
+  return absl::OkStatus();
+}
+
+int64_t ColdExecutor::teal_bytes() const {
+  int64_t bytes = 0;
+  for (const TealFfnPart& p : teal_) bytes += p.owned_bytes();
+  return bytes;
+}
+
+absl::Status ColdExecutor::ComputeTeal(const ipc::ActivationView& a, std::span<float> y) {
+  const int64_t layer = a.layer;
+  if (teal_.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Activation step ", a.step_id, " layer ", layer,
+                     " carries TEAL cuts, but this worker runs the FFN without TEAL (start it with "
+                     "--sparsity teal and the gpu worker's --teal-profile)"));
+  }
+  if (!a.all_candidates) {
+    return absl::InvalidArgumentError(absl::StrCat("Activation step ", a.step_id, " layer ", layer,
+                                                   ": TEAL cuts with candidate lists"));
+  }
+  const LayerPartition& part = partition_.layers[layer];
+  const NeuronWeights& w = rows_.layer(layer);
+  const NeuronFilter filter = plan_.FilterFor(layer, activation_);
+  const int64_t dim = a.dim;
+  std::span<const int32_t> all = std::span<const int32_t>(all_).first(part.n_cold());
+  Lane& lane = lanes_[0];
+  last_active_ = 0;
+  for (int64_t r = 0; r < a.rows; ++r) {
+    const float* h = a.h.data() + r * dim;
+    float* out = y.data() + r * dim;
+    const float* cut = a.cuts.data() + r * ipc::kCutsPerRow;
+    const TealFfnCuts cuts{cut[0], cut[1], cut[2]};
+    if (all.empty()) {
+      std::fill(out, out + dim, 0.0f);
+    } else if (cuts.any()) {
+      last_active_ += teal_[layer].Compute(h, cuts, out, pool_);
+    } else {
+      std::fill(out, out + dim, 0.0f);
+      last_active_ += lane.neurons.Compute(w, h, all, filter, out, pool_);
+    }
+  }
+  last_candidates_ = part.n_cold() * a.rows;
   return absl::OkStatus();
 }
 

@@ -4,6 +4,10 @@
 // they are checked to be cold (a hot id is an InvalidArgument, never an out-of-bounds read)
 // and translated to compact row indices.
 //
+// TEAL (EnableTeal): an Activation's rows with cuts run TealFfnPart over the layer's cold
+// neurons (sparsity/teal_ffn.h) from transposed copies of the compact gate and up rows; rows
+// whose cuts are all 0 run as before.
+//
 // Mixture-of-experts layers arrive with the router's picks (the GPU worker routes once): each
 // row computes the cold neurons of its chosen experts and sums them weighted by the router's
 // weights, in pick order, so the GPU worker's hot sum plus this one is the layer's output.
@@ -20,6 +24,8 @@
 #include "shared/sparsity/neuron_ffn.h"
 #include "shared/sparsity/partition.h"
 #include "shared/sparsity/sparsity_mode.h"
+#include "shared/sparsity/teal.h"
+#include "shared/sparsity/teal_ffn.h"
 #include "shared/util/thread_pool.h"
 
 namespace thermocline::cpu_worker {
@@ -29,6 +35,11 @@ class ColdExecutor {
   // All references must outlive the executor.
   ColdExecutor(const ColdRows& rows, const Partition& partition, const SparsityPlan& plan,
                FfnActivation activation, ThreadPool& pool);
+
+  // Builds the TEAL copies of every layer's cold gate and up rows for `plan` (calibrated cuts
+  // over the FFN: --sparsity teal), so that Activations with cuts are accepted.
+  absl::Status EnableTeal(const TealPlan& plan);
+  int64_t teal_bytes() const;
 
   // y[rows][dim] = the cold neurons' FFN output for the Activation's rows (the view is
   // already decoded, so shapes, order and ranges of the ids are checked; coldness is checked
@@ -55,6 +66,9 @@ class ColdExecutor {
   void ComputeRoutedRow(const ipc::ActivationView& a, int64_t r, Lane& lane, ThreadPool& pool,
                         float* out);
   absl::Status ComputeRouted(const ipc::ActivationView& a, std::span<float> y);
+  // An Activation with TEAL cuts: the rows with cuts by the layer's TealFfnPart, the others as
+  // Compute runs them, one row at a time on the whole pool.
+  absl::Status ComputeTeal(const ipc::ActivationView& a, std::span<float> y);
 
   const ColdRows& rows_;
   const Partition& partition_;
@@ -67,6 +81,7 @@ class ColdExecutor {
   std::vector<uint32_t> row_end_;  // into compact_
   int64_t last_active_ = 0;
   int64_t last_candidates_ = 0;
+  std::vector<TealFfnPart> teal_;  // [n_layers] after EnableTeal (empty parts: no cold neurons)
 };
 
 }  // namespace thermocline::cpu_worker

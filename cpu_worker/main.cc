@@ -73,6 +73,10 @@ int main(int argc, char** argv) {
          {"sparsity", flags.sparsity.mode}, {"threads", flags.threads}});
   cpu_worker::ColdExecutor executor(*rows, loaded->partition, loaded->plan, config.activation,
                                     pool);
+  if (loaded->teal && loaded->teal->ffn) {
+    if (absl::Status t = executor.EnableTeal(*loaded->teal); !t.ok()) s.Fail(t);
+    s.Log(Level::kInfo, "teal", {{"copy_bytes", static_cast<long long>(executor.teal_bytes())}});
+  }
   absl::Status run = cpu_worker::RunCpuWorker(s, executor, config);
   if (!run.ok()) s.Fail(run);
   s.SetStopped();

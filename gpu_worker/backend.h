@@ -38,6 +38,10 @@ struct ColdRequest {
   int64_t picks = 0;
   std::span<const int32_t> experts;
   std::span<const float> expert_weights;
+  // TEAL (only with all_cold, no picks): row r's input cuts of gate, up and down at
+  // cuts[r * kTealCutsPerRow ..] (all 0: the row without TEAL); empty: no row has any.
+  std::span<const float> cuts;
+  static constexpr int kTealCutsPerRow = 3;
 };
 
 class ColdLink {

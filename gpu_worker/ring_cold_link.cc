@@ -70,11 +70,12 @@ absl::Status RingColdLink::SendCold(const ColdRequest& r) {
       static_cast<uint32_t>(r.picks),
       absl::Span<const int32_t>(r.experts.data(), r.experts.size()),
       absl::Span<const float>(r.expert_weights.data(), r.expert_weights.size())};
+  static_assert(ColdRequest::kTealCutsPerRow == ipc::kCutsPerRow);
+  const absl::Span<const float> cuts(r.cuts.data(), r.cuts.size());
   while (true) {
-    absl::Status s = ipc::SendActivation(to_cpu_, step_id_, static_cast<uint32_t>(r.layer),
-                                         static_cast<uint32_t>(r.rows),
-                                         static_cast<uint32_t>(r.dim), h, candidates,
-                                         timing_.slice, routing);
+    absl::Status s = ipc::SendActivation(
+        to_cpu_, step_id_, static_cast<uint32_t>(r.layer), static_cast<uint32_t>(r.rows),
+        static_cast<uint32_t>(r.dim), h, candidates, timing_.slice, routing, cuts);
     if (s.ok()) break;
     // A full ring means the CPU worker is behind, or gone: find out which before waiting on.
     if (!absl::IsDeadlineExceeded(s)) return s;

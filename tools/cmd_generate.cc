@@ -451,10 +451,9 @@ int RunGenerate(const std::vector<std::string>& args) {
   const std::string mode_name = sf.mode;
   auto teal_plan = TealPlanFromFlags(model, sf.mode, tf);
   if (!teal_plan.ok()) return fail(std::string(teal_plan.status().message()));
-  if (*teal_plan && split && (*teal_plan)->ffn) {
-    return fail("--sparsity teal makes the FFN's inputs sparse, which the split FFN is not; "
-                "with --split, TEAL runs on attention with an FFN mode: --sparsity "
-                "exact|threshold|predicted --teal-sparsity T");
+  if (split) {
+    if (absl::Status s = CheckSplitTealPlan(*teal_plan); !s.ok())
+      return fail(std::string(s.message()));
   }
   auto plan = SparsityPlanFromFlags(model, sf);
   if (!plan.ok()) return fail(std::string(plan.status().message()));
@@ -488,7 +487,11 @@ int RunGenerate(const std::vector<std::string>& args) {
                                 req.prompt.size(), max_new_tokens, model.config().context_length));
   }
   if (split) {
-    return RunSplit(model, req, prompt, capacity, kv_type, sf, tf, vram_budget_bytes, std::move(so));
+    // The workers read the flags as typed: --sparsity teal, which they rewrite themselves.
+    SparsityFlags worker_sf = sf;
+    worker_sf.mode = mode_name;
+    return RunSplit(model, req, prompt, capacity, kv_type, worker_sf, tf, vram_budget_bytes,
+                    std::move(so));
   }
   auto kv_or = KvCache::Create(model.config(), 1, capacity,
                                kv_type == "f16" ? GgmlType::kF16 : GgmlType::kF32);

@@ -130,12 +130,12 @@ int RunLogits(const std::vector<std::string>& args) {
   }
 
   // TEAL sparsifies decode positions only: the ids (one prompt) stay dense, --greedy steps not.
+  const std::string mode_name = sf.mode;  // as typed: the workers rewrite "teal" themselves
   auto teal_plan = TealPlanFromFlags(model, sf.mode, tf);
   if (!teal_plan.ok()) return Fail(std::string(teal_plan.status().message()));
-  if (*teal_plan && split && (*teal_plan)->ffn) {
-    return Fail("--sparsity teal makes the FFN's inputs sparse, which the split FFN is not; with "
-                "--split, TEAL runs on attention with an FFN mode: --sparsity "
-                "exact|threshold|predicted --teal-sparsity T");
+  if (split) {
+    if (absl::Status s = CheckSplitTealPlan(*teal_plan); !s.ok())
+      return Fail(std::string(s.message()));
   }
   // The runner: this process (any sparsity plan) or the two worker processes.
   ThreadPool pool(threads == 0 ? static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))
@@ -151,6 +151,7 @@ int RunLogits(const std::vector<std::string>& args) {
     so.model_path = model_path;
     so.config = c;
     so.sparsity = sf;
+    so.sparsity.mode = mode_name;
     so.teal = tf;
     so.kv_slots = 1;
     so.context = static_cast<int32_t>(capacity);

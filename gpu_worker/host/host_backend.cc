@@ -27,13 +27,15 @@ absl::StatusOr<std::unique_ptr<HostBackend>> HostBackend::Create(
   TC_ASSIGN_OR_RETURN(KvCache kv, KvCache::Create(c, options.n_kv_slots, context, options.kv_type,
                                                   options.prefix_cache_blocks));
   std::unique_ptr<HostBackend> b(new HostBackend(model, std::move(kv), options.threads));
-  TC_ASSIGN_OR_RETURN(b->ffn_,
-                      SplitFfn::Create(model, std::move(plan), std::move(partition), b->pool_));
+  std::optional<TealPlan> teal_ffn;
+  if (options.teal && options.teal->ffn) teal_ffn = options.teal;
+  TC_ASSIGN_OR_RETURN(
+      b->ffn_, SplitFfn::Create(model, std::move(plan), std::move(partition), b->pool_, teal_ffn));
   if (options.teal) {
-    if (options.teal->ffn) {
-      return absl::InvalidArgumentError("the split FFN cannot take TEAL's FFN inputs");
-    }
-    TC_ASSIGN_OR_RETURN(b->teal_, TealLinear::Create(model, *options.teal, b->pool_));
+    // Attention's projections here; the FFN's are the split FFN's (TealFfnPart).
+    TealPlan attention = *options.teal;
+    attention.ffn = false;
+    TC_ASSIGN_OR_RETURN(b->teal_, TealLinear::Create(model, std::move(attention), b->pool_));
   }
   b->pass_ = std::make_unique<ForwardPass>(model, b->kv_, b->pool_, b->ffn_.get(), b->teal_.get());
   b->limits_ = BackendLimits{options.n_kv_slots, static_cast<int32_t>(context), options.max_batch,
@@ -57,7 +59,8 @@ absl::Status HostBackend::StartStep(std::span<const BatchEntry> batch, ColdLink&
 
 absl::Status HostBackend::FinishStep(std::vector<float>* logits) {
   if (cold_ == nullptr) return absl::FailedPreconditionError("FinishStep without StartStep");
-  ffn_->BeginStep(cold_);
+  DecodeRows(batch_, decode_);
+  ffn_->BeginStep(cold_, decode_);
   absl::Status run = pass_->Run(batch_, *logits);
   absl::Status ffn = ffn_->EndStep();
   cold_ = nullptr;

@@ -30,7 +30,8 @@ struct HostBackendOptions {
   GgmlType kv_type = GgmlType::kF32;
   // Blocks beyond the slots' own for the prefix cache (0: no paging, the contiguous cache).
   int32_t prefix_cache_blocks = 0;
-  std::optional<TealPlan> teal;  // TEAL on attention (plan.ffn false)
+  // TEAL on attention; with plan.ffn (calibrated cuts, the dense FFN mode) on the split FFN too.
+  std::optional<TealPlan> teal;
 };
 
 class HostBackend final : public Backend {
@@ -63,6 +64,7 @@ class HostBackend final : public Backend {
   std::unique_ptr<ForwardPass> pass_;
   BackendLimits limits_;
   std::vector<BatchEntry> batch_;
+  std::vector<uint8_t> decode_;  // DecodeRows of batch_, for the split FFN's TEAL
   ColdLink* cold_ = nullptr;
 };
 

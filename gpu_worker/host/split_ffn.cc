@@ -19,15 +19,28 @@ SplitFfn::SplitFfn(const Model& model, SparsityPlan plan, Partition partition,
       pool_(pool),
       dense_(model, pool) {}
 
-absl::StatusOr<std::unique_ptr<SplitFfn>> SplitFfn::Create(const Model& model,
-                                                           SparsityPlan plan, Partition partition,
-                                                           ThreadPool& pool) {
+absl::StatusOr<std::unique_ptr<SplitFfn>> SplitFfn::Create(
+    const Model& model, SparsityPlan plan, Partition partition, ThreadPool& pool,
+    const std::optional<TealPlan>& teal_ffn) {
   const ModelConfig& c = model.config();
   TC_RETURN_IF_ERROR(plan.Validate(c));
+  if (teal_ffn) {
+    TC_RETURN_IF_ERROR(teal_ffn->Validate(c));
+    if (!teal_ffn->ffn || teal_ffn->kind != TealPlan::Kind::kCuts || teal_ffn->masked) {
+      return absl::InvalidArgumentError(
+          "split FFN: TEAL over the FFN takes a plan of calibrated cuts (a --teal-profile)");
+    }
+    if (!plan.AllDense()) {
+      return absl::InvalidArgumentError(
+          "split FFN: TEAL over the FFN goes with the dense FFN mode (--sparsity teal)");
+    }
+  }
   if (static_cast<int64_t>(partition.layers.size()) != c.n_layers) {
     return absl::InvalidArgumentError("split FFN: partition and model disagree on layers");
   }
   std::unique_ptr<SplitFfn> ffn(new SplitFfn(model, std::move(plan), std::move(partition), pool));
+  ffn->teal_ = teal_ffn;
+  if (teal_ffn) ffn->teal_parts_.resize(c.n_layers);
   ffn->down_rows_.resize(c.n_layers);
   ffn->weights_.resize(c.n_layers);
   ffn->moe_.resize(c.n_layers);
@@ -63,12 +76,31 @@ absl::StatusOr<std::unique_ptr<SplitFfn>> SplitFfn::Create(const Model& model,
     nw.up = model.layer(l).up;
     nw.up_b = model.layer(l).up_b;
     nw.activation = c.activation;
-    // Dense, wholly hot layers run DenseFfn; layers without hot neurons compute nothing here.
+    // Dense, wholly hot layers run DenseFfn (TEAL's prompt rows too); layers without hot
+    // neurons compute nothing here.
     const bool dense_all_hot = ffn->plan_.mode(l) == SparsityMode::kDense && part.cold.empty();
-    if (dense_all_hot || part.hot.empty()) continue;
+    if ((dense_all_hot && !teal_ffn) || part.hot.empty()) continue;
     TC_ASSIGN_OR_RETURN(ffn->down_rows_[l], DownRows::ForLayer(model, l, std::nullopt, pool));
     nw.down_t = ffn->down_rows_[l].view();
     TC_RETURN_IF_ERROR(ValidateNeuronWeights(nw));
+    if (teal_ffn) {
+      // Gate and up side by side where TealLinear puts them: equal values.
+      const ProjectionValues& v = teal_ffn->values[l];
+      const bool shared =
+          v[static_cast<int>(Projection::kGate)] == v[static_cast<int>(Projection::kUp)];
+      std::vector<float> up_b;
+      for (int32_t id : part.hot) {
+        if (!nw.up_b.empty()) up_b.push_back(nw.up_b[id]);
+      }
+      absl::StatusOr<TealFfnPart> made =
+          TealFfnPart::Build(nw.gate, nw.up, part.hot, nw.down_t, part.hot, std::move(up_b),
+                             c.activation, shared, pool);
+      if (!made.ok()) {
+        return absl::Status(made.status().code(),
+                            absl::StrCat("layer ", l, ": ", made.status().message()));
+      }
+      ffn->teal_parts_[l] = *std::move(made);
+    }
   }
   ffn->neurons_ = NeuronFfn(std::max(c.ffn_dim, c.shared_expert_ffn_dim));
   ffn->shared_ids_.resize(c.shared_expert_ffn_dim);
@@ -76,8 +108,9 @@ absl::StatusOr<std::unique_ptr<SplitFfn>> SplitFfn::Create(const Model& model,
   return ffn;
 }
 
-void SplitFfn::BeginStep(ColdLink* link) {
+void SplitFfn::BeginStep(ColdLink* link, std::span<const uint8_t> decode) {
   link_ = link;
+  decode_ = decode;
   status_ = absl::OkStatus();
   ++steps_;
   mark_ns_ = ipc::MonotonicNs();
@@ -154,6 +187,10 @@ void SplitFfn::ComputeLayer(int64_t layer, const float* h, const float* predicto
   const SparsityMode mode = plan_.mode(layer);
   std::fill(out, out + n_tokens * dim, 0.0f);
   if (!status_.ok()) return;  // the step is already lost; spend nothing more on it
+  if (teal_ && !c.layers[layer].moe && TealCuts(layer, n_tokens)) {
+    ComputeTeal(layer, h, predictor_input, n_tokens, out);
+    return;
+  }
   if (mode == SparsityMode::kDense && part.cold.empty()) {
     dense_.Compute(layer, h, predictor_input, n_tokens, out);
     if (metrics_ != nullptr) {
@@ -172,11 +209,7 @@ void SplitFfn::ComputeLayer(int64_t layer, const float* h, const float* predicto
   // Cold first, so the CPU worker runs while the hot neurons are computed here.
   bool sent = false;
   if (predicted ? !cold_ids_.empty() : !part.cold.empty()) {
-    ColdRequest request;
-    request.layer = layer;
-    request.rows = n_tokens;
-    request.dim = dim;
-    request.h = std::span<const float>(h, n_tokens * dim);
+    ColdRequest request = RequestFor(layer, h, n_tokens);
     request.all_cold = !predicted;
     if (predicted) {
       request.row_end = cold_end_;
@@ -208,6 +241,82 @@ void SplitFfn::ComputeLayer(int64_t layer, const float* h, const float* predicto
   MergeCold(layer, n_tokens, sent, out);
 }
 
+bool SplitFfn::TealCuts(int64_t layer, int64_t n_tokens) {
+  constexpr int kPer = ColdRequest::kTealCutsPerRow;
+  const ProjectionValues& v = teal_->values[layer];
+  const TealFfnCuts cuts{v[static_cast<int>(Projection::kGate)],
+                         v[static_cast<int>(Projection::kUp)],
+                         v[static_cast<int>(Projection::kDown)]};
+  if (!cuts.any()) return false;
+  row_cuts_.assign(n_tokens * kPer, 0.0f);
+  bool any = false;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    if (t >= static_cast<int64_t>(decode_.size()) || decode_[t] == 0) continue;
+    row_cuts_[t * kPer] = cuts.gate;
+    row_cuts_[t * kPer + 1] = cuts.up;
+    row_cuts_[t * kPer + 2] = cuts.down;
+    any = true;
+  }
+  return any;
+}
+
+void SplitFfn::ComputeTeal(int64_t layer, const float* h, const float* predictor_input,
+                           int64_t n_tokens, float* out) {
+  const ModelConfig& c = model_.config();
+  const int64_t dim = c.dim;
+  const LayerPartition& part = partition_.layers[layer];
+  constexpr int kPer = ColdRequest::kTealCutsPerRow;
+  bool sent = false;
+  if (!part.cold.empty()) {
+    ColdRequest request = RequestFor(layer, h, n_tokens);
+    request.cuts = row_cuts_;
+    if (!SendCold(request)) return;
+    sent = true;
+  }
+  const NeuronWeights& w = weights_[layer];
+  const NeuronFilter filter = plan_.FilterFor(layer, c.activation);
+  uint64_t ran = 0;
+  // Prompt rows as without TEAL: DenseFfn where every neuron is here (runs of rows, so a
+  // prompt is one GEMM), else the hot neurons row by row.
+  int64_t run = 0;
+  auto dense_rows = [&](int64_t t0, int64_t t1) {
+    if (t1 <= t0 || part.hot.empty()) return;
+    if (part.cold.empty()) {
+      dense_.Compute(layer, h + t0 * dim, predictor_input + t0 * dim, t1 - t0, out + t0 * dim);
+      ran += static_cast<uint64_t>(t1 - t0) * part.hot.size();
+      return;
+    }
+    for (int64_t t = t0; t < t1; ++t) {
+      ran += neurons_.Compute(w, h + t * dim, part.hot, filter, out + t * dim, pool_);
+    }
+  };
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const float* cut = row_cuts_.data() + t * kPer;
+    const TealFfnCuts cuts{cut[0], cut[1], cut[2]};
+    if (!cuts.any()) continue;
+    dense_rows(run, t);
+    run = t + 1;
+    if (!part.hot.empty()) {
+      ran += teal_parts_[layer].Compute(h + t * dim, cuts, out + t * dim, pool_);
+    }
+  }
+  dense_rows(run, n_tokens);
+  if (metrics_ != nullptr) {
+    const uint64_t all = static_cast<uint64_t>(n_tokens) * part.hot.size();
+    metrics_->AddNeurons(ran, all, all);
+  }
+  if (part.cold.empty()) {
+    // DenseFfn added the down bias to its rows already; the TEAL rows still need it.
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      const float* cut = row_cuts_.data() + t * kPer;
+      if (TealFfnCuts{cut[0], cut[1], cut[2]}.any())
+        AddRowBias(model_.layer(layer).down_b, 1, out + t * dim);
+    }
+    return;
+  }
+  MergeCold(layer, n_tokens, sent, out);
+}
+
 void SplitFfn::ComputeMoe(int64_t layer, const float* h, int64_t n_tokens, float* out) {
   const ModelConfig& c = model_.config();
   const LayerWeights& w = model_.layer(layer);
@@ -217,12 +326,7 @@ void SplitFfn::ComputeMoe(int64_t layer, const float* h, int64_t n_tokens, float
   RouteExperts(c, w, h, n_tokens, pool_, probs_, picks_, pick_w_);
   bool sent = false;
   if (!part.cold.empty()) {
-    ColdRequest request;
-    request.layer = layer;
-    request.rows = n_tokens;
-    request.dim = dim;
-    request.h = std::span<const float>(h, n_tokens * dim);
-    request.all_cold = true;
+    ColdRequest request = RequestFor(layer, h, n_tokens);
     request.picks = k;
     request.experts = picks_;
     request.expert_weights = pick_w_;
@@ -258,6 +362,16 @@ void SplitFfn::ComputeMoe(int64_t layer, const float* h, int64_t n_tokens, float
     metrics_->AddNeurons(ran, candidates, static_cast<uint64_t>(n_tokens) * part.hot.size());
   }
   MergeCold(layer, n_tokens, sent, out);
+}
+
+ColdRequest SplitFfn::RequestFor(int64_t layer, const float* h, int64_t n_tokens) const {
+  ColdRequest request;
+  request.layer = layer;
+  request.rows = n_tokens;
+  request.dim = model_.config().dim;
+  request.h = std::span<const float>(h, n_tokens * request.dim);
+  request.all_cold = true;
+  return request;
 }
 
 bool SplitFfn::SendCold(const ColdRequest& request) {

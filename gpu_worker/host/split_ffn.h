@@ -8,6 +8,11 @@
 // of the down sum differs (y_hot + y_cold instead of one running sum). Layers that are dense
 // and wholly hot run DenseFfn, bit-identical to the single-process engine.
 //
+// TEAL (`teal_ffn`: a calibrated plan over the FFN too): each decode row of a layer other than
+// MoE sends the CPU worker its gate, up and down cuts with h, and both sides run TealFfnPart
+// over their neurons (teal_ffn.h); prompt rows (cuts 0) run as without TEAL, as TealLinear
+// leaves them dense in one process.
+//
 // Mixture-of-experts layers: the router runs here, once (this side owns h); the picks and
 // their weights travel with h to the CPU worker. Each side computes its part of every chosen
 // expert and sums the parts weighted by the router's weights, so y_hot + y_cold is the dense
@@ -17,6 +22,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <span>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -28,20 +35,25 @@
 #include "shared/sparsity/neuron_ffn.h"
 #include "shared/sparsity/partition.h"
 #include "shared/sparsity/sparsity_mode.h"
+#include "shared/sparsity/teal.h"
+#include "shared/sparsity/teal_ffn.h"
 #include "shared/util/thread_pool.h"
 
 namespace thermocline::gpu_worker {
 
 class SplitFfn final : public FfnExecutor {
  public:
-  static absl::StatusOr<std::unique_ptr<SplitFfn>> Create(const Model& model,
-                                                          SparsityPlan plan, Partition partition,
-                                                          ThreadPool& pool);
+  // `teal_ffn`: TEAL over the FFN's inputs (a plan of calibrated cuts, TealPlan::kCuts, with
+  // ffn set; the FFN plan must then be dense), or nullopt.
+  static absl::StatusOr<std::unique_ptr<SplitFfn>> Create(
+      const Model& model, SparsityPlan plan, Partition partition, ThreadPool& pool,
+      const std::optional<TealPlan>& teal_ffn = std::nullopt);
 
-  // Every layer of the next forward pass uses `link`. FfnExecutor::Compute cannot fail, so the
-  // first error of a step is kept here (later layers then skip their FFN: the step is lost
-  // anyway) and EndStep returns it.
-  void BeginStep(ColdLink* link);
+  // Every layer of the next forward pass uses `link`; decode[r] != 0 marks the batch's decode
+  // rows (DecodeRows, forward.h), which TEAL makes input-sparse (empty: none). FfnExecutor::Compute
+  // cannot fail, so the first error of a step is kept here (later layers then skip their FFN:
+  // the step is lost anyway) and EndStep returns it.
+  void BeginStep(ColdLink* link, std::span<const uint8_t> decode = {});
   absl::Status EndStep();
   // Reports per layer to `metrics` (null: nowhere): the time since the previous layer's FFN
   // ended (attention + hot FFN + the wait for the cold partial), the hot neurons that ran, the
@@ -66,10 +78,19 @@ class SplitFfn final : public FfnExecutor {
   void SampleRecall(int64_t layer, const float* h, int64_t t, NeuronFilter filter);
   // The hot part of an MoE layer, with its cold request sent first.
   void ComputeMoe(int64_t layer, const float* h, int64_t n_tokens, float* out);
+  // The layer's cold request for every cold neuron of the rows of h.
+  ColdRequest RequestFor(int64_t layer, const float* h, int64_t n_tokens) const;
   // Sends the layer's cold request; false (with status_ set) when it could not.
   bool SendCold(const ColdRequest& request);
   // Adds the cold partial of `layer` (when `sent`) and the down bias to out.
   void MergeCold(int64_t layer, int64_t n_tokens, bool sent, float* out);
+  // Fills row_cuts_ with each row's TEAL cuts in `layer`; false when no row has any (the layer
+  // then runs as without TEAL).
+  bool TealCuts(int64_t layer, int64_t n_tokens);
+  // A layer with TEAL rows: cold request with the cuts, hot rows by TealFfnPart (others as
+  // without TEAL), then the merge.
+  void ComputeTeal(int64_t layer, const float* h, const float* predictor_input, int64_t n_tokens,
+                   float* out);
 
   const Model& model_;
   SparsityPlan plan_;
@@ -102,6 +123,10 @@ class SplitFfn final : public FfnExecutor {
   uint64_t steps_ = 0;      // steps begun, for the recall sampling period
   std::vector<float> recall_gate_;
   std::vector<uint8_t> picked_;  // [ffn_dim] scratch: picked by the predictor in this row
+  std::optional<TealPlan> teal_;
+  std::vector<TealFfnPart> teal_parts_;  // [n_layers]; the hot neurons' part (TEAL only)
+  std::span<const uint8_t> decode_;
+  std::vector<float> row_cuts_;  // [rows][ipc kCutsPerRow]: gate, up, down
 };
 
 }  // namespace thermocline::gpu_worker

@@ -150,11 +150,12 @@ absl::StatusOr<std::unique_ptr<SplitEngine>> SplitEngine::Create(SplitEngineOpti
                             8 + ipc::kMaxErrorMessageBytes),
                         cap[1]);
   // An activation: h rows x dim, plus at most every neuron of every row as a candidate (with
-  // a per-row end offset), or in MoE layers (all cold neurons) the router's picks; a partial:
-  // rows x dim.
+  // a per-row end offset), or in MoE layers (all cold neurons) the router's picks, or TEAL's
+  // cuts; a partial: rows x dim.
   cap[2] = RingCapacity(
-      std::max(ipc::ActivationBytes(rows, dim, rows * ffn, false),
-               ipc::ActivationBytes(rows, dim, 0, true, static_cast<uint64_t>(c.n_experts_used))),
+      std::max({ipc::ActivationBytes(rows, dim, rows * ffn, false),
+                ipc::ActivationBytes(rows, dim, 0, true, static_cast<uint64_t>(c.n_experts_used)),
+                ipc::ActivationBytes(rows, dim, 0, true, 0, true)}),
       cap[2]);
   cap[3] = RingCapacity(ipc::MatrixBytes(rows, dim), cap[3]);
   TC_ASSIGN_OR_RETURN(std::unique_ptr<ipc::Transport> transport,

@@ -318,16 +318,17 @@ absl::StatusOr<StepMsg> DecodeStep(const MessageView& m, const StepLimits& limit
 // --- Activation ------------------------------------------------------------------------------
 
 uint64_t ActivationBytes(uint64_t rows, uint64_t dim, uint64_t n_active, bool all_candidates,
-                         uint64_t picks) {
+                         uint64_t picks, bool cuts) {
   const uint64_t lists = all_candidates ? 0 : (rows + n_active) * sizeof(uint32_t);
   const uint64_t routing = picks == 0 ? 0 : sizeof(uint32_t) + rows * picks * 8;
-  return 16 + rows * dim * sizeof(float) + lists + routing;
+  const uint64_t cut_bytes = cuts ? rows * kCutsPerRow * sizeof(float) : 0;
+  return 16 + rows * dim * sizeof(float) + lists + routing + cut_bytes;
 }
 
 absl::Status SendActivation(RingProducer& ring, uint64_t step_id, uint32_t layer, uint32_t rows,
                             uint32_t dim, absl::Span<const float> h,
                             const ActivationCandidates& candidates, absl::Duration timeout,
-                            const ActivationRouting& routing) {
+                            const ActivationRouting& routing, absl::Span<const float> cuts) {
   if (static_cast<uint64_t>(rows) * dim != h.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("Activation: ", h.size(), " values for ", rows, " x ", dim));
@@ -359,11 +360,20 @@ absl::Status SendActivation(RingProducer& ring, uint64_t step_id, uint32_t layer
         "Activation: ", routing.experts.size(), " experts and ", routing.weights.size(),
         " weights for ", rows, " rows of ", routing.picks, " picks"));
   }
+  const bool with_cuts = !cuts.empty();
+  if (with_cuts &&
+      (cuts.size() != uint64_t{rows} * kCutsPerRow || !candidates.all || routing.picks > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Activation: ", cuts.size(), " cuts for ", rows,
+        " rows; cuts go with all candidates, no routing and ", kCutsPerRow, " per row"));
+  }
   const uint32_t n_active = static_cast<uint32_t>(candidates.active.size());
-  const uint64_t bytes = ActivationBytes(rows, dim, n_active, candidates.all, routing.picks);
+  const uint64_t bytes =
+      ActivationBytes(rows, dim, n_active, candidates.all, routing.picks, with_cuts);
   TC_ASSIGN_OR_RETURN(absl::Span<std::byte> out, ring.Reserve(bytes, timeout));
   const uint32_t flags = (candidates.all ? kActivationAllCandidates : 0u) |
-                         (routing.picks > 0 ? kActivationRouted : 0u);
+                         (routing.picks > 0 ? kActivationRouted : 0u) |
+                         (with_cuts ? kActivationCuts : 0u);
   PutU32s(out.data(), {rows, dim, n_active, flags});
   std::byte* p = out.data() + 16;
   if (!h.empty()) std::memcpy(p, h.data(), h.size() * sizeof(float));
@@ -380,7 +390,9 @@ absl::Status SendActivation(RingProducer& ring, uint64_t step_id, uint32_t layer
     std::memcpy(p, routing.experts.data(), n_picks * sizeof(int32_t));
     p += n_picks * sizeof(int32_t);
     std::memcpy(p, routing.weights.data(), n_picks * sizeof(float));
+    p += n_picks * sizeof(float);
   }
+  if (with_cuts) std::memcpy(p, cuts.data(), cuts.size() * sizeof(float));
   absl::Status s = ring.Commit(MessageInfo{MessageKind::kActivation, step_id, layer});
   if (!s.ok()) ring.Abort();
   return s;
@@ -405,11 +417,15 @@ absl::StatusOr<ActivationView> DecodeActivation(const MessageView& m,
   if (v.rows == 0 || v.rows > limits.max_rows) {
     return Invalid(m, absl::StrCat("rows ", v.rows, " outside [1, ", limits.max_rows, "]"));
   }
-  if ((flags & ~(kActivationAllCandidates | kActivationRouted)) != 0) {
+  if ((flags & ~(kActivationAllCandidates | kActivationRouted | kActivationCuts)) != 0) {
     return Invalid(m, absl::StrCat("unknown flags 0x", absl::Hex(flags)));
   }
   v.all_candidates = (flags & kActivationAllCandidates) != 0;
   const bool routed = (flags & kActivationRouted) != 0;
+  const bool with_cuts = (flags & kActivationCuts) != 0;
+  if (with_cuts && (!v.all_candidates || routed)) {
+    return Invalid(m, "TEAL cuts go with all candidates and no routing");
+  }
   if (v.all_candidates && n_active != 0) {
     return Invalid(m, absl::StrCat("all-candidates flag with ", n_active, " listed ids"));
   }
@@ -431,12 +447,27 @@ absl::StatusOr<ActivationView> DecodeActivation(const MessageView& m,
                                      "]"));
     }
   }
-  if (m.payload.size() != ActivationBytes(v.rows, v.dim, n_active, v.all_candidates, v.picks)) {
-    return Invalid(m, absl::StrCat(m.payload.size(), " bytes for ", v.rows, " x ", v.dim, " and ",
-                                   n_active, " ids", routed ? absl::StrCat(" and ", v.picks, " picks") : ""));
+  if (m.payload.size() !=
+      ActivationBytes(v.rows, v.dim, n_active, v.all_candidates, v.picks, with_cuts)) {
+    return Invalid(
+        m, absl::StrCat(m.payload.size(), " bytes for ", v.rows, " x ", v.dim, " and ", n_active,
+                        " ids", routed ? absl::StrCat(" and ", v.picks, " picks") : "",
+                        with_cuts ? " and cuts" : ""));
   }
   const uint64_t h_count = uint64_t{v.rows} * v.dim;
   TC_ASSIGN_OR_RETURN(v.h, FloatsAt(m, 16, h_count));
+  if (with_cuts) {
+    // Copied before checking, as the ids are: shared memory may change under the reader.
+    const uint64_t n = uint64_t{v.rows} * kCutsPerRow;
+    v.cuts.resize(n);
+    std::memcpy(v.cuts.data(), m.payload.data() + unrouted, n * sizeof(float));
+    for (uint64_t i = 0; i < n; ++i) {
+      if (!std::isfinite(v.cuts[i]) || v.cuts[i] < 0) {
+        return Invalid(m, absl::StrCat("row ", i / kCutsPerRow, ": cut ", i % kCutsPerRow, " is ",
+                                       v.cuts[i], ", not a finite value >= 0"));
+      }
+    }
+  }
   if (routed) {
     const uint64_t n = uint64_t{v.rows} * v.picks;
     const std::byte* r = m.payload.data() + unrouted + sizeof(uint32_t);

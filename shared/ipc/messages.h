@@ -19,6 +19,9 @@
 //               strictly ascending and in [0, n_neurons). With flags & kActivationAllCandidates
 //               every row's candidates are all of the layer's cold neurons, and row_end and
 //               active are absent (n_active = 0): dense/exact/threshold layers send just h.
+//               Then, with kActivationRouted, u32 picks, i32 experts[rows*picks],
+//               f32 weights[rows*picks]; then, with kActivationCuts, f32 cuts[rows*3]: row r's
+//               TEAL input cuts of gate, up and down (all three 0: the row's FFN without TEAL).
 //   Partial     u32 rows, u32 dim, f32 y_cold[rows*dim]  (header.layer = layer)
 //   Logits      u32 rows, u32 cols, f32 logits[rows*cols]   (rows may be 0: a step whose
 //               entries want no logits is still answered, so the sender knows it finished)
@@ -46,7 +49,8 @@ namespace thermocline::ipc {
 // 2: Activation carries one candidate list per row (row_end) and flags.
 // 3: Activation carries the router's picks of MoE layers (kActivationRouted).
 // 4: Step carries KV block tables and block copies (the prefix cache).
-inline constexpr uint32_t kProtocolVersion = 4;
+// 5: Activation carries per-row TEAL cuts of the FFN's inputs (kActivationCuts).
+inline constexpr uint32_t kProtocolVersion = 5;
 
 // A view of a message copied out with RingConsumer::Receive, for the decoders below.
 inline MessageView ViewOf(const MessageHeader& header, const std::vector<std::byte>& payload) {
@@ -127,6 +131,8 @@ struct ActivationLimits {
 // Activation flags.
 inline constexpr uint32_t kActivationAllCandidates = 1;  // every cold neuron, for every row
 inline constexpr uint32_t kActivationRouted = 2;         // MoE: each row's experts and weights
+inline constexpr uint32_t kActivationCuts = 4;  // TEAL: each row's gate, up and down input cuts
+inline constexpr uint32_t kCutsPerRow = 3;
 
 // The candidate lists of an Activation, as the sender gives them: either all cold neurons for
 // every row, or row r's ids active[row_end[r-1] .. row_end[r]).
@@ -162,6 +168,7 @@ struct ActivationView {
   uint32_t picks = 0;                   // kActivationRouted: experts per row (else 0)
   std::vector<int32_t> experts;         // validated copy, [rows * picks]
   std::vector<float> expert_weights;    // validated copy, [rows * picks]
+  std::vector<float> cuts;  // kActivationCuts: validated copy, [rows][kCutsPerRow] (else empty)
 
   // Row r's candidate ids (strictly ascending); only when !all_candidates.
   absl::Span<const int32_t> row(uint32_t r) const {
@@ -171,16 +178,19 @@ struct ActivationView {
 };
 
 // Payload bytes: with all_candidates there are no row_end words (and n_active must be 0);
-// picks > 0 adds the routing.
+// picks > 0 adds the routing, cuts the TEAL cuts.
 uint64_t ActivationBytes(uint64_t rows, uint64_t dim, uint64_t n_active, bool all_candidates,
-                         uint64_t picks = 0);
+                         uint64_t picks = 0, bool cuts = false);
 // The sender's lists are checked for shape (row_end: rows entries, non-decreasing, ending at
-// active.size()), not for order or range: the receiver checks those.
+// active.size()), not for order or range: the receiver checks those. `cuts` (TEAL's FFN input
+// cuts, [rows][kCutsPerRow], or empty for none) go only with all candidates and no routing:
+// the split FFN runs TEAL over whole dense layers.
 absl::Status SendActivation(RingProducer& ring, uint64_t step_id, uint32_t layer, uint32_t rows,
                             uint32_t dim, absl::Span<const float> h,
                             const ActivationCandidates& candidates,
                             absl::Duration timeout = absl::InfiniteDuration(),
-                            const ActivationRouting& routing = {});
+                            const ActivationRouting& routing = {},
+                            absl::Span<const float> cuts = {});
 absl::StatusOr<ActivationView> DecodeActivation(const MessageView& m,
                                                 const ActivationLimits& limits);
 

@@ -84,13 +84,10 @@ absl::StatusOr<WorkerModel> LoadWorkerModel(const WorkerFlags& flags) {
   TC_ASSIGN_OR_RETURN(w.model, Model::Load(flags.model_path, check));
   std::string ffn_mode = flags.sparsity.mode;
   TC_ASSIGN_OR_RETURN(w.teal, TealPlanFromFlags(*w.model, ffn_mode, flags.teal));
-  if (w.teal && w.teal->ffn) {
-    return absl::InvalidArgumentError(
-        "--sparsity teal makes the FFN's inputs sparse, which the split FFN is not; split "
-        "execution runs TEAL on attention with an FFN mode: --sparsity exact|threshold|predicted "
-        "--teal-sparsity T");
-  }
-  TC_ASSIGN_OR_RETURN(w.plan, SparsityPlanFromFlags(*w.model, flags.sparsity));
+  TC_RETURN_IF_ERROR(CheckSplitTealPlan(w.teal));
+  SparsityFlags sparsity = flags.sparsity;
+  sparsity.mode = ffn_mode;  // "teal" is the dense FFN mode with TEAL's plan
+  TC_ASSIGN_OR_RETURN(w.plan, SparsityPlanFromFlags(*w.model, sparsity));
   TC_ASSIGN_OR_RETURN(w.placement, PlacementFromFlags(w.model->config(), flags.placement()));
   TC_ASSIGN_OR_RETURN(w.partition, Partition::FromPlacement(w.placement, w.model->config()));
   return w;

@@ -55,8 +55,9 @@ struct WorkerFlags {
   std::string plan_path;
   std::optional<double> hot_fraction;
   SparsityFlags sparsity;
+  // TEAL: on attention (the gpu worker), or with --sparsity teal on the FFN too (both workers).
+  TealFlags teal;
   // gpu_worker.
-  TealFlags teal;  // TEAL on attention (the gpu worker runs it)
   std::string backend = "host";
   int32_t kv_slots = 4;
   int32_t context = 0;
@@ -95,11 +96,11 @@ void VisitWorkerFields(V&& v, Flags&... f) {
       },
       f.sparsity...);
   v(WorkerField{"teal-sparsity",
-                "TEAL on attention (with an FFN mode): model-level input sparsity (a "
-                "--teal-profile target, or the per-token share without one)",
-                kGpu},
+                "TEAL: model-level input sparsity (a --teal-profile target, or the per-token "
+                "share without one) on attention with an FFN mode, on the FFN too with "
+                "--sparsity teal (which needs the profile)"},
     f.teal.sparsity...);
-  v(WorkerField{"teal-profile", "TEAL's calibrated cuts from `thermocline teal-calibrate`", kGpu},
+  v(WorkerField{"teal-profile", "TEAL's calibrated cuts from `thermocline teal-calibrate`"},
     f.teal.profile_path...);
   v(WorkerField{"backend", "compute backend: host or cuda", kGpu}, f.backend...);
   v(WorkerField{"kv-slots", "KV cache slots (sequences)", kGpu}, f.kv_slots...);
@@ -214,7 +215,9 @@ struct WorkerModel {
   SparsityPlan plan;
   Placement placement;
   Partition partition;
-  std::optional<TealPlan> teal;  // attention only: the split FFN is not input-sparse
+  // TEAL on attention (the gpu worker runs it); with plan.ffn (--sparsity teal: calibrated
+  // cuts) each worker runs it over its FFN neurons too.
+  std::optional<TealPlan> teal;
 };
 absl::StatusOr<WorkerModel> LoadWorkerModel(const WorkerFlags& flags);
 

@@ -96,6 +96,11 @@ void AddRowBias(const std::vector<float>& b, int64_t n_rows, float* y);
 // sigmoid(shared_gate . h): the weight of a layer's shared expert for one token (qwen2moe).
 float SharedExpertGate(const LayerWeights& w, const float* h);
 
+// The activation of n values (tokens x neurons, contiguous) in place in gate, gated by up unless
+// it is null; the same bits whatever the pool (the dense FFN's step, shared with TEAL's split FFN).
+void ActivateValues(FfnActivation activation, float* gate, const float* up, int64_t n,
+                    ThreadPool& pool);
+
 // act(x) in place for the activation of a plain (non-gated) MLP.
 void Activate(FfnActivation activation, float* x, int64_t n);
 // gate[i] = act(gate[i]) * up[i] for the gated forms (dReLU: relu(gate) * relu(up)).

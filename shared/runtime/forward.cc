@@ -350,6 +350,13 @@ class ForwardPass::Ops {
   std::vector<float>& logits_;
 };
 
+void DecodeRows(std::span<const BatchEntry> batch, std::vector<uint8_t>& decode) {
+  absl::flat_hash_map<int32_t, int> per_slot;
+  for (const BatchEntry& e : batch) ++per_slot[e.slot];
+  decode.resize(batch.size());
+  for (size_t e = 0; e < batch.size(); ++e) decode[e] = per_slot[batch[e].slot] == 1 ? 1 : 0;
+}
+
 absl::Status ForwardPass::Run(std::span<const BatchEntry> batch, std::vector<float>& logits) {
   if (absl::Status s = Validate(batch); !s.ok()) return s;
   const ModelConfig& c = model_.config();
@@ -363,11 +370,7 @@ absl::Status ForwardPass::Run(std::span<const BatchEntry> batch, std::vector<flo
   proj_.resize(n * c.dim);
   ffn_out_.resize(n * c.dim);
   if (linear_ != nullptr) {
-    // A slot with one entry in the batch is decoding; one with several is taking a prompt.
-    absl::flat_hash_map<int32_t, int> per_slot;
-    for (const BatchEntry& e : batch) ++per_slot[e.slot];
-    decode_.resize(n);
-    for (int64_t e = 0; e < n; ++e) decode_[e] = per_slot[batch[e].slot] == 1 ? 1 : 0;
+    DecodeRows(batch, decode_);
     linear_->BeginBatch(decode_);
   }
   if (start_layer_ < 0 || start_layer_ > c.n_layers) {

@@ -28,6 +28,10 @@ struct BatchEntry {
   bool want_logits = false;
 };
 
+// decode[e] = 1 for the batch's decode entries, 0 for the others: a slot with one entry in the
+// batch is decoding, one with several is taking a prompt (what TEAL makes input-sparse).
+void DecodeRows(std::span<const BatchEntry> batch, std::vector<uint8_t>& decode);
+
 class ForwardPass {
  public:
   // `ffn` defaults to a DenseFfn owned by the pass. `linear` (optional) computes q, k, v and o,

@@ -140,10 +140,12 @@ float TopShareCut(const float* x, int64_t n, float share, std::vector<uint32_t>&
   return k_share >= n ? std::nextafter(cut, INFINITY) : cut;
 }
 
-int64_t InputSparseMatVec(const MatrixView& wt, const float* x, float cut,
-                          std::vector<int32_t>& ids, std::vector<float>& coeffs, float* y,
-                          ThreadPool& pool) {
-  const int64_t n_in = wt.rows;
+namespace {
+
+// InputSparseMatVec over input c's row rows[c] of wt (rows null: row c), for c < n_in.
+int64_t InputSparseRows(const MatrixView& wt, const int32_t* rows, int64_t n_in, const float* x,
+                        float cut, std::vector<int32_t>& ids, std::vector<float>& coeffs, float* y,
+                        ThreadPool& pool) {
   ids.resize(n_in);
   coeffs.resize(n_in);
   // A zero input adds nothing whatever the cut (ReLU's zeros cost no reads).
@@ -151,7 +153,7 @@ int64_t InputSparseMatVec(const MatrixView& wt, const float* x, float cut,
   // Branch-free compaction: every input is written, the count advances only for kept ones.
   int64_t k = 0;
   for (int64_t c = 0; c < n_in; ++c) {
-    ids[k] = static_cast<int32_t>(c);
+    ids[k] = rows != nullptr ? rows[c] : static_cast<int32_t>(c);
     coeffs[k] = x[c];
     k += std::fabs(x[c]) >= keep ? 1 : 0;
   }
@@ -199,6 +201,21 @@ int64_t InputSparseMatVec(const MatrixView& wt, const float* x, float cut,
     for (int64_t c = 0; c < cols; ++c) y[c] += p[c];
   }
   return k;
+}
+
+}  // namespace
+
+int64_t InputSparseMatVec(const MatrixView& wt, const float* x, float cut,
+                          std::vector<int32_t>& ids, std::vector<float>& coeffs, float* y,
+                          ThreadPool& pool) {
+  return InputSparseRows(wt, nullptr, wt.rows, x, cut, ids, coeffs, y, pool);
+}
+
+int64_t InputSparseMatVec(const MatrixView& wt, std::span<const int32_t> rows, const float* x,
+                          float cut, std::vector<int32_t>& ids, std::vector<float>& coeffs,
+                          float* y, ThreadPool& pool) {
+  return InputSparseRows(wt, rows.data(), static_cast<int64_t>(rows.size()), x, cut, ids, coeffs, y,
+                         pool);
 }
 
 absl::StatusOr<std::unique_ptr<TealLinear>> TealLinear::Create(const Model& model, TealPlan plan,

@@ -80,6 +80,11 @@ float TopShareCut(const float* x, int64_t n, float share, std::vector<uint32_t>&
 int64_t InputSparseMatVec(const MatrixView& wt, const float* x, float cut,
                           std::vector<int32_t>& ids, std::vector<float>& coeffs, float* y,
                           ThreadPool& pool);
+// The same with input c's row at wt.row(rows[c]), for x[0..rows.size()): a subset of a copy's
+// rows, such as one split worker's neurons of a down copy.
+int64_t InputSparseMatVec(const MatrixView& wt, std::span<const int32_t> rows, const float* x,
+                          float cut, std::vector<int32_t>& ids, std::vector<float>& coeffs,
+                          float* y, ThreadPool& pool);
 
 struct TealOptions {
   // Element type of the transposed copies of block-quantized projections: nullopt requantizes

@@ -220,4 +220,14 @@ absl::StatusOr<std::optional<TealPlan>> TealPlanFromFlags(const Model& model, st
   return std::optional<TealPlan>(std::move(plan));
 }
 
+absl::Status CheckSplitTealPlan(const std::optional<TealPlan>& plan) {
+  if (plan && plan->ffn && plan->kind != TealPlan::Kind::kCuts) {
+    return absl::InvalidArgumentError(
+        "--sparsity teal over the split workers needs --teal-profile (calibrated cuts): "
+        "without one, the cut of down's inputs is a share of every neuron's activation, which "
+        "no worker holds alone");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace thermocline

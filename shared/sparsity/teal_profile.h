@@ -73,4 +73,9 @@ struct TealFlags {
 absl::StatusOr<std::optional<TealPlan>> TealPlanFromFlags(const Model& model, std::string& ffn_mode,
                                                           const TealFlags& flags);
 
+// Whether split workers can run `plan`: on attention always; over the FFN (--sparsity teal)
+// only with calibrated cuts, since a per-token share of down's inputs is a share of every
+// neuron's activation, which neither worker holds alone. The error names the flag.
+absl::Status CheckSplitTealPlan(const std::optional<TealPlan>& plan);
+
 }  // namespace thermocline

@@ -88,6 +88,34 @@ const std::string& Relu() {
   return path;
 }
 
+// TEAL's calibrated cuts of a model at a model-level target of 0.5 (a small, quick calibration:
+// the test needs a real profile, not a good one).
+std::string TealProfile(const std::string& model) {
+  const std::string out = testing::TempDir() + "/teal.gguf";
+  auto r = testing::RunCommand({Thermocline(),
+                                "teal-calibrate",
+                                "-m",
+                                model,
+                                "--corpus",
+                                Corpus(),
+                                "--tokens",
+                                "600",
+                                "--greedy-tokens",
+                                "128",
+                                "--window",
+                                "64",
+                                "--batch",
+                                "64",
+                                "--targets",
+                                "0.5",
+                                "--threads",
+                                "1",
+                                "-o",
+                                out});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return out;
+}
+
 // Activation statistics (threshold cuts) of a SiLU model, once per (model, test binary).
 std::string Stats(const std::string& model) {
   const std::string out = testing::TempDir() + "/stats.gguf";
@@ -140,10 +168,10 @@ Output Collect(BatchRunner& runner, const Model& model, const GenerationRequest&
 // order the workers use).
 Output Local(const Model& model, const SparsityFlags& flags, const TealFlags& teal_flags,
              const GenerationRequest& req) {
-  std::string mode = flags.mode;
-  auto teal_plan = TealPlanFromFlags(model, mode, teal_flags);
+  SparsityFlags ffn_flags = flags;
+  auto teal_plan = TealPlanFromFlags(model, ffn_flags.mode, teal_flags);  // "teal" -> "dense"
   EXPECT_TRUE(teal_plan.ok()) << teal_plan.status();
-  auto plan = SparsityPlanFromFlags(model, flags);
+  auto plan = SparsityPlanFromFlags(model, ffn_flags);
   EXPECT_TRUE(plan.ok()) << plan.status();
   ThreadPool pool(1);
   auto kv = KvCache::Create(model.config(), 1, model.config().context_length, GgmlType::kF32);
@@ -172,6 +200,8 @@ struct Case {
   double hot;
   const char* prompt;
   float teal = 0;  // > 0: TEAL on attention at this per-token share
+  // mode "teal": TEAL on every projection at the calibrated target 0.5, the FFN's inputs split
+  // between the workers.
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -194,10 +224,17 @@ TEST_P(SplitEquivalence, SameTokensAndLogitsAsOneProcess) {
   const GenerationRequest req = Request(**model, c.prompt);
   TealFlags teal;
   if (c.teal > 0) teal.sparsity = c.teal;
+  const bool teal_ffn = flags.mode == "teal";
+  if (teal_ffn) {
+    teal.sparsity = 0.5f;
+    teal.profile_path = TealProfile(path);
+  }
   const Output local = Local(**model, flags, teal, req);
-  if (c.teal > 0) {
+  if (c.teal > 0 || teal_ffn) {
     // TEAL changes the computation, so a split without it could not pass for one with it.
-    EXPECT_NE(Local(**model, flags, {}, req).logits, local.logits);
+    SparsityFlags plain = flags;
+    if (teal_ffn) plain.mode = "dense";
+    EXPECT_NE(Local(**model, plain, {}, req).logits, local.logits);
   }
 
   driver::SplitEngineOptions o;
@@ -220,7 +257,10 @@ TEST_P(SplitEquivalence, SameTokensAndLogitsAsOneProcess) {
   EXPECT_TRUE(ipc::ListInstanceSegments(instance).empty()) << "segment left after a clean exit";
 
   ASSERT_EQ(split.tokens, local.tokens);
-  const bool same_order = c.hot == 1 || (c.hot == 0 && flags.mode != "dense");
+  // The order of the sums is one process's where one side holds every neuron, except that the
+  // CPU worker sums a dense (or TEAL's prompt) row by neuron, not as a GEMM.
+  const bool same_order =
+      c.hot == 1 || (c.hot == 0 && flags.mode != "dense" && flags.mode != "teal");
   double worst = 0;
   for (size_t t = 0; t < local.logits.size(); ++t) {
     const std::vector<float>& ref = local.logits[t];
@@ -272,7 +312,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"stories_threshold_teal_hot05", &Stories, "threshold", 0.5, kOnce, 0.5f},
                       Case{"relu_predicted_teal_hot0", &Relu, "predicted", 0, kOnce, 0.5f},
                       Case{"relu_predicted_teal_hot05", &Relu, "predicted", 0.5, kOnce, 0.5f},
-                      Case{"relu_predicted_teal_hot1", &Relu, "predicted", 1, kOnce, 0.5f}),
+                      Case{"relu_predicted_teal_hot1", &Relu, "predicted", 1, kOnce, 0.5f},
+                      Case{"stories_teal_hot0", &Stories, "teal", 0, kOnce},
+                      Case{"stories_teal_hot05", &Stories, "teal", 0.5, kOnce},
+                      Case{"stories_teal_hot1", &Stories, "teal", 1, kOnce},
+                      Case{"aidreams_teal_hot05", &Aidreams, "teal", 0.5, kDreamed}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 // A batch longer than a step (max_batch) or wanting more rows than a step returns
@@ -354,7 +398,24 @@ TEST(SplitGenerateCommand, PrintsWhatLocalGenerationPrints) {
                                    "--teal-sparsity", "0.5"});
   const testing::CommandResult refused = testing::RunCommand(teal_ffn);
   EXPECT_EQ(refused.exit_code, 1);
-  EXPECT_NE(refused.err.find("which the split FFN is not"), std::string::npos) << refused.err;
+  EXPECT_NE(refused.err.find("--sparsity teal over the split workers needs --teal-profile"),
+            std::string::npos)
+      << refused.err;
+
+  // TEAL over the split FFN prints what local TEAL prints (the same profile).
+  const std::string profile = TealProfile(Stories());
+  std::vector<std::string> teal_local = common;
+  teal_local.insert(teal_local.end(),
+                    {"--sparsity", "teal", "--teal-sparsity", "0.5", "--teal-profile", profile});
+  const testing::CommandResult teal_want = testing::RunCommand(teal_local);
+  ASSERT_EQ(teal_want.exit_code, 0) << teal_want.err;
+  EXPECT_NE(teal_want.out, local.out);
+  std::vector<std::string> teal_split = teal_local;
+  teal_split.insert(teal_split.end(),
+                    {"--split", "--hot-fraction", "0.5", "--instance", instance + "-teal"});
+  const testing::CommandResult teal_got = testing::RunCommand(teal_split);
+  ASSERT_EQ(teal_got.exit_code, 0) << teal_got.err;
+  EXPECT_EQ(teal_got.out, teal_want.out);
   std::vector<std::string> stray = common;
   stray.insert(stray.end(), {"--hot-fraction", "0.5"});
   EXPECT_NE(testing::RunCommand(stray).err.find("--hot-fraction needs --split"),

@@ -273,7 +273,7 @@ TEST(IpcMessages, Activation) {
   bad(edit(good, 2, 3), 0, "ids larger than the bytes");
   bad(edit(good, 2, 1), 0, "ids smaller than the bytes");
   bad(edit(good, 2, 101), 0, "more ids than rows x neurons");
-  bad(edit(good, 3, 4), 0, "unknown flag");
+  bad(edit(good, 3, 8), 0, "unknown flag");
   bad(edit(good, 3, kActivationRouted), 0, "routing where no layer has experts");
   bad(edit(good, 3, kActivationAllCandidates), 0, "all-candidates with listed ids");
   bad(edit(all_words, 3, 0), 0, "lists missing without the flag");
@@ -286,6 +286,20 @@ TEST(IpcMessages, Activation) {
   bad(edit(two, 20, 3), 0, "first row ends beyond the ids");
   bad(edit(edit(two, 20, 2), 21, 1), 0, "row ends decrease");
   bad({1, dim, 0}, 0, "shorter than the prefix");
+}
+
+// words with words[i] = v.
+std::vector<uint32_t> Edited(std::vector<uint32_t> words, size_t i, uint32_t v) {
+  words[i] = v;
+  return words;
+}
+
+// A forged Activation of `words` is refused, with `expect` in the message.
+void ExpectActivationRefused(const std::vector<uint32_t>& words, const ActivationLimits& limits,
+                             const char* expect) {
+  auto r = DecodeActivation(Forge(MessageKind::kActivation, words).view(), limits);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << expect;
+  EXPECT_NE(r.status().message().find(expect), std::string::npos) << r.status();
 }
 
 // MoE layers: the router's picks and weights travel after the candidates.
@@ -331,14 +345,9 @@ TEST(IpcMessages, ActivationWithRouting) {
   const std::vector<uint32_t> good = {1, dim, 0, kActivationAllCandidates | kActivationRouted,
                                       one, one, one, one, 2, 1, 3, half, half};
   EXPECT_TRUE(DecodeActivation(Forge(MessageKind::kActivation, good).view(), limits).ok());
-  auto edit = [](std::vector<uint32_t> w, size_t i, uint32_t v) {
-    w[i] = v;
-    return w;
-  };
+  auto edit = Edited;
   auto bad = [&](std::vector<uint32_t> words, const char* expect) {
-    auto r = DecodeActivation(Forge(MessageKind::kActivation, words).view(), limits);
-    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << expect;
-    EXPECT_NE(r.status().message().find(expect), std::string::npos) << r.status();
+    ExpectActivationRefused(words, limits, expect);
   };
   bad(edit(good, 8, 0), "0 experts per row outside [1, 2]");
   bad(edit(good, 8, 3), "3 experts per row outside [1, 2]");
@@ -348,6 +357,60 @@ TEST(IpcMessages, ActivationWithRouting) {
   bad(edit(good, 12, F32Bits(std::numeric_limits<float>::quiet_NaN())), "weight of expert 3 is nan");
   bad(std::vector<uint32_t>(good.begin(), good.end() - 1), "bytes for 1 x 4 and 0 ids and 2 picks");
   bad(std::vector<uint32_t>(good.begin(), good.begin() + 8), "too short for its routing");
+}
+
+// TEAL's FFN cuts travel after h, three per row, with all candidates and no routing.
+TEST(IpcMessages, ActivationWithCuts) {
+  Loop loop;
+  const uint32_t rows = 2, dim = 4;
+  std::vector<float> h = {1, 2, 3, 4, 5, 6, 7, 8};
+  const std::vector<float> cuts = {0.25f, 0.5f, 0.125f, 0, 0, 0};
+  ASSERT_TRUE(SendActivation(loop.out(), 7, 1, rows, dim, h, ActivationCandidates::All(),
+                             absl::InfiniteDuration(), {}, cuts)
+                  .ok());
+  const ActivationLimits limits{dim, 4, 2, 64, 0, 0};
+  MessageView m = loop.Next();
+  EXPECT_EQ(m.header.bytes, ActivationBytes(rows, dim, 0, true, 0, true));
+  EXPECT_EQ(m.header.bytes, 16 + 8 * 4 + 6 * 4);
+  auto a = DecodeActivation(m, limits);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE(a->all_candidates);
+  EXPECT_EQ(a->cuts, cuts);
+  EXPECT_EQ(std::vector<float>(a->h.begin(), a->h.end()), h);
+  // Without cuts the view has none.
+  ASSERT_TRUE(SendActivation(loop.out(), 8, 1, rows, dim, h, ActivationCandidates::All()).ok());
+  auto plain = DecodeActivation(loop.Next(), limits);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_TRUE(plain->cuts.empty());
+  // The sender refuses cuts of the wrong count, with per-row lists, or with routing.
+  EXPECT_EQ(SendActivation(loop.out(), 9, 0, rows, dim, h, ActivationCandidates::All(),
+                           absl::InfiniteDuration(), {}, absl::MakeConstSpan(cuts).first(5))
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  const uint32_t row_end[] = {1, 2};
+  const int32_t ids[] = {5, 9};
+  EXPECT_EQ(
+      SendActivation(loop.out(), 9, 0, rows, dim, h, ActivationCandidates::PerRow(row_end, ids),
+                     absl::InfiniteDuration(), {}, cuts)
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+
+  // One row of 4 values, all candidates, cuts {0.5, 0.5, 1}.
+  const uint32_t half = F32Bits(0.5f), one = F32Bits(1.0f);
+  const std::vector<uint32_t> good = {
+      1, dim, 0, kActivationAllCandidates | kActivationCuts, one, one, one, one, half, half, one};
+  EXPECT_TRUE(DecodeActivation(Forge(MessageKind::kActivation, good).view(), limits).ok());
+  auto edit = Edited;
+  auto bad = [&](std::vector<uint32_t> words, const char* expect) {
+    ExpectActivationRefused(words, limits, expect);
+  };
+  bad(edit(good, 9, F32Bits(-0.5f)), "row 0: cut 1 is -0.5, not a finite value >= 0");
+  bad(edit(good, 10, F32Bits(std::numeric_limits<float>::infinity())), "row 0: cut 2 is inf");
+  bad(edit(good, 8, F32Bits(std::numeric_limits<float>::quiet_NaN())), "row 0: cut 0 is nan");
+  bad(std::vector<uint32_t>(good.begin(), good.end() - 1), "bytes for 1 x 4 and 0 ids and cuts");
+  bad(edit(good, 3, kActivationCuts), "TEAL cuts go with all candidates and no routing");
+  bad(edit(good, 3, kActivationAllCandidates | kActivationCuts | kActivationRouted),
+      "TEAL cuts go with all candidates and no routing");
 }
 
 TEST(IpcMessages, PartialAndLogits) {

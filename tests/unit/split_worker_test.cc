@@ -17,6 +17,7 @@
 #include "shared/model/synth.h"
 #include "shared/sparsity/partition.h"
 #include "shared/sparsity/sparse_ffn.h"
+#include "shared/sparsity/teal.h"
 #include "tests/test_support.h"
 
 namespace thermocline {
@@ -249,6 +250,7 @@ class LoopbackLink final : public gpu_worker::ColdLink {
     view_.picks = static_cast<uint32_t>(r.picks);
     view_.experts.assign(r.experts.begin(), r.experts.end());
     view_.expert_weights.assign(r.expert_weights.begin(), r.expert_weights.end());
+    view_.cuts.assign(r.cuts.begin(), r.cuts.end());
     ++sent_;
     return absl::OkStatus();
   }
@@ -295,6 +297,92 @@ TEST(SplitWorkerTest, SplitFfnMatchesSingleProcessFfn) {
     }
     EXPECT_EQ(link.sent_, f == 1.0 ? 0 : c.n_layers);  // nothing crosses when all is hot
   }
+}
+
+// TEAL over the split FFN (--sparsity teal): a batch of a prompt row between two decode rows,
+// against DenseFfn through TealLinear in one process. The decode rows carry their cuts to the
+// cold side; the prompt row runs as without TEAL. Bit for bit with every neuron hot, else
+// within the reassociation of the sums. A CPU side without its TEAL copies refuses the cuts.
+TEST(SplitWorkerTest, TealSplitFfnMatchesSingleProcessTeal) {
+  auto model = Stories();
+  const ModelConfig& c = model->config();
+  ThreadPool pool(1);
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal;
+  const int64_t n = 3;
+  std::vector<float> h(n * c.dim);
+  for (float& x : h) x = normal(rng);
+  const uint8_t decode[n] = {1, 0, 1};
+  TealPlan teal = TealPlan::TopShare(c.n_layers, 0.0f);
+  teal.kind = TealPlan::Kind::kCuts;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    // Gate and up side by side in even layers, apart in odd ones.
+    teal.values[l][static_cast<int>(Projection::kGate)] = 0.6f;
+    teal.values[l][static_cast<int>(Projection::kUp)] = l % 2 == 0 ? 0.6f : 0.8f;
+    teal.values[l][static_cast<int>(Projection::kDown)] = 0.01f;
+  }
+  auto linear = TealLinear::Create(*model, teal, pool);
+  ASSERT_TRUE(linear.ok()) << linear.status();
+  DenseFfn one(*model, pool);
+  one.set_linear(linear->get());
+  const SparsityPlan plan = SparsityPlan::Uniform(SparsityMode::kDense, c.n_layers);
+  for (double f : {0.0, 0.5, 1.0}) {
+    auto part = Partition::FromPlacement(Placement::Uniform(c, f), c);
+    auto rows = cpu_worker::ColdRows::Build(*model, *part, std::nullopt, pool);
+    cpu_worker::ColdExecutor exec(*rows, *part, plan, c.activation, pool);
+    ASSERT_TRUE(exec.EnableTeal(teal).ok());
+    auto split = gpu_worker::SplitFfn::Create(*model, plan, *part, pool, teal);
+    ASSERT_TRUE(split.ok()) << split.status();
+    LoopbackLink link(exec);
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      std::vector<float> got(n * c.dim), want(n * c.dim), plain(n * c.dim);
+      (*split)->BeginStep(&link, decode);
+      (*split)->Compute(l, h.data(), n, got.data());
+      ASSERT_TRUE((*split)->EndStep().ok());
+      (*linear)->BeginBatch(decode);
+      one.Compute(l, h.data(), n, want.data());
+      DenseFfn(*model, pool).Compute(l, h.data(), n, plain.data());
+      double moved = 0;  // how far TEAL moves the decode rows: the test must see the cuts
+      for (int64_t i = 0; i < n * c.dim; ++i) {
+        moved = std::max(moved, static_cast<double>(std::fabs(want[i] - plain[i])));
+        if (f == 1.0) {
+          ASSERT_EQ(got[i], want[i]) << "layer " << l << " value " << i;
+        } else {
+          ASSERT_NEAR(got[i], want[i], 1e-5f * (1 + std::fabs(want[i])))
+              << "hot " << f << " layer " << l << " value " << i;
+        }
+      }
+      EXPECT_GT(moved, 1e-3) << "layer " << l;
+      // The prompt row is the dense FFN's.
+      for (int64_t i = c.dim; i < 2 * c.dim; ++i) {
+        ASSERT_NEAR(got[i], plain[i], 1e-5f * (1 + std::fabs(plain[i])));
+      }
+    }
+    EXPECT_EQ(link.sent_, f == 1.0 ? 0 : c.n_layers);
+  }
+  // A cold side that was not given the TEAL plan refuses cuts, naming the flag.
+  auto part = Partition::FromPlacement(Placement::Uniform(c, 0.5), c);
+  auto rows = cpu_worker::ColdRows::Build(*model, *part, std::nullopt, pool);
+  cpu_worker::ColdExecutor plain_exec(*rows, *part, plan, c.activation, pool);
+  ipc::ActivationView a;
+  a.layer = 0;
+  a.rows = 1;
+  a.dim = static_cast<uint32_t>(c.dim);
+  a.h = absl::MakeConstSpan(h).first(c.dim);
+  a.all_candidates = true;
+  a.cuts = {0.5f, 0.5f, 0.1f};
+  std::vector<float> y(c.dim);
+  absl::Status s = plain_exec.Compute(a, y);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("carries TEAL cuts"), std::string::npos) << s;
+  // A plan of per-token shares cannot be split (down's cut needs every neuron).
+  EXPECT_EQ(plain_exec.EnableTeal(TealPlan::TopShare(c.n_layers, 0.5f)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      gpu_worker::SplitFfn::Create(*model, plan, *part, pool, TealPlan::TopShare(c.n_layers, 0.5f))
+          .status()
+          .code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 // MoE layers split per expert: the router runs on the GPU side, the picks travel with h, each
