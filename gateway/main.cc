@@ -39,6 +39,7 @@
 #include "shared/model/model.h"
 #include "shared/sparsity/placement.h"
 #include "shared/sparsity/sparsity_options.h"
+#include "shared/sparsity/teal_options.h"
 #include "shared/tokenizer/chat_prompt.h"
 #include "shared/util/startup_environment.h"
 #include "shared/util/version.h"
@@ -89,6 +90,7 @@ int Main(int argc, char** argv) {
   double hot_fraction = 0;
   SchedulerOptions sched;
   SparsityFlags sf;
+  TealFlags tf;  // spawn mode: passed to the workers, which load the profile and check it
   driver::SplitEngineOptions so;
   int32_t context = 0;
   int32_t prefix_cache_blocks = -1;
@@ -142,6 +144,7 @@ int Main(int argc, char** argv) {
       ("auth-token-file", po::value(&auth_token_file), "require 'authorization: Bearer <token>' on every Generation call; the token is this file's first line");
   // clang-format on
   AddSparsityOptions(opts, sf);
+  AddTealOptions(opts, tf);
   po::variables_map vm;
   try {
     po::store(po::parse_command_line(argc, argv, opts), vm);
@@ -168,6 +171,13 @@ int Main(int argc, char** argv) {
     return Fail("--backend and --vram-budget choose the backend of the gpu worker the gateway "
                 "spawns; with --workers attach give them to thermocline-gpu-worker "
                 "(THERMOCLINE_GPU_WORKER_ARGS in deploy/thermocline.env.example)");
+  }
+  // TEAL, likewise: the workers load the profile; attached ones take it on their own lines.
+  if (workers == "attach" && (tf.sparsity.has_value() || !tf.profile_path.empty())) {
+    return Fail(
+        "--teal-sparsity and --teal-profile go to the workers the gateway spawns; with "
+        "--workers attach give them to both workers (THERMOCLINE_GPU_WORKER_ARGS and "
+        "THERMOCLINE_CPU_WORKER_ARGS)");
   }
   const absl::StatusOr<int64_t> vram_budget = driver::ApplyGpuBackendFlags(
       backend,
@@ -453,6 +463,7 @@ int Main(int argc, char** argv) {
   so.model_path = model_path;
   so.config = cfg;
   so.sparsity = sf;
+  so.teal = tf;
   so.kv_slots = sched.kv_slots + 1;  // + the probe slot (scheduler.h)
   so.context = context;
   if (prefix_cache_blocks < -1) return Fail("--prefix-cache-blocks must be >= -1");

@@ -45,6 +45,71 @@ TEST(GatewayGenerate, GreedyStreamEqualsLocalGeneration) {
               c.final.finish_reason() == v1::FINISH_REASON_EOS);
 }
 
+// TEAL on every projection (--sparsity teal with a calibrated profile): the spawned workers
+// split the FFN's inputs between them, and the stream is `generate --split`'s text under the
+// same flags. Attach mode refuses the flags (the workers take them on their own lines).
+TEST(GatewayGenerate, TealStreamEqualsLocalSplitGeneration) {
+  const std::string thermocline = absl::StrCat(BinDir(), "/thermocline");
+  const std::string profile = absl::StrCat(TempDir(), "/teal-", getpid(), ".gguf");
+  CommandResult cal = RunCommand({thermocline,
+                                  "teal-calibrate",
+                                  "-m",
+                                  Stories260K(),
+                                  "--corpus",
+                                  SharedDataDir() + "/corpus/tinystories_valid_sample.txt",
+                                  "--tokens",
+                                  "600",
+                                  "--greedy-tokens",
+                                  "128",
+                                  "--window",
+                                  "64",
+                                  "--batch",
+                                  "64",
+                                  "--targets",
+                                  "0.5",
+                                  "--threads",
+                                  "1",
+                                  "-o",
+                                  profile});
+  ASSERT_EQ(cal.exit_code, 0) << cal.err;
+  const std::vector<std::string> teal = {"--sparsity", "teal",           "--teal-sparsity",
+                                         "0.5",        "--teal-profile", profile};
+  const std::string prompt = "Once upon a time";
+  std::string text;
+  {
+    Gateway gw(Unique("teal"), teal);
+    const Completion c = gw.Generate(Greedy(prompt, 32));
+    ASSERT_TRUE(c.status.ok()) << c.status.error_message();
+    text = c.text;
+  }
+  std::vector<std::string> local = {thermocline,   "generate",   "-m",
+                                    Stories260K(), "-p",         prompt,
+                                    "-n",          "32",         "-t",
+                                    "0",           "--split",    "--hot-fraction",
+                                    "0.5",         "--instance", Unique("teal-local")};
+  local.insert(local.end(), teal.begin(), teal.end());
+  CommandResult want = RunCommand(local);
+  ASSERT_EQ(want.exit_code, 0) << want.err;
+  EXPECT_EQ(absl::StrCat(prompt, text, "\n"), want.out);
+  // TEAL changed the text: the flags reached the workers.
+  local.resize(local.size() - teal.size());
+  CommandResult dense = RunCommand(local);
+  ASSERT_EQ(dense.exit_code, 0) << dense.err;
+  EXPECT_NE(dense.out, want.out);
+
+  std::vector<std::string> attach = {absl::StrCat(BinDir(), "/thermocline-gateway"),
+                                     "--model",
+                                     Stories260K(),
+                                     "--workers",
+                                     "attach",
+                                     "--instance",
+                                     Unique("teal-attach")};
+  attach.insert(attach.end(), teal.begin(), teal.end());
+  CommandResult refused = RunCommand(attach);
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.err.find("give them to both workers"), std::string::npos) << refused.err;
+}
+
 TEST(GatewayGenerate, SixteenConcurrentStreamsEqualSingleStreams) {
   Gateway gw(Unique("concurrent"), {"--max-batch", "4", "--kv-slots", "4", "--prefill-chunk", "8"});
   const char* kStarts[] = {"Once upon a time", "The little dog", "Lily wanted", "Tom and Sue",
