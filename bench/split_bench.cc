@@ -10,9 +10,13 @@
 // hop is bench/ring_bench's 8 KiB round trip (p50/p99 between two processes); it is not
 // measured again here.
 //
+// TEAL (--teal-sparsity T [--teal-profile P]) runs on both sides: on attention with an FFN
+// mode, on every projection with --sparsity teal (the split then needs the profile).
+//
 // Usage: split_bench --model M.gguf [--threads 2] [--tokens 16] [--rounds 3]
-//                    [--hot-fraction 0.5] [--sparsity dense|exact|threshold|predicted
+//                    [--hot-fraction 0.5] [--sparsity dense|exact|threshold|predicted|teal
 //                    [--stats S --target-sparsity T --predictor P]]
+//                    [--teal-sparsity T [--teal-profile P]]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -21,6 +25,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "bench/decode_loop.h"
 #include "shared/driver/split_engine.h"
 #include "shared/model/model.h"
@@ -28,6 +33,8 @@
 #include "shared/runtime/kv_cache.h"
 #include "shared/sparsity/sparse_ffn.h"
 #include "shared/sparsity/sparsity_mode.h"
+#include "shared/sparsity/teal.h"
+#include "shared/sparsity/teal_profile.h"
 #include "shared/util/cpu_features.h"
 #include "shared/util/membw.h"
 
@@ -42,7 +49,7 @@ int Usage() {
   std::fprintf(stderr,
                "usage: split_bench --model M.gguf [--threads 2] [--tokens 16] [--rounds 3] "
                "[--hot-fraction 0.5] [--sparsity MODE [--stats S] [--target-sparsity T] "
-               "[--predictor P]]\n");
+               "[--predictor P]] [--teal-sparsity T [--teal-profile P]]\n");
   return 2;
 }
 
@@ -53,6 +60,7 @@ int main(int argc, char** argv) {
   int threads = 2, tokens = 16, rounds = 3;
   double hot = 0.5;
   SparsityFlags sf;
+  TealFlags tf;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (i + 1 >= argc) return Usage();
@@ -78,6 +86,12 @@ int main(int argc, char** argv) {
       sf.target_sparsity = t;
     } else if (a == "--predictor") {
       sf.predictor_path = v;
+    } else if (a == "--teal-sparsity") {
+      float t;
+      ok = absl::SimpleAtof(v, &t);
+      tf.sparsity = t;
+    } else if (a == "--teal-profile") {
+      tf.profile_path = v;
     } else {
       ok = false;
     }
@@ -92,7 +106,10 @@ int main(int argc, char** argv) {
   auto model = Model::Load(model_path);
   if (!model.ok()) return fail(model.status());
   const ModelConfig& c = (*model)->config();
-  auto plan = SparsityPlanFromFlags(**model, sf);
+  SparsityFlags local_sf = sf;  // "teal" is the dense FFN mode with TEAL's plan here
+  auto teal_plan = TealPlanFromFlags(**model, local_sf.mode, tf);
+  if (!teal_plan.ok()) return fail(teal_plan.status());
+  auto plan = SparsityPlanFromFlags(**model, local_sf);
   if (!plan.ok()) return fail(plan.status());
   const int64_t context = std::min<int64_t>(c.context_length, kPrompt + tokens + 1);
 
@@ -106,7 +123,13 @@ int main(int argc, char** argv) {
     if (!made.ok()) return fail(made.status());
     sparse = std::move(*made);
   }
-  ForwardPass pass(**model, *kv, pool, sparse.get());
+  std::unique_ptr<TealLinear> teal;
+  if (*teal_plan) {
+    auto made = TealLinear::Create(**model, **teal_plan, pool);
+    if (!made.ok()) return fail(made.status());
+    teal = std::move(*made);
+  }
+  ForwardPass pass(**model, *kv, pool, sparse.get(), teal.get());
   ForwardPassRunner local(pass);
 
   // Split: the same thread total over the two workers.
@@ -114,7 +137,8 @@ int main(int argc, char** argv) {
   o.model_path = model_path;
   o.config = c;
   o.hot_fraction = hot;
-  o.sparsity = sf;
+  o.sparsity = sf;  // as typed: the workers rewrite "teal" themselves
+  o.teal = tf;
   o.gpu_threads = std::max(1, threads - threads / 2);
   o.cpu_threads = std::max(1, threads / 2);
   o.kv_slots = 1;
@@ -125,10 +149,15 @@ int main(int argc, char** argv) {
   const double load_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - load0).count();
 
-  std::printf("model %s (%s weights, %lld layers), kernels %s, sparsity %s, hot fraction %.2f\n",
-              model_path.c_str(), (*model)->weight_type_name().c_str(),
-              static_cast<long long>(c.n_layers), SimdLevelName(DetectSimdLevel()),
-              sf.mode.c_str(), hot);
+  std::printf(
+      "model %s (%s weights, %lld layers), kernels %s, sparsity %s, TEAL %s, hot fraction %.2f\n",
+      model_path.c_str(), (*model)->weight_type_name().c_str(), static_cast<long long>(c.n_layers),
+      SimdLevelName(DetectSimdLevel()), sf.mode.c_str(),
+      tf.sparsity ? absl::StrCat(*tf.sparsity,
+                                 tf.profile_path.empty() ? " (per-token share)" : " (calibrated)")
+                        .c_str()
+                  : "off",
+      hot);
   std::printf("threads: local %d; split gpu worker %d + cpu worker %d; workers ready in %.1f s\n",
               threads, o.gpu_threads, o.cpu_threads, load_s);
   std::vector<double> t_local, t_split;

@@ -309,8 +309,9 @@ void SplitFfn::ComputeTeal(int64_t layer, const float* h, const float* predictor
     // DenseFfn added the down bias to its rows already; the TEAL rows still need it.
     for (int64_t t = 0; t < n_tokens; ++t) {
       const float* cut = row_cuts_.data() + t * kPer;
-      if (TealFfnCuts{cut[0], cut[1], cut[2]}.any())
+      if (TealFfnCuts{cut[0], cut[1], cut[2]}.any()) {
         AddRowBias(model_.layer(layer).down_b, 1, out + t * dim);
+      }
     }
     return;
   }
