@@ -55,7 +55,7 @@ struct SplitEngineOptions {
   std::string plan_path;
   std::optional<double> hot_fraction;
   SparsityFlags sparsity;  // passed to both workers
-  TealFlags teal;          // TEAL on attention, in the gpu worker
+  TealFlags teal;          // TEAL: attention (gpu worker); with --sparsity teal the FFN too (both)
 
   int gpu_threads = 1;
   int cpu_threads = 1;
