@@ -141,6 +141,29 @@ CommandResult RunCommand(const std::vector<std::string>& argv) {
   return result;
 }
 
+CommandResult CalibrateTealProfile(const std::string& model, const std::string& out) {
+  return RunCommand({BinDir() + "/thermocline",
+                     "teal-calibrate",
+                     "-m",
+                     model,
+                     "--corpus",
+                     SharedDataDir() + "/corpus/tinystories_valid_sample.txt",
+                     "--tokens",
+                     "600",
+                     "--greedy-tokens",
+                     "128",
+                     "--window",
+                     "64",
+                     "--batch",
+                     "64",
+                     "--targets",
+                     "0.5",
+                     "--threads",
+                     "1",
+                     "-o",
+                     out});
+}
+
 std::unique_ptr<Model> SmallSynthModel(GgmlType type, SynthFfnKind kind,
                                        const std::string& name) {
   SynthOptions o;

@@ -59,6 +59,11 @@ CommandResult RunCommand(const std::vector<std::string>& argv);
 // The number before " bytes in interleaved copies" in a command's standard error, or -1.
 int64_t InterleavedBytes(const std::string& err);
 
+// `thermocline teal-calibrate` of `model` at the single target 0.5 on a few hundred tokens of
+// the tiny-stories corpus, written to `out` (a real profile, quickly: not a good one). Returns
+// the command's result (exit code 0 on success).
+CommandResult CalibrateTealProfile(const std::string& model, const std::string& out);
+
 // A small synthetic model (dim 64, ffn 160, 2 layers, 4 heads / 2 KV heads, vocab 300, context
 // 32) of `type` and FFN `kind`, written to TempDir()/<name>.gguf and loaded; null (with a test
 // failure) when either step fails.

@@ -51,26 +51,7 @@ TEST(GatewayGenerate, GreedyStreamEqualsLocalGeneration) {
 TEST(GatewayGenerate, TealStreamEqualsLocalSplitGeneration) {
   const std::string thermocline = absl::StrCat(BinDir(), "/thermocline");
   const std::string profile = absl::StrCat(TempDir(), "/teal-", getpid(), ".gguf");
-  CommandResult cal = RunCommand({thermocline,
-                                  "teal-calibrate",
-                                  "-m",
-                                  Stories260K(),
-                                  "--corpus",
-                                  SharedDataDir() + "/corpus/tinystories_valid_sample.txt",
-                                  "--tokens",
-                                  "600",
-                                  "--greedy-tokens",
-                                  "128",
-                                  "--window",
-                                  "64",
-                                  "--batch",
-                                  "64",
-                                  "--targets",
-                                  "0.5",
-                                  "--threads",
-                                  "1",
-                                  "-o",
-                                  profile});
+  const CommandResult cal = CalibrateTealProfile(Stories260K(), profile);
   ASSERT_EQ(cal.exit_code, 0) << cal.err;
   const std::vector<std::string> teal = {"--sparsity", "teal",           "--teal-sparsity",
                                          "0.5",        "--teal-profile", profile};

@@ -88,30 +88,10 @@ const std::string& Relu() {
   return path;
 }
 
-// TEAL's calibrated cuts of a model at a model-level target of 0.5 (a small, quick calibration:
-// the test needs a real profile, not a good one).
+// TEAL's calibrated cuts of a model at a model-level target of 0.5.
 std::string TealProfile(const std::string& model) {
   const std::string out = testing::TempDir() + "/teal.gguf";
-  auto r = testing::RunCommand({Thermocline(),
-                                "teal-calibrate",
-                                "-m",
-                                model,
-                                "--corpus",
-                                Corpus(),
-                                "--tokens",
-                                "600",
-                                "--greedy-tokens",
-                                "128",
-                                "--window",
-                                "64",
-                                "--batch",
-                                "64",
-                                "--targets",
-                                "0.5",
-                                "--threads",
-                                "1",
-                                "-o",
-                                out});
+  const testing::CommandResult r = testing::CalibrateTealProfile(model, out);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   return out;
 }
