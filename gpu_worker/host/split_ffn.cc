@@ -299,23 +299,15 @@ void SplitFfn::ComputeTeal(int64_t layer, const float* h, const float* predictor
     if (!part.hot.empty()) {
       ran += teal_parts_[layer].Compute(h + t * dim, cuts, out + t * dim, pool_);
     }
+    // DenseFfn adds the down bias to its rows; MergeCold adds it where cold neurons exist.
+    if (part.cold.empty()) AddRowBias(model_.layer(layer).down_b, 1, out + t * dim);
   }
   dense_rows(run, n_tokens);
   if (metrics_ != nullptr) {
     const uint64_t all = static_cast<uint64_t>(n_tokens) * part.hot.size();
     metrics_->AddNeurons(ran, all, all);
   }
-  if (part.cold.empty()) {
-    // DenseFfn added the down bias to its rows already; the TEAL rows still need it.
-    for (int64_t t = 0; t < n_tokens; ++t) {
-      const float* cut = row_cuts_.data() + t * kPer;
-      if (TealFfnCuts{cut[0], cut[1], cut[2]}.any()) {
-        AddRowBias(model_.layer(layer).down_b, 1, out + t * dim);
-      }
-    }
-    return;
-  }
-  MergeCold(layer, n_tokens, sent, out);
+  if (!part.cold.empty()) MergeCold(layer, n_tokens, sent, out);
 }
 
 void SplitFfn::ComputeMoe(int64_t layer, const float* h, int64_t n_tokens, float* out) {

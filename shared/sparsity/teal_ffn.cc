@@ -33,8 +33,7 @@ absl::StatusOr<TealFfnPart> TealFfnPart::Build(const MatrixView& gate, const Mat
   TealFfnPart p;
   const bool gated = !gate.empty();
   p.n_ = source_rows.empty() ? up.rows : static_cast<int64_t>(source_rows.size());
-  if (gated && (gate.cols != up.cols || gate.type != up.type ||
-                (source_rows.empty() && gate.rows != up.rows))) {
+  if (gated && (gate.cols != up.cols || gate.type != up.type || gate.rows != up.rows)) {
     return absl::InvalidArgumentError(absl::StrCat("teal ffn part: gate ", gate.rows, "x",
                                                    gate.cols, " and up ", up.rows, "x", up.cols,
                                                    " do not match"));
