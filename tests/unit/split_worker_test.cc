@@ -302,64 +302,88 @@ TEST(SplitWorkerTest, SplitFfnMatchesSingleProcessFfn) {
 // TEAL over the split FFN (--sparsity teal): a batch of a prompt row between two decode rows,
 // against DenseFfn through TealLinear in one process. The decode rows carry their cuts to the
 // cold side; the prompt row runs as without TEAL. Bit for bit with every neuron hot, else
-// within the reassociation of the sums. A CPU side without its TEAL copies refuses the cuts.
+// within the reassociation of the sums. stories260K (SwiGLU) and a plain GELU MLP with up and
+// down biases (starcoder2). A CPU side without its TEAL copies refuses the cuts.
 TEST(SplitWorkerTest, TealSplitFfnMatchesSingleProcessTeal) {
-  auto model = Stories();
-  const ModelConfig& c = model->config();
-  ThreadPool pool(1);
-  std::mt19937 rng(9);
-  std::normal_distribution<float> normal;
-  const int64_t n = 3;
-  std::vector<float> h(n * c.dim);
-  for (float& x : h) x = normal(rng);
-  const uint8_t decode[n] = {1, 0, 1};
-  TealPlan teal = TealPlan::TopShare(c.n_layers, 0.0f);
-  teal.kind = TealPlan::Kind::kCuts;
-  for (int64_t l = 0; l < c.n_layers; ++l) {
-    // Gate and up side by side in even layers, apart in odd ones.
-    teal.values[l][static_cast<int>(Projection::kGate)] = 0.6f;
-    teal.values[l][static_cast<int>(Projection::kUp)] = l % 2 == 0 ? 0.6f : 0.8f;
-    teal.values[l][static_cast<int>(Projection::kDown)] = 0.01f;
-  }
-  auto linear = TealLinear::Create(*model, teal, pool);
-  ASSERT_TRUE(linear.ok()) << linear.status();
-  DenseFfn one(*model, pool);
-  one.set_linear(linear->get());
-  const SparsityPlan plan = SparsityPlan::Uniform(SparsityMode::kDense, c.n_layers);
-  for (double f : {0.0, 0.5, 1.0}) {
-    auto part = Partition::FromPlacement(Placement::Uniform(c, f), c);
-    auto rows = cpu_worker::ColdRows::Build(*model, *part, std::nullopt, pool);
-    cpu_worker::ColdExecutor exec(*rows, *part, plan, c.activation, pool);
-    ASSERT_TRUE(exec.EnableTeal(teal).ok());
-    auto split = gpu_worker::SplitFfn::Create(*model, plan, *part, pool, teal);
-    ASSERT_TRUE(split.ok()) << split.status();
-    LoopbackLink link(exec);
+  SynthOptions so;
+  so.arch = "starcoder2";
+  so.dim = 64;
+  so.ffn = 160;
+  so.layers = 2;
+  so.heads = 4;
+  so.kv_heads = 4;
+  so.vocab = 300;
+  so.context = 32;
+  so.threads = 1;
+  const std::string biased_path = testing::TempDir() + "/split_worker_teal_starcoder2.gguf";
+  ASSERT_TRUE(WriteSynthModel(so, biased_path).ok());
+  auto biased = Model::Load(biased_path);
+  ASSERT_TRUE(biased.ok()) << biased.status();
+  ASSERT_FALSE((*biased)->layer(0).down_b.empty());
+  auto stories = Stories();
+  for (const Model* model : {stories.get(), biased->get()}) {
+    const ModelConfig& c = model->config();
+    SCOPED_TRACE(model == stories.get() ? "stories260K" : "starcoder2");
+    ThreadPool pool(1);
+    std::mt19937 rng(9);
+    std::normal_distribution<float> normal;
+    const int64_t n = 3;
+    std::vector<float> h(n * c.dim);
+    for (float& x : h) x = normal(rng);
+    const uint8_t decode[n] = {1, 0, 1};
+    TealPlan teal = TealPlan::TopShare(c.n_layers, 0.0f);
+    teal.kind = TealPlan::Kind::kCuts;
     for (int64_t l = 0; l < c.n_layers; ++l) {
-      std::vector<float> got(n * c.dim), want(n * c.dim), plain(n * c.dim);
-      (*split)->BeginStep(&link, decode);
-      (*split)->Compute(l, h.data(), n, got.data());
-      ASSERT_TRUE((*split)->EndStep().ok());
-      (*linear)->BeginBatch(decode);
-      one.Compute(l, h.data(), n, want.data());
-      DenseFfn(*model, pool).Compute(l, h.data(), n, plain.data());
-      double moved = 0;  // how far TEAL moves the decode rows: the test must see the cuts
-      for (int64_t i = 0; i < n * c.dim; ++i) {
-        moved = std::max(moved, static_cast<double>(std::fabs(want[i] - plain[i])));
-        if (f == 1.0) {
-          ASSERT_EQ(got[i], want[i]) << "layer " << l << " value " << i;
-        } else {
-          ASSERT_NEAR(got[i], want[i], 1e-5f * (1 + std::fabs(want[i])))
-              << "hot " << f << " layer " << l << " value " << i;
+      // Gate and up side by side in even layers, apart in odd ones.
+      teal.values[l][static_cast<int>(Projection::kGate)] = 0.6f;
+      teal.values[l][static_cast<int>(Projection::kUp)] = l % 2 == 0 ? 0.6f : 0.8f;
+      teal.values[l][static_cast<int>(Projection::kDown)] = 0.01f;
+    }
+    auto linear = TealLinear::Create(*model, teal, pool);
+    ASSERT_TRUE(linear.ok()) << linear.status();
+    DenseFfn one(*model, pool);
+    one.set_linear(linear->get());
+    const SparsityPlan plan = SparsityPlan::Uniform(SparsityMode::kDense, c.n_layers);
+    for (double f : {0.0, 0.5, 1.0}) {
+      auto part = Partition::FromPlacement(Placement::Uniform(c, f), c);
+      auto rows = cpu_worker::ColdRows::Build(*model, *part, std::nullopt, pool);
+      cpu_worker::ColdExecutor exec(*rows, *part, plan, c.activation, pool);
+      ASSERT_TRUE(exec.EnableTeal(teal).ok());
+      auto split = gpu_worker::SplitFfn::Create(*model, plan, *part, pool, teal);
+      ASSERT_TRUE(split.ok()) << split.status();
+      LoopbackLink link(exec);
+      for (int64_t l = 0; l < c.n_layers; ++l) {
+        std::vector<float> got(n * c.dim), want(n * c.dim), plain(n * c.dim);
+        (*split)->BeginStep(&link, decode);
+        (*split)->Compute(l, h.data(), n, got.data());
+        ASSERT_TRUE((*split)->EndStep().ok());
+        (*linear)->BeginBatch(decode);
+        one.Compute(l, h.data(), n, want.data());
+        DenseFfn(*model, pool).Compute(l, h.data(), n, plain.data());
+        double moved = 0;  // how far TEAL moves the decode rows: the test must see the cuts
+        for (int64_t i = 0; i < n * c.dim; ++i) {
+          moved = std::max(moved, static_cast<double>(std::fabs(want[i] - plain[i])));
+          if (f == 1.0) {
+            ASSERT_EQ(got[i], want[i]) << "layer " << l << " value " << i;
+          } else {
+            ASSERT_NEAR(got[i], want[i], 1e-5f * (1 + std::fabs(want[i])))
+                << "hot " << f << " layer " << l << " value " << i;
+          }
+        }
+        EXPECT_GT(moved, 1e-3) << "layer " << l;
+        // The prompt row is the dense FFN's.
+        for (int64_t i = c.dim; i < 2 * c.dim; ++i) {
+          ASSERT_NEAR(got[i], plain[i], 1e-5f * (1 + std::fabs(plain[i])));
         }
       }
-      EXPECT_GT(moved, 1e-3) << "layer " << l;
-      // The prompt row is the dense FFN's.
-      for (int64_t i = c.dim; i < 2 * c.dim; ++i) {
-        ASSERT_NEAR(got[i], plain[i], 1e-5f * (1 + std::fabs(plain[i])));
-      }
+      EXPECT_EQ(link.sent_, f == 1.0 ? 0 : c.n_layers);
     }
-    EXPECT_EQ(link.sent_, f == 1.0 ? 0 : c.n_layers);
   }
+  auto model = std::move(stories);
+  const ModelConfig& c = model->config();
+  ThreadPool pool(1);
+  const SparsityPlan plan = SparsityPlan::Uniform(SparsityMode::kDense, c.n_layers);
+  std::vector<float> h(c.dim, 0.5f);
   // A cold side that was not given the TEAL plan refuses cuts, naming the flag.
   auto part = Partition::FromPlacement(Placement::Uniform(c, 0.5), c);
   auto rows = cpu_worker::ColdRows::Build(*model, *part, std::nullopt, pool);
