@@ -33,6 +33,7 @@
 #include "shared/runtime/kv_cache.h"
 #include "shared/sparsity/sparse_ffn.h"
 #include "shared/sparsity/sparsity_mode.h"
+#include "shared/sparsity/sparsity_setup.h"
 #include "shared/sparsity/teal.h"
 #include "shared/sparsity/teal_profile.h"
 #include "shared/util/cpu_features.h"
@@ -106,30 +107,17 @@ int main(int argc, char** argv) {
   auto model = Model::Load(model_path);
   if (!model.ok()) return fail(model.status());
   const ModelConfig& c = (*model)->config();
-  SparsityFlags local_sf = sf;  // "teal" is the dense FFN mode with TEAL's plan here
-  auto teal_plan = TealPlanFromFlags(**model, local_sf.mode, tf);
-  if (!teal_plan.ok()) return fail(teal_plan.status());
-  auto plan = SparsityPlanFromFlags(**model, local_sf);
-  if (!plan.ok()) return fail(plan.status());
+  auto setup = SparsitySetupFromFlags(**model, sf, tf);
+  if (!setup.ok()) return fail(setup.status());
   const int64_t context = std::min<int64_t>(c.context_length, kPrompt + tokens + 1);
 
   // Single process: one pool of T threads.
   ThreadPool pool(threads);
   auto kv = KvCache::Create(c, 1, context, GgmlType::kF32);
   if (!kv.ok()) return fail(kv.status());
-  std::unique_ptr<SparseFfn> sparse;
-  if (!plan->AllDense()) {
-    auto made = SparseFfn::Create(**model, *plan, pool);
-    if (!made.ok()) return fail(made.status());
-    sparse = std::move(*made);
-  }
-  std::unique_ptr<TealLinear> teal;
-  if (*teal_plan) {
-    auto made = TealLinear::Create(**model, **teal_plan, pool);
-    if (!made.ok()) return fail(made.status());
-    teal = std::move(*made);
-  }
-  ForwardPass pass(**model, *kv, pool, sparse.get(), teal.get());
+  auto executors = BuildLocalExecutors(**model, std::move(*setup), pool);
+  if (!executors.ok()) return fail(executors.status());
+  ForwardPass pass(**model, *kv, pool, executors->ffn.get(), executors->teal.get());
   ForwardPassRunner local(pass);
 
   // Split: the same thread total over the two workers.
@@ -137,7 +125,7 @@ int main(int argc, char** argv) {
   o.model_path = model_path;
   o.config = c;
   o.hot_fraction = hot;
-  o.sparsity = sf;  // as typed: the workers rewrite "teal" themselves
+  o.sparsity = sf;
   o.teal = tf;
   o.gpu_threads = std::max(1, threads - threads / 2);
   o.cpu_threads = std::max(1, threads / 2);

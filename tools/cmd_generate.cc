@@ -11,18 +11,18 @@
 #include <atomic>
 #include <cstdio>
 #include <fstream>
-#include <memory>
-#include <sstream>
 #include <iostream>
+#include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "shared/driver/default_placement.h"
 #include "shared/driver/gpu_backend_flags.h"
 #include "shared/driver/split_engine.h"
@@ -35,6 +35,7 @@
 #include "shared/sparsity/sparse_ffn.h"
 #include "shared/sparsity/sparsity_mode.h"
 #include "shared/sparsity/sparsity_options.h"
+#include "shared/sparsity/sparsity_setup.h"
 #include "shared/sparsity/teal.h"
 #include "shared/sparsity/teal_options.h"
 #include "shared/tokenizer/tokenizer.h"
@@ -448,21 +449,18 @@ int RunGenerate(const std::vector<std::string>& args) {
   if (!model_or.ok()) return fail(std::string(model_or.status().message()));
   const Model& model = **model_or;
   const Tokenizer& tok = model.tokenizer();
-  const std::string mode_name = sf.mode;
-  auto teal_plan = TealPlanFromFlags(model, sf.mode, tf);
-  if (!teal_plan.ok()) return fail(std::string(teal_plan.status().message()));
+  auto setup = SparsitySetupFromFlags(model, sf, tf);
+  if (!setup.ok()) return fail(std::string(setup.status().message()));
   if (split) {
-    if (absl::Status s = CheckSplitTealPlan(*teal_plan); !s.ok())
+    if (absl::Status s = CheckSplitTealPlan(setup->teal); !s.ok())
       return fail(std::string(s.message()));
   }
-  auto plan = SparsityPlanFromFlags(model, sf);
-  if (!plan.ok()) return fail(std::string(plan.status().message()));
   // The FFN multiplied whole in this process: its Q4_0 and K-quant matrices get the
   // interleaved copy too. Under TEAL too: its decode rows read TEAL's transposed copies, but
   // the prompt's rows are dense GEMMs, which read the interleaved copy (433-token prompt on the
   // 24-layer Q4_0 model, 2 threads: 85-87 tok/s from the row layout, 159-160 interleaved), and
   // after the load nothing reads the file's FFN rows, so their pages may go.
-  if (!split && plan->AllDense()) {
+  if (!split && setup->ffn.AllDense()) {
     if (absl::Status s = (*model_or)->InterleaveDenseFfn(); !s.ok()) {
       return fail(std::string(s.message()));
     }
@@ -487,10 +485,7 @@ int RunGenerate(const std::vector<std::string>& args) {
                                 req.prompt.size(), max_new_tokens, model.config().context_length));
   }
   if (split) {
-    // The workers read the flags as typed: --sparsity teal, which they rewrite themselves.
-    SparsityFlags worker_sf = sf;
-    worker_sf.mode = mode_name;
-    return RunSplit(model, req, prompt, capacity, kv_type, worker_sf, tf, vram_budget_bytes,
+    return RunSplit(model, req, prompt, capacity, kv_type, sf, tf, vram_budget_bytes,
                     std::move(so));
   }
   auto kv_or = KvCache::Create(model.config(), 1, capacity,
@@ -498,19 +493,11 @@ int RunGenerate(const std::vector<std::string>& args) {
   if (!kv_or.ok()) return fail(std::string(kv_or.status().message()));
   const int n_threads = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
   ThreadPool pool(n_threads);
-  std::unique_ptr<SparseFfn> sparse;
-  if (!plan->AllDense()) {
-    auto made = SparseFfn::Create(model, *plan, pool);
-    if (!made.ok()) return fail(std::string(made.status().message()));
-    sparse = std::move(*made);
-  }
-  std::unique_ptr<TealLinear> teal;
-  if (*teal_plan) {
-    auto made = TealLinear::Create(model, std::move(**teal_plan), pool);
-    if (!made.ok()) return fail(std::string(made.status().message()));
-    teal = std::move(*made);
-  }
-  ForwardPass pass(model, *kv_or, pool, sparse.get(), teal.get());
+  auto executors = BuildLocalExecutors(model, std::move(*setup), pool);
+  if (!executors.ok()) return fail(std::string(executors.status().message()));
+  const SparseFfn* sparse = executors->ffn.get();
+  const TealLinear* teal = executors->teal.get();
+  ForwardPass pass(model, *kv_or, pool, executors->ffn.get(), executors->teal.get());
 
   ForwardPassRunner runner(pass);
   auto stats = GenerateAndPrint(runner, tok, prompt, req);
@@ -528,7 +515,7 @@ int RunGenerate(const std::vector<std::string>& args) {
                                  100 * teal->MeasuredSparsity());
   }
   if (sparse) {
-    std::cerr << absl::StrFormat("sparsity %s: %.1f%% of FFN neurons active\n", mode_name,
+    std::cerr << absl::StrFormat("sparsity %s: %.1f%% of FFN neurons active\n", sf.mode,
                                  100 * sparse->ActiveRatio());
   }
   return 0;

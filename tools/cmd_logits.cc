@@ -22,6 +22,7 @@
 #include "shared/runtime/generate.h"
 #include "shared/sparsity/sparse_ffn.h"
 #include "shared/sparsity/sparsity_options.h"
+#include "shared/sparsity/sparsity_setup.h"
 #include "shared/sparsity/teal.h"
 #include "shared/sparsity/teal_options.h"
 #include "tools/command.h"
@@ -130,19 +131,17 @@ int RunLogits(const std::vector<std::string>& args) {
   }
 
   // TEAL sparsifies decode positions only: the ids (one prompt) stay dense, --greedy steps not.
-  const std::string mode_name = sf.mode;  // as typed: the workers rewrite "teal" themselves
-  auto teal_plan = TealPlanFromFlags(model, sf.mode, tf);
-  if (!teal_plan.ok()) return Fail(std::string(teal_plan.status().message()));
+  auto setup = SparsitySetupFromFlags(model, sf, tf);
+  if (!setup.ok()) return Fail(std::string(setup.status().message()));
   if (split) {
-    if (absl::Status s = CheckSplitTealPlan(*teal_plan); !s.ok())
+    if (absl::Status s = CheckSplitTealPlan(setup->teal); !s.ok())
       return Fail(std::string(s.message()));
   }
   // The runner: this process (any sparsity plan) or the two worker processes.
   ThreadPool pool(threads == 0 ? static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))
                                : threads);
   std::unique_ptr<KvCache> kv;
-  std::unique_ptr<SparseFfn> sparse;
-  std::unique_ptr<TealLinear> teal;
+  LocalExecutors executors;
   std::unique_ptr<ForwardPass> pass;
   std::unique_ptr<ForwardPassRunner> local;
   std::unique_ptr<driver::SplitEngine> engine;
@@ -151,7 +150,6 @@ int RunLogits(const std::vector<std::string>& args) {
     so.model_path = model_path;
     so.config = c;
     so.sparsity = sf;
-    so.sparsity.mode = mode_name;
     so.teal = tf;
     so.kv_slots = 1;
     so.context = static_cast<int32_t>(capacity);
@@ -163,24 +161,14 @@ int RunLogits(const std::vector<std::string>& args) {
     engine = std::move(*e);
     runner = engine.get();
   } else {
-    auto plan = SparsityPlanFromFlags(model, sf);
-    if (!plan.ok()) return Fail(std::string(plan.status().message()));
     auto cache = KvCache::Create(c, 1, capacity, kv_type == "f16" ? GgmlType::kF16 : GgmlType::kF32);
     if (!cache.ok()) return Fail(std::string(cache.status().message()));
     kv = std::make_unique<KvCache>(std::move(*cache));
-    FfnExecutor* ffn = nullptr;
-    if (!plan->AllDense()) {
-      auto s = SparseFfn::Create(model, *plan, pool);
-      if (!s.ok()) return Fail(std::string(s.status().message()));
-      sparse = std::move(*s);
-      ffn = sparse.get();
-    }
-    if (*teal_plan) {
-      auto t = TealLinear::Create(model, std::move(**teal_plan), pool);
-      if (!t.ok()) return Fail(std::string(t.status().message()));
-      teal = std::move(*t);
-    }
-    pass = std::make_unique<ForwardPass>(model, *kv, pool, ffn, teal.get());
+    auto built = BuildLocalExecutors(model, std::move(*setup), pool);
+    if (!built.ok()) return Fail(std::string(built.status().message()));
+    executors = std::move(*built);
+    pass =
+        std::make_unique<ForwardPass>(model, *kv, pool, executors.ffn.get(), executors.teal.get());
     local = std::make_unique<ForwardPassRunner>(*pass);
     runner = local.get();
   }

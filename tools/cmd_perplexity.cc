@@ -11,8 +11,9 @@
 #include "shared/model/model.h"
 #include "shared/runtime/corpus.h"
 #include "shared/sparsity/sparse_ffn.h"
-#include "shared/sparsity/sparsity_options.h"
 #include "shared/sparsity/sparsity_mode.h"
+#include "shared/sparsity/sparsity_options.h"
+#include "shared/sparsity/sparsity_setup.h"
 #include "shared/sparsity/teal.h"
 #include "shared/sparsity/teal_options.h"
 #include "tools/command.h"
@@ -74,15 +75,12 @@ int RunPerplexity(const std::vector<std::string>& args) {
     return fail(absl::StrFormat("--window %d must be in [2, %d] (the model's context)", window,
                                 c.context_length));
   }
-  const std::string mode_name = sf.mode;
-  auto teal_plan = TealPlanFromFlags(model, sf.mode, tf);
-  if (!teal_plan.ok()) return fail(std::string(teal_plan.status().message()));
-  auto plan = SparsityPlanFromFlags(model, sf);
-  if (!plan.ok()) return fail(std::string(plan.status().message()));
+  auto setup = SparsitySetupFromFlags(model, sf, tf);
+  if (!setup.ok()) return fail(std::string(setup.status().message()));
   // The dense FFN multiplied whole (every position of a window in one GEMM): its Q4_0 and
   // K-quant matrices get the interleaved copy, as in `generate`. TEAL's plan here sparsifies
   // every position, so the FFN's dense GEMMs would be unused under it.
-  if (plan->AllDense() && !(*teal_plan && (*teal_plan)->ffn)) {
+  if (setup->ffn.AllDense() && !(setup->teal && setup->teal->ffn)) {
     if (absl::Status s = (*model_or)->InterleaveDenseFfn(); !s.ok()) {
       return fail(std::string(s.message()));
     }
@@ -100,23 +98,15 @@ int RunPerplexity(const std::vector<std::string>& args) {
       threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
   ThreadPool pool(n_threads);
 
+  // Perplexity scores TEAL's decode-time computation on every position (as the paper measures
+  // it); serving keeps prompt positions dense.
+  if (setup->teal) setup->teal->sparse_prompt = true;
   // Dense runs through the plain dense executor, so its figure is the reference one.
-  std::unique_ptr<SparseFfn> sparse;
-  if (!plan->AllDense()) {
-    auto made = SparseFfn::Create(model, *plan, pool, ffn_options);
-    if (!made.ok()) return fail(std::string(made.status().message()));
-    sparse = std::move(*made);
-  }
-  std::unique_ptr<TealLinear> teal;
-  if (*teal_plan) {
-    // Perplexity scores TEAL's decode-time computation on every position (as the paper
-    // measures it); serving keeps prompt positions dense.
-    (*teal_plan)->sparse_prompt = true;
-    auto made = TealLinear::Create(model, std::move(**teal_plan), pool);
-    if (!made.ok()) return fail(std::string(made.status().message()));
-    teal = std::move(*made);
-  }
-  ForwardPass pass(model, *kv, pool, sparse.get(), teal.get());
+  auto executors = BuildLocalExecutors(model, std::move(*setup), pool, ffn_options);
+  if (!executors.ok()) return fail(std::string(executors.status().message()));
+  const SparseFfn* sparse = executors->ffn.get();
+  const TealLinear* teal = executors->teal.get();
+  ForwardPass pass(model, *kv, pool, executors->ffn.get(), executors->teal.get());
   CorpusWindowOptions wo;
   wo.window = window;
   wo.batch = batch;
@@ -126,7 +116,7 @@ int RunPerplexity(const std::vector<std::string>& args) {
 
   std::cout << absl::StrFormat("model: %s (%s, %s FFN)\n", model_path, model.weight_type_name(),
                                ActivationName(c.activation));
-  std::cout << absl::StrFormat("sparsity: %s", mode_name);
+  std::cout << absl::StrFormat("sparsity: %s", sf.mode);
   if (sf.target_sparsity) std::cout << absl::StrFormat(" (target %.2f)", *sf.target_sparsity);
   if (tf.sparsity) {
     std::cout << absl::StrFormat(" teal %.2f (%s)", *tf.sparsity,
@@ -156,6 +146,7 @@ int RunPerplexity(const std::vector<std::string>& args) {
     }
   }
   if (sparse) {
+    const SparsityPlan* plan = &sparse->plan();
     const bool predicted = std::any_of(plan->modes.begin(), plan->modes.end(), [](SparsityMode m) {
       return m == SparsityMode::kPredicted;
     });

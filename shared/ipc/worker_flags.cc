@@ -2,7 +2,9 @@
 
 #include <charconv>
 #include <type_traits>
+#include <utility>
 
+#include "shared/sparsity/sparsity_setup.h"
 #include "shared/util/status_macros.h"
 
 namespace thermocline::ipc {
@@ -82,12 +84,11 @@ absl::StatusOr<WorkerModel> LoadWorkerModel(const WorkerFlags& flags) {
   WorkerModel w;
   TC_ASSIGN_OR_RETURN(const TensorCheck check, TensorCheckFromName(flags.check_tensors));
   TC_ASSIGN_OR_RETURN(w.model, Model::Load(flags.model_path, check));
-  std::string ffn_mode = flags.sparsity.mode;
-  TC_ASSIGN_OR_RETURN(w.teal, TealPlanFromFlags(*w.model, ffn_mode, flags.teal));
-  TC_RETURN_IF_ERROR(CheckSplitTealPlan(w.teal));
-  SparsityFlags sparsity = flags.sparsity;
-  sparsity.mode = ffn_mode;  // "teal" is the dense FFN mode with TEAL's plan
-  TC_ASSIGN_OR_RETURN(w.plan, SparsityPlanFromFlags(*w.model, sparsity));
+  TC_ASSIGN_OR_RETURN(SparsitySetup setup,
+                      SparsitySetupFromFlags(*w.model, flags.sparsity, flags.teal));
+  TC_RETURN_IF_ERROR(CheckSplitTealPlan(setup.teal));
+  w.plan = std::move(setup.ffn);
+  w.teal = std::move(setup.teal);
   TC_ASSIGN_OR_RETURN(w.placement, PlacementFromFlags(w.model->config(), flags.placement()));
   TC_ASSIGN_OR_RETURN(w.partition, Partition::FromPlacement(w.placement, w.model->config()));
   return w;

@@ -168,7 +168,8 @@ absl::StatusOr<TealProfile> ReadTealProfile(const std::string& path, const Model
   return p;
 }
 
-absl::StatusOr<std::optional<TealPlan>> TealPlanFromFlags(const Model& model, std::string& ffn_mode,
+absl::StatusOr<std::optional<TealPlan>> TealPlanFromFlags(const Model& model,
+                                                          const std::string& ffn_mode,
                                                           const TealFlags& flags) {
   const bool all = ffn_mode == "teal";
   const bool wanted = all || flags.sparsity || !flags.profile_path.empty();
@@ -215,7 +216,6 @@ absl::StatusOr<std::optional<TealPlan>> TealPlanFromFlags(const Model& model, st
       v[static_cast<int>(Projection::kDown)] = 0;
     }
   }
-  if (all) ffn_mode = "dense";
   TC_RETURN_IF_ERROR(plan.Validate(c));
   return std::optional<TealPlan>(std::move(plan));
 }

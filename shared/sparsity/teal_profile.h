@@ -67,10 +67,12 @@ struct TealFlags {
 };
 
 // The TEAL plan the flags ask for, or nullopt when TEAL is off. `ffn_mode` is --sparsity:
-// "teal" sparsifies all seven projections and is rewritten to "dense" (DenseFfn computes the FFN
-// through the executor); with "exact", "threshold" or "predicted" TEAL covers attention (q, k, v,
-// o) and the sparse FFN the rest. Errors name the flag.
-absl::StatusOr<std::optional<TealPlan>> TealPlanFromFlags(const Model& model, std::string& ffn_mode,
+// "teal" sparsifies all seven projections (the FFN itself is then the dense one, which computes
+// through the executor; SparsitySetupFromFlags in sparsity_setup.h reads it so); with "exact",
+// "threshold" or "predicted" TEAL covers attention (q, k, v, o) and the sparse FFN the rest.
+// Errors name the flag.
+absl::StatusOr<std::optional<TealPlan>> TealPlanFromFlags(const Model& model,
+                                                          const std::string& ffn_mode,
                                                           const TealFlags& flags);
 
 // Whether split workers can run `plan`: on attention always; over the FFN (--sparsity teal)

@@ -41,6 +41,7 @@
 #include "shared/runtime/kv_cache.h"
 #include "shared/sparsity/sparse_ffn.h"
 #include "shared/sparsity/sparsity_mode.h"
+#include "shared/sparsity/sparsity_setup.h"
 #include "shared/sparsity/teal.h"
 #include "shared/sparsity/teal_profile.h"
 #include "tests/test_support.h"
@@ -148,27 +149,16 @@ Output Collect(BatchRunner& runner, const Model& model, const GenerationRequest&
 // order the workers use).
 Output Local(const Model& model, const SparsityFlags& flags, const TealFlags& teal_flags,
              const GenerationRequest& req) {
-  SparsityFlags ffn_flags = flags;
-  auto teal_plan = TealPlanFromFlags(model, ffn_flags.mode, teal_flags);  // "teal" -> "dense"
-  EXPECT_TRUE(teal_plan.ok()) << teal_plan.status();
-  auto plan = SparsityPlanFromFlags(model, ffn_flags);
-  EXPECT_TRUE(plan.ok()) << plan.status();
+  auto setup = SparsitySetupFromFlags(model, flags, teal_flags);
+  EXPECT_TRUE(setup.ok()) << setup.status();
+  if (!setup.ok()) return {};
   ThreadPool pool(1);
   auto kv = KvCache::Create(model.config(), 1, model.config().context_length, GgmlType::kF32);
   EXPECT_TRUE(kv.ok());
-  std::unique_ptr<SparseFfn> sparse;
-  if (!plan->AllDense()) {
-    auto made = SparseFfn::Create(model, *plan, pool);
-    EXPECT_TRUE(made.ok()) << made.status();
-    sparse = std::move(*made);
-  }
-  std::unique_ptr<TealLinear> teal;
-  if (teal_plan.ok() && teal_plan->has_value()) {
-    auto made = TealLinear::Create(model, **teal_plan, pool);
-    EXPECT_TRUE(made.ok()) << made.status();
-    teal = std::move(*made);
-  }
-  ForwardPass pass(model, *kv, pool, sparse.get(), teal.get());
+  auto executors = BuildLocalExecutors(model, std::move(*setup), pool);
+  EXPECT_TRUE(executors.ok()) << executors.status();
+  if (!executors.ok()) return {};
+  ForwardPass pass(model, *kv, pool, executors->ffn.get(), executors->teal.get());
   ForwardPassRunner runner(pass);
   return Collect(runner, model, req);
 }

@@ -21,6 +21,7 @@
 #include "shared/runtime/forward.h"
 #include "shared/runtime/kv_cache.h"
 #include "shared/sparsity/neuron_ffn.h"
+#include "shared/sparsity/sparsity_setup.h"
 #include "shared/sparsity/teal_profile.h"
 #include "shared/util/fp16.h"
 #include "tests/test_support.h"
@@ -559,7 +560,7 @@ TEST(TealForwardTest, MaskedRowsAreMatMulOfTheMaskedInput) {
 TEST(TealPlanTest, FlagsNameWhatIsWrong) {
   auto model = Synth(GgmlType::kF32, SynthFfnKind::kReluGated, "flags_relu");
   ASSERT_TRUE(model);
-  auto check = [&](std::string mode, TealFlags f, const std::string& needle) {
+  auto check = [&](const std::string& mode, TealFlags f, const std::string& needle) {
     auto r = TealPlanFromFlags(*model, mode, f);
     ASSERT_FALSE(r.ok()) << needle;
     EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status();
@@ -571,23 +572,54 @@ TEST(TealPlanTest, FlagsNameWhatIsWrong) {
   // A file of another kind is named as such.
   check("teal", {.sparsity = 0.5f, .profile_path = model->file().path()}, "teal-calibrate");
 
-  std::string mode = "teal";
-  auto all = TealPlanFromFlags(*model, mode, {.sparsity = 0.25f});
+  auto all = TealPlanFromFlags(*model, "teal", {.sparsity = 0.25f});
   ASSERT_TRUE(all.ok() && all->has_value()) << all.status();
-  EXPECT_EQ(mode, "dense");  // the FFN runs in DenseFfn, through the executor
   EXPECT_TRUE((*all)->ffn);
   EXPECT_EQ((*all)->value(0, Projection::kDown), 0.25f);
-  mode = "exact";
-  auto attn = TealPlanFromFlags(*model, mode, {.sparsity = 0.25f});
+  auto attn = TealPlanFromFlags(*model, "exact", {.sparsity = 0.25f});
   ASSERT_TRUE(attn.ok() && attn->has_value()) << attn.status();
-  EXPECT_EQ(mode, "exact");
   EXPECT_FALSE((*attn)->ffn);
   EXPECT_EQ((*attn)->value(1, Projection::kO), 0.25f);
   EXPECT_EQ((*attn)->value(1, Projection::kGate), 0.0f);
-  mode = "dense";
-  auto off = TealPlanFromFlags(*model, mode, {});
+  auto off = TealPlanFromFlags(*model, "dense", {});
   ASSERT_TRUE(off.ok());
   EXPECT_FALSE(off->has_value());
+
+  // The setup reads `teal` as the dense FFN (it runs in DenseFfn, through TEAL's executor) and
+  // an FFN mode as itself, with TEAL on attention.
+  const SparsityFlags teal_mode{.mode = "teal"};
+  auto whole = SparsitySetupFromFlags(*model, teal_mode, {.sparsity = 0.25f});
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_TRUE(whole->ffn.AllDense());
+  ASSERT_TRUE(whole->teal.has_value());
+  EXPECT_TRUE(whole->teal->ffn);
+  EXPECT_EQ(teal_mode.mode, "teal");
+  auto exact = SparsitySetupFromFlags(*model, {.mode = "exact"}, {.sparsity = 0.25f});
+  ASSERT_TRUE(exact.ok()) << exact.status();
+  EXPECT_FALSE(exact->ffn.AllDense());
+  ASSERT_TRUE(exact->teal.has_value());
+  EXPECT_FALSE(exact->teal->ffn);
+  auto dense = SparsitySetupFromFlags(*model, {}, {});
+  ASSERT_TRUE(dense.ok()) << dense.status();
+  EXPECT_TRUE(dense->ffn.AllDense());
+  EXPECT_FALSE(dense->teal.has_value());
+  // Errors of either part come through, naming the flag.
+  auto no_share = SparsitySetupFromFlags(*model, teal_mode, {});
+  ASSERT_FALSE(no_share.ok());
+  EXPECT_NE(no_share.status().message().find("--teal-sparsity"), std::string::npos);
+  auto no_stats = SparsitySetupFromFlags(*model, {.mode = "threshold"}, {});
+  ASSERT_FALSE(no_stats.ok());
+  EXPECT_NE(no_stats.status().message().find("--stats"), std::string::npos);
+  // The executors: TEAL's always, the sparse FFN only where the FFN's plan is not dense.
+  ThreadPool pool(1);
+  auto whole_exec = BuildLocalExecutors(*model, std::move(*whole), pool);
+  ASSERT_TRUE(whole_exec.ok()) << whole_exec.status();
+  EXPECT_EQ(whole_exec->ffn, nullptr);
+  EXPECT_NE(whole_exec->teal, nullptr);
+  auto exact_exec = BuildLocalExecutors(*model, std::move(*exact), pool);
+  ASSERT_TRUE(exact_exec.ok()) << exact_exec.status();
+  EXPECT_NE(exact_exec->ffn, nullptr);
+  EXPECT_NE(exact_exec->teal, nullptr);
 
   TealPlan bad = TealPlan::TopShare(2, 0.5f);
   bad.values[1][3] = 1.0f;
