@@ -4,6 +4,8 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "shared/util/memory_lock.h"
+#include "shared/util/status_macros.h"
 
 namespace thermocline::cpu_worker {
 
@@ -192,6 +194,15 @@ int64_t ColdExecutor::teal_bytes() const {
   int64_t bytes = 0;
   for (const TealFfnPart& p : teal_) bytes += p.owned_bytes();
   return bytes;
+}
+
+absl::Status ColdExecutor::LockTeal() const {
+  for (const TealFfnPart& p : teal_) {
+    for (std::span<const uint8_t> m : p.owned_memory()) {
+      TC_RETURN_IF_ERROR(LockMemory(m.data(), m.size(), "TEAL's transposed copies"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ColdExecutor::ComputeTeal(const ipc::ActivationView& a, std::span<float> y) {

@@ -40,6 +40,8 @@ class ColdExecutor {
   // over the FFN: --sparsity teal), so that Activations with cuts are accepted.
   absl::Status EnableTeal(const TealPlan& plan);
   int64_t teal_bytes() const;
+  // mlock the copies EnableTeal made (--mlock, which locks the cold rows too).
+  absl::Status LockTeal() const;
 
   // y[rows][dim] = the cold neurons' FFN output for the Activation's rows (the view is
   // already decoded, so shapes, order and ranges of the ids are checked; coldness is checked

@@ -75,7 +75,11 @@ int main(int argc, char** argv) {
                                     pool);
   if (loaded->teal && loaded->teal->ffn) {
     if (absl::Status t = executor.EnableTeal(*loaded->teal); !t.ok()) s.Fail(t);
-    s.Log(Level::kInfo, "teal", {{"copy_bytes", static_cast<long long>(executor.teal_bytes())}});
+    if (lock) {
+      if (absl::Status l = executor.LockTeal(); !l.ok()) s.Fail(l);
+    }
+    s.Log(Level::kInfo, "teal",
+          {{"copy_bytes", static_cast<long long>(executor.teal_bytes())}, {"locked", lock}});
   }
   absl::Status run = cpu_worker::RunCpuWorker(s, executor, config);
   if (!run.ok()) s.Fail(run);

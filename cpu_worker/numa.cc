@@ -3,7 +3,6 @@
 #include <numa.h>
 #include <sched.h>
 #include <sys/mman.h>
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -13,7 +12,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "shared/util/memory_lock.h"
 #include "shared/util/page_arena.h"
+#include "shared/util/status_macros.h"
 
 namespace thermocline::cpu_worker {
 
@@ -147,16 +148,7 @@ void NodeMemory::Free() {
 }
 
 absl::Status NodeMemory::Lock() {
-  if (mlock(data_, size_) != 0) {
-    const int err = errno;
-    rlimit lim{};
-    getrlimit(RLIMIT_MEMLOCK, &lim);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "--mlock: cannot lock ", size_, " bytes of cold rows (", std::strerror(err),
-        "); RLIMIT_MEMLOCK is ",
-        lim.rlim_cur == RLIM_INFINITY ? std::string("unlimited") : absl::StrCat(lim.rlim_cur),
-        " bytes: raise it (ulimit -l, LimitMEMLOCK= in systemd) or drop --mlock"));
-  }
+  TC_RETURN_IF_ERROR(LockMemory(data_, size_, "cold rows"));
   locked_ = true;
   return absl::OkStatus();
 }

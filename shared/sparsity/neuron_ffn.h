@@ -191,6 +191,7 @@ class DownRows {
   const MatrixView& view() const { return view_; }
   // Bytes this object owns (0 when it borrows the model's ffn_down_t).
   int64_t owned_bytes() const { return static_cast<int64_t>(owned_.size()); }
+  std::span<const uint8_t> owned_memory() const { return {owned_.data(), owned_.size()}; }
 
  private:
   // Zeroed storage for `bytes` bytes owned by this object.

@@ -135,4 +135,12 @@ int64_t TealFfnPart::Compute(const float* h, const TealFfnCuts& cuts, float* out
   return InputSparseMatVec(down_t_, down_rows_, g, cuts.down, ids_, coeffs_, out, pool);
 }
 
+std::vector<std::span<const uint8_t>> TealFfnPart::owned_memory() const {
+  std::vector<std::span<const uint8_t>> spans;
+  for (const DownRows* copy : {&gate_up_, &up_copy_}) {
+    if (copy->owned_bytes() > 0) spans.push_back(copy->owned_memory());
+  }
+  return spans;
+}
+
 }  // namespace thermocline

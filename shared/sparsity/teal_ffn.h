@@ -51,6 +51,8 @@ class TealFfnPart {
 
   int64_t n_neurons() const { return n_; }
   int64_t owned_bytes() const { return gate_up_.owned_bytes() + up_copy_.owned_bytes(); }
+  // The memory behind owned_bytes(), one span per copy (for --mlock).
+  std::vector<std::span<const uint8_t>> owned_memory() const;
 
   // out[0..dim) = the part's share of the FFN output of h under `cuts` (overwritten). Returns
   // the neurons down read. Not reentrant: one row at a time (each uses the whole pool).

@@ -213,6 +213,9 @@ TEST_P(SplitEquivalence, SameTokensAndLogitsAsOneProcess) {
   o.hot_fraction = c.hot;
   o.sparsity = flags;
   o.teal = teal;
+  // The cpu worker then locks its TEAL copies with its cold rows (--mlock), as a deployment
+  // would; a few hundred KiB, under the unprivileged default limit.
+  o.mlock = teal_ffn;
   o.kv_slots = 1;
   o.bindir = testing::BinDir();
   std::string instance;

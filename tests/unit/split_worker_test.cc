@@ -2,6 +2,9 @@
 // the cold executor against NeuronFfn over the full weights, the CPU list parser, and the GPU
 // side's split FFN (with the cold executor behind an in-process ColdLink) against the
 // single-process SparseFfn / DenseFfn; the same for MoE layers split per expert.
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <numeric>
@@ -18,6 +21,7 @@
 #include "shared/sparsity/partition.h"
 #include "shared/sparsity/sparse_ffn.h"
 #include "shared/sparsity/teal.h"
+#include "shared/util/memory_lock.h"
 #include "tests/test_support.h"
 
 namespace thermocline {
@@ -407,6 +411,54 @@ TEST(SplitWorkerTest, TealSplitFfnMatchesSingleProcessTeal) {
           .status()
           .code(),
       absl::StatusCode::kInvalidArgument);
+}
+
+// The cpu worker's --mlock locks TEAL's copies of its neurons as well as the cold rows: both are
+// what a token reads, and a page of either swapped out stalls the token.
+TEST(SplitWorkerTest, MlockLocksColdRowsAndTealCopies) {
+  auto model = Stories();
+  const ModelConfig& c = model->config();
+  ThreadPool pool(1);
+  TealPlan teal = TealPlan::TopShare(c.n_layers, 0.0f);
+  teal.kind = TealPlan::Kind::kCuts;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    teal.values[l][static_cast<int>(Projection::kGate)] = 0.5f;
+    teal.values[l][static_cast<int>(Projection::kUp)] = 0.5f;
+  }
+  auto part = Partition::FromPlacement(Placement::Uniform(c, 0.0), c);
+  ASSERT_TRUE(part.ok()) << part.status();
+  auto rows = cpu_worker::ColdRows::Build(*model, *part, std::nullopt, pool);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  const SparsityPlan plan = SparsityPlan::Uniform(SparsityMode::kDense, c.n_layers);
+  cpu_worker::ColdExecutor exec(*rows, *part, plan, c.activation, pool);
+  ASSERT_TRUE(exec.EnableTeal(teal).ok());
+  ASSERT_GT(exec.teal_bytes(), 0);
+
+  auto before = LockedBytes();
+  ASSERT_TRUE(before.ok()) << before.status();
+  if (geteuid() != 0) {
+    // Without the privilege to exceed it, a limit at what is locked now refuses more, and the
+    // error says what and how to raise it. (Root locks past any limit.)
+    rlimit saved{};
+    ASSERT_EQ(getrlimit(RLIMIT_MEMLOCK, &saved), 0);
+    rlimit tight = saved;
+    tight.rlim_cur = static_cast<rlim_t>(*before);
+    ASSERT_EQ(setrlimit(RLIMIT_MEMLOCK, &tight), 0);
+    absl::Status refused = exec.LockTeal();
+    ASSERT_EQ(setrlimit(RLIMIT_MEMLOCK, &saved), 0);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+    EXPECT_NE(refused.message().find("TEAL's transposed copies"), std::string::npos) << refused;
+    EXPECT_NE(refused.message().find("RLIMIT_MEMLOCK"), std::string::npos) << refused;
+  }
+  ASSERT_TRUE(rows->memory().Lock().ok());
+  auto with_rows = LockedBytes();
+  ASSERT_TRUE(with_rows.ok()) << with_rows.status();
+  EXPECT_GE(*with_rows - *before, static_cast<int64_t>(rows->bytes()));
+  absl::Status locked = exec.LockTeal();
+  ASSERT_TRUE(locked.ok()) << locked;
+  auto with_teal = LockedBytes();
+  ASSERT_TRUE(with_teal.ok()) << with_teal.status();
+  EXPECT_GE(*with_teal - *with_rows, exec.teal_bytes());
 }
 
 // MoE layers split per expert: the router runs on the GPU side, the picks travel with h, each
