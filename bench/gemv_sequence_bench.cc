@@ -9,8 +9,10 @@
 // "read first / back to back" column shows whether the kernels depend on what ran before them.
 //
 // Each round times: the sequence back to back; a plain read of as many bytes (the floor, same
-// threads); the sequence with an --gap_mib read of fresh memory before each product (the reads'
-// time left out). Medians over the rounds after the first. One token, the product's layouts
+// threads); a plain read of the very bytes the sequence multiplies, matrix by matrix with the
+// pool split and joined for each as MatMul does ("seq read": the floor of the decode's access
+// pattern, every matrix's shares starting cold); the sequence with an --gap_mib read of fresh
+// memory before each product (the reads' time left out). Medians over the rounds after the first. One token, the product's layouts
 // (the interleaved dense FFN copies of InterleaveDenseFfn); each matrix is its own MatMul, where
 // the decode joins q, k, v and gate, up into one region each (MatMulMany): the same bytes.
 // MoE experts and PowerInfer's ffn_down_t are left out (not dense products).
@@ -91,9 +93,9 @@ int main(int argc, char** argv) {
 
   std::printf("kernels: %s, cpus %d; medians of %d rounds; gaps of %d MiB\n", bench::KernelFamily(),
               UsableCpus(), rounds - 1, gap_mib);
-  std::printf("%-26s %6s %3s %9s %9s %13s %7s %12s %7s %11s %9s\n", "model", "type", "thr",
-              "MB/seq", "read GB/s", "back to back", "ratio", "read first", "ratio", "first/b2b",
-              "load");
+  std::printf("%-26s %6s %3s %9s %9s %13s %7s %9s %7s %9s %12s %7s %11s %9s\n", "model", "type",
+              "thr", "MB/seq", "read GB/s", "back to back", "ratio", "seq read", "ratio",
+              "b2b/seq", "read first", "ratio", "first/b2b", "load");
   for (const std::string& path : models) {
     auto model = bench::LoadForDenseDecode(path);
     if (!model.ok()) {
@@ -114,13 +116,20 @@ int main(int argc, char** argv) {
     const size_t floor_bytes = std::min(kRegion, static_cast<size_t>(bytes)) / 64 * 64;
     for (int nt : threads) {
       ThreadPool pool(nt);
-      std::vector<double> b2b, first, read;
+      std::vector<double> b2b, first, read, seq_read;
       size_t gap_at = 0;
       for (int r = 0; r < rounds; ++r) {
         auto t0 = std::chrono::steady_clock::now();
         for (const MatrixView* w : seq) MatMul(*w, x.data(), 1, w->cols, y.data(), w->rows, pool);
         const double b2b_s = bench::Seconds(t0, std::chrono::steady_clock::now());
         const double read_s = TimeParallelRead(pool, floor_buf, floor_bytes);
+        t0 = std::chrono::steady_clock::now();
+        for (const MatrixView* w : seq) {
+          // What MatMul reads: the interleaved copy where there is one (as many bytes).
+          TimeParallelRead(pool, w->interleaved != nullptr ? w->interleaved : w->data,
+                           static_cast<size_t>(w->rows * w->row_data_bytes()) / 32 * 32);
+        }
+        const double seq_read_s = bench::Seconds(t0, std::chrono::steady_clock::now());
         double first_s = 0;
         for (const MatrixView* w : seq) {
           if (gap_at + gap > kRegion) gap_at = 0;
@@ -134,12 +143,14 @@ int main(int argc, char** argv) {
         b2b.push_back(bytes / b2b_s / 1e9);
         first.push_back(bytes / first_s / 1e9);
         read.push_back(static_cast<double>(floor_bytes) / read_s / 1e9);
+        seq_read.push_back(bytes / seq_read_s / 1e9);
       }
-      const double rd = bench::Median(read), bb = bench::Median(b2b), fi = bench::Median(first);
+      const double rd = bench::Median(read), bb = bench::Median(b2b), fi = bench::Median(first),
+                   sr = bench::Median(seq_read);
       const std::string name = path.substr(path.find_last_of('/') + 1);
-      std::printf("%-26s %6s %3d %9.1f %9.2f %13.2f %7.3f %12.2f %7.3f %11.3f %9s\n", name.c_str(),
-                  (*model)->weight_type_name().c_str(), nt, bytes / 1e6, rd, bb, bb / rd, fi,
-                  fi / rd, fi / bb, bench::LoadNow().c_str());
+      std::printf("%-26s %6s %3d %9.1f %9.2f %13.2f %7.3f %9.2f %7.3f %9.3f %12.2f %7.3f %11.3f %9s\n",
+                  name.c_str(), (*model)->weight_type_name().c_str(), nt, bytes / 1e6, rd, bb,
+                  bb / rd, sr, sr / rd, bb / sr, fi, fi / rd, fi / bb, bench::LoadNow().c_str());
       std::fflush(stdout);
     }
   }
