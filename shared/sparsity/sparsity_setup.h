@@ -1,7 +1,7 @@
 // One process's sparsity from the command line: --sparsity (dense, exact, threshold, predicted,
 // teal) with the TEAL flags resolved into the FFN's plan and TEAL's, and the executors a
-// ForwardPass takes built from them. Every tool that computes in its own process (generate,
-// logits, perplexity, the benches) goes through here, so `teal` means the same everywhere.
+// ForwardPass takes built from them. The workers, generate, logits, perplexity and split_bench
+// read the flags through here, so `teal` means the same in each of them.
 #pragma once
 
 #include <memory>
