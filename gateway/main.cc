@@ -133,6 +133,7 @@ int Main(int argc, char** argv) {
       ("kv-type", po::value(&so.kv_type)->default_value("f32"), "KV cache element type: f32 or f16")
       ("cpus", po::value(&so.cpus), "CPUs the cpu worker runs on, e.g. 0-7")
       ("numa-node", po::value<int>(), "NUMA node of the cpu worker's cold rows (and, without --cpus, of its threads)")
+      ("mlock", po::bool_switch(&so.mlock), "lock the cpu worker's cold rows (and TEAL's copies of them) in memory, so that they are never paged out; needs RLIMIT_MEMLOCK to allow it (LimitMEMLOCK= in systemd)")
       ("bindir", po::value(&so.bindir), "directory of the worker executables (default: this one's)")
       ("worker-log", po::value(&so.log_path), "append the workers' output here (default: stderr)")
       ("shutdown-grace", po::value(&shutdown_grace)->default_value(2), "seconds in-flight streams get at SIGTERM to end by themselves; then they end with a Final of FINISH_REASON_CANCELLED")
@@ -171,6 +172,19 @@ int Main(int argc, char** argv) {
     return Fail("--backend and --vram-budget choose the backend of the gpu worker the gateway "
                 "spawns; with --workers attach give them to thermocline-gpu-worker "
                 "(THERMOCLINE_GPU_WORKER_ARGS in deploy/thermocline.env.example)");
+  }
+  // How the workers are started (threads, pinning, memory) is theirs to say in attach mode: given
+  // here, it would be silently ignored.
+  if (workers == "attach") {
+    for (const char* flag : {"gpu-threads", "cpu-threads", "cpus", "numa-node", "mlock"}) {
+      if (vm.count(flag) && !vm[flag].defaulted()) {
+        return Fail(absl::StrCat(
+            "--", flag,
+            " sets how the gateway starts its workers; with --workers attach give the workers' "
+            "own flags (--threads, --cpus, --numa-node, --mlock) on their lines "
+            "(THERMOCLINE_GPU_WORKER_ARGS and THERMOCLINE_CPU_WORKER_ARGS)"));
+      }
+    }
   }
   // TEAL, likewise: the workers load the profile; attached ones take it on their own lines.
   if (workers == "attach" && (tf.sparsity.has_value() || !tf.profile_path.empty())) {

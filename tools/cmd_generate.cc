@@ -152,7 +152,8 @@ int RunSplit(const Model& model, const GenerationRequest& req, const std::string
 constexpr const char* kLocalOnly[] = {"model",       "threads",  "context", "kv-type",
                                       "split",       "hot-fraction", "plan", "backend",
                                       "vram-budget", "gpu-threads", "cpu-threads", "instance",
-                                      "cpus",        "numa-node", "bindir", "worker-log"};
+                                      "cpus",        "numa-node", "mlock", "bindir",
+                                      "worker-log"};
 
 // --server: one streaming Generate call; text to stdout as it arrives (after the prompt, as
 // the local paths print it), the final stats to stderr.
@@ -361,6 +362,7 @@ int RunGenerate(const std::vector<std::string>& args) {
       ("instance", po::value(&so.instance), "transport instance name (default gen-<pid>-0)")
       ("cpus", po::value(&so.cpus), "CPUs the cpu worker runs on, e.g. 0-7")
       ("numa-node", po::value(&numa_node), "NUMA node of the cpu worker's threads and memory")
+      ("mlock", po::bool_switch(&so.mlock), "lock the cpu worker's cold rows (and TEAL's copies of them) in memory")
       ("bindir", po::value(&so.bindir), "directory of the worker executables (default: this one's)")
       ("worker-log", po::value(&so.log_path), "append the workers' output here (default: stderr)");
   opts.add(split_opts);
@@ -422,7 +424,7 @@ int RunGenerate(const std::vector<std::string>& args) {
   if (absl::Status s = ValidateSamplingParams(sp); !s.ok()) return fail(std::string(s.message()));
   if (!split) {
     for (const char* flag : {"hot-fraction", "plan", "backend", "vram-budget", "instance", "cpus",
-                             "numa-node", "bindir", "worker-log"}) {
+                             "numa-node", "mlock", "bindir", "worker-log"}) {
       if (vm.count(flag) && !vm[flag].defaulted()) {
         return fail(std::string("--") + flag + " needs --split");
       }

@@ -47,7 +47,8 @@ TEST(GatewayGenerate, GreedyStreamEqualsLocalGeneration) {
 
 // TEAL on every projection (--sparsity teal with a calibrated profile): the spawned workers
 // split the FFN's inputs between them, and the stream is `generate --split`'s text under the
-// same flags. Attach mode refuses the flags (the workers take them on their own lines).
+// same flags. The gateway's --mlock reaches the cpu worker, which locks its TEAL copies too.
+// Attach mode refuses the flags (the workers take them on their own lines).
 TEST(GatewayGenerate, TealStreamEqualsLocalSplitGeneration) {
   const std::string thermocline = absl::StrCat(BinDir(), "/thermocline");
   const std::string profile = absl::StrCat(TempDir(), "/teal-", getpid(), ".gguf");
@@ -58,10 +59,16 @@ TEST(GatewayGenerate, TealStreamEqualsLocalSplitGeneration) {
   const std::string prompt = "Once upon a time";
   std::string text;
   {
-    Gateway gw(Unique("teal"), teal);
+    std::vector<std::string> spawn = teal;
+    spawn.push_back("--mlock");
+    Gateway gw(Unique("teal"), spawn);
     const Completion c = gw.Generate(Greedy(prompt, 32));
     ASSERT_TRUE(c.status.ok()) << c.status.error_message();
     text = c.text;
+    const std::string log = gw.Log();
+    EXPECT_NE(log.find("event=teal"), std::string::npos) << log;
+    EXPECT_EQ(log.find("locked=false"), std::string::npos) << log;
+    EXPECT_NE(log.find("locked=true"), std::string::npos) << log;
   }
   std::vector<std::string> local = {thermocline,   "generate",   "-m",
                                     Stories260K(), "-p",         prompt,

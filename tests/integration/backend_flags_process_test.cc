@@ -110,6 +110,18 @@ TEST_F(BackendFlags, GatewayRefusesBadValues) {
                 "--vram-budget applies to --backend cuda only");
   ExpectRefused(Gateway({"--workers", "attach", "--backend", "cuda", "--hot-fraction", "1"}),
                 "with --workers attach give them to thermocline-gpu-worker");
+  // How the workers start is theirs to say in attach mode; the gateway would ignore it.
+  for (const std::vector<std::string>& spawn_only : {std::vector<std::string>{"--mlock"},
+                                                     {"--cpus", "0"},
+                                                     {"--numa-node", "0"},
+                                                     {"--gpu-threads", "2"},
+                                                     {"--cpu-threads", "2"}}) {
+    std::vector<std::string> args = {"--workers", "attach", "--hot-fraction", "1"};
+    args.insert(args.end(), spawn_only.begin(), spawn_only.end());
+    ExpectRefused(Gateway(args), spawn_only[0] +
+                                     " sets how the gateway starts its workers; with --workers "
+                                     "attach give the workers' own flags");
+  }
 }
 
 TEST_F(BackendFlags, GenerateRefusesBadValues) {

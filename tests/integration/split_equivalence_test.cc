@@ -375,7 +375,8 @@ TEST(SplitGenerateCommand, PrintsWhatLocalGenerationPrints) {
             std::string::npos)
       << refused.err;
 
-  // TEAL over the split FFN prints what local TEAL prints (the same profile).
+  // TEAL over the split FFN prints what local TEAL prints (the same profile); --mlock reaches
+  // the cpu worker, which locks its cold rows and TEAL copies.
   const std::string profile = TealProfile(Stories());
   std::vector<std::string> teal_local = common;
   teal_local.insert(teal_local.end(),
@@ -384,15 +385,21 @@ TEST(SplitGenerateCommand, PrintsWhatLocalGenerationPrints) {
   ASSERT_EQ(teal_want.exit_code, 0) << teal_want.err;
   EXPECT_NE(teal_want.out, local.out);
   std::vector<std::string> teal_split = teal_local;
-  teal_split.insert(teal_split.end(),
-                    {"--split", "--hot-fraction", "0.5", "--instance", instance + "-teal"});
+  teal_split.insert(teal_split.end(), {"--split", "--hot-fraction", "0.5", "--instance",
+                                       instance + "-teal", "--mlock"});
   const testing::CommandResult teal_got = testing::RunCommand(teal_split);
   ASSERT_EQ(teal_got.exit_code, 0) << teal_got.err;
   EXPECT_EQ(teal_got.out, teal_want.out);
-  std::vector<std::string> stray = common;
-  stray.insert(stray.end(), {"--hot-fraction", "0.5"});
-  EXPECT_NE(testing::RunCommand(stray).err.find("--hot-fraction needs --split"),
-            std::string::npos);
+  EXPECT_NE(teal_got.err.find("event=teal copy_bytes="), std::string::npos) << teal_got.err;
+  EXPECT_EQ(teal_got.err.find("locked=false"), std::string::npos) << teal_got.err;
+  EXPECT_NE(teal_got.err.find("locked=true"), std::string::npos) << teal_got.err;
+  for (const char* split_only : {"--hot-fraction", "--mlock"}) {
+    std::vector<std::string> stray = common;
+    stray.push_back(split_only);
+    if (std::string(split_only) == "--hot-fraction") stray.push_back("0.5");
+    EXPECT_NE(testing::RunCommand(stray).err.find(std::string(split_only) + " needs --split"),
+              std::string::npos);
+  }
 }
 
 }  // namespace
