@@ -174,12 +174,9 @@ absl::Status ColdExecutor::EnableTeal(const TealPlan& plan) {
   for (int64_t l = 0; l < rows_.n_layers(); ++l) {
     const NeuronWeights& w = rows_.layer(l);
     if (!rows_.experts(l).empty() || w.ffn_dim() == 0) continue;
-    const ProjectionValues& v = plan.values[l];
-    const bool shared =
-        v[static_cast<int>(Projection::kGate)] == v[static_cast<int>(Projection::kUp)];
     absl::StatusOr<TealFfnPart> made = TealFfnPart::Build(
         w.gate, w.up, {}, w.down_t, {}, std::vector<float>(w.up_b.begin(), w.up_b.end()),
-        activation_, shared, pool_);
+        activation_, TealFfnCuts::Of(plan.values[l]).shared_gate_up(), pool_);
     if (!made.ok()) {
       return absl::Status(made.status().code(),
                           absl::StrCat("layer ", l, ": ", made.status().message()));

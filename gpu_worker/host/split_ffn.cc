@@ -84,17 +84,13 @@ absl::StatusOr<std::unique_ptr<SplitFfn>> SplitFfn::Create(
     nw.down_t = ffn->down_rows_[l].view();
     TC_RETURN_IF_ERROR(ValidateNeuronWeights(nw));
     if (teal_ffn) {
-      // Gate and up side by side where TealLinear puts them: equal values.
-      const ProjectionValues& v = teal_ffn->values[l];
-      const bool shared =
-          v[static_cast<int>(Projection::kGate)] == v[static_cast<int>(Projection::kUp)];
       std::vector<float> up_b;
-      for (int32_t id : part.hot) {
-        if (!nw.up_b.empty()) up_b.push_back(nw.up_b[id]);
+      if (!nw.up_b.empty()) {
+        for (int32_t id : part.hot) up_b.push_back(nw.up_b[id]);
       }
-      absl::StatusOr<TealFfnPart> made =
-          TealFfnPart::Build(nw.gate, nw.up, part.hot, nw.down_t, part.hot, std::move(up_b),
-                             c.activation, shared, pool);
+      absl::StatusOr<TealFfnPart> made = TealFfnPart::Build(
+          nw.gate, nw.up, part.hot, nw.down_t, part.hot, std::move(up_b), c.activation,
+          TealFfnCuts::Of(teal_ffn->values[l]).shared_gate_up(), pool);
       if (!made.ok()) {
         return absl::Status(made.status().code(),
                             absl::StrCat("layer ", l, ": ", made.status().message()));
@@ -243,10 +239,7 @@ void SplitFfn::ComputeLayer(int64_t layer, const float* h, const float* predicto
 
 bool SplitFfn::TealCuts(int64_t layer, int64_t n_tokens) {
   constexpr int kPer = ColdRequest::kTealCutsPerRow;
-  const ProjectionValues& v = teal_->values[layer];
-  const TealFfnCuts cuts{v[static_cast<int>(Projection::kGate)],
-                         v[static_cast<int>(Projection::kUp)],
-                         v[static_cast<int>(Projection::kDown)]};
+  const TealFfnCuts cuts = TealFfnCuts::Of(teal_->values[layer]);
   if (!cuts.any()) return false;
   row_cuts_.assign(n_tokens * kPer, 0.0f);
   bool any = false;

@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "shared/model/model.h"
 #include "shared/sparsity/neuron_ffn.h"
+#include "shared/sparsity/teal.h"
 #include "shared/util/thread_pool.h"
 
 namespace thermocline {
@@ -29,6 +30,13 @@ struct TealFfnCuts {
   float down = 0.0f;  // of the activations, for down
   // All 0: the row's FFN without TEAL (the split runs it as before).
   bool any() const { return gate > 0.0f || up > 0.0f || down > 0.0f; }
+  // Gate and up take one cut: their copies sit side by side, as TealLinear lays them out.
+  bool shared_gate_up() const { return gate == up; }
+  // A layer's cuts in a calibrated plan (TealPlan::values).
+  static TealFfnCuts Of(const ProjectionValues& v) {
+    return {v[static_cast<int>(Projection::kGate)], v[static_cast<int>(Projection::kUp)],
+            v[static_cast<int>(Projection::kDown)]};
+  }
 };
 
 class TealFfnPart {
