@@ -59,7 +59,9 @@ absl::Status HostBackend::StartStep(std::span<const BatchEntry> batch, ColdLink&
 
 absl::Status HostBackend::FinishStep(std::vector<float>* logits) {
   if (cold_ == nullptr) return absl::FailedPreconditionError("FinishStep without StartStep");
-  DecodeRows(batch_, decode_);
+  // Only TEAL over the FFN reads the decode rows here (ForwardPass marks them for attention's).
+  decode_.clear();
+  if (ffn_->teal_ffn()) DecodeRows(batch_, decode_);
   ffn_->BeginStep(cold_, decode_);
   absl::Status run = pass_->Run(batch_, *logits);
   absl::Status ffn = ffn_->EndStep();

@@ -55,6 +55,8 @@ class SplitFfn final : public FfnExecutor {
   // the step is lost anyway) and EndStep returns it.
   void BeginStep(ColdLink* link, std::span<const uint8_t> decode = {});
   absl::Status EndStep();
+  // Whether TEAL covers the FFN (Create's teal_ffn): only then does BeginStep need decode rows.
+  bool teal_ffn() const { return teal_.has_value(); }
   // Reports per layer to `metrics` (null: nowhere): the time since the previous layer's FFN
   // ended (attention + hot FFN + the wait for the cold partial), the hot neurons that ran, the
   // wait for the cold partial, and every kRecallEvery-th step in predicted layers the
